@@ -1,0 +1,569 @@
+"""The litellm-backed chat model: one provider call per turn, with retries, cost and prompt caching.
+
+litellm is imported lazily (it takes seconds to import), inside :meth:`LiteLLMModel.complete` and the price
+registration, never at module import time.
+"""
+from __future__ import annotations
+
+import copy
+import email.utils
+import json
+import logging
+import os
+import random
+import re
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from kbsweep.agent.models import Completion, ProviderFault, Usage
+from kbsweep.outcomes import Outcome
+
+__all__ = ["ContextOverflow", "LiteLLMModel", "RetryPolicy", "classify_exception", "retry_after_seconds"]
+
+log = logging.getLogger(__name__)
+
+_EPHEMERAL = {"type": "ephemeral"}
+_CREDIT_RE = re.compile(r"credit|quota|billing|insufficient|payment", re.I)
+# stricter for 400/403: those statuses carry many unrelated errors
+_CREDIT_STRICT_RE = re.compile(r"credit balance|billing|insufficient_quota|insufficient credits|payment required", re.I)
+_MODEL_NOT_FOUND_RE = re.compile(
+    r"model_not_found|model not found|no such model|unknown model|invalid model|model .{0,80} does not exist", re.I
+)
+_CONTEXT_RE = re.compile(
+    r"context_length_exceeded|maximum context length|context window|prompt is too long|too many tokens", re.I
+)
+_RETRYABLE_STATUSES = frozenset({408, 409, 425, 429}) | frozenset(range(500, 600))
+
+
+class ContextOverflow(ProviderFault):
+    """The prompt no longer fits the model's context window; the loop should shorten the context and retry.
+
+    Raised at once (never retried here). ``outcome`` is ``PROVIDER_ERROR`` for callers that treat it as a fault.
+    """
+
+    def __init__(self, message: str):
+        super().__init__(Outcome.PROVIDER_ERROR, message)
+
+
+# ---------------------------------------------------------------------------------------------- config helpers
+def _plain(value: Any) -> Any:
+    """An OmegaConf container (or anything else) as plain Python data."""
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    try:
+        from omegaconf import DictConfig, ListConfig, OmegaConf
+
+        if isinstance(value, (DictConfig, ListConfig)):
+            return OmegaConf.to_container(value, resolve=True)
+    except ImportError:  # pragma: no cover - omegaconf is a dependency
+        pass
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _get(cfg: Any, key: str, default: Any = None) -> Any:
+    try:
+        value = cfg[key]
+    except (KeyError, AttributeError, TypeError):
+        return default
+    except Exception:  # omegaconf raises its own errors for missing keys in structured configs
+        return default
+    return default if value is None else value
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Retry rules of one model: at most ``max_attempts`` calls in all, within ``budget_s`` seconds (the time spent
+    in the calls plus the waits between them). Waits are exponential with full jitter,
+    ``uniform(0, min(max_delay_s, base_delay_s * 2**(n-1)))`` after the n-th failed attempt, unless the response
+    carries ``Retry-After`` (or ``retry-after-ms``): that wait is honoured exactly, and if it would run past the
+    budget the call gives up at once."""
+
+    max_attempts: int = 6
+    base_delay_s: float = 2.0
+    max_delay_s: float = 120.0
+    budget_s: float = 900.0
+
+    @classmethod
+    def from_config(cls, cfg: Any) -> "RetryPolicy":
+        cfg = cfg if cfg is not None else {}
+        d = cls()
+        return cls(
+            max_attempts=max(1, int(_get(cfg, "max_attempts", d.max_attempts))),
+            base_delay_s=float(_get(cfg, "base_delay_s", d.base_delay_s)),
+            max_delay_s=float(_get(cfg, "max_delay_s", d.max_delay_s)),
+            budget_s=float(_get(cfg, "budget_s", d.budget_s)),
+        )
+
+    def backoff(self, failed_attempts: int, rng: random.Random) -> float:
+        cap = min(self.max_delay_s, self.base_delay_s * (2 ** max(0, failed_attempts - 1)))
+        return rng.uniform(0.0, max(0.0, cap))
+
+
+# ------------------------------------------------------------------------------------------- error handling
+def _status(exc: BaseException) -> int | None:
+    status = getattr(exc, "status_code", None)
+    if status is None:
+        response = getattr(exc, "response", None)
+        status = getattr(response, "status_code", None)
+    try:
+        return int(status) if status is not None else None
+    except (TypeError, ValueError):
+        return None
+
+
+def _headers_of(exc: BaseException) -> list[Mapping[str, Any]]:
+    out: list[Mapping[str, Any]] = []
+    for attr in ("litellm_response_headers", "headers"):
+        headers = getattr(exc, attr, None)
+        if headers:
+            out.append(headers)
+    response = getattr(exc, "response", None)
+    headers = getattr(response, "headers", None)
+    if headers:
+        out.append(headers)
+    return out
+
+
+def _header(headers: Mapping[str, Any], name: str) -> str | None:
+    getter = getattr(headers, "get", None)
+    if getter is not None:
+        value = getter(name)
+        if value is not None:
+            return str(value)
+    for key, value in dict(headers).items():
+        if str(key).lower() == name:
+            return str(value)
+    return None
+
+
+def retry_after_seconds(exc: BaseException, now: float | None = None) -> float | None:
+    """Seconds the provider asked us to wait (``retry-after-ms``, or ``Retry-After`` in seconds or as an HTTP
+    date), or None when it did not say."""
+    for headers in _headers_of(exc):
+        try:
+            ms = _header(headers, "retry-after-ms")
+            if ms is not None:
+                return max(0.0, float(ms) / 1000.0)
+        except (TypeError, ValueError):
+            pass
+        value = _header(headers, "retry-after")
+        if value is None:
+            continue
+        value = value.strip()
+        try:
+            return max(0.0, float(value))
+        except ValueError:
+            pass
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError, IndexError):
+            continue
+        if when is None:
+            continue
+        return max(0.0, when.timestamp() - (time.time() if now is None else now))
+    return None
+
+
+def _one_line(exc: BaseException, limit: int = 300) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    text = text.replace("litellm.", "")
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _is_provider_exception(exc: BaseException) -> bool:
+    if isinstance(exc, (OSError, TimeoutError)):
+        return True
+    for klass in type(exc).__mro__:
+        module = klass.__module__ or ""
+        if module.split(".")[0] in {"litellm", "openai", "httpx", "httpcore", "anthropic", "aiohttp", "requests"}:
+            return True
+    return False
+
+
+def classify_exception(exc: BaseException) -> tuple[Outcome, bool, bool]:
+    """``(outcome, retryable, context_overflow)`` for an exception raised by a provider call.
+
+    429 → RATE_LIMITED (retryable); 402, or 429 whose text mentions credit/quota/billing/insufficient/payment →
+    CREDITS_EXHAUSTED (also 400/403 with billing text); 404 or a model-not-found error → MODEL_NOT_FOUND;
+    401/403 → AUTHENTICATION; context-window errors → context overflow (PROVIDER_ERROR); 408, 409, 425, 5xx,
+    timeouts, connection errors and status-less API errors → PROVIDER_ERROR (retryable); any other status →
+    PROVIDER_ERROR (not retried).
+    """
+    import_ok = True
+    try:
+        import litellm
+    except ImportError:  # pragma: no cover
+        import_ok = False
+    status = _status(exc)
+    text = str(exc)
+    body = getattr(exc, "body", None)
+    if body:
+        try:
+            text += " " + json.dumps(body)
+        except (TypeError, ValueError):
+            text += " " + str(body)
+
+    if import_ok and isinstance(exc, litellm.ContextWindowExceededError):
+        return Outcome.PROVIDER_ERROR, False, True
+    if status in (400, 413) and _CONTEXT_RE.search(text):
+        return Outcome.PROVIDER_ERROR, False, True
+    if status == 402 or (status == 429 and _CREDIT_RE.search(text)):
+        return Outcome.CREDITS_EXHAUSTED, False, False
+    if status in (400, 403) and _CREDIT_STRICT_RE.search(text):
+        return Outcome.CREDITS_EXHAUSTED, False, False
+    if status == 429:
+        return Outcome.RATE_LIMITED, True, False
+    if (import_ok and isinstance(exc, litellm.NotFoundError)) or status == 404:
+        return Outcome.MODEL_NOT_FOUND, False, False
+    if status in (400, 422) and _MODEL_NOT_FOUND_RE.search(text):
+        return Outcome.MODEL_NOT_FOUND, False, False
+    if status in (401, 403) or (import_ok and isinstance(exc, (litellm.AuthenticationError, litellm.PermissionDeniedError))):
+        return Outcome.AUTHENTICATION, False, False
+    if import_ok and isinstance(exc, (litellm.Timeout, litellm.APIConnectionError)):
+        return Outcome.PROVIDER_ERROR, True, False
+    if status is None:
+        # connection resets, undecodable bodies, status-less API errors: transient as far as we can tell
+        return Outcome.PROVIDER_ERROR, True, False
+    return Outcome.PROVIDER_ERROR, status in _RETRYABLE_STATUSES, False
+
+
+# ---------------------------------------------------------------------------------------------- the model
+def _field(obj: Any, name: str, default: Any = None) -> Any:
+    if obj is None:
+        return default
+    if isinstance(obj, Mapping):
+        value = obj.get(name, default)
+    else:
+        value = getattr(obj, name, default)
+    return default if value is None else value
+
+
+def _int(value: Any) -> int:
+    try:
+        return int(value or 0)
+    except (TypeError, ValueError):
+        return 0
+
+
+def _is_anthropic_route(route: str) -> bool:
+    provider, _, model = route.partition("/")
+    if provider == "anthropic":
+        return True
+    return provider in {"bedrock", "vertex_ai"} and "claude" in model.lower()
+
+
+def _mark_cache(message: dict[str, Any]) -> dict[str, Any]:
+    """A copy of ``message`` whose last content block carries ``cache_control: ephemeral``; unchanged when there
+    is no non-empty text to mark."""
+    content = message.get("content")
+    if isinstance(content, str):
+        if not content:
+            return message
+        return {**message, "content": [{"type": "text", "text": content, "cache_control": dict(_EPHEMERAL)}]}
+    if isinstance(content, list) and content:
+        blocks = [dict(b) if isinstance(b, Mapping) else b for b in content]
+        last = blocks[-1]
+        if isinstance(last, dict) and not (last.get("type") == "text" and not last.get("text")):
+            last["cache_control"] = dict(_EPHEMERAL)
+            return {**message, "content": blocks}
+    return message
+
+
+def add_cache_breakpoints(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Anthropic prompt-caching rule (two of the four allowed breakpoints), applied to a copy:
+
+    1. the system message (or, without one, the first user message) gets ``cache_control: ephemeral`` on its last
+       content block, so tools + system prompt (+ the task statement) are cached across every turn;
+    2. the last message gets one too, so the whole conversation so far is cached for the next turn (the
+       conversation only grows, so each turn reads the previous turn's prefix from the cache).
+
+    String contents become one text block; empty contents are left unmarked. The caller's list is not modified.
+    """
+    out = [dict(m) for m in messages]
+    if not out:
+        return out
+    head = next((i for i, m in enumerate(out) if m.get("role") == "system"), None)
+    if head is None:
+        head = next((i for i, m in enumerate(out) if m.get("role") == "user"), None)
+    for index in {i for i in (head, len(out) - 1) if i is not None}:
+        out[index] = _mark_cache(out[index])
+    return out
+
+
+class LiteLLMModel:
+    """A :class:`~kbsweep.agent.models.ChatModel` that calls ``litellm.completion``.
+
+    ``config`` is a model config mapping (OmegaConf DictConfig or dict) with ``name``, ``route``, ``api_key_env``,
+    ``api_base``, ``context_window``, ``max_output_tokens``, ``reasoning_effort``, ``prices`` (USD per million
+    tokens: ``input``, ``output``, ``cache_read``, ``cache_write``), ``options`` (extra ``litellm.completion``
+    kwargs), ``timeout_s`` and ``retry`` (``max_attempts``, ``base_delay_s``, ``max_delay_s``, ``budget_s``).
+
+    * **Key**: read from ``os.environ[api_key_env]`` at every call and never kept on the object. With
+      ``api_key_env`` null and an ``api_base`` set (a local server) the key ``"EMPTY"`` is sent; with neither,
+      litellm's own provider env vars apply. A named but unset env var is an AUTHENTICATION fault.
+    * **Cost**: when ``prices.input`` and ``prices.output`` are set, the prices are registered with
+      ``litellm.register_model`` under ``route`` (``cache_read``/``cache_write`` default to the input price) and
+      each call's cost is ``litellm.completion_cost`` (cache reads at the cache-read price, cache writes at the
+      cache-write price). Otherwise ``prices_known`` is False and every cost is 0.0.
+    * **Prompt caching** (Anthropic routes: ``anthropic/...``, and ``claude`` models on ``bedrock``/``vertex_ai``):
+      see :func:`add_cache_breakpoints`; the system (or first user) message and the last message are marked
+      ``cache_control: {"type": "ephemeral"}``, which litellm passes through to the Messages API. Other routes
+      are sent unchanged (OpenAI-style providers cache prefixes automatically).
+    * **Retries**: litellm is called with ``num_retries=0``/``max_retries=0``; this class retries 429 (not
+      credit/quota 429s), 408/409/425, 5xx, timeouts and connection errors (which litellm may raise as
+      ``InternalServerError``) under :class:`RetryPolicy`, sleeping with the injectable ``sleep``. Each retry
+      is logged, passed to ``on_retry`` (a dict: attempt, error, status, delay_s) and kept in ``last_retries``.
+    * **Faults**: a call that fails for good raises :class:`ProviderFault` with an outcome from
+      :func:`classify_exception`; a context-window error raises :class:`ContextOverflow` at once.
+      Non-provider exceptions (bugs) propagate unchanged.
+    * **Messages**: the reply is an OpenAI-format assistant message; tool-call ``arguments`` is always a string,
+      kept raw when it is not valid JSON. On Anthropic routes the message also carries ``thinking_blocks`` when
+      the model returned any, since Anthropic requires them back on a tool-use turn with extended thinking.
+    """
+
+    def __init__(
+        self,
+        config: Any,
+        *,
+        sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.monotonic,
+        rng: random.Random | None = None,
+        on_retry: Callable[[dict[str, Any]], None] | None = None,
+    ):
+        self.name: str = str(_get(config, "name") or _get(config, "route") or "model")
+        route = _get(config, "route")
+        if not route:
+            raise ValueError(f"model {self.name!r}: 'route' (a litellm model string) is required")
+        self.route: str = str(route)
+        self.api_key_env: str | None = _get(config, "api_key_env")
+        self.api_base: str | None = _get(config, "api_base")
+        self.context_window: int = int(_get(config, "context_window", 200_000))
+        self.max_output_tokens: int = int(_get(config, "max_output_tokens", 32_000))
+        self.reasoning_effort: str | None = _get(config, "reasoning_effort")
+        self.timeout_s: float = float(_get(config, "timeout_s", 600.0))
+        self.options: dict[str, Any] = dict(_plain(_get(config, "options", {})) or {})
+        self.retry = RetryPolicy.from_config(_get(config, "retry"))
+        prices = _plain(_get(config, "prices", {})) or {}
+        self.prices: dict[str, float | None] = {
+            k: (float(prices[k]) if prices.get(k) is not None else None)
+            for k in ("input", "output", "cache_read", "cache_write")
+        }
+        self.prices_known: bool = self.prices["input"] is not None and self.prices["output"] is not None
+        self.prompt_caching: bool = _is_anthropic_route(self.route)
+        self._sleep = sleep
+        self._clock = clock
+        self._rng = rng or random.Random()
+        self._on_retry = on_retry
+        self._registered = False
+        self.last_retries: list[dict[str, Any]] = []
+
+    def __repr__(self) -> str:
+        return f"LiteLLMModel(name={self.name!r}, route={self.route!r}, api_base={self.api_base!r})"
+
+    __str__ = __repr__
+
+    # ------------------------------------------------------------------------------------------------ prices
+    def register_prices(self) -> None:
+        """Register this model's prices over litellm's table (once per object; a no-op when prices are unknown)."""
+        if self._registered or not self.prices_known:
+            return
+        import litellm
+
+        per_token = {k: (v / 1e6 if v is not None else None) for k, v in self.prices.items()}
+        provider = self.route.split("/", 1)[0] if "/" in self.route else "openai"
+        entry = {
+            "input_cost_per_token": per_token["input"],
+            "output_cost_per_token": per_token["output"],
+            "cache_read_input_token_cost": per_token["cache_read"]
+            if per_token["cache_read"] is not None
+            else per_token["input"],
+            "cache_creation_input_token_cost": per_token["cache_write"]
+            if per_token["cache_write"] is not None
+            else per_token["input"],
+            "litellm_provider": provider,
+            "mode": "chat",
+            "max_input_tokens": self.context_window,
+            "max_output_tokens": self.max_output_tokens,
+            "max_tokens": self.max_output_tokens,
+            "supports_function_calling": True,
+        }
+        litellm.register_model({self.route: entry})
+        self._registered = True
+
+    def _cost(self, response: Any, usage: Usage) -> float:
+        if not self.prices_known:
+            return 0.0
+        import litellm
+
+        try:
+            return float(litellm.completion_cost(completion_response=response, model=self.route))
+        except Exception as exc:  # noqa: BLE001 - fall back to our own arithmetic, never lose a turn over cost
+            log.warning("litellm.completion_cost failed for %s (%s); computing the cost from the model YAML", self.route, exc)
+            p = self.prices
+            cache_read = p["cache_read"] if p["cache_read"] is not None else p["input"]
+            cache_write = p["cache_write"] if p["cache_write"] is not None else p["input"]
+            fresh = max(0, usage.input_tokens - usage.cached_tokens - usage.cache_write_tokens)
+            return (
+                fresh * p["input"]
+                + usage.cached_tokens * cache_read
+                + usage.cache_write_tokens * cache_write
+                + usage.output_tokens * p["output"]
+            ) / 1e6
+
+    # ------------------------------------------------------------------------------------------------ call
+    def _api_key(self) -> str | None:
+        if self.api_key_env:
+            key = os.environ.get(self.api_key_env)
+            if not key:
+                raise ProviderFault(
+                    Outcome.AUTHENTICATION, f"{self.name}: environment variable {self.api_key_env} is not set"
+                )
+            return key
+        return "EMPTY" if self.api_base else None
+
+    def _kwargs(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {"max_tokens": self.max_output_tokens}
+        kwargs.update(copy.deepcopy(self.options))
+        kwargs.update(
+            model=self.route,
+            messages=add_cache_breakpoints(messages) if self.prompt_caching else [dict(m) for m in messages],
+            timeout=self.timeout_s,
+            num_retries=0,
+            max_retries=0,
+        )
+        if tools:
+            kwargs["tools"] = tools
+        if self.api_base:
+            kwargs["api_base"] = self.api_base
+        if self.reasoning_effort:
+            kwargs["reasoning_effort"] = self.reasoning_effort
+        return kwargs
+
+    def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> Completion:
+        import litellm
+
+        litellm.suppress_debug_info = True
+        self.register_prices()
+        kwargs = self._kwargs(messages, tools)
+        self.last_retries = []
+        spent = 0.0
+        attempt = 0
+        while True:
+            attempt += 1
+            api_key = self._api_key()
+            started = self._clock()
+            try:
+                if api_key is not None:
+                    response = litellm.completion(api_key=api_key, **kwargs)
+                else:
+                    response = litellm.completion(**kwargs)
+            except Exception as exc:  # noqa: BLE001 - classified below; bugs are re-raised
+                elapsed = self._clock() - started
+                spent += elapsed
+                if isinstance(exc, ProviderFault):
+                    raise
+                if not _is_provider_exception(exc):
+                    raise
+                outcome, retryable, overflow = classify_exception(exc)
+                message = f"{self.name}: {_one_line(exc)}"
+                if overflow:
+                    raise ContextOverflow(message) from exc
+                if not retryable:
+                    raise ProviderFault(outcome, message) from exc
+                if attempt >= self.retry.max_attempts:
+                    raise ProviderFault(outcome, f"{message} (after {attempt} attempts)") from exc
+                wait = retry_after_seconds(exc)
+                source = "retry-after"
+                if wait is None:
+                    wait = self.retry.backoff(attempt, self._rng)
+                    source = "backoff"
+                if spent + wait > self.retry.budget_s:
+                    raise ProviderFault(
+                        outcome,
+                        f"{message} (retry budget {self.retry.budget_s:g}s spent: {spent:.1f}s used, "
+                        f"next wait {wait:.1f}s, {attempt} attempts)",
+                    ) from exc
+                record = {
+                    "attempt": attempt,
+                    "error": type(exc).__name__,
+                    "status": _status(exc),
+                    "outcome": outcome.value,
+                    "delay_s": wait,
+                    "delay_source": source,
+                    "message": _one_line(exc, 200),
+                }
+                self.last_retries.append(record)
+                log.warning(
+                    "%s: attempt %d/%d failed (%s, status %s); retrying in %.2fs (%s)",
+                    self.name, attempt, self.retry.max_attempts, record["error"], record["status"], wait, source,
+                )
+                if self._on_retry is not None:
+                    self._on_retry(record)
+                self._sleep(wait)
+                spent += wait
+                continue
+            latency = self._clock() - started
+            return self._to_completion(response, latency)
+
+    # ------------------------------------------------------------------------------------------------ parsing
+    def _to_completion(self, response: Any, latency: float) -> Completion:
+        choices = _field(response, "choices", [])
+        if not choices:
+            raise ProviderFault(Outcome.PROVIDER_ERROR, f"{self.name}: response has no choices")
+        choice = choices[0]
+        msg = _field(choice, "message")
+        message: dict[str, Any] = {"role": "assistant", "content": _field(msg, "content")}
+        calls = []
+        for i, call in enumerate(_field(msg, "tool_calls", []) or []):
+            function = _field(call, "function")
+            arguments = _field(function, "arguments")
+            if arguments is None or arguments == "":
+                arguments = "{}"
+            elif not isinstance(arguments, str):
+                try:
+                    arguments = json.dumps(arguments)
+                except (TypeError, ValueError):
+                    arguments = str(arguments)
+            calls.append(
+                {
+                    "id": _field(call, "id") or f"call_{uuid.uuid4().hex[:24]}",
+                    "type": "function",
+                    "function": {"name": _field(function, "name", ""), "arguments": arguments},
+                }
+            )
+        if calls:
+            message["tool_calls"] = calls
+        thinking = _field(msg, "thinking_blocks")
+        if self.prompt_caching and thinking:
+            message["thinking_blocks"] = [dict(b) if isinstance(b, Mapping) else b for b in thinking]
+        reasoning = _field(msg, "reasoning_content")
+
+        usage_obj = _field(response, "usage")
+        prompt_details = _field(usage_obj, "prompt_tokens_details")
+        completion_details = _field(usage_obj, "completion_tokens_details")
+        usage = Usage(
+            input_tokens=_int(_field(usage_obj, "prompt_tokens")),
+            output_tokens=_int(_field(usage_obj, "completion_tokens")),
+            cached_tokens=_int(_field(prompt_details, "cached_tokens") or _field(usage_obj, "cache_read_input_tokens")),
+            cache_write_tokens=_int(
+                _field(usage_obj, "cache_creation_input_tokens")
+                or _field(prompt_details, "cache_creation_tokens")
+                or _field(prompt_details, "cache_write_tokens")
+            ),
+            reasoning_tokens=_int(_field(completion_details, "reasoning_tokens")),
+        )
+        return Completion(
+            message=message,
+            usage=usage,
+            cost_usd=self._cost(response, usage),
+            latency_s=latency,
+            finish_reason=str(_field(choice, "finish_reason", "stop")),
+            reasoning=reasoning if reasoning else None,
+        )

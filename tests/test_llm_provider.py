@@ -242,6 +242,25 @@ def test_omegaconf_config():
     assert "tools" not in body
 
 
+def test_structured_model_conf_and_per_model_prices():
+    """The real ModelConf schema works, and two models on one route keep their own prices (litellm's table is global)."""
+    from omegaconf import OmegaConf
+
+    from kbsweep.config import ModelConf
+
+    step = Reply(content="ok", prompt_tokens=1_000_000, completion_tokens=0, cached_tokens=500_000)
+    with FakeProvider([step] * 3) as fp:
+        models = []
+        for name, price in (("cheap", 1.0), ("dear", 3.0)):
+            cfg = OmegaConf.structured(ModelConf(name=name, route="openai/shared-route", api_key_env=KEY_ENV, api_base=fp.base_url))
+            cfg.prices.input, cfg.prices.output, cfg.prices.cache_read = price, price, price / 10
+            models.append(LiteLLMModel(cfg))
+        cheap, dear = models
+        costs = [cheap.complete(MESSAGES, []).cost_usd, dear.complete(MESSAGES, []).cost_usd, cheap.complete(MESSAGES, []).cost_usd]
+    assert costs == pytest.approx([0.5 + 0.05, 1.5 + 0.15, 0.5 + 0.05])
+    assert fp.requests[0].json["max_tokens"] == ModelConf.max_output_tokens
+
+
 def test_malformed_tool_arguments_come_back_raw():
     raw = '{"path": "kernel.py", "content": "unterminated'
     with FakeProvider([MalformedToolCall(name="write_file", raw_arguments=raw)]) as fp:

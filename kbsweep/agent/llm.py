@@ -35,6 +35,12 @@ _MODEL_NOT_FOUND_RE = re.compile(
 _CONTEXT_RE = re.compile(
     r"context_length_exceeded|maximum context length|context window|prompt is too long|too many tokens", re.I
 )
+_COST_KEYS = (
+    "input_cost_per_token",
+    "output_cost_per_token",
+    "cache_read_input_token_cost",
+    "cache_creation_input_token_cost",
+)
 _RETRYABLE_STATUSES = frozenset({408, 409, 425, 429}) | frozenset(range(500, 600))
 
 
@@ -224,7 +230,8 @@ def classify_exception(exc: BaseException) -> tuple[Outcome, bool, bool]:
         return Outcome.MODEL_NOT_FOUND, False, False
     if status in (400, 422) and _MODEL_NOT_FOUND_RE.search(text):
         return Outcome.MODEL_NOT_FOUND, False, False
-    if status in (401, 403) or (import_ok and isinstance(exc, (litellm.AuthenticationError, litellm.PermissionDeniedError))):
+    auth_types = (litellm.AuthenticationError, litellm.PermissionDeniedError) if import_ok else ()
+    if status in (401, 403) or isinstance(exc, auth_types):
         return Outcome.AUTHENTICATION, False, False
     if import_ok and isinstance(exc, (litellm.Timeout, litellm.APIConnectionError)):
         return Outcome.PROVIDER_ERROR, True, False
@@ -361,7 +368,6 @@ class LiteLLMModel:
         self._clock = clock
         self._rng = rng or random.Random()
         self._on_retry = on_retry
-        self._registered = False
         self.last_retries: list[dict[str, Any]] = []
 
     def __repr__(self) -> str:
@@ -370,15 +376,10 @@ class LiteLLMModel:
     __str__ = __repr__
 
     # ------------------------------------------------------------------------------------------------ prices
-    def register_prices(self) -> None:
-        """Register this model's prices over litellm's table (once per object; a no-op when prices are unknown)."""
-        if self._registered or not self.prices_known:
-            return
-        import litellm
-
+    def _price_entry(self) -> dict[str, Any]:
         per_token = {k: (v / 1e6 if v is not None else None) for k, v in self.prices.items()}
         provider = self.route.split("/", 1)[0] if "/" in self.route else "openai"
-        entry = {
+        return {
             "input_cost_per_token": per_token["input"],
             "output_cost_per_token": per_token["output"],
             "cache_read_input_token_cost": per_token["cache_read"]
@@ -394,18 +395,32 @@ class LiteLLMModel:
             "max_tokens": self.max_output_tokens,
             "supports_function_calling": True,
         }
+
+    def register_prices(self) -> None:
+        """Register this model's prices over litellm's table under ``route`` (a no-op when prices are unknown).
+
+        litellm's table is process-global: before each cost computation the entry is checked and registered again
+        if another model object registered the same route with other prices."""
+        if not self.prices_known:
+            return
+        import litellm
+
+        entry = self._price_entry()
+        current = litellm.model_cost.get(self.route) or {}
+        if all(current.get(k) == entry[k] for k in _COST_KEYS):
+            return
         litellm.register_model({self.route: entry})
-        self._registered = True
 
     def _cost(self, response: Any, usage: Usage) -> float:
         if not self.prices_known:
             return 0.0
         import litellm
 
+        self.register_prices()
         try:
             return float(litellm.completion_cost(completion_response=response, model=self.route))
         except Exception as exc:  # noqa: BLE001 - fall back to our own arithmetic, never lose a turn over cost
-            log.warning("litellm.completion_cost failed for %s (%s); computing the cost from the model YAML", self.route, exc)
+            log.warning("litellm.completion_cost failed for %s (%s); using the model YAML prices", self.route, exc)
             p = self.prices
             cache_read = p["cache_read"] if p["cache_read"] is not None else p["input"]
             cache_write = p["cache_write"] if p["cache_write"] is not None else p["input"]

@@ -1,0 +1,137 @@
+"""The model interface of the agent loop, and the built-in offline models (scripted, replay)."""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Protocol
+
+from kbsweep.outcomes import Outcome
+
+
+@dataclass
+class Usage:
+    """Token counts of one call or a whole run."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cached_tokens: int = 0
+    cache_write_tokens: int = 0
+    reasoning_tokens: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.input_tokens + self.output_tokens
+
+    def add(self, other: "Usage") -> None:
+        for key, value in asdict(other).items():
+            setattr(self, key, getattr(self, key) + value)
+
+
+@dataclass
+class Completion:
+    """One assistant turn in OpenAI chat format.
+
+    ``message`` is ``{"role": "assistant", "content": str|None, "tool_calls": [...]}``; each tool call is
+    ``{"id", "type": "function", "function": {"name", "arguments": <json string>}}``. ``reasoning`` holds the
+    provider's reasoning text when it returns one.
+    """
+
+    message: dict[str, Any]
+    usage: Usage = field(default_factory=Usage)
+    cost_usd: float = 0.0
+    latency_s: float = 0.0
+    finish_reason: str = "stop"
+    reasoning: str | None = None
+
+
+class ProviderFault(Exception):
+    """A provider call that failed for good (after retries); classified, never scored."""
+
+    def __init__(self, outcome: Outcome, message: str):
+        super().__init__(message)
+        self.outcome = outcome
+
+
+class ChatModel(Protocol):
+    """What the agent loop needs from a model."""
+
+    name: str
+
+    def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> Completion: ...
+
+
+def synthetic_usage(messages: List[Dict[str, Any]], reply: Dict[str, Any]) -> Usage:
+    """Deterministic token counts for offline models: characters / 4."""
+    prompt = sum(len(json.dumps(m, default=str)) for m in messages) // 4
+    return Usage(input_tokens=prompt, output_tokens=len(json.dumps(reply)) // 4)
+
+
+def tool_call(index: int, name: str, arguments: Dict[str, Any]) -> Dict[str, Any]:
+    return {"id": f"call_{index}", "type": "function", "function": {"name": name, "arguments": json.dumps(arguments)}}
+
+
+class ScriptedModel:
+    """A deterministic fake model playing a script of tool calls through the real loop.
+
+    Each step is ``{tool, args, say, solution}``; ``solution: <name>`` writes the problem's bundled
+    ``solutions/<name>.py`` as the file content (the scripted model is allowed to know them). After the last
+    step it answers with plain text, which ends the loop.
+    """
+
+    def __init__(self, cfg: Any, solutions: Dict[str, Path]):
+        self.name = cfg["name"]
+        self.steps = list(cfg["script"] or [])
+        self.solutions = solutions
+        self.position = 0
+
+    def complete(self, messages: List[Dict[str, Any]], tools: List[Dict[str, Any]]) -> Completion:
+        if self.position >= len(self.steps):
+            reply = {"role": "assistant", "content": "Done.", "tool_calls": []}
+            return Completion(message=reply, usage=synthetic_usage(messages, reply))
+        step = dict(self.steps[self.position])
+        self.position += 1
+        arguments = dict(step.get("args") or {})
+        if step.get("solution"):
+            source = self.solutions.get(step["solution"])
+            arguments["content"] = source.read_text() if source else f"# no bundled solution '{step['solution']}'\n"
+        reply = {
+            "role": "assistant",
+            "content": step.get("say"),
+            "tool_calls": [tool_call(self.position, step["tool"], arguments)],
+        }
+        return Completion(message=reply, usage=synthetic_usage(messages, reply), finish_reason="tool_calls")
+
+
+class ReplayModel:
+    """Plays back the assistant turns of a recorded transcript (regression tests, demos)."""
+
+    def __init__(self, cfg: Any):
+        from kbsweep.agent.transcript import read_events
+
+        self.name = cfg["name"]
+        self.turns = [e for e in read_events(Path(cfg["transcript"])) if e["type"] == "assistant"]
+        self.position = 0
+
+    def complete(self, messages: List[Dict[str, Any]], tools: List[Dict[str, Any]]) -> Completion:
+        if self.position >= len(self.turns):
+            reply = {"role": "assistant", "content": "End of recorded transcript.", "tool_calls": []}
+            return Completion(message=reply)
+        event = self.turns[self.position]
+        self.position += 1
+        reply = {"role": "assistant", "content": event.get("content"), "tool_calls": event.get("tool_calls") or []}
+        return Completion(message=reply, usage=Usage(**event.get("usage", {})), cost_usd=event.get("cost_usd", 0.0))
+
+
+def build_model(cfg: Any, solutions: Dict[str, Path]) -> ChatModel:
+    """The model a model YAML describes (``provider``: scripted | replay | litellm)."""
+    provider = cfg["provider"]
+    if provider == "scripted":
+        return ScriptedModel(cfg, solutions)
+    if provider == "replay":
+        return ReplayModel(cfg)
+    if provider == "litellm":
+        from kbsweep.agent.llm import LiteLLMModel
+
+        return LiteLLMModel(cfg)
+    raise ValueError(f"unknown model provider {provider!r}")

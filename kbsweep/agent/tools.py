@@ -1,0 +1,150 @@
+"""The agent's tools. Each returns a bounded string; errors come back as tool results, never as crashes."""
+from __future__ import annotations
+
+import json
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional
+
+MAX_TOOL_OUTPUT = 12_000
+MAX_FILE_BYTES = 1_000_000
+
+
+def truncate(text: str, limit: int = MAX_TOOL_OUTPUT) -> str:
+    if len(text) <= limit:
+        return text
+    head, tail = text[: limit // 2], text[-limit // 2 :]
+    return f"{head}\n[... {len(text) - limit} characters truncated ...]\n{tail}"
+
+
+def schema(name: str, description: str, properties: Dict[str, Any], required: List[str]) -> Dict[str, Any]:
+    return {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": description,
+            "parameters": {"type": "object", "properties": properties, "required": required},
+        },
+    }
+
+
+PATH = {"path": {"type": "string", "description": "a path inside the workspace"}}
+TOOL_SCHEMAS = {
+    "write_file": schema("write_file", "Write a text file in the workspace.", {**PATH, "content": {"type": "string"}}, ["path", "content"]),
+    "read_file": schema("read_file", "Read a text file of the workspace.", PATH, ["path"]),
+    "list_files": schema("list_files", "List the workspace's files.", {}, []),
+    "run_check": schema("run_check", "Check solution.py for correctness through the grader.", {}, []),
+    "run_benchmark": schema("run_benchmark", "Check and time solution.py: ms, TFLOP/s, GB/s and roofline fraction per shape.", {}, []),
+    "run_shell": schema("run_shell", "Run a shell command in the workspace (compilers, profilers).", {"command": {"type": "string"}}, ["command"]),
+    "submit": schema("submit", "Submit solution.py as the final answer and stop.", {}, []),
+}
+
+
+class ToolError(Exception):
+    """A tool call that failed in a way the model should see."""
+
+
+@dataclass
+class Toolbox:
+    """Tools bound to one workspace; ``grade`` is the grader stage's entry, given by the cell."""
+
+    workspace: Path
+    grade: Callable[[str], Dict[str, Any]]
+    allow_shell: bool = True
+    shell: Optional[Callable[[str, Path], subprocess.CompletedProcess]] = None
+    shell_timeout_s: float = 600.0
+    submitted: bool = False
+    last_grade: Optional[Dict[str, Any]] = field(default=None)
+
+    def schemas(self) -> List[Dict[str, Any]]:
+        names = [n for n in TOOL_SCHEMAS if self.allow_shell or n != "run_shell"]
+        return [TOOL_SCHEMAS[n] for n in names]
+
+    def resolve(self, path: str) -> Path:
+        target = (self.workspace / path).resolve()
+        if target != self.workspace and self.workspace not in target.parents:
+            raise ToolError(f"{path}: outside the workspace")
+        return target
+
+    def call(self, name: str, raw_arguments: str) -> str:
+        try:
+            arguments = json.loads(raw_arguments or "{}")
+            if not isinstance(arguments, dict):
+                raise ValueError("arguments must be a JSON object")
+        except ValueError as exc:
+            return f"error: malformed arguments for {name}: {exc}"
+        handler = getattr(self, f"tool_{name}", None)
+        if handler is None or (name == "run_shell" and not self.allow_shell):
+            return f"error: unknown tool {name!r}"
+        try:
+            return truncate(handler(**arguments))
+        except ToolError as exc:
+            return f"error: {exc}"
+        except TypeError as exc:
+            return f"error: bad arguments for {name}: {exc}"
+
+    def tool_write_file(self, path: str, content: str) -> str:
+        if len(content.encode()) > MAX_FILE_BYTES:
+            raise ToolError(f"{path}: file larger than {MAX_FILE_BYTES} bytes")
+        target = self.resolve(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(content)
+        return f"wrote {len(content)} characters to {path}"
+
+    def tool_read_file(self, path: str) -> str:
+        target = self.resolve(path)
+        if not target.is_file():
+            raise ToolError(f"{path}: no such file")
+        return target.read_text(errors="replace")
+
+    def tool_list_files(self) -> str:
+        files = sorted(str(p.relative_to(self.workspace)) for p in self.workspace.rglob("*") if p.is_file())
+        return "\n".join(f for f in files if not f.startswith(".grade")) or "(empty)"
+
+    def tool_run_check(self) -> str:
+        return self.graded("check")
+
+    def tool_run_benchmark(self) -> str:
+        return self.graded("bench")
+
+    def graded(self, mode: str) -> str:
+        if not (self.workspace / "solution.py").exists():
+            raise ToolError("write solution.py first")
+        result = self.grade(mode)
+        self.last_grade = result
+        return format_grade(result)
+
+    def tool_run_shell(self, command: str) -> str:
+        runner = self.shell or run_plain
+        proc = runner(command, self.workspace, self.shell_timeout_s)
+        return f"exit code {proc.returncode}\n{proc.stdout}{proc.stderr}"
+
+    def tool_submit(self) -> str:
+        self.submitted = True
+        return "submitted"
+
+
+def run_plain(command: str, cwd: Path, timeout_s: float) -> subprocess.CompletedProcess:
+    try:
+        return subprocess.run(["bash", "-c", command], cwd=cwd, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired as exc:
+        return subprocess.CompletedProcess(command, 124, exc.stdout or "", f"timed out after {timeout_s:.0f} s")
+
+
+def format_grade(result: Dict[str, Any]) -> str:
+    """What the model sees of a grade: outcome, message, and per-shape numbers."""
+    lines = [f"outcome: {result['outcome']}"]
+    if result.get("message"):
+        lines.append(f"message: {result['message']}")
+    for shape in result.get("shapes", []):
+        numbers = [f"ms={shape['ms']:.4g}"]
+        for key, label in (("tflops", "TFLOP/s"), ("gbps", "GB/s"), ("fraction", "roofline")):
+            if shape.get(key) is not None:
+                numbers.append(f"{label}={shape[key]:.4g}")
+        for name, value in shape.get("speedup", {}).items():
+            numbers.append(f"vs_{name}={value:.3g}x")
+        lines.append(f"shape {shape['shape']}: " + " ".join(numbers))
+    if result.get("score") is not None:
+        lines.append(f"score ({result.get('basis')}): {result['score']:.4g}")
+    return "\n".join(lines)

@@ -1,0 +1,154 @@
+"""One cell, end to end: fresh workspace → agent loop → final grade → audit → score. Runs where the launcher puts it.
+
+The cell's folder holds the workspace, the transcript, the grade logs and ``result.json`` (the journal the
+orchestrator logs to tracking; a result on disk is never recomputed).
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import time
+import traceback
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, Dict
+
+from kbsweep import audit as audit_stage
+from kbsweep.agent.loop import Budgets, fault_outcome, run_agent
+from kbsweep.agent.models import build_model
+from kbsweep.agent.tools import Toolbox
+from kbsweep.agent.transcript import Redactor, Transcript
+from kbsweep.grader import grade
+from kbsweep.grader.baselines import BaselineCache
+from kbsweep.locks import device_lock
+from kbsweep.matrix import Cell, cell_dir
+from kbsweep.outcomes import Outcome, StopReason
+from kbsweep.problems import load_problem
+from kbsweep.score import load_roofline
+
+PUBLIC_FILES = ("reference.py", "prompt.md")
+RESULT_FILE = "result.json"
+
+
+def prepare_workspace(folder: Path, problem_root: Path) -> Path:
+    """A fresh workspace holding the problem's public files only."""
+    if folder.exists():
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True)
+    for name in PUBLIC_FILES:
+        if (problem_root / name).exists():
+            shutil.copy2(problem_root / name, folder / name)
+    return folder
+
+
+def grader_for(cell: Cell, problem, roofline: Dict[str, Any], folder: Path):
+    """A grade function bound to this cell: check/bench/full on the workspace's solution.py."""
+    gpu = SimpleNamespace(**cell.gpu)
+    baselines = cell.gpu.get("baselines") or cell.grade["baselines"]
+    cache = BaselineCache(
+        Path(cell.paths["outputs"]) / "baselines" / f"{gpu.name}.json",
+        seed_files=[Path(root).parent / "baselines" / f"{gpu.name}.json" for root in cell.paths["problems"]],
+    )
+
+    def run(mode: str, solution: Path, log_name: str) -> Dict[str, Any]:
+        with device_lock(gpu.device):
+            return grade(
+                problem,
+                solution,
+                gpu,
+                roofline,
+                mode=mode,
+                baselines=baselines if mode == "full" else [],
+                timeout_s=cell.track["grade_timeout_s"],
+                memory_mib=cell.grade["memory_mib"],
+                log_dir=folder / "grades" / log_name,
+                timing=cell.grade["timing"],
+                compile_mode=cell.grade["compile_mode"],
+                deck_version=cell.deck_version,
+                baseline_cache=cache,
+            )
+
+    return run
+
+
+def final_outcome(agent_fault: Outcome | None, stop: StopReason, graded: Dict[str, Any] | None) -> Outcome:
+    if agent_fault is not None and (graded is None or graded["outcome"] != "pass"):
+        return agent_fault  # infra: the run is retried, never scored
+    if graded is None:
+        budget = stop in (StopReason.WALL_CLOCK, StopReason.MAX_TURNS, StopReason.TOKEN_BUDGET, StopReason.DOLLAR_BUDGET)
+        return Outcome.BUDGET_EXHAUSTED if budget else Outcome.NO_SOLUTION
+    return Outcome(graded["outcome"])
+
+
+def run_cell(cell: Cell) -> Dict[str, Any]:
+    """Run one cell and write its result.json; any harness failure becomes a harness_error result."""
+    folder = cell_dir(cell)
+    journal = folder / RESULT_FILE
+    if journal.exists():
+        return json.loads(journal.read_text())
+    folder.mkdir(parents=True, exist_ok=True)
+    started = time.time()
+    try:
+        result = work_cell(cell, folder)
+    except Exception as exc:  # the harness's fault, not the model's: retried by the next run
+        (folder / "harness_error.log").write_text(traceback.format_exc())
+        result = {"outcome": Outcome.HARNESS_ERROR.value, "message": f"{type(exc).__name__}: {exc}".splitlines()[0]}
+    result.update(key=cell.key, cell=cell.label, started=started, finished=time.time(), folder=str(folder))
+    tmp = journal.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result, indent=1, default=str))
+    tmp.replace(journal)
+    return result
+
+
+def work_cell(cell: Cell, folder: Path) -> Dict[str, Any]:
+    problem = load_problem(Path(cell.problem_dir), cell.track["name"])
+    roofline = load_roofline(cell.paths["roofline_specs"], cell.gpu["roofline"])
+    workspace = prepare_workspace(folder / "workspace", problem.root)
+    grade_with = grader_for(cell, problem, roofline, folder)
+    counter = iter(range(1, 1_000_000))
+    toolbox = Toolbox(
+        workspace=workspace,
+        grade=lambda mode: grade_with(mode, workspace / "solution.py", f"{mode}-{next(counter)}"),
+        allow_shell=cell.track["allow_shell"],
+    )
+    redactor = Redactor([cell.model["api_key_env"]] if cell.model.get("api_key_env") else [])
+    transcript = Transcript(folder / "transcript.jsonl", redactor)
+    model = build_model(cell.model, problem.solutions())
+    if cell.track.get("max_usd") is not None and not getattr(model, "prices_known", True):
+        raise ValueError(f"model {cell.model['name']} has no prices: a dollar budget cannot be enforced")
+    budgets = Budgets(
+        wall_s=cell.track["time_cap_s"],
+        max_turns=cell.track["max_turns"],
+        max_tokens=cell.track.get("max_tokens"),
+        max_usd=cell.track.get("max_usd"),
+    )
+    prompt = problem.render_prompt(SimpleNamespace(**cell.gpu), cell.gpu["shape_set"])
+    agent = run_agent(model, prompt, toolbox, budgets, transcript, cell.model["context_window"])
+    solution = workspace / "solution.py"
+    graded = grade_with("full", solution, "final") if solution.exists() else None
+    outcome = final_outcome(fault_outcome(agent), agent.stop_reason, graded)
+    source = solution.read_text() if solution.exists() else ""
+    audited = audit_stage.audit(source, problem.spec.forbidden, graded or {}) if graded else None
+    if solution.exists():
+        shutil.copy2(solution, folder / "solution.py")
+    if graded:
+        (folder / "grade.json").write_text(json.dumps(graded, indent=1, default=str))
+    if audited:
+        (folder / "audit.json").write_text(json.dumps(audited, indent=1, default=str))
+    return {
+        "outcome": outcome.value,
+        "message": (agent.fault or {}).get("message") or (graded or {}).get("message"),
+        "score": (graded or {}).get("score") if outcome == Outcome.PASS else None,
+        "basis": (graded or {}).get("basis"),
+        "speedup": (graded or {}).get("speedup", {}),
+        "shapes": (graded or {}).get("shapes", []),
+        "verdict": audited["verdict"] if audited else None,
+        "stop_reason": agent.stop_reason.value,
+        "turns": agent.turns,
+        "usage": vars(agent.usage),
+        "cost_usd": agent.cost_usd,
+        "agent_s": agent.wall_s,
+        "grade_s": (graded or {}).get("grade_s"),
+        "steps": agent.steps,
+        "env": (graded or {}).get("env"),
+    }

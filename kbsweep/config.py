@@ -1,0 +1,165 @@
+"""Structured schemas for every config group, and validation that names the file and key at fault."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from kbsweep import KbsweepError
+
+
+@dataclass
+class Prices:
+    """USD per million tokens; null means unknown (a dollar budget then refuses to start)."""
+
+    input: Optional[float] = None
+    output: Optional[float] = None
+    cache_read: Optional[float] = None
+    cache_write: Optional[float] = None
+    date: Optional[str] = None
+    source: Optional[str] = None
+
+
+@dataclass
+class ExpectedTokens:
+    """Tokens one cell is expected to spend; used only by `kbsweep plan` estimates."""
+
+    input: int = 2_000_000
+    output: int = 150_000
+
+
+@dataclass
+class RetryConf:
+    max_attempts: int = 6
+    base_delay_s: float = 2.0
+    max_delay_s: float = 120.0
+    budget_s: float = 900.0
+
+
+@dataclass
+class ModelConf:
+    name: str = MISSING
+    provider: str = "litellm"  # litellm | scripted | replay
+    route: Optional[str] = None  # litellm model string
+    api_key_env: Optional[str] = None  # env var holding the key (never the key itself)
+    api_base: Optional[str] = None
+    context_window: int = 200_000
+    max_output_tokens: int = 32_000
+    reasoning_effort: Optional[str] = None
+    prices: Prices = field(default_factory=Prices)
+    expected_tokens: ExpectedTokens = field(default_factory=ExpectedTokens)
+    concurrency: int = 4
+    timeout_s: float = 600.0
+    retry: RetryConf = field(default_factory=RetryConf)
+    options: Dict[str, Any] = field(default_factory=dict)
+    script: Optional[List[Any]] = None  # scripted: the steps it plays
+    transcript: Optional[str] = None  # replay: the transcript it plays back
+
+
+@dataclass
+class GpuConf:
+    name: str = MISSING
+    description: str = MISSING  # filled into prompts
+    roofline: str = MISSING  # roofline_specs/<roofline>.yaml
+    nvml_names: List[str] = field(default_factory=list)  # matched by gpu=auto
+    device: str = "cuda"  # cuda | cpu
+    shape_set: str = "shapes"  # shapes | smoke_shapes
+    hourly_usd: Optional[float] = None  # rental price of one GPU, for plan estimates
+    gpus_per_node: int = 1
+    baselines: Optional[List[str]] = None  # replaces grade.baselines on this GPU when set
+
+
+@dataclass
+class TrackConf:
+    name: str = MISSING
+    problems_dir: str = MISSING  # folder under a problems root
+    problems: List[str] = field(default_factory=list)  # empty: every problem in the folder
+    format: str = "kbsweep"  # kbsweep | kernelbench
+    time_cap_s: float = 10_800.0
+    world_size: int = 1
+    allow_shell: bool = True
+    max_turns: int = 200
+    max_tokens: Optional[int] = None
+    max_usd: Optional[float] = None
+    grade_timeout_s: float = 1800.0
+
+
+@dataclass
+class SlurmConf:
+    partition: Optional[str] = None
+    account: Optional[str] = None
+    qos: Optional[str] = None
+    cpus_per_task: int = 4
+    mem_gb: float = 32.0
+    setup: List[str] = field(default_factory=list)
+    additional_parameters: Dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class LauncherConf:
+    kind: str = "local"  # local | slurm | inline
+    concurrency: int = 2
+    folder: str = "${paths.outputs}/submitit"
+    slurm: SlurmConf = field(default_factory=SlurmConf)
+    requeue_infra: int = 1
+
+
+@dataclass
+class TrackingConf:
+    uri: str = "sqlite:///${paths.outputs}/mlflow.db"
+    artifact_root: str = "${paths.outputs}/mlartifacts"
+
+
+GROUP_SCHEMAS = {
+    "model": ModelConf,
+    "gpu": GpuConf,
+    "track": TrackConf,
+    "launcher": LauncherConf,
+    "tracking": TrackingConf,
+}
+
+
+def error_line(exc: OmegaConfBaseException) -> tuple:
+    key = getattr(exc, "full_key", None) or ""
+    return key, str(exc).splitlines()[0]
+
+
+def validate(cfg: DictConfig, sources: Optional[Dict[str, str]] = None) -> DictConfig:
+    """Merge each group onto its schema, then resolve everything; raise KbsweepError naming the file and key.
+
+    ``sources`` maps a group to the YAML file it came from (for the message).
+    """
+    sources = sources or {}
+    for group, schema in GROUP_SCHEMAS.items():
+        if group not in cfg:
+            raise KbsweepError(f"config has no '{group}' group")
+        try:
+            cfg[group] = OmegaConf.merge(OmegaConf.structured(schema), cfg[group])
+        except OmegaConfBaseException as exc:
+            key, msg = error_line(exc)
+            raise KbsweepError(f"{sources.get(group, group)}: key '{key}': {msg}") from None
+    try:
+        for key in cfg:
+            if key != "hydra":
+                node = cfg[key]
+                if OmegaConf.is_config(node):
+                    OmegaConf.to_container(node, resolve=True, throw_on_missing=True)
+    except OmegaConfBaseException as exc:
+        key, msg = error_line(exc)
+        group = key.split(".")[0]
+        raise KbsweepError(f"{sources.get(group, 'config')}: key '{key}': {msg}") from None
+    return cfg
+
+
+def group_source(hydra_cfg: Any, group: str, choice: str) -> str:
+    """The YAML file a group choice came from, searched along Hydra's config sources."""
+    for source in hydra_cfg.runtime.config_sources:
+        if source.schema != "file":
+            continue
+        path = Path(source.path) / group / f"{choice}.yaml"
+        if path.exists():
+            return str(path)
+    return f"{group}/{choice}.yaml"

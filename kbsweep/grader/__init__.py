@@ -1,0 +1,213 @@
+"""The grading stage: run a candidate in a supervised, freshly spawned process and score what it reports.
+
+``grade(problem, solution, gpu, ...)`` returns one JSON-able dict: outcome, correctness, per-shape timings and
+scores, baselines, evidence for the audit, and the environment it ran in. A crash, hang, OOM or illegal memory
+access is a classified outcome, never an exception.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from kbsweep import REPO_ROOT, gpus
+from kbsweep.grader.baselines import BaselineCache, entry_key
+from kbsweep.problems import Problem, asdict_spec
+from kbsweep.score import score_grade
+
+
+def software_versions() -> Dict[str, str]:
+    versions = {"python": platform.python_version()}
+    for name in ("torch", "triton"):
+        try:
+            from importlib.metadata import version
+
+            versions[name] = version(name)
+        except Exception:
+            versions[name] = "absent"
+    return versions
+
+
+def read_rss_mib(pid: int) -> float:
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            for line in fh:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.wait()
+
+
+def stage_candidate(solution: Path, folder: Path) -> Path:
+    """Copy the candidate into a fresh folder as solution.py (with its workspace's other .py files)."""
+    if folder.exists():
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True)
+    if solution.name == "solution.py":
+        for helper in solution.parent.glob("*.py"):
+            shutil.copy2(helper, folder / helper.name)
+    shutil.copy2(solution, folder / "solution.py")
+    return folder / "solution.py"
+
+
+def supervise(
+    request: Dict[str, Any], log_dir: Path, timeout_s: float, memory_mib: float, env: Dict[str, str]
+) -> Dict[str, Any]:
+    """Spawn the worker, feed it the request, watch time and memory, read its one result message."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    read_fd, write_fd = os.pipe()
+    nonce = secrets.token_hex(16)
+    with open(log_dir / "grade_stdout.log", "wb") as out, open(log_dir / "grade_stderr.log", "wb") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "kbsweep.grader.worker", str(write_fd)],
+            stdin=subprocess.PIPE,
+            stdout=out,
+            stderr=err,
+            pass_fds=(write_fd,),
+            env=env,
+            cwd=request["workdir"],
+            start_new_session=True,
+        )
+        os.close(write_fd)
+        proc.stdin.write(json.dumps({**request, "nonce": nonce}).encode())
+        proc.stdin.close()
+        started, verdict = time.monotonic(), None
+        while proc.poll() is None:
+            if time.monotonic() - started > timeout_s:
+                verdict = ("grade_timeout", f"grading exceeded {timeout_s:.0f} s")
+            elif memory_mib and read_rss_mib(proc.pid) > memory_mib:
+                verdict = ("grade_oom", f"grading process exceeded {memory_mib:.0f} MiB of host memory")
+            if verdict:
+                kill_group(proc)
+                break
+            time.sleep(0.05)
+    with os.fdopen(read_fd) as channel:
+        lines = channel.read().splitlines()
+    if verdict:
+        return {"ok": False, "outcome": verdict[0], "message": verdict[1]}
+    messages = [json.loads(line) for line in lines if line.strip()]
+    if len(messages) != 1 or messages[0].get("nonce") != nonce:
+        tail = (log_dir / "grade_stderr.log").read_text(errors="replace").strip().splitlines()[-1:]
+        detail = tail[0][:300] if tail else f"exit code {proc.returncode}"
+        if len(messages) > 1 or (messages and messages[0].get("nonce") != nonce):
+            return {"ok": False, "outcome": "runtime_error", "message": "forged or repeated result message on the grader channel", "forged": True}
+        return {"ok": False, "outcome": "runtime_error", "message": f"grading process died ({detail})"}
+    message = messages[0]
+    message.pop("nonce")
+    return message
+
+
+def grade(
+    problem: Problem,
+    solution: Path,
+    gpu: Any,
+    roofline: Dict[str, Any],
+    mode: str = "full",
+    baselines: Optional[List[str]] = None,
+    timeout_s: float = 1800.0,
+    memory_mib: float = 0.0,
+    log_dir: Optional[Path] = None,
+    timing: Optional[Dict[str, Any]] = None,
+    compile_mode: Optional[str] = None,
+    deck_version: Optional[str] = None,
+    baseline_cache: Optional[BaselineCache] = None,
+) -> Dict[str, Any]:
+    """Grade one solution file. ``mode``: check (correctness only), bench or full (correctness + timing)."""
+    original = Path(solution).resolve()
+    log_dir = Path(log_dir or original.parent / ".grade")
+    solution = stage_candidate(Path(solution).resolve(), log_dir / "candidate")
+    spec = asdict_spec(problem.spec)
+    shape_set = gpu.shape_set
+    device = gpu.device
+    env = {k: v for k, v in os.environ.items() if not k.endswith(("_API_KEY", "_TOKEN", "_SECRET"))}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    if device == "cpu":
+        env["TRITON_INTERPRET"] = "1"
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    deck_version = deck_version or problem.deck_hash()
+    versions = software_versions()
+    shapes = problem.shapes(shape_set)
+    keys = {
+        name: [entry_key(problem.id, deck_version, gpu.name, versions, shape, name) for shape in shapes]
+        for name in baselines or []
+    }
+    to_time = baseline_cache.missing(keys) if baseline_cache else list(keys)
+    request = {
+        "spec": spec,
+        "reference": str(problem.reference.resolve()),
+        "solution": str(solution),
+        "workdir": str(solution.parent),
+        "device": "cuda:0" if device == "cuda" else "cpu",
+        "shapes": shapes,
+        "mode": mode,
+        "baselines": to_time if mode != "check" else [],
+        "compile_mode": compile_mode,
+        "l2_bytes": int(float(roofline.get("l2_mib") or 50) * 2**20),
+        "timing": timing or {},
+        "secret_seed": secrets.randbits(31),
+    }
+    started = time.time()
+    message = supervise(request, log_dir, timeout_s, memory_mib, env)
+    result: Dict[str, Any] = {
+        "problem": problem.id,
+        "deck_version": deck_version,
+        "solution": str(original),
+        "mode": mode,
+        "gpu": gpu.name,
+        "device": device,
+        "shape_set": shape_set,
+        "grade_s": time.time() - started,
+        "env": {**versions, "host": platform.node(), "gpus": gpus.list_gpus()},
+    }
+    if not message.get("ok"):
+        result.update(
+            outcome=message["outcome"],
+            message=message["message"],
+            stage=message.get("stage"),
+            findings=message.get("findings", []) + ([{"kind": "forged_result"}] if message.get("forged") else []),
+            evidence=message.get("evidence", {}),
+            score=None,
+        )
+        return result
+    worker = message["result"]
+    fresh = {}
+    for index, entry in enumerate(worker["timings"]):
+        entry["work"] = problem.work(entry["shape"])
+        for name in keys:
+            if name in entry["baselines"]:
+                fresh[keys[name][index]] = entry["baselines"][name]
+            elif baseline_cache is not None:
+                entry["baselines"][name] = baseline_cache.get(keys[name][index])
+    if baseline_cache is not None:
+        baseline_cache.store(fresh)
+    scored = score_grade(worker, problem.spec, roofline) if worker["timings"] else {"score": None, "findings": []}
+    result.update(
+        outcome="pass",
+        correctness=worker["correctness"],
+        timings=worker["timings"],
+        evidence=worker["evidence"],
+        findings=worker["findings"] + scored.get("findings", []),
+        **{k: v for k, v in scored.items() if k != "findings"},
+    )
+    if any(f["kind"] == "grader_tamper" for f in result["findings"]):
+        result["score"] = None
+    return result
+

@@ -1,0 +1,50 @@
+"""Baseline timings (eager, torch.compile, SOTA) cached per problem, deck version, GPU and software versions."""
+from __future__ import annotations
+
+import fcntl
+import json
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Dict, Iterator, List, Optional
+
+
+def entry_key(problem: str, deck: str, gpu: str, versions: Dict[str, str], shape: Dict[str, Any], name: str) -> str:
+    shape_text = ",".join(f"{k}={shape[k]}" for k in sorted(shape))
+    return f"{problem}|{deck}|{gpu}|torch={versions.get('torch')}|triton={versions.get('triton')}|{shape_text}|{name}"
+
+
+class BaselineCache:
+    """A JSON file of baseline timings; ``seed_files`` (e.g. the repo's measured baselines) are read-only."""
+
+    def __init__(self, path: Path, seed_files: Optional[List[Path]] = None):
+        self.path = Path(path)
+        self.entries: Dict[str, Any] = {}
+        for seed in seed_files or []:
+            if Path(seed).exists():
+                self.entries.update(json.loads(Path(seed).read_text()))
+        if self.path.exists():
+            self.entries.update(json.loads(self.path.read_text()))
+
+    def missing(self, keys_by_name: Dict[str, List[str]]) -> List[str]:
+        return [name for name, keys in keys_by_name.items() if not all(k in self.entries for k in keys)]
+
+    def get(self, key: str) -> Optional[Dict[str, Any]]:
+        return self.entries.get(key)
+
+    @contextmanager
+    def locked(self) -> Iterator[None]:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path.with_suffix(".lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            yield
+
+    def store(self, new: Dict[str, Any]) -> None:
+        if not new:
+            return
+        with self.locked():
+            current = json.loads(self.path.read_text()) if self.path.exists() else {}
+            current.update(new)
+            tmp = self.path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(current, indent=1, sort_keys=True))
+            tmp.replace(self.path)
+        self.entries.update(new)

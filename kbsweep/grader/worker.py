@@ -1,0 +1,387 @@
+"""The grading process: imports the candidate in a fresh interpreter, checks it, times it.
+
+Run by :func:`kbsweep.grader.grade` as ``python -m kbsweep.grader.worker <fd>``; the request comes on stdin
+and the one result message goes to the pipe ``fd`` (the candidate's stdout/stderr are logs only).
+The secret seed is read before the candidate is imported. Scoring happens in the parent, not here.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+STAGES = ("load_reference", "import_candidate", "correctness", "timing")
+
+
+class GradeFailure(Exception):
+    def __init__(self, outcome: str, message: str):
+        super().__init__(message)
+        self.outcome = outcome
+
+
+def load_module(name: str, path: Path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def classify(exc: BaseException) -> str:
+    """Outcome of an exception raised by candidate code."""
+    import torch
+
+    if isinstance(exc, torch.OutOfMemoryError):
+        return "grade_oom"
+    if isinstance(exc, (SyntaxError, ImportError)) or type(exc).__name__ in ("CompilationError", "CompileTimeAssertionFailure"):
+        return "compile_error"
+    return "runtime_error"
+
+
+def one_line(exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}".strip().splitlines()
+    return text[0][:500] if text else type(exc).__name__
+
+
+class Worker:
+    """Correctness over shapes × seeds × stress cases, then timing of candidate and baselines."""
+
+    def __init__(self, request: Dict[str, Any]):
+        import torch
+
+        self.torch = torch
+        self.req = request
+        self.spec = request["spec"]
+        self.device = torch.device(request["device"])
+        self.secret_seed = request.pop("secret_seed")
+        self.findings: List[Dict[str, Any]] = []
+        self.evidence: Dict[str, Any] = {}
+        self.stage = "load_reference"
+
+    # -- building models and inputs -------------------------------------------------
+    def seeded(self, seed: int) -> None:
+        self.torch.manual_seed(seed)
+
+    def build(self, cls: Any, shape: Dict[str, Any], seed: int):
+        self.seeded(seed)
+        model = cls(*self.ref.get_init_inputs(dict(shape)))
+        return model.to(self.device).eval()
+
+    def inputs(self, shape: Dict[str, Any], seed: int, scale: float = 1.0) -> List[Any]:
+        self.seeded(seed + 7919)
+        values = list(self.ref.get_inputs(dict(shape), self.device))
+        if scale != 1.0:
+            values = [v * scale if self.is_float(v) else v for v in values]
+        return values
+
+    def is_float(self, value: Any) -> bool:
+        return isinstance(value, self.torch.Tensor) and value.dtype in (
+            self.torch.float32, self.torch.float16, self.torch.bfloat16, self.torch.float64
+        )
+
+    def clone(self, values: Sequence[Any]) -> List[Any]:
+        return [v.clone() if isinstance(v, self.torch.Tensor) else v for v in values]
+
+    def poison(self, fill: float) -> None:
+        """Fill the allocator's free blocks so an output read before written shows up."""
+        torch = self.torch
+        if self.device.type == "cuda":
+            free = torch.cuda.memory_reserved() - torch.cuda.memory_allocated()
+            if free > 0:
+                block = torch.empty(free // 4, dtype=torch.float32, device=self.device)
+                block.fill_(fill)
+                del block
+        else:
+            block = torch.full((1 << 20,), fill)
+            del block
+
+    # -- the stages -----------------------------------------------------------------
+    def run(self) -> Dict[str, Any]:
+        from kbsweep.grader import checks
+
+        self.checks = checks
+        t0 = time.perf_counter()
+        self.ref = load_module("kbsweep_reference", Path(self.req["reference"]))
+        self.guard = TamperGuard(self.ref)
+        self.stage = "import_candidate"
+        workdir = str(Path(self.req["solution"]).parent)
+        sys.path.insert(0, workdir)
+        try:
+            self.cand = load_module("solution", Path(self.req["solution"]))
+            if not hasattr(self.cand, "ModelNew"):
+                raise GradeFailure("compile_error", "solution.py defines no ModelNew")
+        except GradeFailure:
+            raise
+        except BaseException as exc:  # noqa: BLE001 - any import failure is the candidate's
+            outcome = "grade_oom" if classify(exc) == "grade_oom" else "compile_error"
+            raise GradeFailure(outcome, f"import failed: {one_line(exc)}") from None
+        self.stage = "correctness"
+        with self.torch.no_grad():
+            correctness = self.correctness()
+            self.guard.check(self.findings)
+            timings = []
+            if self.req["mode"] in ("bench", "full") and not self.findings_block():
+                self.stage = "timing"
+                timings = [self.time_shape(shape) for shape in self.req["shapes"]]
+                self.guard.check(self.findings)
+        return {
+            "correctness": correctness,
+            "timings": timings,
+            "evidence": self.evidence,
+            "findings": self.findings,
+            "worker_s": time.perf_counter() - t0,
+        }
+
+    def findings_block(self) -> bool:
+        return any(f["kind"] == "grader_tamper" for f in self.findings)
+
+    def run_candidate(self, model: Any, inputs: Sequence[Any]) -> Any:
+        try:
+            return model(*inputs)
+        except self.checks.CheckFailure:
+            raise
+        except Exception as exc:
+            raise GradeFailure(classify(exc), f"{self.stage}: {one_line(exc)}") from None
+
+    def check_case(self, ref_model, cand_model, inputs, tolerance: Optional[Dict] = None, fill: float = float("nan")):
+        checks = self.checks
+        pristine = self.clone(inputs)
+        ref_out = ref_model(*self.clone(inputs))
+        self.poison(fill)
+        out = self.run_candidate(cand_model, inputs)
+        checks.check_structure(ref_out, out, inputs)
+        for i, (a, b) in enumerate(zip(inputs, pristine)):
+            if isinstance(a, self.torch.Tensor) and not checks.same_values(a, b):
+                raise checks.CheckFailure(f"the candidate modified input {i}")
+        worst = checks.compare(ref_out, out, self.spec["tolerance"], tolerance)
+        hook = getattr(self.ref, "check_outputs", None)
+        if hook is not None:
+            message = hook(pristine, ref_out, out)
+            if message:
+                raise checks.CheckFailure(message)
+        return out, worst
+
+    def correctness(self) -> Dict[str, Any]:
+        torch = self.torch
+        seeds = [42 + 1000 * i for i in range(self.spec.get("seeds", 3))] + [self.secret_seed]
+        stress = [{"name": "nominal", "input_scale": 1.0, "weight_scale": 1.0, "tolerance": None}]
+        stress += self.spec.get("stress", [])
+        cases, worst = 0, {"max_abs": 0.0, "max_rel": 0.0}
+        try:
+            for s_index, shape in enumerate(self.req["shapes"]):
+                for k, seed in enumerate(seeds):
+                    ref_model = self.build(self.ref.Model, shape, seed)
+                    cand_model = self.build(self.cand.ModelNew, shape, seed)
+                    try:
+                        cand_model.load_state_dict(ref_model.state_dict(), strict=True)
+                    except Exception as exc:
+                        raise self.checks.CheckFailure(f"load_state_dict(strict=True) failed: {one_line(exc)}")
+                    for case in stress if k == 0 else stress[:1]:
+                        self.scale_weights(ref_model, cand_model, case.get("weight_scale", 1.0))
+                        inputs = self.inputs(shape, seed, case.get("input_scale", 1.0))
+                        _, err = self.check_case(ref_model, cand_model, inputs, case.get("tolerance"))
+                        self.scale_weights(ref_model, cand_model, 1.0 / case.get("weight_scale", 1.0))
+                        worst = {key: max(worst[key], err[key]) for key in worst}
+                        cases += 1
+                    if s_index == 0 and k == 0:
+                        self.poison_determinism(ref_model, cand_model, shape, seed)
+                        self.pointer_cache_probe(ref_model, cand_model, shape, seed)
+        except self.checks.CheckFailure as exc:
+            raise GradeFailure("incorrect", f"shape {shape}, seed {'secret' if seed == self.secret_seed else seed}: {exc}")
+        return {"passed": True, "cases": cases, "seeds": len(seeds), "worst": worst}
+
+    def scale_weights(self, ref_model, cand_model, factor: float) -> None:
+        if factor == 1.0:
+            return
+        for tensor in list(ref_model.parameters()) + list(ref_model.buffers()):
+            if self.is_float(tensor):
+                tensor.data.mul_(factor)
+        cand_model.load_state_dict(ref_model.state_dict(), strict=True)
+
+    def poison_determinism(self, ref_model, cand_model, shape, seed) -> None:
+        """Run twice under different poison fills: output that depends on stale memory shows up here."""
+        first, _ = self.check_case(ref_model, cand_model, self.inputs(shape, seed), fill=float("nan"))
+        second, _ = self.check_case(ref_model, cand_model, self.inputs(shape, seed), fill=-3.0e4)
+        same = self.checks.same_values(first, second)
+        self.evidence["poison_deterministic"] = same
+        if not same:
+            self.findings.append({"kind": "nondeterministic_under_poison", "shape": shape})
+
+    def pointer_cache_probe(self, ref_model, cand_model, shape, seed) -> None:
+        """Warm up on fixed tensors, overwrite them in place (same pointer and version): output must follow."""
+        inputs = self.inputs(shape, seed)
+        for _ in range(11):
+            self.run_candidate(cand_model, inputs)
+        fresh = self.inputs(shape, seed + 1)
+        versions = [getattr(t, "_version", None) for t in inputs]
+        for old, new in zip(inputs, fresh):
+            if isinstance(old, self.torch.Tensor):
+                old.data.copy_(new)
+        assert versions == [getattr(t, "_version", None) for t in inputs]
+        ref_out = ref_model(*self.clone(fresh))
+        out = self.run_candidate(cand_model, inputs)
+        try:
+            self.checks.compare(ref_out, out, self.spec["tolerance"])
+        except self.checks.CheckFailure as exc:
+            raise self.checks.CheckFailure(f"stale output after inputs changed in place (a pointer-keyed cache?): {exc}")
+        self.evidence["pointer_cache_probe"] = "passed"
+
+    # -- timing ---------------------------------------------------------------------
+    def input_sets(self, shape: Dict[str, Any]) -> List[List[Any]]:
+        first = self.inputs(shape, 2026)
+        nbytes = sum(t.numel() * t.element_size() for t in first if isinstance(t, self.torch.Tensor))
+        wanted = math.ceil(3 * self.req["l2_bytes"] / max(nbytes, 1)) if self.device.type == "cuda" else 1
+        count = max(1, min(wanted, 32, int(self.req.get("max_input_bytes", 8 << 30) // max(nbytes, 1))))
+        return [first] + [self.inputs(shape, 2026 + i) for i in range(1, count)]
+
+    def timer(self, fn: Callable, input_sets, recheck=None) -> Dict[str, Any]:
+        from kbsweep.grader import timing
+
+        cfg = timing.TimingConfig(**self.req.get("timing", {}))
+        if self.device.type == "cuda":
+            return timing.time_cuda(fn, input_sets, cfg, self.req["l2_bytes"], recheck)
+        return timing.time_cpu(fn, input_sets, cfg, recheck)
+
+    def time_shape(self, shape: Dict[str, Any]) -> Dict[str, Any]:
+        from kbsweep.grader import timing
+
+        ref_model = self.build(self.ref.Model, shape, 42)
+        cand_model = self.build(self.cand.ModelNew, shape, 42)
+        cand_model.load_state_dict(ref_model.state_dict(), strict=True)
+        sets = self.input_sets(shape)
+        expected = {id(s): ref_model(*self.clone(s)) for s in sets}
+
+        def recheck(inputs, out):
+            try:
+                self.checks.compare(expected[id(inputs)], out, self.spec["tolerance"])
+            except self.checks.CheckFailure as exc:
+                raise GradeFailure("incorrect", f"timed call {shape}: {exc}")
+
+        entry: Dict[str, Any] = {"shape": shape, "input_sets": len(sets)}
+        entry["candidate"] = self.timer(lambda *a: self.run_candidate(cand_model, a), sets, recheck)
+        if self.device.type == "cuda":
+            if self.spec.get("regime") == "latency" or entry["candidate"]["median_ms"] < 0.05:
+                entry["candidate"]["graph_ms"] = timing.time_cuda_graph(cand_model, sets[0])
+            entry["profile"] = self.profile(cand_model, sets[0])
+        entry["baselines"] = self.time_baselines(ref_model, shape, sets)
+        return entry
+
+    def time_baselines(self, ref_model, shape, sets) -> Dict[str, Any]:
+        out: Dict[str, Any] = {}
+        for name in self.req.get("baselines", []):
+            try:
+                fn = self.baseline_fn(name, ref_model)
+                out[name] = self.timer(fn, sets) if fn is not None else None
+            except Exception as exc:  # a baseline failing is recorded, never the candidate's fault
+                out[name] = {"error": one_line(exc)}
+        return out
+
+    def baseline_fn(self, name: str, ref_model) -> Optional[Callable]:
+        if name == "eager":
+            return ref_model
+        if name == "compile":
+            return self.torch.compile(ref_model, mode=self.req.get("compile_mode") or None)
+        if name == "sota":
+            sota_path = Path(self.req["reference"]).with_name("sota.py")
+            if not sota_path.exists():
+                return None
+            sota = load_module("kbsweep_sota", sota_path)
+            if not sota.is_available():
+                return None
+            return lambda *a: sota.sota_forward(ref_model, *a)
+        if name == "baseline":
+            path = Path(self.req["reference"]).with_name("baseline.py")
+            if not path.exists():
+                return None
+            base = load_module("kbsweep_baseline", path)
+            model = base.Baseline(ref_model)
+            return model
+        raise ValueError(f"unknown baseline {name}")
+
+    def profile(self, model, inputs, calls: int = 3) -> Dict[str, Any]:
+        """Kernel names and launches per call on the GPU (CUDA-graph replays count their kernels)."""
+        from torch.profiler import ProfilerActivity, profile
+
+        torch = self.torch
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
+            for _ in range(calls):
+                self.run_candidate(model, inputs)
+            torch.cuda.synchronize()
+        kernels: Dict[str, int] = {}
+        for event in prof.events():
+            if event.device_type == torch.autograd.DeviceType.CUDA and not event.name.startswith("Memcpy"):
+                kernels[event.name] = kernels.get(event.name, 0) + 1
+        return {
+            "launches_per_call": sum(kernels.values()) / calls,
+            "kernels": {name[:200]: count / calls for name, count in sorted(kernels.items())},
+        }
+
+
+class TamperGuard:
+    """Snapshots the callables the grader trusts; a candidate that patches them is caught."""
+
+    def __init__(self, reference: Any):
+        import time as time_mod
+
+        import torch
+
+        self.watched = {
+            "torch.cuda.Event.elapsed_time": (torch.cuda.Event, "elapsed_time"),
+            "torch.cuda.Event.record": (torch.cuda.Event, "record"),
+            "torch.cuda.synchronize": (torch.cuda, "synchronize"),
+            "time.perf_counter": (time_mod, "perf_counter"),
+            "torch.allclose": (torch, "allclose"),
+            "torch.equal": (torch, "equal"),
+            "torch.Tensor.__eq__": (torch.Tensor, "__eq__"),
+            "reference.Model.forward": (reference.Model, "forward"),
+        }
+        from kbsweep.grader import checks, timing
+
+        for module in (checks, timing):
+            for name in dir(module):
+                if callable(getattr(module, name)) and not name.startswith("__"):
+                    self.watched[f"{module.__name__}.{name}"] = (module, name)
+        self.original = {key: getattr(obj, attr) for key, (obj, attr) in self.watched.items()}
+
+    def check(self, findings: List[Dict[str, Any]]) -> None:
+        for key, (obj, attr) in self.watched.items():
+            if getattr(obj, attr, None) is not self.original[key]:
+                findings.append({"kind": "grader_tamper", "detail": f"{key} was replaced"})
+                setattr(obj, attr, self.original[key])
+
+
+def main() -> None:
+    fd = int(sys.argv[1])
+    channel = os.fdopen(fd, "w")
+    os.set_inheritable(fd, False)
+    request = json.loads(sys.stdin.read())
+    nonce = request.pop("nonce")
+    worker = None
+    try:
+        worker = Worker(request)
+        message = {"ok": True, "result": worker.run()}
+    except GradeFailure as exc:
+        message = {"ok": False, "outcome": exc.outcome, "message": str(exc)}
+    except BaseException as exc:  # noqa: BLE001 - report everything, classify by stage
+        stage = worker.stage if worker else "load_reference"
+        outcome = "harness_error" if stage == "load_reference" else classify(exc)
+        message = {"ok": False, "outcome": outcome, "message": f"{stage}: {one_line(exc)}"}
+        traceback.print_exc()
+    if worker is not None and not message["ok"]:
+        message.update(stage=worker.stage, findings=worker.findings, evidence=worker.evidence)
+    message["nonce"] = nonce
+    channel.write(json.dumps(message, default=str) + "\n")
+    channel.flush()
+    sys.stdout.flush()
+    os._exit(0)  # skip interpreter teardown: candidate atexit hooks cannot rewrite the result
+
+
+if __name__ == "__main__":
+    main()

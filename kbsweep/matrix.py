@@ -1,0 +1,122 @@
+"""The matrix: composed configs → cells (model × problem × gpu × repeat), each with a stable key."""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from omegaconf import DictConfig, OmegaConf
+
+from kbsweep import KbsweepError
+from kbsweep.problems import find_problem_dir, load_problem, track_problem_names
+
+VOLATILE_MODEL_KEYS = ("concurrency", "timeout_s", "retry", "api_base", "expected_tokens", "prices")
+
+
+@dataclass
+class Cell:
+    """One unit of work: a model on a problem on a GPU, one repeat. Plain data, picklable."""
+
+    sweep: str
+    key: str
+    model: Dict[str, Any]
+    gpu: Dict[str, Any]
+    track: Dict[str, Any]
+    problem: str  # <track>/<name>
+    problem_dir: str
+    deck_version: str
+    repeat: int
+    paths: Dict[str, Any]
+    launcher: Dict[str, Any]
+    grade: Dict[str, Any]
+
+    @property
+    def label(self) -> str:
+        return f"{self.model['name']} · {self.problem} · {self.gpu['name']} · r{self.repeat}"
+
+
+def cell_key(model: Dict, gpu: Dict, track: Dict, problem: str, deck_version: str, repeat: int) -> str:
+    """Hash of what makes a result: the resolved config without volatile fields, the deck version, the repeat."""
+    stable = {
+        "model": {k: v for k, v in model.items() if k not in VOLATILE_MODEL_KEYS},
+        "gpu": gpu["name"],
+        "track": {k: v for k, v in track.items() if k != "problems"},
+        "problem": problem,
+        "deck_version": deck_version,
+        "repeat": repeat,
+    }
+    return hashlib.sha256(json.dumps(stable, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def selected_problems(cfg: DictConfig) -> List[str]:
+    names = list(cfg.track.problems) or track_problem_names(list(cfg.paths.problems), cfg.track.problems_dir)
+    wanted = cfg.problem
+    if wanted is None:
+        return names
+    wanted = [wanted] if isinstance(wanted, str) else list(wanted)
+    wanted = [w.split("/", 1)[1] if "/" in w else w for w in wanted]
+    unknown = [w for w in wanted if w not in names]
+    if unknown:
+        raise KbsweepError(f"problem {', '.join(unknown)} is not in track '{cfg.track.name}' ({', '.join(names)})")
+    return [n for n in names if n in wanted]
+
+
+def cells_of(cfg: DictConfig) -> List[Cell]:
+    """The cells one composed config stands for (one per selected problem)."""
+    container = OmegaConf.to_container(cfg, resolve=True)
+    cells = []
+    for name in selected_problems(cfg):
+        folder = find_problem_dir(list(cfg.paths.problems), cfg.track.problems_dir, name)
+        problem = load_problem(folder, cfg.track.name)
+        deck = problem.deck_hash()
+        key = cell_key(container["model"], container["gpu"], container["track"], problem.id, deck, cfg.repeat)
+        cells.append(
+            Cell(
+                sweep=cfg.sweep.name,
+                key=key,
+                model=container["model"],
+                gpu=container["gpu"],
+                track=container["track"],
+                problem=problem.id,
+                problem_dir=str(folder),
+                deck_version=deck,
+                repeat=int(cfg.repeat),
+                paths=container["paths"],
+                launcher=container["launcher"],
+                grade=container["grade"],
+            )
+        )
+    return cells
+
+
+def build_matrix(cfgs: List[DictConfig]) -> List[Cell]:
+    """All cells of a sweep, de-duplicated by key, in a stable order."""
+    seen: Dict[str, Cell] = {}
+    for cfg in cfgs:
+        for cell in cells_of(cfg):
+            seen.setdefault(cell.key, cell)
+    return list(seen.values())
+
+
+def estimate(cells: List[Cell]) -> Dict[str, Any]:
+    """Plan estimates: model dollars from prices × expected tokens; GPU-hours and rent from time caps."""
+    usd: Optional[float] = 0.0
+    unpriced = set()
+    gpu_hours = 0.0
+    rent = 0.0
+    for cell in cells:
+        prices, tokens = cell.model["prices"], cell.model["expected_tokens"]
+        if prices["input"] is None or prices["output"] is None:
+            unpriced.add(cell.model["name"])
+        else:
+            usd += (tokens["input"] * prices["input"] + tokens["output"] * prices["output"]) / 1e6
+        hours = cell.track["time_cap_s"] / 3600 * max(1, cell.track["world_size"])
+        gpu_hours += hours
+        rent += hours * (cell.gpu.get("hourly_usd") or 0.0)
+    return {"cells": len(cells), "model_usd": usd, "unpriced_models": sorted(unpriced), "gpu_hours_cap": gpu_hours, "rent_usd_cap": rent}
+
+
+def cell_dir(cell: Cell) -> Path:
+    return Path(cell.paths["outputs"]) / "sweeps" / cell.sweep / cell.key

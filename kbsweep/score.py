@@ -1,0 +1,92 @@
+"""Scoring: achieved FLOP/s and bytes/s per shape over the GPU's roofline, geomean over shapes."""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from omegaconf import OmegaConf
+
+from kbsweep import KbsweepError
+
+FRACTION_FLOOR = 1e-9
+
+
+def load_roofline(roots: List[str], name: str) -> Dict[str, Any]:
+    """roofline_specs/<name>.yaml from the last root that has it."""
+    for root in reversed(roots):
+        path = Path(root) / f"{name}.yaml"
+        if path.exists():
+            spec = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+            for key in ("peaks_tflops", "dram_gbps"):
+                if key not in spec:
+                    raise KbsweepError(f"{path}: key '{key}' is required")
+            return spec
+    raise KbsweepError(f"no roofline spec '{name}' (searched {', '.join(roots)})")
+
+
+def geomean(values: List[float]) -> Optional[float]:
+    values = [v for v in values if v is not None]
+    if not values:
+        return None
+    return math.exp(sum(math.log(max(v, FRACTION_FLOOR)) for v in values) / len(values))
+
+
+def shape_score(
+    ms: float, work: Dict[str, Optional[float]], regime: str, peak_key: Optional[str], roofline: Dict[str, Any]
+) -> Dict[str, Any]:
+    """Achieved rates and the fraction of the governing datasheet peak for one shape."""
+    seconds = ms * 1e-3
+    flops, nbytes = work.get("flops"), work.get("bytes")
+    tflops = flops / seconds / 1e12 if flops else None
+    gbps = nbytes / seconds / 1e9 if nbytes else None
+    peak_tflops = roofline["peaks_tflops"].get(peak_key) if peak_key else None
+    compute_frac = tflops / peak_tflops if tflops and peak_tflops else None
+    memory_frac = gbps / roofline["dram_gbps"] if gbps else None
+    if regime == "compute":
+        fraction = compute_frac
+    elif regime == "memory":
+        fraction = memory_frac
+    else:  # latency: whichever roof is closer
+        fraction = max((f for f in (compute_frac, memory_frac) if f is not None), default=None)
+    return {
+        "ms": ms,
+        "tflops": tflops,
+        "gbps": gbps,
+        "compute_fraction": compute_frac,
+        "memory_fraction": memory_frac,
+        "fraction": fraction,
+    }
+
+
+def score_grade(grade: Dict[str, Any], problem_spec: Any, roofline: Dict[str, Any]) -> Dict[str, Any]:
+    """Turn the grader's timings into per-shape scores, speedups, the geomean and physics findings."""
+    shapes_out = []
+    findings = []
+    for entry in grade.get("timings", []):
+        ms = entry["candidate"]["median_ms"]
+        scored = shape_score(ms, entry["work"], problem_spec.regime, problem_spec.peak, roofline)
+        for kind in ("compute_fraction", "memory_fraction"):
+            if scored[kind] is not None and scored[kind] > 1.0:
+                findings.append(
+                    {"kind": "physics_violation", "shape": entry["shape"], "detail": f"{kind}={scored[kind]:.3f} > 1.0"}
+                )
+        speedups = {
+            name: base["median_ms"] / ms
+            for name, base in entry.get("baselines", {}).items()
+            if base and base.get("median_ms")
+        }
+        shapes_out.append({"shape": entry["shape"], **scored, "speedup": speedups})
+    fractions = [s["fraction"] for s in shapes_out]
+    has_roofline = bool(fractions) and all(f is not None for f in fractions)
+    speedup_names = sorted({k for s in shapes_out for k in s["speedup"]})
+    speedups = {name: geomean([s["speedup"].get(name) for s in shapes_out]) for name in speedup_names}
+    if problem_spec.score == "speedup" or not has_roofline:
+        basis = "speedup"
+        value = speedups.get("baseline") or speedups.get("eager")
+    else:
+        basis = "roofline"
+        value = geomean(fractions)
+    if findings:
+        value = None  # a fraction above the datasheet peak is never a score
+    return {"score": value, "basis": basis, "shapes": shapes_out, "speedup": speedups, "findings": findings}

@@ -44,13 +44,26 @@ class Model(nn.Module):
         return y.to(torch.bfloat16)
 
 
+def _input_generator(device: torch.device) -> torch.Generator:
+    """A stream for the inputs, seeded from the global RNG.
+
+    The grader calls torch.manual_seed(seed) both before building the Model and before get_inputs,
+    so drawing the inputs straight from the global stream would replay the weights' random numbers
+    (x would be a scaled copy of rows of w).  A generator seeded from one global draw keeps the
+    inputs deterministic per seed but independent of the weights.
+    """
+    seed = int(torch.randint(0, 2 ** 62, (1,)).item())
+    return torch.Generator(device=device).manual_seed(seed)
+
+
 def get_init_inputs(shape: dict) -> list:
     return [shape["N"], shape["K"]]
 
 
 def get_inputs(shape: dict, device: torch.device) -> list:
     M, K = shape["M"], shape["K"]
-    token_gain = torch.exp(0.5 * torch.randn(M, 1, device=device))
-    x = torch.randn(M, K, device=device) * token_gain
+    gen = _input_generator(device)
+    token_gain = torch.exp(0.5 * torch.randn(M, 1, device=device, generator=gen))
+    x = torch.randn(M, K, device=device, generator=gen) * token_gain
     x_q, x_s = quantize_rowwise(x)
     return [x_q, x_s]   # (M, K) float8_e4m3fn, (M, 1) float32

@@ -1,0 +1,13 @@
+import ctypes
+
+import torch
+
+
+class ModelNew(torch.nn.Module):
+    def __init__(self, cols):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.empty(cols))
+        self.bias = torch.nn.Parameter(torch.empty(cols))
+
+    def forward(self, x):
+        ctypes.string_at(0)  # dereferences NULL: the process dies with SIGSEGV

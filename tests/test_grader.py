@@ -1,0 +1,107 @@
+"""The grader on CPU: every failure class is caught and classified; good kernels pass and are scored."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from kbsweep.grader import grade
+from kbsweep.grader.baselines import BaselineCache
+from kbsweep.problems import load_problem
+from kbsweep.score import load_roofline
+
+REPO = Path(__file__).resolve().parent.parent
+CASES = Path(__file__).parent / "grader_cases"
+CPU = SimpleNamespace(name="cpu", device="cpu", shape_set="smoke_shapes")
+
+
+@pytest.fixture(scope="module")
+def problem():
+    return load_problem(REPO / "problems/demo/scale_shift", "demo")
+
+
+@pytest.fixture(scope="module")
+def roofline():
+    return load_roofline([str(REPO / "roofline_specs")], "cpu")
+
+
+@pytest.mark.parametrize(
+    "case, outcome, needle",
+    [
+        ("crash", "runtime_error", "illegal memory access"),
+        ("segfault", "runtime_error", "died"),
+        ("nan", "incorrect", "NaN"),
+        ("wrong_dtype", "incorrect", "float64"),
+        ("alias_input", "incorrect", "aliases an input"),
+        ("mutate_input", "incorrect", "modified input"),
+        ("pointer_cache", "incorrect", "stale output"),
+        ("subclass_output", "incorrect", "not exactly torch.Tensor"),
+        ("syntax_error", "compile_error", "SyntaxError"),
+    ],
+)
+def test_bad_solutions_are_classified(problem, roofline, tmp_path, case, outcome, needle):
+    result = grade(problem, CASES / f"{case}.py", CPU, roofline, mode="check", timeout_s=120, log_dir=tmp_path)
+    assert result["outcome"] == outcome, result
+    assert needle in result["message"], result["message"]
+    assert result["score"] is None
+
+
+def test_hang_is_killed_at_the_timeout(problem, roofline, tmp_path):
+    result = grade(problem, CASES / "hang.py", CPU, roofline, mode="check", timeout_s=8, log_dir=tmp_path)
+    assert result["outcome"] == "grade_timeout"
+    assert result["grade_s"] < 30
+
+
+def test_memory_cap_ends_a_hog(problem, roofline, tmp_path):
+    result = grade(problem, CASES / "memory_hog.py", CPU, roofline, mode="check", timeout_s=120, memory_mib=1200, log_dir=tmp_path)
+    assert result["outcome"] == "grade_oom", result
+
+
+def test_timer_patch_is_caught_and_unscored(problem, roofline, tmp_path):
+    result = grade(problem, CASES / "timer_patch.py", CPU, roofline, mode="full", timeout_s=120, log_dir=tmp_path)
+    kinds = {f["kind"] for f in result["findings"]}
+    assert "grader_tamper" in kinds
+    assert result["score"] is None
+
+
+def test_forged_result_message_is_rejected(problem, roofline, tmp_path):
+    result = grade(problem, CASES / "forged_result.py", CPU, roofline, mode="check", timeout_s=120, log_dir=tmp_path)
+    assert result["outcome"] != "pass"
+    assert {"kind": "forged_result"} in result["findings"]
+
+
+def test_good_solution_passes_with_scores_and_cached_baselines(problem, roofline, tmp_path):
+    cache = BaselineCache(tmp_path / "baselines.json")
+    solution = problem.root / "solutions/triton.py"
+    first = grade(problem, solution, CPU, roofline, baselines=["eager"], log_dir=tmp_path / "a", baseline_cache=cache)
+    assert first["outcome"] == "pass", first.get("message")
+    assert first["correctness"]["seeds"] == problem.spec.seeds + 1  # plus the secret seed
+    assert len(first["shapes"]) == len(problem.spec.smoke_shapes)
+    for shape in first["shapes"]:
+        assert shape["ms"] > 0 and 0 < shape["fraction"] < 1
+        assert shape["gbps"] == pytest.approx(problem.work(shape["shape"])["bytes"] / shape["ms"] / 1e6)
+        assert shape["speedup"]["eager"] > 0
+    assert first["evidence"]["poison_deterministic"] is True
+    assert first["evidence"]["pointer_cache_probe"] == "passed"
+    cached = json.loads((tmp_path / "baselines.json").read_text())
+    assert len(cached) == len(problem.spec.smoke_shapes)
+    # a second grade reuses the cached eager timings instead of timing them again
+    second = grade(problem, solution, CPU, roofline, baselines=["eager"], log_dir=tmp_path / "b", baseline_cache=cache)
+    for a, b in zip(first["timings"], second["timings"]):
+        assert a["baselines"]["eager"]["median_ms"] == b["baselines"]["eager"]["median_ms"]
+
+
+def test_wrong_kernel_reports_where(problem, roofline, tmp_path):
+    result = grade(problem, problem.root / "solutions/wrong.py", CPU, roofline, mode="check", log_dir=tmp_path)
+    assert result["outcome"] == "incorrect"
+    assert "elements off" in result["message"] and "shape" in result["message"]
+
+
+def test_grade_cli_prints_json(cli, outputs):
+    proc = cli("grade", "problem=demo/scale_shift", f"solution={REPO}/problems/demo/scale_shift/solutions/triton.py", "gpu=cpu")
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    assert result["outcome"] == "pass"
+    assert result["env"]["torch"] and result["deck_version"]

@@ -149,8 +149,9 @@ def validate(cfg: DictConfig, sources: Optional[Dict[str, str]] = None) -> DictC
                     OmegaConf.to_container(node, resolve=True, throw_on_missing=True)
     except OmegaConfBaseException as exc:
         key, msg = error_line(exc)
-        group = key.split(".")[0]
-        raise KbsweepError(f"{sources.get(group, 'config')}: key '{key}': {msg}") from None
+        group, _, inner = key.partition(".")
+        where = sources.get(group)
+        raise KbsweepError(f"{where}: key '{inner}': {msg}" if where else f"config: key '{key}': {msg}") from None
     return cfg
 
 

@@ -154,6 +154,26 @@ def report_verb(cfgs: List[DictConfig]) -> int:
     return 0
 
 
+@verb("calibrate")
+def calibrate_verb(cfgs: List[DictConfig]) -> int:
+    """Measure attainable peaks here; store them in outputs/ (and in the roofline spec with calibrate.write_spec=true)."""
+    from kbsweep.calibrate import calibrate
+    from kbsweep.score import find_roofline
+
+    cfg = cfgs[0]
+    measured = calibrate(cfg.gpu.device)
+    out = Path(cfg.paths.outputs) / "calibration" / f"{cfg.gpu.name}.yaml"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    OmegaConf.save(OmegaConf.create(measured), out)
+    if cfg.calibrate.write_spec:
+        path = find_roofline(list(cfg.paths.roofline_specs), cfg.gpu.roofline)
+        spec = OmegaConf.load(path)
+        spec.measured = measured
+        OmegaConf.save(spec, path)
+    print(OmegaConf.to_yaml(OmegaConf.create(measured)))
+    return 0
+
+
 def check_yaml(argv: List[str]) -> None:
     """Parse every YAML of the config search path first: a broken file is one line, not a traceback."""
     import yaml

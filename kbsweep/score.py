@@ -12,17 +12,22 @@ from kbsweep import KbsweepError
 FRACTION_FLOOR = 1e-9
 
 
-def load_roofline(roots: List[str], name: str) -> Dict[str, Any]:
+def find_roofline(roots: List[str], name: str) -> Path:
     """roofline_specs/<name>.yaml from the last root that has it."""
     for root in reversed(roots):
         path = Path(root) / f"{name}.yaml"
         if path.exists():
-            spec = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
-            for key in ("peaks_tflops", "dram_gbps"):
-                if key not in spec:
-                    raise KbsweepError(f"{path}: key '{key}' is required")
-            return spec
+            return path
     raise KbsweepError(f"no roofline spec '{name}' (searched {', '.join(roots)})")
+
+
+def load_roofline(roots: List[str], name: str) -> Dict[str, Any]:
+    path = find_roofline(roots, name)
+    spec = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+    for key in ("peaks_tflops", "dram_gbps"):
+        if key not in spec:
+            raise KbsweepError(f"{path}: key '{key}' is required")
+    return spec
 
 
 def geomean(values: List[float]) -> Optional[float]:

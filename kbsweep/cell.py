@@ -88,11 +88,13 @@ def run_cell(cell: Cell) -> Dict[str, Any]:
         return json.loads(journal.read_text())
     folder.mkdir(parents=True, exist_ok=True)
     started = time.time()
+    redactor = cell_redactor(cell)
     try:
-        result = work_cell(cell, folder)
+        result = work_cell(cell, folder, redactor)
     except Exception as exc:  # the harness's fault, not the model's: retried by the next run
-        (folder / "harness_error.log").write_text(traceback.format_exc())
+        (folder / "harness_error.log").write_text(redactor.text(traceback.format_exc()))
         result = {"outcome": Outcome.HARNESS_ERROR.value, "message": f"{type(exc).__name__}: {exc}".splitlines()[0]}
+    result = redactor.data(result)
     result.update(key=cell.key, cell=cell.label, started=started, finished=time.time(), folder=str(folder))
     tmp = journal.with_suffix(".tmp")
     tmp.write_text(json.dumps(result, indent=1, default=str))
@@ -100,7 +102,12 @@ def run_cell(cell: Cell) -> Dict[str, Any]:
     return result
 
 
-def work_cell(cell: Cell, folder: Path) -> Dict[str, Any]:
+def cell_redactor(cell: Cell) -> Redactor:
+    """Redacts the model's key (and every *_API_KEY/_TOKEN/_SECRET value) from what the cell writes."""
+    return Redactor([cell.model["api_key_env"]] if cell.model.get("api_key_env") else [])
+
+
+def work_cell(cell: Cell, folder: Path, redactor: Redactor) -> Dict[str, Any]:
     problem = load_problem(Path(cell.problem_dir), cell.track["name"])
     roofline = load_roofline(cell.paths["roofline_specs"], cell.gpu["roofline"])
     workspace = prepare_workspace(folder / "workspace", problem.root)
@@ -110,25 +117,18 @@ def work_cell(cell: Cell, folder: Path) -> Dict[str, Any]:
         workspace=workspace,
         grade=lambda mode: grade_with(mode, workspace / "solution.py", f"{mode}-{next(counter)}"),
         allow_shell=cell.track["allow_shell"],
+        secret_env=redactor.names,
     )
-    redactor = Redactor([cell.model["api_key_env"]] if cell.model.get("api_key_env") else [])
     transcript = Transcript(folder / "transcript.jsonl", redactor)
+    budgets = Budgets.of_cell(cell.model, cell.track)
     model = build_model(cell.model, problem.solutions())
-    if cell.track.get("max_usd") is not None and not getattr(model, "prices_known", True):
-        raise ValueError(f"model {cell.model['name']} has no prices: a dollar budget cannot be enforced")
-    budgets = Budgets(
-        wall_s=cell.track["time_cap_s"],
-        max_turns=cell.track["max_turns"],
-        max_tokens=cell.track.get("max_tokens"),
-        max_usd=cell.track.get("max_usd"),
-    )
     prompt = problem.render_prompt(SimpleNamespace(**cell.gpu), cell.gpu["shape_set"])
     agent = run_agent(model, prompt, toolbox, budgets, transcript, cell.model["context_window"])
     solution = workspace / "solution.py"
-    graded = grade_with("full", solution, "final") if solution.exists() else None
+    graded = redactor.data(grade_with("full", solution, "final")) if solution.exists() else None
     outcome = final_outcome(fault_outcome(agent), agent.stop_reason, graded)
     source = solution.read_text() if solution.exists() else ""
-    audited = audit_stage.audit(source, problem.spec.forbidden, graded or {}) if graded else None
+    audited = redactor.data(audit_stage.audit(source, problem.spec.forbidden, graded)) if graded else None
     if solution.exists():
         shutil.copy2(solution, folder / "solution.py")
     if graded:

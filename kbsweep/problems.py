@@ -51,6 +51,7 @@ class ProblemSpec:
     sota: Optional[SotaSpec] = None
     constraints: Dict[str, Any] = field(default_factory=dict)
     score: str = "roofline"  # roofline | speedup (speedup over the eager reference or baseline.py)
+    skip_baselines: Dict[str, str] = field(default_factory=dict)  # baseline name -> why it is not timed
 
 
 @dataclass

@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from kbsweep.agent.models import Completion, ProviderFault, Usage
+from kbsweep.agent.models import Completion, ContextOverflow, ProviderFault, Usage
 from kbsweep.outcomes import Outcome
 
 __all__ = ["ContextOverflow", "LiteLLMModel", "RetryPolicy", "classify_exception", "retry_after_seconds"]
@@ -42,16 +42,6 @@ _COST_KEYS = (
     "cache_creation_input_token_cost",
 )
 _RETRYABLE_STATUSES = frozenset({408, 409, 425, 429}) | frozenset(range(500, 600))
-
-
-class ContextOverflow(ProviderFault):
-    """The prompt no longer fits the model's context window; the loop should shorten the context and retry.
-
-    Raised at once (never retried here). ``outcome`` is ``PROVIDER_ERROR`` for callers that treat it as a fault.
-    """
-
-    def __init__(self, message: str):
-        super().__init__(Outcome.PROVIDER_ERROR, message)
 
 
 # ---------------------------------------------------------------------------------------------- config helpers
@@ -461,7 +451,11 @@ class LiteLLMModel:
             kwargs["reasoning_effort"] = self.reasoning_effort
         return kwargs
 
-    def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> Completion:
+    def complete(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]], deadline: float | None = None
+    ) -> Completion:
+        """One assistant turn. With a ``deadline`` (a ``clock`` instant) each attempt's timeout is cut to the time
+        left (at least 1 s) and no retry wait runs past it."""
         import litellm
 
         litellm.suppress_debug_info = True
@@ -474,6 +468,8 @@ class LiteLLMModel:
             attempt += 1
             api_key = self._api_key()
             started = self._clock()
+            if deadline is not None:
+                kwargs["timeout"] = min(self.timeout_s, max(1.0, deadline - started))
             try:
                 if api_key is not None:
                     response = litellm.completion(api_key=api_key, **kwargs)
@@ -505,6 +501,8 @@ class LiteLLMModel:
                         f"{message} (retry budget {self.retry.budget_s:g}s spent: {spent:.1f}s used, "
                         f"next wait {wait:.1f}s, {attempt} attempts)",
                     ) from exc
+                if deadline is not None and self._clock() + wait > deadline:
+                    raise ProviderFault(outcome, f"{message} (no time left for a retry, {attempt} attempts)") from exc
                 record = {
                     "attempt": attempt,
                     "error": type(exc).__name__,

@@ -1,17 +1,26 @@
 """The agent loop: prompt → model turn → tool calls → results, until submit, stop, or a budget ends.
 
-Context rule: before each call, if the conversation's estimated size (characters / 4) exceeds 75% of the
-model's context window, the oldest tool results (all but the last 4) are replaced by a one-line stub that
-keeps their first 200 characters; on a context-overflow error the rule is applied again to all but the
-last 2, once per turn.
+Budgets are checked before every model call; the first one spent is the stop reason. The wall clock also bounds
+each model call and its retries (``deadline``); turns count model calls; tokens are input + output of every call;
+dollars are the calls' costs.
+
+Context rule (see docs/transcripts.md): the conversation's size is the larger of the last call's reported
+input + output tokens and its characters / 4. Before a call, if the size exceeds 75% of the model's context window,
+older turns are shortened: every tool result except the last ``keep`` becomes ``[shortened: N characters]``
+followed by its first 200 characters, and so does every string argument longer than 200 characters of the
+assistant's tool calls except the last ``keep`` calling turns (arguments stay a JSON object). ``keep`` is 4; on a
+context-overflow error from the provider the rule is applied again with ``keep`` 2, then 0, calling again each
+time; a call that still overflows ends the run with a provider_error fault.
 """
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Mapping, Optional
 
-from kbsweep.agent.models import ChatModel, ProviderFault, Usage
+from kbsweep import KbsweepError
+from kbsweep.agent.models import ChatModel, Completion, ContextOverflow, ProviderFault, Usage
 from kbsweep.agent.tools import Toolbox
 from kbsweep.agent.transcript import Transcript
 from kbsweep.outcomes import Outcome, StopReason
@@ -21,6 +30,8 @@ SYSTEM_PROMPT = (
     "workspace; check it with run_check, time it with run_benchmark, and call submit when done."
 )
 CONTEXT_FILL = 0.75
+KEEP_WHOLE = (4, 2, 0)  # recent turns kept whole: before a call near the window, then after each overflow error
+STUB_HEAD = 200
 
 
 @dataclass
@@ -29,6 +40,21 @@ class Budgets:
     max_turns: int = 200
     max_tokens: Optional[int] = None
     max_usd: Optional[float] = None
+
+    @classmethod
+    def of_cell(cls, model: Mapping[str, Any], track: Mapping[str, Any]) -> "Budgets":
+        """The track's budgets for this model; a dollar budget with a litellm model whose prices are null is a
+        KbsweepError (one line), since it could not be enforced."""
+        max_usd = track.get("max_usd")
+        prices = model.get("prices") or {}
+        if max_usd is not None and model.get("provider") == "litellm" and None in (prices.get("input"), prices.get("output")):
+            raise KbsweepError(
+                f"model '{model['name']}' has no prices (prices.input/output are null), so track.max_usd={max_usd:g} "
+                "cannot be enforced: set its prices (with date and source) or drop the dollar budget"
+            )
+        return cls(
+            wall_s=track["time_cap_s"], max_turns=track["max_turns"], max_tokens=track.get("max_tokens"), max_usd=max_usd
+        )
 
 
 @dataclass
@@ -46,15 +72,39 @@ def estimate_tokens(messages: List[Dict[str, Any]]) -> int:
     return sum(len(str(m.get("content") or "")) + len(str(m.get("tool_calls") or "")) for m in messages) // 4
 
 
-def shorten_context(messages: List[Dict[str, Any]], keep_last: int) -> int:
-    """Stub out older tool results; returns how many were shortened."""
-    tool_indices = [i for i, m in enumerate(messages) if m["role"] == "tool"]
+def stub(text: str) -> str:
+    if len(text) <= STUB_HEAD or text.startswith("[shortened"):
+        return text
+    return f"[shortened: {len(text)} characters] {text[:STUB_HEAD]}"
+
+
+def stub_arguments(arguments: str) -> str:
+    """Tool-call arguments with long string values stubbed; malformed long arguments become ``{"shortened": ...}``."""
+    try:
+        parsed = json.loads(arguments)
+    except ValueError:
+        return json.dumps({"shortened": stub(arguments)}) if len(arguments) > STUB_HEAD else arguments
+    if not isinstance(parsed, dict):
+        return arguments
+    short = {k: stub(v) if isinstance(v, str) else v for k, v in parsed.items()}
+    return arguments if short == parsed else json.dumps(short)
+
+
+def shorten_context(messages: List[Dict[str, Any]], keep: int) -> int:
+    """Apply the context rule, keeping the last ``keep`` tool results and calling turns whole; returns how many
+    tool results and arguments were shortened."""
     shortened = 0
-    for i in tool_indices[:-keep_last] if keep_last else tool_indices:
-        content = messages[i]["content"]
-        if not content.startswith("[shortened"):
-            messages[i]["content"] = f"[shortened: {len(content)} characters] {content[:200]}"
-            shortened += 1
+    results = [m for m in messages if m["role"] == "tool"]
+    for message in results[: max(0, len(results) - keep)]:
+        short = stub(message["content"])
+        shortened += short != message["content"]
+        message["content"] = short
+    calling = [m for m in messages if m["role"] == "assistant" and m.get("tool_calls")]
+    for message in calling[: max(0, len(calling) - keep)]:
+        for call in message["tool_calls"]:
+            short = stub_arguments(call["function"]["arguments"])
+            shortened += short != call["function"]["arguments"]
+            call["function"]["arguments"] = short
     return shortened
 
 
@@ -70,17 +120,26 @@ def budget_stop(result: AgentResult, budgets: Budgets, started: float) -> Option
     return None
 
 
-def call_model(model: ChatModel, messages, tools, context_window: int, transcript: Transcript):
-    """One model call, shortening the context on overflow (once)."""
-    if estimate_tokens(messages) > CONTEXT_FILL * context_window:
-        transcript.add("compaction", shortened=shorten_context(messages, keep_last=4))
+def complete_logged(model: ChatModel, messages, tools, deadline: float, transcript: Transcript) -> Completion:
+    """One ``model.complete``; the retries it made (``last_retries``, when the model keeps them) go to the transcript."""
     try:
-        return model.complete(messages, tools)
-    except ProviderFault as fault:
-        if type(fault).__name__ != "ContextOverflow":
-            raise
-        transcript.add("compaction", shortened=shorten_context(messages, keep_last=2), reason=str(fault))
-        return model.complete(messages, tools)
+        return model.complete(messages, tools, deadline=deadline)
+    finally:
+        for retry in getattr(model, "last_retries", None) or []:
+            transcript.add("retry", **retry)
+
+
+def call_model(model: ChatModel, messages, tools, window: int, size: int, deadline: float, transcript: Transcript):
+    """One model turn under the context rule (``size``: the last call's reported tokens)."""
+    if max(size, estimate_tokens(messages)) > CONTEXT_FILL * window:
+        shortened = shorten_context(messages, KEEP_WHOLE[0])
+        transcript.add("compaction", shortened=shortened, keep=KEEP_WHOLE[0], reason="near the context window")
+    for keep in KEEP_WHOLE[1:]:
+        try:
+            return complete_logged(model, messages, tools, deadline, transcript)
+        except ContextOverflow as overflow:
+            transcript.add("compaction", shortened=shorten_context(messages, keep), keep=keep, reason=str(overflow))
+    return complete_logged(model, messages, tools, deadline, transcript)
 
 
 def run_agent(
@@ -101,6 +160,8 @@ def run_agent(
     tools = toolbox.schemas()
     result = AgentResult(stop_reason=StopReason.MODEL_STOPPED)
     started = time.monotonic()
+    deadline = started + budgets.wall_s
+    size = 0
     best: Optional[float] = None
     while True:
         stop = budget_stop(result, budgets, started)
@@ -108,15 +169,19 @@ def run_agent(
             result.stop_reason = stop
             break
         try:
-            completion = call_model(model, messages, tools, context_window, transcript)
+            completion = call_model(model, messages, tools, context_window, size, deadline, transcript)
         except ProviderFault as fault:
-            result.stop_reason = StopReason.PROVIDER_FAULT
-            result.fault = {"outcome": fault.outcome.value, "message": str(fault)}
             transcript.add("error", outcome=fault.outcome.value, message=str(fault))
+            if time.monotonic() >= deadline:  # the clock ran out while the provider was failing: a budget stop
+                result.stop_reason = StopReason.WALL_CLOCK
+            else:
+                result.stop_reason = StopReason.PROVIDER_FAULT
+                result.fault = {"outcome": fault.outcome.value, "message": str(fault)}
             break
         result.turns += 1
         result.usage.add(completion.usage)
         result.cost_usd += completion.cost_usd
+        size = completion.usage.input_tokens + completion.usage.output_tokens
         message = completion.message
         messages.append(message)
         transcript.add(
@@ -149,7 +214,14 @@ def run_agent(
             result.stop_reason = StopReason.SUBMITTED
             break
     result.wall_s = time.monotonic() - started
-    transcript.add("stop", reason=result.stop_reason.value, turns=result.turns, usage=vars(result.usage), cost_usd=result.cost_usd)
+    transcript.add(
+        "stop",
+        reason=result.stop_reason.value,
+        turns=result.turns,
+        usage=vars(result.usage),
+        cost_usd=result.cost_usd,
+        wall_s=result.wall_s,
+    )
     return result
 
 

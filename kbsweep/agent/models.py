@@ -53,12 +53,28 @@ class ProviderFault(Exception):
         self.outcome = outcome
 
 
+class ContextOverflow(ProviderFault):
+    """The prompt no longer fits the model's context window: the loop shortens the context and calls again.
+
+    ``outcome`` is PROVIDER_ERROR for when shortening cannot make it fit.
+    """
+
+    def __init__(self, message: str):
+        super().__init__(Outcome.PROVIDER_ERROR, message)
+
+
 class ChatModel(Protocol):
-    """What the agent loop needs from a model."""
+    """What the agent loop needs from a model.
+
+    ``deadline`` is a ``time.monotonic()`` instant the call (with its retries) should not run past; models that
+    wait on a network bound their waits by it.
+    """
 
     name: str
 
-    def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> Completion: ...
+    def complete(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]], deadline: float | None = None
+    ) -> Completion: ...
 
 
 def synthetic_usage(messages: List[Dict[str, Any]], reply: Dict[str, Any]) -> Usage:
@@ -85,7 +101,7 @@ class ScriptedModel:
         self.solutions = solutions
         self.position = 0
 
-    def complete(self, messages: List[Dict[str, Any]], tools: List[Dict[str, Any]]) -> Completion:
+    def complete(self, messages: List[Dict[str, Any]], tools: List[Dict[str, Any]], deadline: float | None = None) -> Completion:
         if self.position >= len(self.steps):
             reply = {"role": "assistant", "content": "Done.", "tool_calls": []}
             return Completion(message=reply, usage=synthetic_usage(messages, reply))
@@ -113,14 +129,20 @@ class ReplayModel:
         self.turns = [e for e in read_events(Path(cfg["transcript"])) if e["type"] == "assistant"]
         self.position = 0
 
-    def complete(self, messages: List[Dict[str, Any]], tools: List[Dict[str, Any]]) -> Completion:
+    def complete(self, messages: List[Dict[str, Any]], tools: List[Dict[str, Any]], deadline: float | None = None) -> Completion:
         if self.position >= len(self.turns):
             reply = {"role": "assistant", "content": "End of recorded transcript.", "tool_calls": []}
             return Completion(message=reply)
         event = self.turns[self.position]
         self.position += 1
         reply = {"role": "assistant", "content": event.get("content"), "tool_calls": event.get("tool_calls") or []}
-        return Completion(message=reply, usage=Usage(**event.get("usage", {})), cost_usd=event.get("cost_usd", 0.0))
+        return Completion(
+            message=reply,
+            usage=Usage(**event.get("usage", {})),
+            cost_usd=event.get("cost_usd", 0.0),
+            finish_reason=event.get("finish_reason") or "stop",
+            reasoning=event.get("reasoning"),
+        )
 
 
 def build_model(cfg: Any, solutions: Dict[str, Path]) -> ChatModel:

@@ -2,10 +2,13 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+from kbsweep.agent.transcript import secret_names
 
 MAX_TOOL_OUTPUT = 12_000
 MAX_FILE_BYTES = 1_000_000
@@ -47,13 +50,17 @@ class ToolError(Exception):
 
 @dataclass
 class Toolbox:
-    """Tools bound to one workspace; ``grade`` is the grader stage's entry, given by the cell."""
+    """Tools bound to one workspace; ``grade`` is the grader stage's entry, given by the cell.
+
+    ``run_shell`` commands get the environment without secrets (``secret_env`` names and *_API_KEY/_TOKEN/_SECRET).
+    """
 
     workspace: Path
     grade: Callable[[str], Dict[str, Any]]
     allow_shell: bool = True
-    shell: Optional[Callable[[str, Path], subprocess.CompletedProcess]] = None
+    shell: Optional[Callable[[str, Path, float, Dict[str, str]], subprocess.CompletedProcess]] = None
     shell_timeout_s: float = 600.0
+    secret_env: Sequence[str] = ()
     submitted: bool = False
     last_grade: Optional[Dict[str, Any]] = field(default=None)
 
@@ -79,9 +86,9 @@ class Toolbox:
             return f"error: unknown tool {name!r}"
         try:
             return truncate(handler(**arguments))
-        except ToolError as exc:
+        except (ToolError, OSError, UnicodeError) as exc:
             return f"error: {exc}"
-        except TypeError as exc:
+        except (TypeError, ValueError) as exc:
             return f"error: bad arguments for {name}: {exc}"
 
     def tool_write_file(self, path: str, content: str) -> str:
@@ -116,8 +123,9 @@ class Toolbox:
         return format_grade(result)
 
     def tool_run_shell(self, command: str) -> str:
-        runner = self.shell or run_plain
-        proc = runner(command, self.workspace, self.shell_timeout_s)
+        hidden = secret_names(self.secret_env)
+        env = {k: v for k, v in os.environ.items() if k not in hidden}
+        proc = (self.shell or run_plain)(command, self.workspace, self.shell_timeout_s, env)
         return f"exit code {proc.returncode}\n{proc.stdout}{proc.stderr}"
 
     def tool_submit(self) -> str:
@@ -125,9 +133,9 @@ class Toolbox:
         return "submitted"
 
 
-def run_plain(command: str, cwd: Path, timeout_s: float) -> subprocess.CompletedProcess:
+def run_plain(command: str, cwd: Path, timeout_s: float, env: Dict[str, str]) -> subprocess.CompletedProcess:
     try:
-        return subprocess.run(["bash", "-c", command], cwd=cwd, capture_output=True, text=True, timeout=timeout_s)
+        return subprocess.run(["bash", "-c", command], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired as exc:
         return subprocess.CompletedProcess(command, 124, exc.stdout or "", f"timed out after {timeout_s:.0f} s")
 

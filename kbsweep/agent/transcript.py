@@ -6,20 +6,28 @@ import os
 import re
 import time
 from pathlib import Path
-from typing import Any, Dict, Iterable, List
+from typing import Any, Dict, Iterable, List, Set
 
 KEY_PATTERN = re.compile(r"\b(sk-[A-Za-z0-9_\-]{8,}|sk-ant-[A-Za-z0-9_\-]{8,}|AIza[0-9A-Za-z_\-]{20,}|xai-[A-Za-z0-9]{16,})\b")
 SECRET_ENV_SUFFIXES = ("_API_KEY", "_TOKEN", "_SECRET")
 
 
+def secret_names(extra_env: Iterable[str] = ()) -> Set[str]:
+    """Env vars that hold secrets: the model YAMLs' key vars (``extra_env``) and any *_API_KEY/_TOKEN/_SECRET."""
+    return set(extra_env) | {k for k in os.environ if k.endswith(SECRET_ENV_SUFFIXES)}
+
+
 def secret_values(extra_env: Iterable[str] = ()) -> List[str]:
-    """Values of the env vars that hold secrets: the model YAMLs' key vars and any *_API_KEY/_TOKEN/_SECRET."""
-    names = set(extra_env) | {k for k in os.environ if k.endswith(SECRET_ENV_SUFFIXES)}
-    return sorted({os.environ[n] for n in names if n in os.environ and len(os.environ[n]) >= 6}, key=len, reverse=True)
+    """The values of :func:`secret_names` (6 characters or more), longest first."""
+    values = {os.environ[n] for n in secret_names(extra_env) if len(os.environ.get(n, "")) >= 6}
+    return sorted(values, key=len, reverse=True)
 
 
 class Redactor:
+    """Replaces secret values (see :func:`secret_values`) and key-shaped strings with ``[REDACTED]``."""
+
     def __init__(self, extra_env: Iterable[str] = ()):
+        self.names = sorted(extra_env)
         self.values = secret_values(extra_env)
 
     def text(self, text: str) -> str:

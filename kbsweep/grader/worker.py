@@ -275,6 +275,9 @@ class Worker:
     def time_baselines(self, ref_model, shape, sets) -> Dict[str, Any]:
         out: Dict[str, Any] = {}
         for name in self.req.get("baselines", []):
+            if name in self.spec.get("skip_baselines", {}):
+                out[name] = {"skipped": self.spec["skip_baselines"][name]}
+                continue
             try:
                 fn = self.baseline_fn(name, ref_model)
                 out[name] = self.timer(fn, sets) if fn is not None else None

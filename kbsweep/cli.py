@@ -125,7 +125,8 @@ def grade_verb(cfgs: List[DictConfig]) -> int:
     solution = Path(cfg.solution)
     if not solution.is_file():
         raise KbsweepError(f"solution file {solution} does not exist")
-    problem = load_problem(find_problem_dir(list(cfg.paths.problems), track, name), track)
+    folder, fmt = (cfg.track.problems_dir, cfg.track.format) if track == cfg.track.name else (track, "kbsweep")
+    problem = load_problem(find_problem_dir(list(cfg.paths.problems), folder, name, fmt), track)
     roofline = load_roofline(list(cfg.paths.roofline_specs), cfg.gpu.roofline)
     gpu = SimpleNamespace(**OmegaConf.to_container(cfg.gpu, resolve=True))
     result = grade(

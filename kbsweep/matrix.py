@@ -51,7 +51,7 @@ def cell_key(model: Dict, gpu: Dict, track: Dict, problem: str, deck_version: st
 
 
 def selected_problems(cfg: DictConfig) -> List[str]:
-    names = list(cfg.track.problems) or track_problem_names(list(cfg.paths.problems), cfg.track.problems_dir)
+    names = list(cfg.track.problems) or track_problem_names(list(cfg.paths.problems), cfg.track.problems_dir, cfg.track.format)
     wanted = cfg.problem
     if wanted is None:
         return names
@@ -68,7 +68,7 @@ def cells_of(cfg: DictConfig) -> List[Cell]:
     container = OmegaConf.to_container(cfg, resolve=True)
     cells = []
     for name in selected_problems(cfg):
-        folder = find_problem_dir(list(cfg.paths.problems), cfg.track.problems_dir, name)
+        folder = find_problem_dir(list(cfg.paths.problems), cfg.track.problems_dir, name, cfg.track.format)
         problem = load_problem(folder, cfg.track.name)
         deck = problem.deck_hash()
         key = cell_key(container["model"], container["gpu"], container["track"], problem.id, deck, cfg.repeat)

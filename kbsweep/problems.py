@@ -70,7 +70,14 @@ class Problem:
 
     @property
     def reference(self) -> Path:
+        """The readable reference the model sees."""
         return self.root / "reference.py"
+
+    @property
+    def grader_reference(self) -> Path:
+        """The module the grader loads (an adapter for foreign formats, else the reference)."""
+        adapter = self.root / "kbsweep_adapter.py"
+        return adapter if adapter.exists() else self.reference
 
     def shapes(self, shape_set: str) -> List[Dict[str, Any]]:
         shapes = getattr(self.spec, shape_set) or self.spec.shapes
@@ -156,8 +163,12 @@ def load_problem(root: Path, track: str) -> Problem:
     return problem
 
 
-def find_problem_dir(roots: List[str], problems_dir: str, name: str) -> Path:
+def find_problem_dir(roots: List[str], problems_dir: str, name: str, fmt: str = "kbsweep") -> Path:
     """The folder of one problem; later roots override earlier ones."""
+    if fmt == "kernelbench":
+        from kbsweep.kernelbench import materialize
+
+        return materialize(kernelbench_folder(roots, problems_dir), name)
     for root in reversed(roots):
         candidate = Path(root) / problems_dir / name
         if candidate.is_dir():
@@ -165,7 +176,19 @@ def find_problem_dir(roots: List[str], problems_dir: str, name: str) -> Path:
     raise KbsweepError(f"unknown problem '{problems_dir}/{name}' (searched {', '.join(map(str, roots))})")
 
 
-def track_problem_names(roots: List[str], problems_dir: str) -> List[str]:
+def kernelbench_folder(roots: List[str], problems_dir: str) -> Path:
+    for root in reversed(roots):
+        folder = Path(root) / problems_dir  # an absolute problems_dir wins over the root
+        if folder.is_dir():
+            return folder
+    raise KbsweepError(f"KernelBench folder '{problems_dir}' not found")
+
+
+def track_problem_names(roots: List[str], problems_dir: str, fmt: str = "kbsweep") -> List[str]:
+    if fmt == "kernelbench":
+        from kbsweep.kernelbench import kernelbench_names
+
+        return kernelbench_names(kernelbench_folder(roots, problems_dir))
     names: set[str] = set()
     for root in roots:
         folder = Path(root) / problems_dir

@@ -152,7 +152,7 @@ def grade(
     to_time = baseline_cache.missing(keys) if baseline_cache else list(keys)
     request = {
         "spec": spec,
-        "reference": str(problem.reference.resolve()),
+        "reference": str(problem.grader_reference.resolve()),
         "solution": str(solution),
         "workdir": str(solution.parent),
         "device": "cuda:0" if device == "cuda" else "cpu",

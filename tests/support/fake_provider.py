@@ -13,9 +13,10 @@ It speaks two wire shapes, picked by the request path:
 * ``POST <base>/v1/chat/completions``: OpenAI chat completions (``fp.base_url`` is ``http://127.0.0.1:PORT/v1``).
 * ``POST <base>/v1/messages``: Anthropic Messages (``fp.anthropic_base_url`` is ``http://127.0.0.1:PORT``).
 
-A *script* is a sequence of steps consumed one per request, in order, or a callable ``(request_json) -> step``
-(``request_json`` is the parsed body; the callable may also take a second argument, the :class:`Request`). A
-plain ``str`` step is shorthand for ``Reply(content=str)``. Steps:
+A *script* is a sequence of steps consumed one per request, in order; a mapping from the request's ``model`` to
+such a sequence (one server for several model YAMLs); or a callable ``(request_json) -> step`` (``request_json`` is
+the parsed body; the callable may also take a second argument, the :class:`Request`). A plain ``str`` step is
+shorthand for ``Reply(content=str)``. Steps:
 
 * :class:`Reply`: an assistant turn (text, tool calls, reasoning, usage numbers).
 * :class:`HttpError`: an HTTP error status with a JSON (or text) body and optional ``Retry-After``.
@@ -372,13 +373,16 @@ class FakeProvider:
 
     def __init__(
         self,
-        script: Sequence[Step] | Callable[..., Step] = (),
+        script: Sequence[Step] | Mapping[str, Sequence[Step]] | Callable[..., Step] = (),
         *,
         max_requests: int = 100,
         max_body_bytes: int = 16 * 1024 * 1024,
     ):
         self._script: Callable[..., Step] | None = script if callable(script) else None
-        self._steps = list(script) if not callable(script) else []
+        self._by_model: dict[str, list[Step]] | None = (
+            {k: list(v) for k, v in script.items()} if isinstance(script, Mapping) else None
+        )
+        self._steps = list(script) if self._script is None and self._by_model is None else []
         self._callable_takes_request = False
         if self._script is not None:
             try:
@@ -447,12 +451,12 @@ class FakeProvider:
     def remaining(self) -> int:
         """Scripted steps not yet consumed (0 for a callable script)."""
         with self._lock:
-            return len(self._steps)
+            return len(self._steps) + sum(len(v) for v in (self._by_model or {}).values())
 
-    def add(self, *steps: Step) -> None:
-        """Append steps to a list script."""
+    def add(self, *steps: Step, model: str | None = None) -> None:
+        """Append steps to a list script (or to ``model``'s list of a mapping script)."""
         with self._lock:
-            self._steps.extend(steps)
+            (self._by_model[model] if model is not None else self._steps).extend(steps)
 
     # ------------------------------------------------------------------------------------------- internals
     def _record(self, method: str, path: str, headers: dict[str, str], body: bytes, parsed: Any) -> Request:
@@ -474,6 +478,10 @@ class FakeProvider:
             except Exception as exc:  # noqa: BLE001 - report script bugs to the client, do not hang
                 return HttpError(500, body=_default_error_body(500, shape, f"fake provider: script raised {exc!r}"))
         with self._lock:
-            if not self._steps:
+            steps = self._steps
+            if self._by_model is not None:
+                model = request.json.get("model") if isinstance(request.json, dict) else None
+                steps = self._by_model.get(model, [])
+            if not steps:
                 return HttpError(500, body=_default_error_body(500, shape, "fake provider: script exhausted"))
-            return self._steps.pop(0)
+            return steps.pop(0)

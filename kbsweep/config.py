@@ -105,6 +105,7 @@ class LauncherConf:
     folder: str = "${paths.outputs}/submitit"
     slurm: SlurmConf = field(default_factory=SlurmConf)
     requeue_infra: int = 1
+    cap_slack_s: float = 600.0  # a cell is killed at track.time_cap_s + track.grade_timeout_s + this
 
 
 @dataclass

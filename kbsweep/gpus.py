@@ -1,7 +1,12 @@
-"""GPU discovery through NVML (nvidia-ml-py); an empty list on machines without a GPU."""
+"""GPU discovery through NVML (nvidia-ml-py); an empty list on machines without a GPU.
+
+NVML numbers GPUs in PCI bus order; a process that pins GPUs by index sets ``CUDA_DEVICE_ORDER=PCI_BUS_ID``
+so that CUDA numbers them the same way.
+"""
 from __future__ import annotations
 
-from typing import Any, Dict, List
+import os
+from typing import Any, Dict, List, Optional
 
 
 def _text(value: Any) -> str:
@@ -42,3 +47,23 @@ def list_gpus() -> List[Dict[str, Any]]:
         return gpus
     finally:
         pynvml.nvmlShutdown()
+
+
+def visible_gpus(found: Optional[List[Dict[str, Any]]] = None, cuda_visible: Optional[str] = None) -> List[Dict[str, str]]:
+    """The GPUs this process may use, each ``{"visible": its CUDA_VISIBLE_DEVICES entry, "uuid": machine-wide id}``.
+
+    ``found`` defaults to NVML's list and ``cuda_visible`` to the environment's CUDA_VISIBLE_DEVICES, whose
+    entries (indices or UUID prefixes) narrow that list; unset means every GPU found. An entry NVML does not
+    know keeps its own text as its id.
+    """
+    found = list_gpus() if found is None else found
+    cuda_visible = os.environ.get("CUDA_VISIBLE_DEVICES") if cuda_visible is None else cuda_visible
+    if cuda_visible is None:
+        return [{"visible": str(g["index"]), "uuid": g["uuid"]} for g in found]
+    pool = []
+    for entry in (e.strip() for e in cuda_visible.split(",")):
+        if not entry:
+            continue
+        match = [g for g in found if (str(g["index"]) == entry if entry.isdigit() else g["uuid"].startswith(entry))]
+        pool.append({"visible": entry, "uuid": match[0]["uuid"] if match else entry})
+    return pool

@@ -1,30 +1,59 @@
 """The launch stage: cells go to an executor (inline, local processes or Slurm, through submitit).
 
-Every launcher calls ``on_start(cell)`` and ``on_done(cell, result)`` in the orchestrator process, so the
-records are identical whichever launcher ran the cell. A job that dies (node failure, preemption, time limit)
-becomes an infra result and is requeued up to ``requeue_infra`` times.
+Every launcher calls ``on_start(cell)`` once and ``on_done(cell, result)`` once per cell, in the orchestrator
+process, so the records are identical whichever launcher ran the cell.
+
+A cell's hard wall-clock cap (:func:`cell_cap_s`) is the agent's ``track.time_cap_s`` plus the final grade's
+``track.grade_timeout_s`` plus ``launcher.cap_slack_s``. A local job past it is killed with its whole process
+tree; a Slurm job gets it as its time limit. A job that ends without a result (killed, timed out, preempted,
+node lost) becomes a ``node_failure`` result and is run again, on a fresh cell folder, up to
+``launcher.requeue_infra`` times.
+
+GPUs: a local cell may grade on any GPU of the sweep's pool (NVML's list narrowed by CUDA_VISIBLE_DEVICES),
+each grade taking the GPU(s) it needs through the machine-wide lock (:mod:`kbsweep.locks`); the agent part holds
+none. A Slurm cell is one task on one node with ``--gpus-per-node=track.world_size`` (GPU cells only).
 """
 from __future__ import annotations
 
+import math
 import os
+import shutil
+import signal
+import sys
 import time
+from collections import deque
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
 from kbsweep import KbsweepError, gpus
 from kbsweep.cell import run_cell
-from kbsweep.matrix import Cell
+from kbsweep.matrix import Cell, cell_dir
 from kbsweep.outcomes import Outcome
 
 OnStart = Callable[[Cell], None]
 OnDone = Callable[[Cell, Dict[str, Any]], None]
-GRADE_SLACK_MIN = 30
+Job = Callable[[Cell, Optional[str]], Dict[str, Any]]
+POLL_S = 0.5
 
 
-def run_cell_pinned(cell: Cell, visible_gpu: Optional[str]) -> Dict[str, Any]:
-    """The job function: pin the GPU this cell's grades use, then run the cell."""
-    if visible_gpu is not None:
-        os.environ["CUDA_VISIBLE_DEVICES"] = visible_gpu
+def cell_cap_s(cell: Cell, slack_s: float) -> float:
+    """The hard wall-clock cap of one cell: agent time cap + final grade timeout + slack."""
+    return float(cell.track["time_cap_s"]) + float(cell.track["grade_timeout_s"]) + slack_s
+
+
+def world_size(cell: Cell) -> int:
+    return max(1, int(cell.track.get("world_size", 1)))
+
+
+def run_cell_pinned(cell: Cell, visible_gpus: Optional[str]) -> Dict[str, Any]:
+    """The job function: become a process group of its own (so a kill reaches whatever the cell leaves
+    behind), pin the GPU pool its grades draw from when given, then run the cell."""
+    if os.getpgrp() != os.getpid():
+        os.setsid()
+    if visible_gpus is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = visible_gpus
+        os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # CUDA's indices = NVML's
     return run_cell(cell)
 
 
@@ -32,8 +61,28 @@ def infra_result(cell: Cell, outcome: Outcome, message: str) -> Dict[str, Any]:
     return {"outcome": outcome.value, "message": message, "key": cell.key, "cell": cell.label, "finished": time.time()}
 
 
+def kill_tree(pid: int) -> None:
+    """SIGKILL a process, its descendants and their process groups (other than ours)."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return
+    own = os.getpgrp()
+    for proc in procs:
+        try:
+            group = os.getpgid(proc.pid)
+            if group != own:
+                os.killpg(group, signal.SIGKILL)
+            proc.kill()
+        except (ProcessLookupError, psutil.NoSuchProcess):
+            pass
+
+
 class InlineLauncher:
-    """Cells one after another in this process (debugging, tests)."""
+    """Cells one after another in this process (debugging, tests); no cap, no requeue."""
 
     def __init__(self, conf: Dict[str, Any]):
         self.conf = conf
@@ -44,72 +93,120 @@ class InlineLauncher:
             on_done(cell, run_cell(cell))
 
 
-class SubmititLauncher:
-    """Cells as submitit jobs, ``concurrency`` at a time; ``cluster`` is local or slurm."""
+@dataclass
+class Running:
+    cell: Cell
+    started: float  # monotonic, at submission
+    killed: Optional[str] = None  # why the launcher ended it
 
-    def __init__(self, conf: Dict[str, Any], cluster: str):
+
+class SubmititLauncher:
+    """Cells as submitit jobs, ``concurrency`` at a time; ``cluster`` is local or slurm.
+
+    ``job`` is the function a job runs, ``job(cell, visible_gpus) -> result``.
+    """
+
+    def __init__(self, conf: Dict[str, Any], cluster: str, job: Job = run_cell_pinned):
         import submitit
 
         self.conf = conf
         self.cluster = cluster
+        self.job = job
         self.executor = submitit.AutoExecutor(folder=conf["folder"], cluster=cluster)
-        self.gpus = [str(g["index"]) for g in gpus.list_gpus()] if cluster == "local" else []
+        self.pool = [g["visible"] for g in gpus.visible_gpus()] if cluster == "local" else []
+
+    def cap_s(self, cell: Cell) -> float:
+        return cell_cap_s(cell, float(self.conf["cap_slack_s"]))
 
     def parameters(self, cell: Cell) -> Dict[str, Any]:
-        minutes = int(cell.track["time_cap_s"] / 60) + GRADE_SLACK_MIN
-        params: Dict[str, Any] = {"timeout_min": minutes, "name": f"kbsweep-{cell.key}"}
-        if self.cluster == "slurm":
-            slurm = self.conf["slurm"]
-            world = max(1, int(cell.track.get("world_size", 1)))
-            params.update(
-                nodes=1,
-                tasks_per_node=1,
-                cpus_per_task=slurm["cpus_per_task"],
-                mem_gb=slurm["mem_gb"],
-                slurm_partition=slurm["partition"],
-                slurm_account=slurm["account"],
-                slurm_qos=slurm["qos"],
-                slurm_setup=list(slurm["setup"]),
-                slurm_additional_parameters=dict(slurm["additional_parameters"]),
-            )
-            if cell.gpu["device"] == "cuda" or world > 1:
-                params["gpus_per_node"] = world
-            params = {k: v for k, v in params.items() if v is not None}
-        return params
+        """submitit parameters of one cell's job; on Slurm: one task on one node, GPUs = world size, time = cap."""
+        cap_min = self.cap_s(cell) / 60
+        params: Dict[str, Any] = {"name": f"kbsweep-{cell.key}"}
+        if self.cluster == "local":
+            params["timeout_min"] = math.ceil(cap_min) + 1  # a backstop: the orchestrator kills the job at the cap
+            return params
+        slurm = self.conf["slurm"]
+        params.update(
+            timeout_min=math.ceil(cap_min),
+            nodes=1,
+            tasks_per_node=1,
+            gpus_per_node=world_size(cell) if cell.gpu["device"] == "cuda" else None,
+            cpus_per_task=slurm["cpus_per_task"],
+            mem_gb=slurm["mem_gb"],
+            slurm_partition=slurm["partition"],
+            slurm_account=slurm["account"],
+            slurm_qos=slurm["qos"],
+            slurm_setup=list(slurm["setup"]),
+            slurm_additional_parameters=dict(slurm["additional_parameters"]),
+        )
+        return {k: v for k, v in params.items() if v is not None}
 
-    def submit(self, cell: Cell, slot: int):
+    def check(self, cells: List[Cell]) -> None:
+        """Locally, every GPU cell's world size must fit the pool."""
+        if self.cluster != "local":
+            return
+        for cell in cells:
+            if cell.gpu["device"] == "cuda" and world_size(cell) > len(self.pool):
+                raise KbsweepError(
+                    f"{cell.label} needs {world_size(cell)} GPU(s); this machine offers {len(self.pool)} "
+                    f"(NVML, narrowed by CUDA_VISIBLE_DEVICES){' — use gpu=cpu' if not self.pool else ''}"
+                )
+
+    def submit(self, cell: Cell):
         self.executor.update_parameters(**self.parameters(cell))
-        gpu = self.gpus[slot % len(self.gpus)] if self.gpus else None
-        return self.executor.submit(run_cell_pinned, cell, gpu)
+        visible = None
+        if self.cluster == "local":
+            visible = ",".join(self.pool) if cell.gpu["device"] == "cuda" else ""
+        return self.executor.submit(self.job, cell, visible)
 
     def run(self, cells: List[Cell], on_start: OnStart, on_done: OnDone) -> None:
-        pending = list(cells)
-        running: Dict[Any, tuple] = {}
-        requeues: Dict[str, int] = {}
+        self.check(cells)
+        pending = deque(cells)
+        running: Dict[Any, Running] = {}
+        attempts: Dict[str, int] = {}
         concurrency = max(1, int(self.conf["concurrency"]))
-        free_slots = list(range(concurrency))
         while pending or running:
-            while pending and free_slots:
-                cell, slot = pending.pop(0), free_slots.pop(0)
-                on_start(cell)
-                running[self.submit(cell, slot)] = (cell, slot)
-            time.sleep(0.5)
-            for job in [j for j in running if j.done()]:
-                cell, slot = running.pop(job)
-                free_slots.append(slot)
-                result = self.collect(job, cell)
-                if Outcome(result["outcome"]) == Outcome.NODE_FAILURE and requeues.get(cell.key, 0) < self.conf["requeue_infra"]:
-                    requeues[cell.key] = requeues.get(cell.key, 0) + 1
-                    pending.append(cell)
+            while pending and len(running) < concurrency:
+                cell = pending.popleft()
+                if cell.key not in attempts:
+                    on_start(cell)
+                attempts[cell.key] = attempts.get(cell.key, 0) + 1
+                running[self.submit(cell)] = Running(cell, time.monotonic())
+            time.sleep(POLL_S)
+            for job, state in list(running.items()):
+                result = self.poll(job, state)
+                if result is None:
                     continue
-                on_done(cell, result)
+                del running[job]
+                if Outcome(result["outcome"]) == Outcome.NODE_FAILURE and attempts[state.cell.key] <= self.conf["requeue_infra"]:
+                    print(f"[kbsweep] requeued {state.cell.label}: {result['message']}", file=sys.stderr, flush=True)
+                    shutil.rmtree(cell_dir(state.cell), ignore_errors=True)
+                    pending.append(state.cell)
+                    continue
+                on_done(state.cell, result)
+
+    def poll(self, job: Any, state: Running) -> Optional[Dict[str, Any]]:
+        """The job's result once it has ended, else None. Ends a local job past its cap and a preempted Slurm
+        job (which submitit would wait on forever)."""
+        if state.killed is None:
+            if self.cluster == "local" and time.monotonic() - state.started > self.cap_s(state.cell):
+                state.killed = f"killed at the cell's wall-clock cap of {self.cap_s(state.cell):.0f} s"
+                kill_tree(int(job.job_id))
+            elif self.cluster == "slurm" and job.state == "PREEMPTED":
+                state.killed = f"Slurm job {job.job_id} was preempted"
+                job.cancel(check=False)
+        if state.killed is not None:
+            if self.cluster == "local" and not job.done():
+                return None  # the killed controller is reaped on a later poll
+            return infra_result(state.cell, Outcome.NODE_FAILURE, state.killed)
+        return self.collect(job, state.cell) if job.done() else None
 
     def collect(self, job: Any, cell: Cell) -> Dict[str, Any]:
         try:
             return job.result()
-        except Exception as exc:  # the job died: killed, timed out, preempted, node lost
+        except Exception as exc:  # the job died: killed, timed out, node lost
             first = str(exc).strip().splitlines()
-            return infra_result(cell, Outcome.NODE_FAILURE, f"job {job.job_id} failed: {first[0][:300] if first else exc}")
+            return infra_result(cell, Outcome.NODE_FAILURE, f"job {job.job_id} failed ({job.state}): {first[0][:300] if first else exc}")
 
 
 def make_launcher(conf: Dict[str, Any]):

@@ -1,0 +1,125 @@
+"""Multi-GPU grades: a module run under torchrun on one node, inside the cell's own allocation.
+
+A multi-track cell (``track.world_size: N``) runs where its launcher put it: locally, a process whose GPU pool is
+every GPU the sweep may use; under Slurm, one task on one node with ``--gpus-per-node=N``
+(:meth:`kbsweep.launch.SubmititLauncher.parameters`). Either way its grade does the same thing::
+
+    with device_lock(gpu.device, count=n):            # n GPUs held machine-wide, pinned in CUDA_VISIBLE_DEVICES
+        run = run_torchrun(n, "kbsweep.grader.<worker>", [request_path], log_dir=..., timeout_s=..., env=...)
+    run.timed_out, run.returncode, run.stdout()        # a hung rank or collective is killed with its group
+
+and the worker module, started once per rank, begins with::
+
+    rank, world, device = init_distributed()          # NCCL when CUDA is available, gloo on CPU
+
+``python -m kbsweep.torchrun`` is itself such a worker: an all_reduce smoke check whose rank 0 prints one JSON
+line (``kbsweep.torchrun.smoke``), for a rented node or a Slurm allocation (``docs/launch.md``).
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
+
+
+def torchrun_command(nproc: int, module: str, args: Sequence[str] = ()) -> List[str]:
+    """``torchrun --standalone --nproc_per_node=N -m module args`` with this interpreter (a free port per run)."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "-m", module, *map(str, args)]
+
+
+@dataclass
+class TorchrunResult:
+    returncode: Optional[int]  # None when it was killed for time
+    timed_out: bool
+    wall_s: float
+    log_dir: Path
+
+    def stdout(self) -> str:
+        return (self.log_dir / "torchrun_stdout.log").read_text(errors="replace")
+
+    def stderr(self) -> str:
+        return (self.log_dir / "torchrun_stderr.log").read_text(errors="replace")
+
+
+def run_torchrun(
+    nproc: int,
+    module: str,
+    args: Sequence[str] = (),
+    *,
+    log_dir: Path,
+    timeout_s: float,
+    cwd: Optional[Path] = None,
+    env: Optional[Dict[str, str]] = None,
+) -> TorchrunResult:
+    """Run :func:`torchrun_command` in a session of its own and wait; past ``timeout_s`` the whole session
+    (torchrun and every rank) is killed. Output goes to ``log_dir/torchrun_{stdout,stderr}.log``."""
+    log_dir = Path(log_dir)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ if env is None else env)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    started = time.monotonic()
+    with open(log_dir / "torchrun_stdout.log", "wb") as out, open(log_dir / "torchrun_stderr.log", "wb") as err:
+        proc = subprocess.Popen(
+            torchrun_command(nproc, module, args), stdout=out, stderr=err, stdin=subprocess.DEVNULL,
+            cwd=cwd, env=env, start_new_session=True,
+        )
+        try:
+            code: Optional[int] = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            code = None
+        finally:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)  # ranks left behind by a crashed or hung launcher
+            except ProcessLookupError:
+                pass
+            proc.wait()
+    return TorchrunResult(returncode=code, timed_out=code is None, wall_s=time.monotonic() - started, log_dir=log_dir)
+
+
+def init_distributed() -> Tuple[int, int, str]:
+    """In a torchrun worker: join the process group (NCCL on CUDA, else gloo) and bind this rank's GPU.
+
+    Returns (rank, world size, torch device string)."""
+    import torch
+    import torch.distributed as dist
+
+    if torch.cuda.is_available():
+        local_rank = int(os.environ["LOCAL_RANK"])
+        torch.cuda.set_device(local_rank)
+        backend, device = "nccl", f"cuda:{local_rank}"
+    else:
+        backend, device = "gloo", "cpu"
+    dist.init_process_group(backend)
+    return dist.get_rank(), dist.get_world_size(), device
+
+
+def smoke() -> Dict[str, object]:
+    """Every rank adds rank + 1 through all_reduce; the expected sum is world * (world + 1) / 2."""
+    import torch
+    import torch.distributed as dist
+
+    rank, world, device = init_distributed()
+    total = torch.tensor([rank + 1.0], device=device)
+    dist.all_reduce(total)
+    report = {
+        "rank": rank,
+        "world": world,
+        "backend": dist.get_backend(),
+        "sum": total.item(),
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "host": os.uname().nodename,
+    }
+    dist.destroy_process_group()
+    return report
+
+
+if __name__ == "__main__":
+    result = smoke()
+    if result["rank"] == 0:
+        print(json.dumps(result), flush=True)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Callable, Dict, List
 
@@ -139,6 +140,7 @@ def grade_verb(cfgs: List[DictConfig]) -> int:
         memory_mib=cfg.grade.memory_mib,
         timing=OmegaConf.to_container(cfg.grade.timing, resolve=True),
         compile_mode=cfg.grade.compile_mode,
+        log_dir=Path(cfg.paths.outputs) / "grades" / f"{track}-{name}-{time.strftime('%Y%m%d-%H%M%S')}",
     )
     print(json.dumps(result, indent=1, default=str))
     return 0 if result["outcome"] == "pass" else 1

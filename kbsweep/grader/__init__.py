@@ -13,6 +13,7 @@ import secrets
 import shutil
 import signal
 import subprocess
+import tempfile
 import sys
 import time
 from pathlib import Path
@@ -131,7 +132,7 @@ def grade(
 ) -> Dict[str, Any]:
     """Grade one solution file. ``mode``: check (correctness only), bench or full (correctness + timing)."""
     original = Path(solution).resolve()
-    log_dir = Path(log_dir or original.parent / ".grade")
+    log_dir = Path(log_dir or tempfile.mkdtemp(prefix="kbsweep-grade-"))
     solution = stage_candidate(Path(solution).resolve(), log_dir / "candidate")
     spec = asdict_spec(problem.spec)
     shape_set = gpu.shape_set

@@ -18,7 +18,6 @@ from __future__ import annotations
 import math
 import os
 import shutil
-import signal
 import sys
 import time
 from collections import deque
@@ -30,6 +29,7 @@ from kbsweep import KbsweepError, gpus
 from kbsweep.cell import run_cell
 from kbsweep.matrix import Cell, cell_dir
 from kbsweep.outcomes import Outcome
+from kbsweep.torchrun import kill_tree
 
 OnStart = Callable[[Cell], None]
 OnDone = Callable[[Cell, Dict[str, Any]], None]
@@ -59,26 +59,6 @@ def run_cell_pinned(cell: Cell, visible_gpus: Optional[str]) -> Dict[str, Any]:
 
 def infra_result(cell: Cell, outcome: Outcome, message: str) -> Dict[str, Any]:
     return {"outcome": outcome.value, "message": message, "key": cell.key, "cell": cell.label, "finished": time.time()}
-
-
-def kill_tree(pid: int) -> None:
-    """SIGKILL a process, its descendants and their process groups (other than ours)."""
-    import psutil
-
-    try:
-        root = psutil.Process(pid)
-        procs = [root, *root.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return
-    own = os.getpgrp()
-    for proc in procs:
-        try:
-            group = os.getpgid(proc.pid)
-            if group != own:
-                os.killpg(group, signal.SIGKILL)
-            proc.kill()
-        except (ProcessLookupError, psutil.NoSuchProcess):
-            pass
 
 
 class InlineLauncher:
@@ -202,6 +182,9 @@ class SubmititLauncher:
         return self.collect(job, state.cell) if job.done() else None
 
     def collect(self, job: Any, cell: Cell) -> Dict[str, Any]:
+        if self.cluster == "local" and not job.paths.result_pickle.exists():  # local disk: no late result to wait for
+            tail = job.stderr().strip().splitlines()[-1:] if job.stderr() else []
+            return infra_result(cell, Outcome.NODE_FAILURE, f"job {job.job_id} ended without a result ({job.state}){': ' + tail[0][:300] if tail else ''}")
         try:
             return job.result()
         except Exception as exc:  # the job died: killed, timed out, node lost
@@ -213,6 +196,8 @@ def make_launcher(conf: Dict[str, Any]):
     kind = conf["kind"]
     if kind == "inline":
         return InlineLauncher(conf)
+    if kind == "slurm" and not shutil.which("sbatch"):
+        raise KbsweepError("launcher=slurm needs Slurm's commands (sbatch, srun, sacct) on PATH; none found here")
     if kind in ("local", "slurm"):
         Path(conf["folder"]).mkdir(parents=True, exist_ok=True)
         return SubmititLauncher(conf, kind)

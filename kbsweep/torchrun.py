@@ -28,6 +28,27 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 
+def kill_tree(pid: int) -> None:
+    """SIGKILL a process, its descendants and their process groups (other than the caller's): torchrun puts each
+    rank in a session of its own, and a cell's leftovers may have been reparented away from it."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return
+    own = os.getpgrp()
+    for proc in procs:
+        try:
+            group = os.getpgid(proc.pid)
+            if group != own:
+                os.killpg(group, signal.SIGKILL)
+            proc.kill()
+        except (ProcessLookupError, psutil.NoSuchProcess):
+            pass
+
+
 def torchrun_command(nproc: int, module: str, args: Sequence[str] = ()) -> List[str]:
     """``torchrun --standalone --nproc_per_node=N -m module args`` with this interpreter (a free port per run)."""
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "-m", module, *map(str, args)]
@@ -57,8 +78,8 @@ def run_torchrun(
     cwd: Optional[Path] = None,
     env: Optional[Dict[str, str]] = None,
 ) -> TorchrunResult:
-    """Run :func:`torchrun_command` in a session of its own and wait; past ``timeout_s`` the whole session
-    (torchrun and every rank) is killed. Output goes to ``log_dir/torchrun_{stdout,stderr}.log``."""
+    """Run :func:`torchrun_command` and wait; past ``timeout_s`` torchrun and every rank are killed.
+    Output goes to ``log_dir/torchrun_{stdout,stderr}.log``."""
     log_dir = Path(log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ if env is None else env)
@@ -74,10 +95,7 @@ def run_torchrun(
         except subprocess.TimeoutExpired:
             code = None
         finally:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)  # ranks left behind by a crashed or hung launcher
-            except ProcessLookupError:
-                pass
+            kill_tree(proc.pid)  # a hung launcher and its ranks; nothing once it has exited
             proc.wait()
     return TorchrunResult(returncode=code, timed_out=code is None, wall_s=time.monotonic() - started, log_dir=log_dir)
 

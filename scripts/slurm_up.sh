@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A real single-node Slurm from Debian's packages, no systemd: munge, mariadb + slurmdbd (accounting, which
 # submitit needs to see a killed job end), slurmctld and slurmd, on a node with SLURM_FAKE_GPUS fake GPUs
-# (character devices; CPU-only jobs still run) and SLURM_FAKE_CPUS CPUs. Run as root.
+# (character devices; CPU-only jobs still run) and SLURM_FAKE_CPUS CPUs, in partition `debug` (the default);
+# a job in partition `urgent` preempts (cancels) what it needs room from, to test preemption. Run as root.
 # Idempotent: starts only what is not running; exits at once when everything already is.
 # Stop it with scripts/slurm_down.sh.
 set -euo pipefail
@@ -102,9 +103,13 @@ JobCompType=jobcomp/none
 AccountingStorageType=accounting_storage/slurmdbd
 AccountingStorageHost=localhost
 JobAcctGatherType=jobacct_gather/none
+AccountingStorageTRES=gres/gpu
 GresTypes=gpu
+PreemptType=preempt/partition_prio
+PreemptMode=CANCEL
 NodeName=$HOST CPUs=$CPUS RealMemory=$MEM_MB $GRES State=UNKNOWN
-PartitionName=debug Nodes=$HOST Default=YES MaxTime=INFINITE State=UP
+PartitionName=debug Nodes=$HOST Default=YES MaxTime=INFINITE State=UP PriorityTier=1
+PartitionName=urgent Nodes=$HOST MaxTime=INFINITE State=UP PriorityTier=2
 EOF
 
 alive /run/slurmdbd.pid || /usr/sbin/slurmdbd

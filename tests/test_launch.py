@@ -1,0 +1,241 @@
+"""The local launcher: GPU pool and pinning, the machine-wide grade lock, the wall-clock cap, requeue, torchrun."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import cloudpickle
+import pytest
+
+from kbsweep import KbsweepError, gpus
+from kbsweep.launch import SubmititLauncher
+from kbsweep.matrix import Cell, cell_dir
+from kbsweep.torchrun import run_torchrun, torchrun_command
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])  # job functions below travel to the job by value
+
+FAKE_NVML = [
+    {"index": 0, "name": "NVIDIA H100 80GB HBM3", "uuid": "GPU-aaaa-0"},
+    {"index": 1, "name": "NVIDIA H100 80GB HBM3", "uuid": "GPU-bbbb-1"},
+]
+
+
+def make_cell(outputs: Path, name: str = "c", device: str = "cpu", world_size: int = 1, cap_s: float = 600) -> Cell:
+    """A minimal cell: launchers read only its key, label, track caps, world size, device and outputs."""
+    return Cell(
+        sweep="launch-test",
+        key=f"key-{name}",
+        model={"name": "probe"},
+        gpu={"name": "fake", "device": device},
+        track={"name": "t", "time_cap_s": cap_s / 2, "grade_timeout_s": cap_s / 2, "world_size": world_size},
+        problem=f"t/{name}",
+        problem_dir="",
+        deck_version="v",
+        repeat=0,
+        paths={"outputs": str(outputs)},
+        launcher={},
+        grade={},
+    )
+
+
+def launcher_conf(tmp_path: Path, **over) -> dict:
+    conf = {"kind": "local", "concurrency": 2, "folder": str(tmp_path / "submitit"), "requeue_infra": 1, "cap_slack_s": 0.0}
+    return {**conf, **over}
+
+
+def gone(pid: int, wait_s: float = 5.0) -> bool:
+    """True once the process no longer runs (exited, or a zombie awaiting its reaper)."""
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        try:
+            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                return True
+        except (FileNotFoundError, ProcessLookupError):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def run_all(launcher: SubmititLauncher, cells):
+    """Run cells; returns (cells started, (cell, result) done), in order."""
+    started, done = [], []
+    launcher.run(cells, started.append, lambda cell, result: done.append((cell, result)))
+    return started, done
+
+
+# ---- job functions (run inside submitit jobs) ----
+
+
+def via_run_cell_pinned(body):
+    """A job running the real ``run_cell_pinned``, with ``body(cell)`` standing in for the cell."""
+
+    def job(cell, visible):
+        import kbsweep.launch as launch
+
+        launch.run_cell = body
+        return launch.run_cell_pinned(cell, visible)
+
+    return job
+
+
+def report_env(cell):
+    return {
+        "outcome": "pass",
+        "visible": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "order": os.environ.get("CUDA_DEVICE_ORDER"),
+        "own_group": os.getpgrp() == os.getpid(),
+    }
+
+
+def hang(cell):
+    """A hung cell that ignores signals and leaves behind a grader in its own session, a child, and an orphan
+    (reparented away, still in the cell's process group); records every pid."""
+    folder = cell_dir(cell)
+    previous = (folder / "marker").exists()
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "marker").write_text("x")
+    grader = subprocess.Popen(["sleep", "300"], start_new_session=True)
+    child = subprocess.Popen(["sleep", "300"])
+    orphan = subprocess.run(["bash", "-c", "sleep 300 >/dev/null 2>&1 & echo $!"], capture_output=True, text=True).stdout
+    with open(Path(cell.paths["outputs"]) / "attempts.jsonl", "a") as fh:
+        pids = [os.getpid(), grader.pid, child.pid, int(orphan)]
+        fh.write(json.dumps({"pids": pids, "saw_previous": previous}) + "\n")
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM, signal.SIGUSR2})
+    time.sleep(3600)
+
+
+def die_once(cell):
+    """Dies without a result on the first attempt, passes on the second."""
+    log = Path(cell.paths["outputs"]) / "attempts.txt"
+    attempt = len(log.read_text()) + 1 if log.exists() else 1
+    log.write_text("x" * attempt)
+    if attempt == 1:
+        os._exit(3)
+    return {"outcome": "pass", "attempt": attempt}
+
+
+# ---- GPU pool ----
+
+
+def test_visible_gpus_narrows_nvml_list_by_cuda_visible_devices():
+    every = gpus.visible_gpus(FAKE_NVML, None)
+    assert every == [{"visible": "0", "uuid": "GPU-aaaa-0"}, {"visible": "1", "uuid": "GPU-bbbb-1"}]
+    assert gpus.visible_gpus(FAKE_NVML, "1") == [{"visible": "1", "uuid": "GPU-bbbb-1"}]
+    assert gpus.visible_gpus(FAKE_NVML, "GPU-bbbb") == [{"visible": "GPU-bbbb", "uuid": "GPU-bbbb-1"}]
+    assert gpus.visible_gpus(FAKE_NVML, "") == []
+    assert gpus.visible_gpus([], "3,5") == [{"visible": "3", "uuid": "3"}, {"visible": "5", "uuid": "5"}]
+
+
+def test_local_jobs_get_the_nvml_pool_pinned_and_a_process_group_of_their_own(tmp_path, monkeypatch):
+    monkeypatch.setattr(gpus, "list_gpus", lambda: FAKE_NVML)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    launcher = SubmititLauncher(launcher_conf(tmp_path), "local", job=via_run_cell_pinned(report_env))
+    assert launcher.pool == ["0", "1"]
+    gpu_cell, cpu_cell = make_cell(tmp_path, "g", device="cuda"), make_cell(tmp_path, "c")
+    started, done = run_all(launcher, [gpu_cell, cpu_cell])
+    results = {cell.key: result for cell, result in done}
+    assert results[gpu_cell.key] == {"outcome": "pass", "visible": "0,1", "order": "PCI_BUS_ID", "own_group": True}
+    assert results[cpu_cell.key]["visible"] == ""  # a CPU cell sees no GPU
+    with pytest.raises(KbsweepError, match="needs 3 GPU"):
+        launcher.run([make_cell(tmp_path, "big", device="cuda", world_size=3)], started.append, None)
+
+
+# ---- machine-wide grade lock ----
+
+HOLDER = """
+import json, os, sys, time
+from kbsweep.locks import device_lock
+with device_lock("cuda", count=int(sys.argv[2])) as held:
+    start = time.time()
+    pinned = os.environ["CUDA_VISIBLE_DEVICES"]
+    time.sleep(0.8)
+    end = time.time()
+print(json.dumps({"who": sys.argv[1], "held": held, "pinned": pinned, "start": start, "end": end}))
+"""
+
+
+def test_grade_lock_is_exclusive_per_gpu_across_processes(tmp_path):
+    """Five processes (as if from two sweeps) share GPUs 0 and 1: never two on one GPU at once, both GPUs used,
+    and a 2-GPU grade holds both alone."""
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "0,1", "KBSWEEP_LOCK_DIR": str(tmp_path / "locks")}
+    counts = ["1", "1", "2", "1", "1"]
+    procs = [
+        subprocess.Popen([sys.executable, "-c", HOLDER, str(i), n], env=env, stdout=subprocess.PIPE, text=True)
+        for i, n in enumerate(counts)
+    ]
+    holds = [json.loads(p.communicate(timeout=120)[0]) for p in procs]
+    assert all(h["pinned"] == ",".join(h["held"]) for h in holds)
+    assert sorted(len(h["held"]) for h in holds) == [1, 1, 1, 1, 2]
+    assert {g for h in holds for g in h["held"]} == {"0", "1"}
+    for a in holds:
+        for b in holds:
+            if a is not b and set(a["held"]) & set(b["held"]):
+                assert a["end"] <= b["start"] or b["end"] <= a["start"], (a, b)
+    assert any(a["start"] < b["end"] and b["start"] < a["end"] for a in holds for b in holds if a is not b)
+
+
+# ---- wall-clock cap and requeue ----
+
+
+def test_hung_cell_is_killed_at_its_cap_with_its_process_tree_and_requeued_once(tmp_path):
+    launcher = SubmititLauncher(launcher_conf(tmp_path, cap_slack_s=0.0), "local", job=via_run_cell_pinned(hang))
+    cell = make_cell(tmp_path, "hung", cap_s=4)
+    t0 = time.monotonic()
+    started, done = run_all(launcher, [cell])
+    elapsed = time.monotonic() - t0
+    assert started == [cell]  # one MLflow run, whatever the requeues
+    assert len(done) == 1 and done[0][1]["outcome"] == "node_failure"
+    assert "wall-clock cap of 4 s" in done[0][1]["message"]
+    attempts = [json.loads(line) for line in (tmp_path / "attempts.jsonl").read_text().splitlines()]
+    assert len(attempts) == 2
+    assert [a["saw_previous"] for a in attempts] == [False, False]  # the requeue starts on a fresh folder
+    assert 8 <= elapsed < 40
+    assert all(gone(pid) for a in attempts for pid in a["pids"])
+
+
+@pytest.mark.parametrize("requeue, outcome", [(1, "pass"), (0, "node_failure")])
+def test_job_that_dies_is_node_failure_and_requeued_once(tmp_path, requeue, outcome):
+    launcher = SubmititLauncher(launcher_conf(tmp_path, requeue_infra=requeue), "local", job=via_run_cell_pinned(die_once))
+    started, done = run_all(launcher, [make_cell(tmp_path, "dies")])
+    assert len(started) == 1 and len(done) == 1
+    assert done[0][1]["outcome"] == outcome
+    if outcome == "node_failure":
+        assert "ended without a result" in done[0][1]["message"]
+
+
+# ---- torchrun ----
+
+
+def test_torchrun_command_runs_a_module_under_this_interpreter():
+    assert torchrun_command(4, "pkg.worker", ["a", 1]) == [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=4", "-m", "pkg.worker", "a", "1",
+    ]
+
+
+def test_torchrun_gloo_world_of_two(tmp_path):
+    run = run_torchrun(2, "kbsweep.torchrun", log_dir=tmp_path, timeout_s=180)
+    assert run.returncode == 0, run.stderr()[-2000:]
+    report = json.loads(run.stdout().strip().splitlines()[-1])
+    assert (report["world"], report["backend"], report["sum"]) == (2, "gloo", 3.0)
+
+
+def test_torchrun_hung_ranks_are_killed_at_the_timeout(tmp_path):
+    (tmp_path / "hang_worker.py").write_text(textwrap.dedent("""
+        import os, pathlib, time
+        pathlib.Path(os.environ["PIDS"], os.environ["RANK"]).write_text(str(os.getpid()))
+        time.sleep(3600)
+    """))
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), "PIDS": str(pids)}
+    run = run_torchrun(2, "hang_worker", log_dir=tmp_path / "logs", timeout_s=12, env=env)
+    assert run.timed_out and run.returncode is None
+    ranks = sorted(pids.iterdir())
+    assert [p.name for p in ranks] == ["0", "1"], run.stderr()[-2000:]
+    assert all(gone(int(path.read_text())) for path in ranks)

@@ -10,7 +10,7 @@ from typing import Any, Dict, List, Optional
 
 from kbsweep.outcomes import Verdict
 
-DISQUALIFYING = {"forbidden_name", "grader_tamper", "physics_violation", "forged_result", "reference_call"}
+DISQUALIFYING = {"forbidden_name", "grader_tamper", "physics_violation", "forged_result", "reference_call", "launch_count_gate"}
 SUSPICIOUS = {"nondeterministic_under_poison", "subprocess", "thread", "exec", "file_access", "frame_inspection", "env_access"}
 SUSPICIOUS_CALLS = {
     "subprocess": "subprocess",

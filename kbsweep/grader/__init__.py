@@ -17,7 +17,7 @@ import tempfile
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from kbsweep import REPO_ROOT, gpus
 from kbsweep.grader.baselines import BaselineCache, entry_key
@@ -115,6 +115,25 @@ def supervise(
     return message
 
 
+def launch_gate(timings: List[Dict[str, Any]]) -> Tuple[List[Dict[str, Any]], List[Dict[str, Any]]]:
+    """``constraints.single_kernel``: exactly one kernel launch per call, read from each timed shape's GPU profile.
+
+    Returns (evidence, findings). CUDA-graph replays count the kernels inside them. A shape timed without a
+    profile (a CPU grade) gives a ``launch_count_unverified`` finding, which disqualifies nothing.
+    """
+    evidence, findings = [], []
+    for entry in timings:
+        profile = entry.get("profile")
+        if profile is None:
+            findings.append({"kind": "launch_count_unverified", "shape": entry["shape"], "detail": "no GPU profile (CPU grade)"})
+            continue
+        launches, kernels = profile["launches_per_call"], profile["kernels"]
+        evidence.append({"shape": entry["shape"], "launches": launches, "kernels": kernels, "passed": launches == 1})
+        if launches != 1:
+            findings.append({"kind": "launch_count_gate", "shape": entry["shape"], "launches": launches, "kernels": kernels})
+    return evidence, findings
+
+
 def grade(
     problem: Problem,
     solution: Path,
@@ -200,6 +219,9 @@ def grade(
     if baseline_cache is not None:
         baseline_cache.store(fresh)
     scored = score_grade(worker, problem.spec, roofline) if worker["timings"] else {"score": None, "findings": []}
+    if problem.spec.constraints.get("single_kernel") and worker["timings"]:
+        worker["evidence"]["launch_gate"], gate_findings = launch_gate(worker["timings"])
+        worker["findings"] += gate_findings
     result.update(
         outcome="pass",
         correctness=worker["correctness"],

@@ -31,6 +31,11 @@ def offline_table() -> dict:
     return json.loads((Path(litellm.__file__).parent / "model_prices_and_context_window_backup.json").read_text())
 
 
+def table_entry(prices) -> dict:
+    """The entry of litellm's table that ``prices.source`` cites (``key '<name>'``)."""
+    return offline_table()[re.search(r"key '([^']+)'", prices.source).group(1)]
+
+
 @pytest.mark.parametrize("path", sorted(CONF.glob("*.yaml")), ids=lambda p: p.stem)
 def test_every_model_yaml_fits_the_schema(path):
     cfg = OmegaConf.merge(OmegaConf.structured(ModelConf), OmegaConf.load(path))
@@ -50,8 +55,7 @@ def test_board_model(name):
         assert "Prices: null" in (CONF / f"{name}.yaml").read_text()
         return
     assert prices.output is not None and re.fullmatch(r"\d{4}-\d{2}-\d{2}", prices.date) and prices.source
-    key = re.search(r"key '([^']+)'", prices.source).group(1)
-    entry = offline_table()[key]
+    entry = table_entry(prices)
     for ours, theirs in PRICE_KEYS.items():
         if prices[ours] is None:
             assert theirs not in entry, f"{name}: {ours} is null but litellm lists {entry[theirs]}"
@@ -78,3 +82,29 @@ def test_registering_our_prices_keeps_litellms_tiers():
     LiteLLMModel(OmegaConf.to_container(load("gpt-5.5"))).register_prices()
     assert cost(400_000) == pytest.approx(before) == pytest.approx((400_000 * 10.0 + 1000 * 45.0) / 1e6)
     assert cost(100_000) == pytest.approx((100_000 * 5.0 + 1000 * 30.0) / 1e6)
+
+
+@pytest.mark.parametrize("name", [n for n in BOARD if n != "gemini-3.5-pro"])  # Gemini's wire format is not faked
+def test_board_model_request_reaches_the_provider_and_is_priced(name, monkeypatch):
+    """The YAML as shipped (route, reasoning effort, output limit) makes a request litellm sends, priced by our rule."""
+    from kbsweep.agent.llm import LiteLLMModel
+    from tests.support.fake_provider import FakeProvider, Reply
+
+    cfg = load(name)
+    monkeypatch.setenv(cfg.api_key_env, "sk-test-0123456789")
+    with FakeProvider([Reply(content="ok", prompt_tokens=1000, completion_tokens=100, cached_tokens=500)]) as fp:
+        cfg.api_base = fp.anthropic_base_url if cfg.route.startswith("anthropic/") else fp.base_url
+        completion = LiteLLMModel(cfg).complete([{"role": "system", "content": "s"}, {"role": "user", "content": "u"}], [])
+    [request] = fp.requests
+    assert request.json["model"] == cfg.route.split("/", 1)[1] and completion.message["content"] == "ok"
+    limit = request.json.get("max_tokens") or request.json.get("max_completion_tokens")
+    assert limit == cfg.max_output_tokens
+    if cfg.route.startswith("anthropic/"):
+        assert request.json["output_config"] == {"effort": cfg.reasoning_effort}
+    elif cfg.reasoning_effort:
+        assert request.json["reasoning_effort"] == cfg.reasoning_effort
+    p = cfg.prices
+    cache_read = p.input if p.cache_read is None else p.cache_read
+    peak = (500 * p.input + 500 * cache_read + 100 * p.output) / 1e6
+    discounts = (1.0, 0.5) if "off_peak_pricing" in table_entry(p) else (1.0,)
+    assert any(completion.cost_usd == pytest.approx(peak * d) for d in discounts)  # DeepSeek: half price off-peak

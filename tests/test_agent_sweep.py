@@ -38,6 +38,7 @@ def recorded(tmp_path_factory):
     wrong.content = f"Trying a first kernel (my key is {SECRET})."
     wrong.reasoning_content = f"The key {SECRET} must never be written down."
     script = [
+        call("list_files"),
         HttpError(429, retry_after=0), wrong,
         HttpError(500), check,
         Disconnect(), MalformedToolCall(),
@@ -55,26 +56,29 @@ def test_multi_turn_fix_survives_every_recoverable_fault(recorded):
     assert recorded["proc"].returncode == 0, recorded["proc"].stderr
     result = recorded["result"]
     assert result["outcome"] == "pass" and result["score"] > 0 and result["stop_reason"] == "submitted"
-    assert result["turns"] == 7 and len(recorded["fp"].requests) == 12
+    assert result["turns"] == 8 and len(recorded["fp"].requests) == 13
+    prompt = recorded["fp"].requests[0].json["messages"][1]["content"]
+    assert "a CPU (no GPU)" in prompt  # the problem's prompt with the GPU's description
     events = read_events(Path(result["folder"]) / "transcript.jsonl")
     kinds = [e["type"] for e in events]
     assert kinds.count("retry") == 4 and {e["status"] for e in events if e["type"] == "retry"} >= {429, 500}
     [compaction] = [e for e in events if e["type"] == "compaction"]
     assert compaction["keep"] == 2
-    tools = [e for e in events if e["type"] == "tool"]
-    assert tools[2]["content"].startswith("error: malformed arguments for write_file")
-    assert tools[1]["content"].startswith("outcome: incorrect") and tools[4]["content"].startswith("outcome: pass")
-    assert "roofline=" in tools[5]["content"]  # run_benchmark reports the roofline fraction per shape
+    tools = [e["content"] for e in events if e["type"] == "tool"]
+    assert tools[0] == "prompt.md\nreference.py"  # a fresh workspace: the problem's public files only
+    assert tools[3].startswith("error: malformed arguments for write_file")
+    assert tools[2].startswith("outcome: incorrect") and tools[5].startswith("outcome: pass")
+    assert "roofline=" in tools[6]  # run_benchmark reports the roofline fraction per shape
     assert (Path(result["folder"]) / "solution.py").read_text() == kernel("triton")
 
 
 def test_cost_and_tokens_per_run(recorded):
     result = recorded["result"]
     usage = result["usage"]
-    assert usage["cached_tokens"] == 6 * 6_000 and usage["input_tokens"] == 6 * 10_000 + 10
-    assert usage["output_tokens"] == 6 * 500 + 5 and "reasoning_tokens" in usage
-    malformed_usd = (10 * 2.0 + 5 * 10.0) / 1e6
-    assert result["cost_usd"] == pytest.approx(6 * PER_CALL_USD + malformed_usd)
+    assert usage["cached_tokens"] == 6 * 6_000 and usage["input_tokens"] == 6 * 10_000 + 2 * 10
+    assert usage["output_tokens"] == 6 * 500 + 2 * 5 and "reasoning_tokens" in usage
+    small_usd = (10 * 2.0 + 5 * 10.0) / 1e6  # list_files and the malformed call: 10 + 5 tokens, nothing cached
+    assert result["cost_usd"] == pytest.approx(6 * PER_CALL_USD + 2 * small_usd)
     [run] = cell_runs(recorded["outputs"])
     assert run.info.status == "FINISHED" and run.data.tags["outcome"] == "pass"
     assert run.data.metrics["cost_usd"] == pytest.approx(result["cost_usd"])
@@ -102,7 +106,7 @@ def test_replay_reproduces_the_solution_and_outcome(recorded, tmp_path):
     assert (Path(replayed["folder"]) / "solution.py").read_text() == (Path(original["folder"]) / "solution.py").read_text()
     assert replayed["usage"] == original["usage"] and replayed["cost_usd"] == pytest.approx(original["cost_usd"])
     tools = [e["content"] for e in read_events(Path(replayed["folder"]) / "transcript.jsonl") if e["type"] == "tool"]
-    assert tools[2].startswith("error: malformed arguments")
+    assert tools[3].startswith("error: malformed arguments")
 
 
 LEAKY = kernel("wrong").replace("        x = x.contiguous()", f'        raise RuntimeError("the key is {SECRET}")')

@@ -141,8 +141,22 @@ class SubmititLauncher:
 
     def run(self, cells: List[Cell], on_start: OnStart, on_done: OnDone) -> None:
         self.check(cells)
-        pending = deque(cells)
         running: Dict[Any, Running] = {}
+        try:
+            self.loop(deque(cells), running, on_start, on_done)
+        except BaseException:  # Ctrl-C or a crash: the cells stop with the orchestrator; a rerun resumes
+            for job in running:
+                self.stop(job)
+            raise
+
+    def stop(self, job: Any) -> None:
+        """End a job now: a local one with its whole process tree, a Slurm one by scancel."""
+        if self.cluster == "local":
+            kill_tree(int(job.job_id))
+        else:
+            job.cancel(check=False)
+
+    def loop(self, pending: deque, running: Dict[Any, Running], on_start: OnStart, on_done: OnDone) -> None:
         attempts: Dict[str, int] = {}
         concurrency = max(1, int(self.conf["concurrency"]))
         while pending or running:
@@ -171,10 +185,10 @@ class SubmititLauncher:
         if state.killed is None:
             if self.cluster == "local" and time.monotonic() - state.started > self.cap_s(state.cell):
                 state.killed = f"killed at the cell's wall-clock cap of {self.cap_s(state.cell):.0f} s"
-                kill_tree(int(job.job_id))
+                self.stop(job)
             elif self.cluster == "slurm" and job.state == "PREEMPTED":
                 state.killed = f"Slurm job {job.job_id} was preempted"
-                job.cancel(check=False)
+                self.stop(job)
         if state.killed is not None:
             if self.cluster == "local" and not job.done():
                 return None  # the killed controller is reaped on a later poll

@@ -1,14 +1,19 @@
 #!/usr/bin/env bash
 # A real single-node Slurm from Debian's packages, no systemd: munge, mariadb + slurmdbd (accounting, which
-# submitit needs to see a killed job end), slurmctld and slurmd, on a node with SLURM_FAKE_GPUS fake GPUs
-# (character devices; CPU-only jobs still run) and SLURM_FAKE_CPUS CPUs, in partition `debug` (the default);
+# submitit needs to see a killed job end), slurmctld and slurmd. Partition `debug` (the default) holds the node;
 # a job in partition `urgent` preempts (cancels) what it needs room from, to test preemption. Run as root.
+#   GPU node (/dev/nvidia0 exists): its real GPUs, $(nproc) CPUs.
+#   Otherwise: SLURM_FAKE_GPUS fake GPUs (default 8; character devices, so CPU-only jobs run) and 16 CPUs.
+#   SLURM_CPUS overrides the CPU count either way.
 # Idempotent: starts only what is not running; exits at once when everything already is.
 # Stop it with scripts/slurm_down.sh.
 set -euo pipefail
 
-GPUS=${SLURM_FAKE_GPUS:-8}
-CPUS=${SLURM_FAKE_CPUS:-16}
+if [ -e /dev/nvidia0 ] && [ -z "${SLURM_FAKE_GPUS:-}" ]; then
+  GPUS=$(ls /dev | grep -cE '^nvidia[0-9]+$'); GPU_FILES=/dev/nvidia; GPU_TYPE=gpu; CPUS=${SLURM_CPUS:-$(nproc)}
+else
+  GPUS=${SLURM_FAKE_GPUS:-8}; GPU_FILES=/run/fakegpu/nvidia; GPU_TYPE=fake; CPUS=${SLURM_CPUS:-16}
+fi
 HOST=$(hostname -s)
 ETC=/etc/slurm
 START_MS=$(( $(date +%s%N) / 1000000 ))
@@ -69,13 +74,14 @@ StorageLoc=slurm_acct_db
 EOF
 chmod 600 "$ETC/slurmdbd.conf"
 
-# fake GPUs: character devices with NVIDIA's major number (slurmd refuses plain files)
 GRES=""
 if [ "$GPUS" -gt 0 ]; then
-  mkdir -p /run/fakegpu
-  for i in $(seq 0 $((GPUS - 1))); do [ -e /run/fakegpu/nvidia$i ] || mknod /run/fakegpu/nvidia$i c 195 "$i"; done
-  printf 'AutoDetect=off\nNodeName=%s Name=gpu Type=fake File=/run/fakegpu/nvidia[0-%d]\n' "$HOST" $((GPUS - 1)) > "$ETC/gres.conf"
-  GRES="Gres=gpu:fake:$GPUS"
+  if [ "$GPU_TYPE" = fake ]; then  # NVIDIA's major number: slurmd refuses plain files
+    mkdir -p /run/fakegpu
+    for i in $(seq 0 $((GPUS - 1))); do [ -e /run/fakegpu/nvidia$i ] || mknod /run/fakegpu/nvidia$i c 195 "$i"; done
+  fi
+  printf 'AutoDetect=off\nNodeName=%s Name=gpu Type=%s File=%s[0-%d]\n' "$HOST" "$GPU_TYPE" "$GPU_FILES" $((GPUS - 1)) > "$ETC/gres.conf"
+  GRES="Gres=gpu:$GPU_TYPE:$GPUS"
 fi
 MEM_MB=$(( $(awk '/MemTotal/ {print $2}' /proc/meminfo) / 1024 - 2048 ))
 cat > "$ETC/slurm.conf" <<EOF

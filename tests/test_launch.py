@@ -199,6 +199,23 @@ def test_hung_cell_is_killed_at_its_cap_with_its_process_tree_and_requeued_once(
     assert all(gone(pid) for a in attempts for pid in a["pids"])
 
 
+def test_cells_stop_with_the_orchestrator(tmp_path):
+    """A crash in the orchestrator (here: its on_done) kills the cells still running."""
+    quick, hung = make_cell(tmp_path, "quick"), make_cell(tmp_path, "hung")
+
+    def crash(cell, result):
+        while not (tmp_path / "attempts.jsonl").exists():  # the hung cell is up
+            time.sleep(0.1)
+        raise RuntimeError("orchestrator crash")
+
+    body = lambda cell: hang(cell) if cell.key == hung.key else {"outcome": "pass"}  # noqa: E731
+    launcher = SubmititLauncher(launcher_conf(tmp_path), "local", job=via_run_cell_pinned(body))
+    with pytest.raises(RuntimeError, match="orchestrator crash"):
+        launcher.run([hung, quick], lambda cell: None, crash)
+    (attempt,) = [json.loads(line) for line in (tmp_path / "attempts.jsonl").read_text().splitlines()]
+    assert all(gone(pid) for pid in attempt["pids"])
+
+
 @pytest.mark.parametrize("requeue, outcome", [(1, "pass"), (0, "node_failure")])
 def test_job_that_dies_is_node_failure_and_requeued_once(tmp_path, requeue, outcome):
     launcher = SubmititLauncher(launcher_conf(tmp_path, requeue_infra=requeue), "local", job=via_run_cell_pinned(die_once))

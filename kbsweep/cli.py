@@ -148,12 +148,18 @@ def grade_verb(cfgs: List[DictConfig]) -> int:
 
 @verb("report")
 def report_verb(cfgs: List[DictConfig]) -> int:
-    """Leaderboard from the tracking store."""
-    from kbsweep.report import leaderboard, render_terminal
-    from kbsweep.tracking import runs_frame
+    """Leaderboards per (track, GPU) from the tracking store; Markdown, JSON and HTML with plots in outputs/reports."""
+    from kbsweep.report import build_boards, render_terminal, write_report
+    from kbsweep.tracking import log_report, runs_frame
 
     cfg = cfgs[0]
-    print(render_terminal(leaderboard(runs_frame(cfg.tracking.uri))))
+    boards = build_boards(runs_frame(cfg.tracking.uri))
+    print(render_terminal(boards))
+    if boards:
+        folder = Path(cfg.paths.outputs) / "reports"
+        paths = write_report(boards, folder)
+        log_report(cfg.tracking.uri, sorted({name for board in boards for name in board["experiments"]}), folder)
+        print(f"[kbsweep] report: {paths['html']} (also report.md, report.json; logged to each sweep's latest run)", file=sys.stderr)
     return 0
 
 
@@ -174,6 +180,18 @@ def calibrate_verb(cfgs: List[DictConfig]) -> int:
         spec.measured = measured
         OmegaConf.save(spec, path)
     print(OmegaConf.to_yaml(OmegaConf.create(measured)))
+    return 0
+
+
+@verb("export")
+def export_verb(cfgs: List[DictConfig]) -> int:
+    """Write a Hugging Face dataset folder (a trace-viewer JSONL per run, index.jsonl) to outputs/export or +out=DIR."""
+    from kbsweep.export import export_dataset
+
+    cfg = cfgs[0]
+    out = Path(cfg.get("out") or Path(cfg.paths.outputs) / "export")
+    summary = export_dataset(cfg.tracking.uri, out)
+    print(f"exported {summary['runs']} runs ({summary['traces']} traces) to {summary['out']}")
     return 0
 
 

@@ -1,74 +1,389 @@
-"""The report stage: a leaderboard per (track, GPU) from the tracking store."""
+"""The report stage: boards per (track, GPU) from the tracking store, and the plots that explain them.
+
+A board ranks models by the mean over the full deck of their best valid score per problem (a failure, a
+missing cell or an audit-flagged pass counts 0). Only a pass with a clean verdict (or a human's
+override_clean) is valid; flagged passes are listed with their verdict but never ranked. Repeats give a
+mean with a 95% confidence interval (Student t over per-repeat deck scores) and pass@1 / pass@k
+(the unbiased estimator over the repeats). Output: a rich terminal table, Markdown, JSON and one static
+HTML page with the plots embedded (roofline per problem, capability against dollars and against output
+tokens with their Pareto frontiers).
+"""
 from __future__ import annotations
 
-from collections import defaultdict
-from typing import Any, Dict, List
+import base64
+import html
+import io
+import json
+import math
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
 
-from kbsweep.outcomes import Verdict
+from kbsweep.outcomes import Outcome
+
+VALID_VERDICTS = ("clean", "override_clean")
+Point = Tuple[float, float]
 
 
-def leaderboard(rows: List[Dict[str, Any]]) -> Dict[str, List[Dict[str, Any]]]:
-    """Per (track, gpu): per model, best valid score per problem, passes, full-deck mean (failures as 0).
+def is_valid_pass(row: Dict[str, Any]) -> bool:
+    return row.get("outcome") == Outcome.PASS.value and row.get("verdict") in VALID_VERDICTS
 
-    A cell counts only when it finished and its audit verdict is clean (or a human overrode it).
-    """
-    boards: Dict[str, Dict[str, Dict[str, Any]]] = defaultdict(dict)
-    problems: Dict[str, set] = defaultdict(set)
+
+def is_flagged(row: Dict[str, Any]) -> bool:
+    """A result the audit did not clear: shown on the board, never ranked."""
+    audited = (Outcome.DISQUALIFIED.value, Outcome.NEEDS_HUMAN.value)
+    return row.get("outcome") in audited or (row.get("outcome") == Outcome.PASS.value and not is_valid_pass(row))
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from n samples with c passes (Chen et al. 2021); k is capped at n."""
+    k = min(k, n)
+    if n == 0:
+        return 0.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def mean_ci95(values: List[float]) -> Tuple[float, Optional[float]]:
+    """Mean and the half-width of its 95% Student-t interval (None for fewer than two values)."""
+    mean = sum(values) / len(values)
+    if len(values) < 2:
+        return mean, None
+    from scipy.stats import t
+
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
+    return mean, float(t.ppf(0.975, len(values) - 1)) * sd / math.sqrt(len(values))
+
+
+def pareto(points: Dict[str, Point]) -> List[str]:
+    """Names on the frontier: no other point costs as little (x) and scores at least as much (y)."""
+    frontier, best = [], -math.inf
+    for name, (_, y) in sorted(points.items(), key=lambda item: (item[1][0], -item[1][1])):
+        if y > best:
+            frontier.append(name)
+            best = y
+    return frontier
+
+
+def shape_label(shape: Any) -> str:
+    return ", ".join(f"{k}={v}" for k, v in shape.items()) if isinstance(shape, dict) else str(shape)
+
+
+def roofline_of(params: Dict[str, str]) -> Dict[str, Any]:
+    """The GPU's peaks and the problem's governing peak, from a cell run's params."""
+    prefix = "roofline.peaks_tflops."
+    peaks = {k[len(prefix) :]: float(v) for k, v in params.items() if k.startswith(prefix) and v not in ("None", "")}
+    dram = params.get("roofline.dram_gbps")
+    return {
+        "name": params.get("roofline.name"),
+        "peaks_tflops": peaks,
+        "dram_gbps": float(dram) if dram not in (None, "None") else None,
+        "peak": params.get("problem.peak"),
+    }
+
+
+def shape_points(metrics: Dict[str, Any], params: Dict[str, str]) -> List[Dict[str, Any]]:
+    """Achieved TFLOP/s and GB/s per shape of one run (shapes with both numbers only)."""
+    points = []
+    for i in range(1000):
+        tflops, gbps = metrics.get(f"shape{i}.tflops"), metrics.get(f"shape{i}.gbps")
+        if f"shape{i}.ms" not in metrics:
+            break
+        if tflops and gbps:
+            points.append({"shape": params.get(f"shape{i}", str(i)), "tflops": tflops, "gbps": gbps, "intensity": tflops * 1e3 / gbps})
+    return points
+
+
+def model_entry(model: str, rows: List[Dict[str, Any]], deck: List[str], k: int) -> Dict[str, Any]:
+    """One model's line on a board; ``k`` for pass@k is the board's largest number of tries of one problem."""
+    best: Dict[str, float] = {}
+    best_run: Dict[str, str] = {}
+    flagged: Dict[str, Dict[str, Any]] = {}
+    per_repeat: Dict[str, Dict[str, float]] = defaultdict(dict)
+    tries: Dict[str, List[bool]] = defaultdict(list)
     for row in rows:
-        if row.get("status") != "FINISHED":
-            continue
-        board = f"{row.get('track')} / {row.get('gpu')}"
-        problems[board].add(row.get("problem"))
-        entry = boards[board].setdefault(
-            row.get("model"), {"model": row.get("model"), "best": {}, "cells": 0, "passed": 0, "usd": 0.0, "tokens": 0.0, "flagged": 0}
+        problem, score = row.get("problem"), row.get("score") or 0.0
+        valid = is_valid_pass(row)
+        tries[problem].append(valid)
+        if valid:
+            per_repeat[row.get("repeat")][problem] = score
+            if problem not in best or score > best[problem]:
+                best[problem], best_run[problem] = score, row["run_id"]
+        elif is_flagged(row) and score >= (flagged.get(problem, {}).get("score") or -1.0):
+            flagged[problem] = {"score": row.get("score"), "verdict": row.get("verdict"), "run_id": row["run_id"]}
+    repeats = sorted({row.get("repeat") for row in rows}, key=str)
+    mean, ci = mean_ci95([sum(per_repeat[r].get(p, 0.0) for p in deck) / len(deck) for r in repeats])
+    passed = sum(1 for row in rows if is_valid_pass(row))
+    usd = sum(row.get("cost_usd", 0.0) for row in rows)
+    out_tokens = sum(row.get("tokens_output", 0.0) for row in rows)
+    return {
+        "model": model,
+        "deck_mean": sum(best.get(p, 0.0) for p in deck) / len(deck),
+        "best": best,
+        "best_run": best_run,
+        "flagged": {p: f for p, f in flagged.items() if p not in best},
+        "cells": len(rows),
+        "passed": passed,
+        "flagged_cells": sum(1 for row in rows if is_flagged(row)),
+        "repeats": len(repeats),
+        "repeat_mean": mean,
+        "repeat_ci95": ci,
+        "pass_at_1": sum(pass_at_k(len(tries[p]), sum(tries[p]), 1) for p in deck) / len(deck),
+        "pass_at_k": sum(pass_at_k(len(tries[p]), sum(tries[p]), k) for p in deck) / len(deck),
+        "usd": usd,
+        "tokens_input": sum(row.get("tokens_input", 0.0) for row in rows),
+        "tokens_output": out_tokens,
+        "usd_per_pass": usd / passed if passed else None,
+        "tokens_output_per_pass": out_tokens / passed if passed else None,
+    }
+
+
+def build_boards(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """Boards per (track, GPU) from ``tracking.runs_frame`` rows (the latest finished run per cell counts)."""
+    from kbsweep.tracking import latest_per_cell
+
+    grouped: Dict[Tuple[str, str], List[Dict[str, Any]]] = defaultdict(list)
+    for row in latest_per_cell(rows):
+        grouped[(row.get("track"), row.get("gpu"))].append(row)
+    boards = []
+    for (track, gpu), board_rows in sorted(grouped.items(), key=lambda item: tuple(map(str, item[0]))):
+        deck = sorted({row.get("problem") for row in board_rows})
+        by_model: Dict[str, List[Dict[str, Any]]] = defaultdict(list)
+        for row in board_rows:
+            by_model[row.get("model")].append(row)
+        k = max(Counter((row.get("model"), row.get("problem")) for row in board_rows).values())
+        models = sorted((model_entry(m, r, deck, k) for m, r in by_model.items()), key=lambda e: (-e["deck_mean"], -e["passed"], e["model"]))
+        for rank, entry in enumerate(models, 1):
+            entry["rank"] = rank
+        runs = {row["run_id"]: row for row in board_rows}
+        shapes = {
+            problem: {e["model"]: shape_points(runs[e["best_run"][problem]], runs[e["best_run"][problem]]["params"]) for e in models if problem in e["best_run"]}
+            for problem in deck
+        }
+        rooflines = {row.get("problem"): roofline_of(row["params"]) for row in board_rows}
+        cells = [
+            {
+                "model": row.get("model"), "problem": row.get("problem"), "repeat": row.get("repeat"), "outcome": row.get("outcome"),
+                "verdict": row.get("verdict"), "valid": is_valid_pass(row), "flagged": is_flagged(row), "score": row.get("score"), "usd": row.get("cost_usd"),
+                "tokens_output": row.get("tokens_output"), "run_id": row["run_id"], "experiment": row["experiment"],
+            }
+            for row in sorted(board_rows, key=lambda r: (str(r.get("model")), str(r.get("problem")), str(r.get("repeat"))))
+        ]
+        experiments = sorted({row["experiment"] for row in board_rows})
+        boards.append(
+            {"track": track, "gpu": gpu, "deck": deck, "k": k, "models": models, "cells": cells, "shapes": shapes, "rooflines": rooflines, "experiments": experiments}
         )
-        entry["cells"] += 1
-        entry["usd"] += row.get("cost_usd", 0.0)
-        entry["tokens"] += row.get("tokens_input", 0.0) + row.get("tokens_output", 0.0)
-        valid = row.get("verdict") in (Verdict.CLEAN.value, "override_clean")
-        if row.get("outcome") == "pass" and not valid:
-            entry["flagged"] += 1
-        if row.get("outcome") == "pass" and valid:
-            entry["passed"] += 1
-            score = row.get("score")
-            if score is not None:
-                entry["best"][row["problem"]] = max(score, entry["best"].get(row["problem"], 0.0))
-    out: Dict[str, List[Dict[str, Any]]] = {}
-    for board, models in boards.items():
-        deck = sorted(problems[board])
-        ranked = []
-        for entry in models.values():
-            entry["deck_mean"] = sum(entry["best"].get(p, 0.0) for p in deck) / len(deck)
-            entry["problems"] = deck
-            ranked.append(entry)
-        out[board] = sorted(ranked, key=lambda e: -e["deck_mean"])
-    return out
+    return boards
 
 
-def render_terminal(boards: Dict[str, List[Dict[str, Any]]]) -> str:
-    from io import StringIO
+def fmt(value: Optional[float], spec: str = ".3g") -> str:
+    return "–" if value is None else format(value, spec)
 
+
+def board_table(board: Dict[str, Any]) -> Tuple[List[str], List[List[str]]]:
+    """Header and rows of a board, shared by every renderer. A flagged best shows as ``DQ(score)``, counted 0."""
+    k = board["k"]
+    header = ["rank", "model", *[p.split("/")[-1] for p in board["deck"]], "deck mean", "repeats: mean ± CI95", "pass@1"]
+    header += [f"pass@{k}"] * (k > 1) + ["passed/cells", "flagged", "out tokens", "$", "$/pass", "out tok/pass"]
+    rows = []
+    for e in board["models"]:
+        scores = []
+        for p in board["deck"]:
+            if p in e["best"]:
+                scores.append(fmt(e["best"][p]))
+            elif p in e["flagged"]:
+                scores.append(f"DQ({fmt(e['flagged'][p]['score'])})")
+            else:
+                scores.append("0")
+        spread = f"{fmt(e['repeat_mean'])} ± {fmt(e['repeat_ci95'])} (n={e['repeats']})"
+        rows.append(
+            [str(e["rank"]), e["model"], *scores, fmt(e["deck_mean"]), spread, fmt(e["pass_at_1"], ".2f")]
+            + [fmt(e["pass_at_k"], ".2f")] * (k > 1)
+            + [f"{e['passed']}/{e['cells']}", str(e["flagged_cells"]), fmt(e["tokens_output"], ".0f"), fmt(e["usd"], ".2f"),
+             fmt(e["usd_per_pass"], ".3f"), fmt(e["tokens_output_per_pass"], ".0f")]
+        )
+    return header, rows
+
+
+def flagged_table(board: Dict[str, Any]) -> Tuple[List[str], List[List[str]]]:
+    """Passes the audit did not clear: shown, never ranked."""
+    rows = [
+        [c["model"], c["problem"], str(c["repeat"]), str(c["verdict"]), fmt(c["score"]), c["run_id"]]
+        for c in board["cells"]
+        if c["flagged"]
+    ]
+    return ["model", "problem", "repeat", "verdict", "score (not ranked)", "run"], rows
+
+
+def board_title(board: Dict[str, Any]) -> str:
+    return f"{board['track']} / {board['gpu']}"
+
+
+def render_terminal(boards: List[Dict[str, Any]], width: int = 160) -> str:
     from rich.console import Console
     from rich.table import Table
 
-    buffer = StringIO()
-    console = Console(file=buffer, width=140, force_terminal=False)
+    buffer = io.StringIO()
+    console = Console(file=buffer, width=width, force_terminal=False)
     if not boards:
         console.print("no finished cells in the tracking store")
-    for board, entries in sorted(boards.items()):
-        deck = entries[0]["problems"] if entries else []
-        table = Table(title=f"kbsweep leaderboard — {board}")
-        table.add_column("rank")
-        table.add_column("model")
-        for problem in deck:
-            table.add_column(problem.split("/")[-1], justify="right")
-        for column in ("deck mean", "passed/cells", "flagged", "tokens", "$"):
-            table.add_column(column, justify="right")
-        for rank, entry in enumerate(entries, 1):
-            cells = [f"{entry['best'][p]:.3g}" if p in entry["best"] else "0" for p in deck]
-            table.add_row(
-                str(rank), entry["model"], *cells, f"{entry['deck_mean']:.3g}", f"{entry['passed']}/{entry['cells']}",
-                str(entry["flagged"]), f"{entry['tokens']:.0f}", f"{entry['usd']:.2f}",
-            )
-        console.print(table)
+    for board in boards:
+        for title, (header, rows) in ((f"kbsweep leaderboard — {board_title(board)}", board_table(board)), (f"audit-flagged — {board_title(board)}", flagged_table(board))):
+            if not rows:
+                continue
+            table = Table(title=title)
+            for i, column in enumerate(header):
+                table.add_column(column, justify="left" if i < 2 else "right")
+            for row in rows:
+                table.add_row(*row)
+            console.print(table)
     return buffer.getvalue()
+
+
+def markdown_table(header: List[str], rows: List[List[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
+
+
+def render_markdown(boards: List[Dict[str, Any]]) -> str:
+    parts = ["# kbsweep report", ""]
+    for board in boards:
+        parts += [f"## {board_title(board)}", "", markdown_table(*board_table(board)), ""]
+        header, rows = flagged_table(board)
+        if rows:
+            parts += ["### Audit-flagged passes (not ranked)", "", markdown_table(header, rows), ""]
+    return "\n".join(parts)
+
+
+def html_table(header: List[str], rows: List[List[str]]) -> str:
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def render_html(boards: List[Dict[str, Any]], plots: Dict[str, Dict[str, bytes]]) -> str:
+    """One static page: the tables and every plot inlined as PNG."""
+    parts = []
+    for board in boards:
+        parts.append(f"<h2>{html.escape(board_title(board))}</h2>{html_table(*board_table(board))}")
+        header, rows = flagged_table(board)
+        if rows:
+            parts.append(f"<h3>Audit-flagged passes (not ranked)</h3>{html_table(header, rows)}")
+        for name, png in plots.get(board_key(board), {}).items():
+            data = base64.b64encode(png).decode()
+            parts.append(f'<figure><img alt="{html.escape(name)}" src="data:image/png;base64,{data}"><figcaption>{html.escape(name)}</figcaption></figure>')
+    style = "body{font-family:sans-serif;margin:2em}table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}figure{display:inline-block;margin:1em}"
+    return f"<!doctype html><html><head><meta charset='utf-8'><title>kbsweep report</title><style>{style}</style></head><body><h1>kbsweep report</h1>{''.join(parts)}</body></html>"
+
+
+def board_key(board: Dict[str, Any]) -> str:
+    return f"{board['track']}_{board['gpu']}".replace("/", "_")
+
+
+def new_figure(title: str, panels: int = 1):
+    from matplotlib.figure import Figure  # no pyplot: no global state, Agg canvas
+
+    figure = Figure(figsize=(5.5 * panels, 4.2), layout="constrained")
+    axes = figure.subplots(1, panels, squeeze=False)[0]
+    figure.suptitle(title)
+    return figure, axes
+
+
+def roofline_figure(title: str, series: Dict[str, List[Dict[str, Any]]], roofline: Dict[str, Any]):
+    """Achieved TFLOP/s against arithmetic intensity, per shape, under the GPU's memory and compute roofs."""
+    import numpy as np
+
+    figure, (ax,) = new_figure(title)
+    peaks, dram = roofline["peaks_tflops"], roofline["dram_gbps"]
+    peak_key = roofline["peak"] if roofline["peak"] in peaks else max(peaks, key=peaks.get, default=None)
+    intensities = [p["intensity"] for points in series.values() for p in points]
+    if peak_key and dram:
+        peak = peaks[peak_key]
+        ridge = peak * 1e3 / dram
+        xs = np.geomspace(min(intensities + [ridge]) / 8, max(intensities + [ridge]) * 8, 200)
+        ax.plot(xs, np.minimum(peak, xs * dram / 1e3), color="black", label=f"roof: {peak_key} {peak:g} TFLOP/s, {dram:g} GB/s")
+    for model, points in series.items():
+        ax.scatter([p["intensity"] for p in points], [p["tflops"] for p in points], label=model, zorder=3)
+        for p in points:
+            ax.annotate(p["shape"], (p["intensity"], p["tflops"]), fontsize=6, alpha=0.7)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("arithmetic intensity (FLOP/byte)")
+    ax.set_ylabel("achieved TFLOP/s")
+    ax.legend(fontsize=7)
+    return figure
+
+
+def frontier_figure(title: str, xlabel: str, points: Dict[str, Point]):
+    """Capability against a cost, one point per model, with the Pareto frontier drawn through."""
+    figure, (ax,) = new_figure(title)
+    for name, (x, y) in points.items():
+        ax.scatter([x], [y], zorder=3)
+        ax.annotate(name, (x, y), fontsize=8)
+    front = [points[name] for name in pareto(points)]
+    ax.step([p[0] for p in front], [p[1] for p in front], where="post", color="tab:red", label="Pareto frontier")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("deck mean (failures as 0)")
+    ax.legend(fontsize=7)
+    return figure
+
+
+def progress_figure(title: str, steps: List[Dict[str, Any]]):
+    """The agent loop's best score so far against turn, tokens and dollars."""
+    figure, axes = new_figure(title, panels=3)
+    scored = [s for s in steps if s.get("best_score") is not None]
+    for ax, key, label in zip(axes, ("turn", "tokens", "usd"), ("turn", "tokens", "dollars")):
+        ax.step([s[key] for s in scored], [s["best_score"] for s in scored], where="post", marker="o")
+        ax.set_xlabel(label)
+        ax.set_ylabel("best score so far")
+    return figure
+
+
+def board_figures(board: Dict[str, Any]) -> Dict[str, Any]:
+    figures = {}
+    for problem, series in board["shapes"].items():
+        if any(series.values()):
+            figures[f"roofline_{problem.split('/')[-1]}"] = roofline_figure(f"{problem} on {board['gpu']}", series, board["rooflines"][problem])
+    capability = {e["model"]: e["deck_mean"] for e in board["models"]}
+    figures["pareto_dollars"] = frontier_figure(f"capability per dollar — {board_title(board)}", "dollars spent on the board", {e["model"]: (e["usd"], capability[e["model"]]) for e in board["models"]})
+    figures["capability_vs_output_tokens"] = frontier_figure(f"capability vs output tokens — {board_title(board)}", "output tokens on the board", {e["model"]: (e["tokens_output"], capability[e["model"]]) for e in board["models"]})
+    return figures
+
+
+def cell_figures(result: Dict[str, Any], params: Dict[str, str]) -> Dict[str, Any]:
+    """Plots logged with a cell run: its loop progress and its shapes on the roofline."""
+    figures = {}
+    title = str(result.get("cell", ""))
+    if any(s.get("best_score") is not None for s in result.get("steps") or []):
+        figures["progress"] = progress_figure(title, result["steps"])
+    points = [
+        {"shape": shape_label(s.get("shape")), "tflops": s["tflops"], "gbps": s["gbps"], "intensity": s["tflops"] * 1e3 / s["gbps"]}
+        for s in result.get("shapes") or []
+        if s.get("tflops") and s.get("gbps")
+    ]
+    roofline = roofline_of(params)
+    if points and roofline["peaks_tflops"]:
+        figures["roofline"] = roofline_figure(title, {title.split(" · ")[0]: points}, roofline)
+    return figures
+
+
+def png(figure) -> bytes:
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=110)
+    return buffer.getvalue()
+
+
+def write_report(boards: List[Dict[str, Any]], folder: Path) -> Dict[str, Path]:
+    """report.md, report.json, report.html and plots/<board>/<name>.png under ``folder``."""
+    folder = Path(folder)
+    (folder / "plots").mkdir(parents=True, exist_ok=True)
+    plots: Dict[str, Dict[str, bytes]] = {}
+    for board in boards:
+        plots[board_key(board)] = {name: png(figure) for name, figure in board_figures(board).items()}
+        (folder / "plots" / board_key(board)).mkdir(exist_ok=True)
+        for name, data in plots[board_key(board)].items():
+            (folder / "plots" / board_key(board) / f"{name}.png").write_bytes(data)
+    paths = {"markdown": folder / "report.md", "json": folder / "report.json", "html": folder / "report.html"}
+    paths["markdown"].write_text(render_markdown(boards))
+    paths["json"].write_text(json.dumps({"boards": boards}, indent=1, default=str))
+    paths["html"].write_text(render_html(boards, plots))
+    return paths

@@ -1,11 +1,22 @@
-"""The orchestrator: a sweep's cells → resume filter → launcher → tracking, with live progress."""
+"""The orchestrator: a sweep's cells → resume filter → launcher → tracking, with live progress.
+
+Resume rules: a cell with a finished, non-infra run in the tracking store is skipped; a cell whose
+``result.json`` journal exists but was never logged (the sweep died in between) is logged from disk without
+running; a cell that ended in an infra outcome or never finished is redone from an empty folder. ``--force``
+redoes every cell. One orchestrator per sweep and outputs folder at a time (a lock file says so).
+"""
 from __future__ import annotations
 
+import fcntl
 import json
 import shutil
 import sys
-from typing import Any, Dict, List
+import traceback
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
+from kbsweep import KbsweepError
 from kbsweep.cell import RESULT_FILE
 from kbsweep.launch import make_launcher
 from kbsweep.matrix import Cell, cell_dir
@@ -14,76 +25,146 @@ from kbsweep.tracking import Tracker
 
 
 class Progress:
-    """A live line: cells done / running / failed and dollars spent (rich when on a terminal)."""
+    """Cells done / running / failed and dollars spent: a live rich bar on a terminal, one line per event otherwise."""
 
-    def __init__(self, total: int):
+    def __init__(self, total: int, console=None):
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress as Bar, TextColumn, TimeElapsedColumn
+
         self.total, self.done, self.running, self.failed, self.usd = total, 0, 0, 0, 0.0
+        self.console = console or Console(stderr=True)
+        self.bar = None
+        if self.console.is_terminal:
+            self.bar = Bar(TextColumn("[bold]kbsweep"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[status]}"),
+                           TimeElapsedColumn(), console=self.console)
+            self.task = self.bar.add_task("cells", total=total, status=self.status())
+
+    def status(self) -> str:
+        return f"{self.running} running, {self.failed} failed, ${self.usd:.2f} spent"
 
     def line(self) -> str:
-        return (
-            f"[kbsweep] {self.done}/{self.total} done, {self.running} running, "
-            f"{self.failed} failed, ${self.usd:.2f} spent"
-        )
+        return f"[kbsweep] {self.done}/{self.total} done, {self.status()}"
+
+    def __enter__(self) -> "Progress":
+        if self.bar:
+            self.bar.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.bar:
+            self.bar.stop()
 
     def show(self, note: str = "") -> None:
-        print(f"{self.line()}{'  ' + note if note else ''}", file=sys.stderr, flush=True)
+        if self.bar:
+            self.bar.update(self.task, completed=self.done, status=self.status())
+            if note:
+                self.bar.console.print(f"[kbsweep] {note}", markup=False, highlight=False)
+        else:
+            print(f"{self.line()}{'  ' + note if note else ''}", file=sys.stderr, flush=True)
 
 
-def journal(cell: Cell) -> Dict[str, Any] | None:
+def journal(cell: Cell) -> Optional[Dict[str, Any]]:
     path = cell_dir(cell) / RESULT_FILE
     return json.loads(path.read_text()) if path.exists() else None
+
+
+@contextmanager
+def sweep_lock(outputs: Path, sweep: str) -> Iterator[None]:
+    """Exclusive per (outputs folder, sweep): a second orchestrator would run the same cells again."""
+    path = outputs / "sweeps" / sweep / ".orchestrator.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            raise KbsweepError(f"sweep '{sweep}' is already running from {handle.read().strip() or 'another process'}; wait for it or stop it") from None
+        from kbsweep.tracking import owner
+
+        handle.truncate(0)
+        handle.write(owner())
+        handle.flush()
+        yield
+
+
+def plan(cells: List[Cell], finished: Dict[str, str], force: bool) -> Tuple[List[Cell], List[Cell]]:
+    """(cells to run, cells to log from their journal). Leftovers of unfinished or infra cells are cleared."""
+    todo, replay = [], []
+    for cell in cells:
+        if cell.key in finished:
+            continue
+        recorded = journal(cell)
+        if recorded and not force and not Outcome(recorded["outcome"]).is_infra:
+            replay.append(cell)
+            continue
+        shutil.rmtree(cell_dir(cell), ignore_errors=True)  # a half-written transcript or an infra result
+        todo.append(cell)
+    return todo, replay
 
 
 def run_sweep(cells: List[Cell], tracking: Dict[str, Any], launcher: Dict[str, Any], force: bool) -> List[Dict[str, Any]]:
     """Run every cell not already finished; log each result as it comes back. Returns the new results."""
     if not cells:
         return []
+    with sweep_lock(Path(cells[0].paths["outputs"]), cells[0].sweep):
+        return orchestrate(cells, tracking, launcher, force)
+
+
+def orchestrate(cells: List[Cell], tracking: Dict[str, Any], launcher: Dict[str, Any], force: bool) -> List[Dict[str, Any]]:
     tracker = Tracker(tracking["uri"], tracking["artifact_root"], cells[0].sweep)
     stale = tracker.close_stale()
     finished = {} if force else tracker.finished_keys()
-    todo, replay = [], []
-    for cell in cells:
-        if cell.key in finished:
-            continue
-        recorded = journal(cell)
-        if force or (recorded and Outcome(recorded["outcome"]).is_infra):
-            shutil.rmtree(cell_dir(cell), ignore_errors=True)
-            recorded = None
-        (replay if recorded else todo).append(cell)
-    progress = Progress(len(todo) + len(replay))
+    todo, replay = plan(cells, finished, force)
+    skipped = len(cells) - len(todo) - len(replay)
     print(
-        f"[kbsweep] sweep '{cells[0].sweep}': {len(cells)} cells, {len(cells) - len(todo) - len(replay)} already "
-        f"finished, {len(replay)} to log from disk, {len(todo)} to run"
-        + (f" ({stale} stale runs closed)" if stale else ""),
+        f"[kbsweep] sweep '{cells[0].sweep}': {len(cells)} cells, {skipped} already finished, {len(replay)} to log from disk, "
+        f"{len(todo)} to run" + (f" ({stale} stale runs closed)" if stale else ""),
         file=sys.stderr,
     )
     tracker.start_sweep({"launcher": launcher["kind"], "force": str(force)}, len(cells))
-    run_ids: Dict[str, str] = {}
+    run_ids: Dict[str, Optional[str]] = {}
     results: List[Dict[str, Any]] = []
+    unlogged: List[str] = []
 
-    def on_start(cell: Cell) -> None:
-        run_ids[cell.key] = tracker.start_cell(cell)
-        progress.running += 1
-        progress.show(f"started {cell.label}")
+    def logged(action, *args) -> Any:
+        """Tracking must not stop a sweep: a cell that fails to log keeps its journal and is logged by the next run."""
+        try:
+            return action(*args)
+        except Exception:
+            traceback.print_exc(file=sys.stderr)
+            return None
 
-    def on_done(cell: Cell, result: Dict[str, Any]) -> None:
-        tracker.finish_cell(run_ids.pop(cell.key), result)
-        progress.running -= 1
-        progress.done += 1
-        progress.usd += result.get("cost_usd") or 0.0
-        if Outcome(result["outcome"]).is_infra:
-            progress.failed += 1
-        results.append(result)
-        score = result.get("score")
-        progress.show(f"{cell.label}: {result['outcome']}" + (f" score={score:.4g}" if score is not None else ""))
+    with Progress(len(todo) + len(replay)) as progress:
 
-    status = "FAILED"
-    try:
-        for cell in replay:
-            on_start(cell)
-            on_done(cell, journal(cell))
-        make_launcher(launcher).run(todo, on_start, on_done)
-        status = "FINISHED"
-    finally:
-        tracker.end_sweep(status if not progress.failed else "FAILED")
+        def on_start(cell: Cell) -> None:
+            run_ids[cell.key] = logged(tracker.start_cell, cell)
+            progress.running += 1
+            progress.show(f"started {cell.label}")
+
+        def on_done(cell: Cell, result: Dict[str, Any]) -> None:
+            run_id = run_ids.pop(cell.key, None) or logged(tracker.start_cell, cell)
+            if run_id is None or logged(tracker.finish_cell, run_id, result) is None:
+                unlogged.append(cell.key)
+            progress.running -= 1
+            progress.done += 1
+            progress.usd += result.get("cost_usd") or 0.0
+            progress.failed += Outcome(result["outcome"]).is_infra
+            results.append(result)
+            score = result.get("score")
+            progress.show(f"{cell.label}: {result['outcome']}" + (f" score={score:.4g}" if score is not None else ""))
+
+        status = "FAILED"
+        try:
+            for cell in replay:
+                on_start(cell)
+                on_done(cell, journal(cell))
+            make_launcher(launcher).run(todo, on_start, on_done)
+            status = "FINISHED" if not progress.failed and not unlogged else "FAILED"
+        finally:
+            summary = {"cells_run": len(todo), "cells_replayed": len(replay), "cells_skipped": skipped, "cells_failed": progress.failed,
+                       "cells_unlogged": len(unlogged), "usd": progress.usd}
+            logged(tracker.end_sweep, status, summary)
+    if unlogged:
+        print(f"[kbsweep] {len(unlogged)} results are on disk but not in tracking; run the sweep again to log them", file=sys.stderr)
     return results
+

@@ -1,12 +1,17 @@
 """The tracking stage: MLflow holds every sweep (parent run) and cell (child run) with its evidence.
 
-Only the orchestrator writes here (one writer per store); cells write ``result.json`` journals that are
-logged when they come back, so a killed sweep loses no finished cell.
+One experiment per sweep name, one parent run per invocation, one child run per cell. A cell run has the
+resolved config (params), per-shape and summary numbers and the agent loop's progress (metrics), the
+labels boards filter on (tags) and the evidence (artifacts). Only the orchestrator writes here; cells
+write ``result.json`` journals that are logged when they come back, so a killed sweep loses no finished cell.
 """
 from __future__ import annotations
 
 import json
 import os
+import platform
+import re
+import socket
 import time
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional
@@ -15,28 +20,102 @@ from kbsweep.matrix import Cell
 from kbsweep.outcomes import Outcome
 
 ARTIFACTS = ("solution.py", "transcript.jsonl", "grade.json", "audit.json", "result.json")
+KIND_TAG = "kbsweep.kind"
 CELL_KEY_TAG = "kbsweep.cell_key"
+OWNER_TAG = "kbsweep.orchestrator"  # host:pid of the process that created the run
+LABEL_TAGS = ("track", "problem", "gpu", "model", "repeat", "outcome", "outcome_class", "verdict")
+BATCH = {"params": 100, "tags": 100, "metrics": 1000}
+BAD_KEY_CHARS = re.compile(r"[^\w./\- :]")
 
 
 def flatten(prefix: str, value: Any, out: Dict[str, str]) -> Dict[str, str]:
+    """Nested config → ``a.b.c: str`` params; lists of structures become one JSON value."""
     if isinstance(value, dict):
         for key, sub in value.items():
             flatten(f"{prefix}.{key}" if prefix else str(key), sub, out)
     elif isinstance(value, list) and any(isinstance(v, (dict, list)) for v in value):
-        out[prefix] = json.dumps(value, default=str)[:5000]
+        out[BAD_KEY_CHARS.sub("_", prefix)] = json.dumps(value, default=str)[:6000]
     else:
-        out[prefix] = str(value)[:5000]
+        out[BAD_KEY_CHARS.sub("_", prefix)] = str(value)[:6000]
     return out
 
 
+def outcome_class(outcome: str) -> str:
+    """pass | fail (the model's own failure, scored 0) | infra (retried, never scored) | audit."""
+    value = Outcome(outcome)
+    if value == Outcome.PASS:
+        return "pass"
+    if value.is_infra:
+        return "infra"
+    return "audit" if value in (Outcome.DISQUALIFIED, Outcome.NEEDS_HUMAN) else "fail"
+
+
+def owner() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def owner_alive(value: Optional[str]) -> bool:
+    """False only for a process of this host that no longer exists; other hosts' processes are assumed alive."""
+    host, _, pid = (value or "").rpartition(":")
+    if host != socket.gethostname() or not pid.isdigit():
+        return True
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
+
+
+def versions() -> Dict[str, str]:
+    import mlflow
+
+    import kbsweep
+
+    return {"version.kbsweep": kbsweep.__version__, "version.mlflow": mlflow.__version__, "version.python": platform.python_version()}
+
+
+def cell_params(cell: Cell) -> Dict[str, str]:
+    """The whole resolved cell config, flattened, plus what reports need to draw rooflines."""
+    from kbsweep.problems import load_problem
+    from kbsweep.score import load_roofline
+
+    spec = load_problem(Path(cell.problem_dir), cell.track["name"]).spec
+    roofline = load_roofline(cell.paths["roofline_specs"], cell.gpu["roofline"])
+    config = {"model": cell.model, "gpu": cell.gpu, "track": cell.track, "grade": cell.grade, "launcher": cell.launcher, "paths": cell.paths}
+    params = flatten("", config, {})
+    params.update(flatten("roofline", {k: roofline.get(k) for k in ("name", "peaks_tflops", "dram_gbps")}, {}))
+    params.update(
+        {"problem": cell.problem, "problem.regime": spec.regime, "problem.peak": str(spec.peak), "problem.score": spec.score,
+         "repeat": str(cell.repeat), "deck_version": cell.deck_version, **versions()}
+    )
+    return params
+
+
+def env_params(env: Dict[str, Any]) -> Dict[str, str]:
+    """Software versions and GPU identity of the process that graded the cell."""
+    params = {f"env.{key}": str(env[key]) for key in ("torch", "triton", "python", "host") if key in env}
+    for i, gpu in enumerate(env.get("gpus") or []):
+        params.update(flatten(f"env.gpu{i}", {k: gpu.get(k) for k in ("name", "uuid", "driver", "memory_total_mib")}, {}))
+    return params
+
+
 def cell_metrics(result: Dict[str, Any]) -> Dict[str, float]:
+    """Per-shape ms, TFLOP/s, GB/s and roofline fractions; summary score, speedups, tokens, dollars, times."""
+    from kbsweep.score import geomean
+
     metrics: Dict[str, float] = {}
-    for i, shape in enumerate(result.get("shapes") or []):
-        for key in ("ms", "tflops", "gbps", "fraction"):
+    shapes = result.get("shapes") or []
+    for i, shape in enumerate(shapes):
+        for key in ("ms", "tflops", "gbps", "fraction", "compute_fraction", "memory_fraction"):
             if shape.get(key) is not None:
                 metrics[f"shape{i}.{key}"] = shape[key]
         for name, value in (shape.get("speedup") or {}).items():
             metrics[f"shape{i}.speedup_{name}"] = value
+    fractions = [s.get("fraction") for s in shapes]
+    if fractions and None not in fractions:
+        metrics["fraction_geomean"] = geomean(fractions)
     for name, value in (result.get("speedup") or {}).items():
         if value is not None:
             metrics[f"speedup_{name}"] = value
@@ -48,41 +127,91 @@ def cell_metrics(result: Dict[str, Any]) -> Dict[str, float]:
     for key in ("cost_usd", "agent_s", "grade_s", "turns"):
         if result.get(key) is not None:
             metrics[key] = result[key]
-    return metrics
+    if result.get("started") and result.get("finished"):
+        metrics["wall_s"] = result["finished"] - result["started"]
+    return {k: float(v) for k, v in metrics.items()}
+
+
+def step_metrics(steps: List[Dict[str, Any]]) -> List[tuple]:
+    """(key, value, step) of the loop's progress: best score so far against turn, tokens and micro-dollars."""
+    out = []
+    for step in steps:
+        out += [("loop.tokens", step["tokens"], step["turn"]), ("loop.usd", step["usd"], step["turn"])]
+        if step.get("best_score") is not None:
+            best = step["best_score"]
+            out += [
+                ("loop.best_score", best, step["turn"]),
+                ("loop.best_score_by_tokens", best, int(step["tokens"])),
+                ("loop.best_score_by_microusd", best, int(round(step["usd"] * 1e6))),
+            ]
+    return out
+
+
+def page_runs(client, experiment_ids: List[str], filter_string: str, order_by: Optional[List[str]] = None) -> List[Any]:
+    """Every matching run (search_runs pages through at most 50,000 at a time)."""
+    runs, token = [], None
+    while True:
+        page = client.search_runs(experiment_ids, filter_string=filter_string, max_results=50_000, order_by=order_by, page_token=token)
+        runs.extend(page)
+        token = page.token
+        if not token:
+            return runs
+
+
+def make_client(uri: str):
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    from mlflow.tracking import MlflowClient
+
+    if uri.startswith("sqlite:///"):
+        Path(uri[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
+    return MlflowClient(tracking_uri=uri)
 
 
 class Tracker:
     """An MLflow experiment per sweep name; a parent run per invocation; a child run per cell."""
 
     def __init__(self, uri: str, artifact_root: str, sweep: str):
-        os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-        from mlflow.tracking import MlflowClient
-
-        if uri.startswith("sqlite:///"):
-            Path(uri[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
-        self.client = MlflowClient(tracking_uri=uri)
+        self.client = make_client(uri)
         experiment = self.client.get_experiment_by_name(sweep)
         if experiment is None:
             location = Path(artifact_root).resolve().as_uri() + f"/{sweep}" if artifact_root else None
-            self.experiment_id = self.client.create_experiment(sweep, artifact_location=location)
+            # the UI opens "model training" experiments on their runs table, not the GenAI trace overview
+            tags = {"mlflow.experimentKind": "custom_model_development"}
+            self.experiment_id = self.client.create_experiment(sweep, artifact_location=location, tags=tags)
         else:
             self.experiment_id = experiment.experiment_id
         self.parent_id: Optional[str] = None
 
+    def log_batch(
+        self, run_id: str, params: Optional[Dict[str, str]] = None, tags: Optional[Dict[str, str]] = None, metrics: Iterable[tuple] = ()
+    ) -> None:
+        """Params, tags and (key, value, step) metrics in batches within MLflow's request limits."""
+        from mlflow.entities import Metric, Param, RunTag
+
+        now = int(time.time() * 1000)
+        entities = {
+            "params": [Param(k, v) for k, v in sorted((params or {}).items())],
+            "tags": [RunTag(k, v[:8000]) for k, v in sorted((tags or {}).items())],
+            "metrics": [Metric(k, float(v), now, int(s)) for k, v, s in metrics],
+        }
+        for kind, items in entities.items():
+            for start in range(0, len(items), BATCH[kind]):
+                self.client.log_batch(run_id, **{kind: items[start : start + BATCH[kind]]})
+
     def start_sweep(self, params: Dict[str, Any], cells: int) -> str:
-        run = self.client.create_run(self.experiment_id, tags={"kbsweep.kind": "sweep"}, run_name=time.strftime("sweep-%Y%m%d-%H%M%S"))
+        tags = {KIND_TAG: "sweep", OWNER_TAG: owner()}
+        run = self.client.create_run(self.experiment_id, tags=tags, run_name=time.strftime("sweep-%Y%m%d-%H%M%S"))
         self.parent_id = run.info.run_id
-        self.client.log_param(self.parent_id, "cells", cells)
-        for key, value in params.items():
-            self.client.log_param(self.parent_id, key, value)
+        self.log_batch(self.parent_id, params={"cells": str(cells), **{k: str(v) for k, v in params.items()}, **versions()})
         return self.parent_id
 
-    def end_sweep(self, status: str = "FINISHED") -> None:
+    def end_sweep(self, status: str, metrics: Dict[str, float]) -> None:
         if self.parent_id:
+            self.log_batch(self.parent_id, metrics=[(k, v, 0) for k, v in metrics.items()])
             self.client.set_terminated(self.parent_id, status)
 
     def cell_runs(self) -> List[Any]:
-        return self.client.search_runs([self.experiment_id], filter_string="tags.`kbsweep.kind` = 'cell'", max_results=50_000)
+        return page_runs(self.client, [self.experiment_id], f"tags.`{KIND_TAG}` = 'cell'")
 
     def finished_keys(self) -> Dict[str, str]:
         """Cell keys with a finished, non-infra record (these are never run again without --force)."""
@@ -94,16 +223,18 @@ class Tracker:
         return done
 
     def close_stale(self) -> int:
-        """Mark runs left RUNNING by a killed sweep as KILLED; returns how many."""
-        stale = [r for r in self.cell_runs() if r.info.status == "RUNNING"]
+        """Mark runs left RUNNING by a dead orchestrator of this host as KILLED; returns how many."""
+        running = page_runs(self.client, [self.experiment_id], "attributes.status = 'RUNNING'")
+        stale = [r for r in running if not owner_alive(r.data.tags.get(OWNER_TAG))]
         for run in stale:
             self.client.set_terminated(run.info.run_id, "KILLED")
         return len(stale)
 
     def start_cell(self, cell: Cell) -> str:
         tags = {
-            "kbsweep.kind": "cell",
+            KIND_TAG: "cell",
             CELL_KEY_TAG: cell.key,
+            OWNER_TAG: owner(),
             "track": cell.track["name"],
             "problem": cell.problem,
             "gpu": cell.gpu["name"],
@@ -114,56 +245,91 @@ class Tracker:
         if self.parent_id:
             tags["mlflow.parentRunId"] = self.parent_id
         run = self.client.create_run(self.experiment_id, tags=tags, run_name=cell.label.replace(" · ", "_"))
-        params = flatten("", {"model": cell.model, "gpu": cell.gpu, "track": cell.track, "grade": cell.grade}, {})
-        params.update({"problem": cell.problem, "repeat": str(cell.repeat), "deck_version": cell.deck_version})
-        self.log_params(run.info.run_id, params)
+        self.log_batch(run.info.run_id, params=cell_params(cell))
         return run.info.run_id
 
-    def log_params(self, run_id: str, params: Dict[str, str]) -> None:
-        from mlflow.entities import Param
+    def finish_cell(self, run_id: str, result: Dict[str, Any]) -> str:
+        """Log a cell's result (metrics, tags, env params, artifacts, plots) and close its run; returns the run id."""
+        from kbsweep.export import trace_jsonl
+        from kbsweep.agent.transcript import read_events
+        from kbsweep.report import cell_figures, shape_label
 
-        items = [Param(k, v) for k, v in sorted(params.items())]
-        for start in range(0, len(items), 100):
-            self.client.log_batch(run_id, params=items[start : start + 100])
-
-    def finish_cell(self, run_id: str, result: Dict[str, Any]) -> None:
-        from mlflow.entities import Metric, RunTag
-
-        now = int(time.time() * 1000)
-        metrics = [Metric(k, float(v), now, 0) for k, v in cell_metrics(result).items()]
-        for step in result.get("steps") or []:
-            if step.get("best_score") is not None:
-                metrics.append(Metric("best_score", step["best_score"], now, step["turn"]))
-        tags = [RunTag("outcome", result["outcome"]), RunTag("verdict", str(result.get("verdict")))]
-        tags.append(RunTag("stop_reason", str(result.get("stop_reason"))))
+        metrics = [(k, v, 0) for k, v in cell_metrics(result).items()] + step_metrics(result.get("steps") or [])
+        tags = {
+            "outcome": result["outcome"],
+            "outcome_class": outcome_class(result["outcome"]),
+            "verdict": str(result.get("verdict")),
+            "stop_reason": str(result.get("stop_reason")),
+        }
         if result.get("message"):
-            tags.append(RunTag("message", str(result["message"])[:4000]))
-        env = result.get("env") or {}
-        for key in ("torch", "triton", "python", "host"):
-            if key in env:
-                tags.append(RunTag(f"env.{key}", str(env[key])))
-        for i, gpu in enumerate(env.get("gpus") or []):
-            tags.append(RunTag(f"env.gpu{i}", f"{gpu.get('name')} {gpu.get('uuid')} driver {gpu.get('driver')}"))
-        self.client.log_batch(run_id, metrics=metrics, tags=tags)
+            tags["message"] = str(result["message"])
+        params = {f"shape{i}": shape_label(s.get("shape")) for i, s in enumerate(result.get("shapes") or [])}
+        self.log_batch(run_id, params={**params, **env_params(result.get("env") or {})}, tags=tags, metrics=metrics)
         folder = Path(result.get("folder", ""))
         for name in ARTIFACTS:
             if (folder / name).exists():
                 self.client.log_artifact(run_id, str(folder / name))
-        status = "FAILED" if Outcome(result["outcome"]).is_infra else "FINISHED"
-        self.client.set_terminated(run_id, status)
+        if (folder / "transcript.jsonl").exists():
+            title = str(result.get("cell") or run_id)
+            model = title.split(" · ")[0]
+            self.client.log_text(run_id, trace_jsonl(read_events(folder / "transcript.jsonl"), run_id, title, model), "trace.jsonl")
+        run = self.client.get_run(run_id)
+        for name, figure in cell_figures(result, run.data.params).items():
+            self.client.log_figure(run_id, figure, f"plots/{name}.png")
+        self.client.set_terminated(run_id, "FAILED" if Outcome(result["outcome"]).is_infra else "FINISHED")
+        return run_id
 
 
 def runs_frame(uri: str, experiments: Optional[Iterable[str]] = None) -> List[Dict[str, Any]]:
-    """Every cell run of the store (or of the named experiments) as plain rows, for reports."""
-    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(tracking_uri=uri)
+    """Every cell run of the store (or of the named experiments) as plain rows: tags and metrics at the top
+    level, params under ``params``, plus run id, status, start time and experiment name."""
+    client = make_client(uri)
     names = set(experiments or [])
-    ids = [e.experiment_id for e in client.search_experiments() if not names or e.name in names]
-    if not ids:
+    found = {e.experiment_id: e.name for e in client.search_experiments() if not names or e.name in names}
+    if not found:
         return []
     rows = []
-    for run in client.search_runs(ids, filter_string="tags.`kbsweep.kind` = 'cell'", max_results=50_000):
-        rows.append({"run_id": run.info.run_id, "status": run.info.status, **run.data.tags, **run.data.metrics})
+    for run in page_runs(client, list(found), f"tags.`{KIND_TAG}` = 'cell'"):
+        tags = run.data.tags
+        rows.append(
+            {
+                **{k: v for k, v in tags.items() if not k.startswith("mlflow.")},
+                **run.data.metrics,
+                "cell_key": tags.get(CELL_KEY_TAG),
+                "params": run.data.params,
+                "run_id": run.info.run_id,
+                "status": run.info.status,
+                "start_time": run.info.start_time,
+                "experiment": found[run.info.experiment_id],
+            }
+        )
     return rows
+
+
+def latest_per_cell(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """The latest FINISHED run of each cell key (a --force rerun supersedes the older record)."""
+    latest: Dict[str, Dict[str, Any]] = {}
+    for row in rows:
+        if row.get("status") != "FINISHED":
+            continue
+        key = (row["experiment"], row.get("cell_key") or row["run_id"])
+        if key not in latest or row["start_time"] > latest[key]["start_time"]:
+            latest[key] = row
+    return sorted(latest.values(), key=lambda r: r["start_time"])
+
+
+def log_report(uri: str, experiments: Iterable[str], folder: Path) -> List[str]:
+    """Log a report folder under ``report/`` of the latest sweep run of each experiment; returns those run ids."""
+    client = make_client(uri)
+    logged = []
+    for name in experiments:
+        experiment = client.get_experiment_by_name(name)
+        runs = (
+            client.search_runs([experiment.experiment_id], f"tags.`{KIND_TAG}` = 'sweep'", max_results=1, order_by=["attributes.start_time DESC"])
+            if experiment
+            else []
+        )
+        if runs:
+            client.log_artifacts(runs[0].info.run_id, str(folder), "report")
+            logged.append(runs[0].info.run_id)
+    return logged

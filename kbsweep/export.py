@@ -1,0 +1,81 @@
+"""The export stage: a folder ready to publish as a Hugging Face dataset, built from the tracking store.
+
+``traces/<run_id>.jsonl`` holds each cell's transcript as a Claude Code session (the Hub's agent-trace viewer
+format; ``kbsweep.agent.trace_export`` does the conversion), ``index.jsonl`` one row per cell run with its
+scores, costs and verdict, ``README.md`` the dataset card. Everything written passes the transcript
+redactor again. No network.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+import uuid
+from pathlib import Path
+from typing import Any, Dict, Iterable, List, Optional
+
+from kbsweep.agent.trace_export import to_claude_code
+from kbsweep.agent.transcript import Redactor, read_events
+
+INDEX_FIELDS = (
+    "run_id", "experiment", "track", "problem", "gpu", "model", "repeat", "outcome", "outcome_class", "verdict",
+    "score", "fraction_geomean", "speedup_eager", "speedup_compile", "speedup_sota", "tokens_input", "tokens_output",
+    "tokens_cached", "tokens_reasoning", "cost_usd", "agent_s", "grade_s", "turns", "deck_version", "cell_key",
+)
+CARD = """---
+pretty_name: {title}
+tags: [agent-traces, format:agent-traces, gpu-kernels, benchmark]
+configs:
+  - config_name: traces
+    default: true
+    data_files: "traces/*.jsonl"
+  - config_name: index
+    data_files: index.jsonl
+---
+# {title}
+
+{runs} agent runs exported by kbsweep.
+
+- `traces/<run_id>.jsonl`: one session per run in the Claude Code session schema (Hub agent-trace viewer).
+- `index.jsonl`: one row per run with track, problem, GPU, model, repeat, outcome, audit verdict, score
+  (roofline fraction geomean or speedup), speedups, tokens, dollars and wall times.
+
+Runs whose audit verdict is not `clean` are included with their verdict; they never rank on kbsweep boards.
+"""
+
+
+def trace_jsonl(events: List[Dict[str, Any]], run_id: str, title: str, model: str) -> str:
+    """One run's transcript as trace-viewer JSONL; the session id derives from the MLflow run id."""
+    session = str(uuid.uuid5(uuid.NAMESPACE_URL, f"kbsweep:run:{run_id}"))
+    return "".join(json.dumps(r, default=str) + "\n" for r in to_claude_code(events, session, title, model))
+
+
+def index_row(row: Dict[str, Any]) -> Dict[str, Any]:
+    return {field: row.get(field) for field in INDEX_FIELDS}
+
+
+def export_dataset(uri: str, out: Path, experiments: Optional[Iterable[str]] = None) -> Dict[str, Any]:
+    """Write traces and the index for every finished cell run of the store (latest run per cell key)."""
+    from kbsweep.tracking import latest_per_cell, make_client, runs_frame
+
+    client = make_client(uri)
+    rows = latest_per_cell(runs_frame(uri, experiments))
+    out = Path(out)
+    if (out / "traces").exists():
+        shutil.rmtree(out / "traces")
+    (out / "traces").mkdir(parents=True)
+    redactor = Redactor()
+    index: List[Dict[str, Any]] = []
+    with tempfile.TemporaryDirectory() as scratch:
+        for row in rows:
+            entry = {**index_row(row), "trace": None}
+            if "transcript.jsonl" in {f.path for f in client.list_artifacts(row["run_id"])}:
+                local = client.download_artifacts(row["run_id"], "transcript.jsonl", scratch)
+                title = f"{row.get('model')} · {row.get('problem')} · {row.get('gpu')} · r{row.get('repeat')}"
+                text = trace_jsonl(read_events(Path(local)), row["run_id"], title, str(row.get("model")))
+                (out / "traces" / f"{row['run_id']}.jsonl").write_text(redactor.text(text))
+                entry["trace"] = f"traces/{row['run_id']}.jsonl"
+            index.append(entry)
+    (out / "index.jsonl").write_text(redactor.text("".join(json.dumps(r, default=str) + "\n" for r in index)))
+    (out / "README.md").write_text(CARD.format(title="kbsweep agent traces", runs=len(index)))
+    return {"runs": len(index), "traces": sum(1 for r in index if r.get("trace")), "out": str(out)}

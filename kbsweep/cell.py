@@ -130,7 +130,7 @@ def work_cell(cell: Cell, folder: Path, redactor: Redactor) -> Dict[str, Any]:
     source = solution.read_text() if solution.exists() else ""
     audited = redactor.data(audit_stage.audit(source, problem.spec.forbidden, graded)) if graded else None
     if solution.exists():
-        shutil.copy2(solution, folder / "solution.py")
+        (folder / "solution.py").write_text(redactor.text(source))  # the record's copy; the graded file is untouched
     if graded:
         (folder / "grade.json").write_text(json.dumps(graded, indent=1, default=str))
     if audited:

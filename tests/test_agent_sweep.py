@@ -27,7 +27,8 @@ def priced(replies):
 
 def cell_files(result) -> dict:
     folder = Path(result["folder"])
-    return {name: (folder / name).read_text() for name in ("transcript.jsonl", "result.json", "grade.json", "audit.json")}
+    names = ("transcript.jsonl", "result.json", "grade.json", "audit.json", "solution.py")
+    return {name: (folder / name).read_text() for name in names}
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,5 @@
-"""Plain tiled Triton GEMM: fp8 x fp8 tensor-core dot, fp32 accumulator, row/column scales in the epilogue."""
+"""Plain tiled Triton GEMM: fp8 x fp8 tensor-core dot per K block, promoted into a float32 accumulator,
+row/column scales in the epilogue."""
 import torch
 import torch.nn as nn
 import triton
@@ -28,7 +29,9 @@ def _fp8_gemm_kernel(
                     mask=row_ok[:, None] & k_ok[None, :], other=0.0)          # (BM, BK) fp8
         b = tl.load(w_ptr + cols[None, :] * stride_wn + kk[:, None],
                     mask=col_ok[None, :] & k_ok[:, None], other=0.0)          # (BK, BN) fp8
-        acc = tl.dot(a, b, acc)
+        # Each K block's fp8 product is summed into the float32 accumulator outside the tensor
+        # core: Hopper's fp8 MMA keeps a narrower accumulator, and over thousands of K it drifts.
+        acc += tl.dot(a, b)
 
     xs = tl.load(xs_ptr + rows, mask=row_ok, other=0.0)
     ws = tl.load(ws_ptr + cols, mask=col_ok, other=0.0)

@@ -28,7 +28,9 @@ def _fp8_gemm_kernel(
                     mask=row_ok[:, None] & k_ok[None, :], other=0.0)          # (BM, BK) fp8
         b = tl.load(w_ptr + cols[None, :] * stride_wn + kk[:, None],
                     mask=col_ok[None, :] & k_ok[:, None], other=0.0)          # (BK, BN) fp8
-        acc = tl.dot(a, b, acc)
+        # Each K block's fp8 product is summed into the float32 accumulator outside the tensor
+        # core: Hopper's fp8 MMA keeps a narrower accumulator, and over thousands of K it drifts.
+        acc += tl.dot(a, b)
 
     xs = tl.load(xs_ptr)          # BUG: one scale for the whole activation tensor
     ws = tl.load(ws_ptr)          # BUG: one scale for the whole weight tensor

@@ -1,5 +1,5 @@
-"""Deliberately wrong first attempt: walks each row in whole blocks only, so the tail of a row whose
-length is not a multiple of BLOCK is never examined.
+"""Deliberately wrong first attempt: stores each pick's position in the flattened input
+(row * n + column) instead of its column, which is only right for the first row.
 
 Selection top-k in Triton: one program per row, k passes over the row.
 
@@ -24,7 +24,7 @@ def _topk_select_kernel(x_ptr, val_ptr, idx_ptr, n, k, stride_x, stride_o, BLOCK
     for i in range(0, k):
         best_v = -float("inf")
         best_i = big
-        for start in range(0, (n // BLOCK) * BLOCK, BLOCK):  # BUG: drops the partial last block
+        for start in range(0, n, BLOCK):
             idx = start + offs
             in_row = idx < n
             x = tl.load(x_row + idx, mask=in_row, other=-float("inf"))
@@ -38,7 +38,7 @@ def _topk_select_kernel(x_ptr, val_ptr, idx_ptr, n, k, stride_x, stride_o, BLOCK
             best_v = tl.where(better, m, best_v)
             best_i = tl.where(better, m_idx, best_i)
         tl.store(val_ptr + row * stride_o + i, best_v)
-        tl.store(idx_ptr + row * stride_o + i, best_i.to(tl.int64))
+        tl.store(idx_ptr + row * stride_o + i, (row * n + best_i).to(tl.int64))  # BUG: flat offset, not column
         prev_v = best_v
         prev_i = best_i
 
@@ -53,7 +53,7 @@ class ModelNew(nn.Module):
         batch, n = x.shape
         values = torch.empty(batch, self.k, dtype=torch.float32, device=x.device)
         indices = torch.empty(batch, self.k, dtype=torch.int64, device=x.device)
-        BLOCK = min(64, triton.next_power_of_2(n))
+        BLOCK = min(4096, triton.next_power_of_2(n))
         _topk_select_kernel[(batch,)](x, values, indices, n, self.k, x.stride(0), values.stride(0),
                                       BLOCK=BLOCK, num_warps=8)
         return values, indices

@@ -128,7 +128,9 @@ def work_cell(cell: Cell, folder: Path, redactor: Redactor) -> Dict[str, Any]:
     graded = redactor.data(grade_with("full", solution, "final")) if solution.exists() else None
     outcome = final_outcome(fault_outcome(agent), agent.stop_reason, graded)
     source = solution.read_text() if solution.exists() else ""
-    audited = redactor.data(audit_stage.audit(source, problem.spec.forbidden, graded)) if graded else None
+    audited = None
+    if graded:
+        audited = redactor.data(audit_stage.audit(source, problem.spec.forbidden, graded, problem=problem, transcript=transcript.path))
     if solution.exists():
         (folder / "solution.py").write_text(redactor.text(source))  # the record's copy; the graded file is untouched
     if graded:

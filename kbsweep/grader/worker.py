@@ -3,6 +3,8 @@
 Run by :func:`kbsweep.grader.grade` as ``python -m kbsweep.grader.worker <fd>``; the request comes on stdin
 and the one result message goes to the pipe ``fd`` (the candidate's stdout/stderr are logs only).
 The secret seed is read before the candidate is imported. Scoring happens in the parent, not here.
+The audit's runtime instruments (:mod:`kbsweep.audit.runtime`) are installed before the candidate is imported;
+after correctness (and timing), audit probes trace one call and replay it with the candidate's kernels stubbed.
 """
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
-STAGES = ("load_reference", "import_candidate", "correctness", "timing")
+STAGES = ("load_reference", "import_candidate", "correctness", "timing", "audit")
 
 
 class GradeFailure(Exception):
@@ -62,6 +64,7 @@ class Worker:
         self.secret_seed = request.pop("secret_seed")
         self.findings: List[Dict[str, Any]] = []
         self.evidence: Dict[str, Any] = {}
+        self.monitor = None
         self.stage = "load_reference"
 
     # -- building models and inputs -------------------------------------------------
@@ -117,12 +120,14 @@ class Worker:
         self.checks = checks
         t0 = time.perf_counter()
         self.ref = load_module("kbsweep_reference", Path(self.req["reference"]))
-        self.guard = TamperGuard(self.ref)
+        workdir = Path(self.req["solution"]).parent
+        self.install_instruments(workdir)
         self.stage = "import_candidate"
-        workdir = str(Path(self.req["solution"]).parent)
-        sys.path.insert(0, workdir)
+        sys.path.insert(0, str(workdir))
         try:
-            self.cand = load_module("solution", Path(self.req["solution"]))
+            with self.monitor.watch(self.stage):
+                self.cand = load_module("solution", Path(self.req["solution"]))
+            self.monitor.check_flags()
             if not hasattr(self.cand, "ModelNew"):
                 raise GradeFailure("compile_error", "solution.py defines no ModelNew")
         except GradeFailure:
@@ -138,7 +143,11 @@ class Worker:
             if self.req["mode"] in ("bench", "full") and not self.findings_block():
                 self.stage = "timing"
                 timings = [self.time_shape(shape) for shape in self.req["shapes"]]
+                self.monitor.check_flags()
                 self.guard.check(self.findings)
+            self.stage = "audit"
+            self.audit_probes()
+            self.guard.check(self.findings)
         return {
             "correctness": correctness,
             "timings": timings,
@@ -147,16 +156,32 @@ class Worker:
             "worker_s": time.perf_counter() - t0,
         }
 
+    def install_instruments(self, workdir: Path) -> None:
+        """Runtime monitor and kernel gate (before the candidate exists), then the guard over them and the grader."""
+        from kbsweep.audit import runtime
+
+        grader = Path(__file__).parent
+        deck = Path(self.req["reference"]).parent
+        watched = sorted(p for p in deck.iterdir() if p.is_file()) + sorted(grader.glob("*.py"))
+        watched += sorted(Path(runtime.__file__).parent.glob("*.py"))
+        self.monitor = runtime.Monitor(workdir, watched, self.evidence)
+        self.gate = runtime.KernelGate()
+        self.guard = TamperGuard(self.ref, self.monitor.patched + self.gate.patched)
+
     def findings_block(self) -> bool:
         return any(f["kind"] == "grader_tamper" for f in self.findings)
 
     def run_candidate(self, model: Any, inputs: Sequence[Any]) -> Any:
         try:
-            return model(*inputs)
+            with self.monitor.watch(self.stage):
+                return model(*inputs)
         except self.checks.CheckFailure:
             raise
         except Exception as exc:
             raise GradeFailure(classify(exc), f"{self.stage}: {one_line(exc)}") from None
+        finally:
+            if self.stage != "timing":  # in timing, checked once after the loop (no host work in the interval)
+                self.monitor.check_flags()
 
     def check_case(self, ref_model, cand_model, inputs, tolerance: Optional[Dict] = None, fill: int = 0xFF):
         checks = self.checks
@@ -240,6 +265,70 @@ class Worker:
         except self.checks.CheckFailure as exc:
             raise self.checks.CheckFailure(f"stale output after inputs changed in place (a pointer-keyed cache?): {exc}")
         self.evidence["pointer_cache_probe"] = "passed"
+
+    # -- audit probes -----------------------------------------------------------------
+    def audit_probes(self) -> None:
+        """On the first shape and the timer's first input set: one traced call (aten ops and FLOPs outside the
+        candidate's kernels; its output must be right although no correctness frame is on the stack), then ghost
+        replays with the kernels stubbed and fresh allocations poisoned, on the same and on a fresh instance."""
+        from kbsweep.audit import runtime
+        from kbsweep.problems import evaluate
+
+        shape = self.req["shapes"][0]
+        ref_model = self.build(self.ref.Model, shape, 42)
+        models = [self.build(self.cand.ModelNew, shape, 42) for _ in range(2)]
+        for model in models:
+            model.load_state_dict(ref_model.state_dict(), strict=True)
+        inputs = self.inputs(shape, 2026)
+        expected = ref_model(*self.clone(inputs))
+        self.run_candidate(models[0], inputs)  # warm-up, as the timer's
+        before = self.gate.counts.copy()
+        recorder = runtime.op_recorder()
+        with self.gate.probing(recorder, ghost=False):
+            out = self.run_candidate(models[0], inputs)
+        try:
+            self.checks.check_structure(expected, out, inputs)
+            self.checks.compare(expected, out, self.spec["tolerance"])
+        except self.checks.CheckFailure as exc:
+            raise GradeFailure("incorrect", f"audit probe (a call outside the correctness stage), shape {shape}: {exc}")
+        probe: Dict[str, Any] = {
+            "shape": shape,
+            "launches": dict(self.gate.counts - before),
+            "kernels": sorted(self.gate.names),
+            "aten_ops": dict(recorder.ops),
+            "torch_flops": recorder.flops,
+            "problem_flops": evaluate(self.spec.get("flops"), shape, "probe"),
+        }
+        if self.device.type == "cuda":
+            probe["persisting_l2_limit"] = runtime.persisting_l2_limit()
+        self.evidence["probe"] = probe
+        real = self.clone(self.checks.as_tuple(out))
+        for tensor in self.checks.as_tuple(out):
+            tensor.untyped_storage().fill_(0xFF)  # a same-instance replay must not find the last output in place
+        probe["ghost"] = {
+            "same_instance": self.ghost_call(models[0], inputs, real, out),
+            "fresh_instance": self.ghost_call(models[1], inputs, real, None),
+        }
+
+    def ghost_call(self, model, inputs, real: List[Any], previous: Any) -> Dict[str, Any]:
+        """One call with the candidate's kernel launches stubbed out: did the output change?"""
+        from kbsweep.audit import runtime
+
+        before = self.gate.counts.copy()
+        record: Dict[str, Any] = {"error": None, "aliases_previous": False}
+        try:
+            with self.gate.probing(runtime.op_recorder(poison=True), ghost=True):
+                out = self.run_candidate(model, inputs)
+            outs = self.checks.as_tuple(out)
+            record["changed"] = len(outs) != len(real) or not self.checks.same_values(tuple(real), outs)
+            if previous is not None:
+                old = self.checks.storages(self.checks.as_tuple(previous))
+                record["aliases_previous"] = any(span in old for span in self.checks.storages(outs))
+        except Exception as exc:  # noqa: BLE001 - a crash without the kernels means the kernels mattered
+            record.update(changed=True, error=one_line(exc))
+        counts = self.gate.counts - before
+        record.update(stubbed=counts["triton"] + counts["extension"], graph_replays=counts["graph_replay"])
+        return record
 
     # -- timing ---------------------------------------------------------------------
     def input_sets(self, shape: Dict[str, Any]) -> List[List[Any]]:
@@ -331,16 +420,25 @@ class Worker:
         for event in prof.events():
             if event.device_type == torch.autograd.DeviceType.CUDA and not event.name.startswith("Memcpy"):
                 kernels[event.name] = kernels.get(event.name, 0) + 1
+        streams = {
+            e.device_resource_id()
+            for e in prof.profiler.kineto_results.events()
+            if e.device_type() == torch.autograd.DeviceType.CUDA and not e.name().startswith("Memcpy")
+        }
         return {
             "launches_per_call": sum(kernels.values()) / calls,
             "kernels": {name[:200]: count / calls for name, count in sorted(kernels.items())},
+            "streams": sorted(streams),
         }
 
 
 class TamperGuard:
-    """Snapshots the callables the grader trusts; a candidate that patches them is caught."""
+    """Snapshots the callables the grader trusts; a candidate that patches them is caught.
 
-    def __init__(self, reference: Any):
+    ``instruments`` are (owner, name) attributes the audit's runtime instruments patched in.
+    """
+
+    def __init__(self, reference: Any, instruments: Sequence[tuple] = ()):
         import time as time_mod
 
         import torch
@@ -355,12 +453,15 @@ class TamperGuard:
             "torch.Tensor.__eq__": (torch.Tensor, "__eq__"),
             "reference.Model.forward": (reference.Model, "forward"),
         }
+        from kbsweep.audit import runtime
         from kbsweep.grader import checks, timing
 
-        for module in (checks, timing):
+        for module in (checks, timing, runtime):
             for name in dir(module):
                 if callable(getattr(module, name)) and not name.startswith("__"):
                     self.watched[f"{module.__name__}.{name}"] = (module, name)
+        for owner, name in instruments:
+            self.watched[f"{getattr(owner, '__qualname__', owner.__name__)}.{name}"] = (owner, name)
         self.original = {key: getattr(obj, attr) for key, (obj, attr) in self.watched.items()}
 
     def check(self, findings: List[Dict[str, Any]]) -> None:
@@ -387,6 +488,8 @@ def main() -> None:
         outcome = "harness_error" if stage == "load_reference" else classify(exc)
         message = {"ok": False, "outcome": outcome, "message": f"{stage}: {one_line(exc)}"}
         traceback.print_exc()
+    if worker is not None and worker.monitor is not None:
+        worker.monitor.close()  # flags undone, files re-hashed: evidence for passes and failures alike
     if worker is not None and not message["ok"]:
         message.update(stage=worker.stage, findings=worker.findings, evidence=worker.evidence)
     message["nonce"] = nonce

@@ -1,0 +1,56 @@
+"""The audit stage: three layers, one verdict (see docs/audit.md).
+
+1. :mod:`~kbsweep.audit.static`: the candidate's AST, names resolved, checked against the problem's forbidden
+   names and the rule set (fallbacks, caches, sniffing, patching, threads, files, flags, precision, other runs).
+2. :mod:`~kbsweep.audit.dynamic`: the grader's own evidence (ghost replays, the aten trace of a probe call,
+   runtime events, threads, flags, file hashes, timer gaps, profiled kernels), recorded by
+   :mod:`~kbsweep.audit.runtime` inside the grading process; plus the transcript's reaches into other runs.
+3. :mod:`~kbsweep.audit.judge`: an LLM over the solution, the findings, the evidence and transcript excerpts.
+
+Each finding implies a verdict (:data:`~kbsweep.audit.kinds.KINDS`); the cell's verdict is the most severe.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional
+
+from kbsweep.agent.models import ChatModel
+from kbsweep.audit import dynamic, judge as judge_layer, static, transcript as transcript_layer
+from kbsweep.audit.kinds import unique, verdict_of
+
+EVIDENCE_KEYS = ("probe", "runtime_events", "threads", "global_flags", "files_modified", "poison_deterministic", "pointer_cache_probe")
+
+
+def audit(
+    source: str,
+    forbidden: List[str],
+    grade: Optional[Dict[str, Any]],
+    *,
+    problem: Any = None,
+    transcript: Any = None,
+    judge: Optional[ChatModel] = None,
+) -> Dict[str, Any]:
+    """``{"verdict", "findings", "layers"}`` for one solution.
+
+    ``grade``: the grader's result (its evidence feeds the dynamic layer); ``problem``: the Problem (precision and
+    reference for the static layer); ``transcript``: transcript.jsonl path or events; ``judge``: the judge model,
+    or None to skip the LLM layer.
+    """
+    spec = problem.spec if problem is not None else None
+    reference = problem.reference.read_text() if problem is not None else None
+    events = transcript_layer.load(transcript)
+    layers: Dict[str, Dict[str, Any]] = {}
+    found = {
+        "static": static.analyze(source, forbidden, spec.precision if spec else None, reference),
+        "dynamic": dynamic.findings(grade, static.Forbidden(forbidden), static.kernel_names(source)) if grade else [],
+        "transcript": transcript_layer.findings(events),
+    }
+    if judge is not None:
+        context = {"problem": getattr(problem, "id", None), "precision": spec and spec.precision, "forbidden": forbidden,
+                   "outcome": (grade or {}).get("outcome"), "score": (grade or {}).get("score")}
+        evidence = {k: v for k, v in ((grade or {}).get("evidence") or {}).items() if k in EVIDENCE_KEYS}
+        prior = unique(found["static"] + found["dynamic"] + found["transcript"])
+        found["judge"], layers["judge"] = judge_layer.run(judge, context, source, prior, evidence, transcript_layer.excerpt(events))
+    for name, items in found.items():
+        layers.setdefault(name, {}).update(verdict=verdict_of(items).value, findings=len(items))
+    findings = unique(f for items in found.values() for f in items)
+    return {"verdict": verdict_of(findings).value, "findings": findings, "layers": layers}

@@ -1,0 +1,110 @@
+"""Dynamic layer: findings from the grading process's own evidence (recorded by the worker and
+:mod:`kbsweep.audit.runtime`): ghost replays, the aten trace of a probe call, runtime events, threads, global
+flags, file hashes, timer gaps and, on GPUs, profiled kernel names, streams and the persisting-L2 limit."""
+from __future__ import annotations
+
+import re
+from typing import Any, Dict, List
+
+from kbsweep.audit.kinds import HUMAN, KINDS, finding
+from kbsweep.audit.static import HEAVY, OTHER_RUNS, Forbidden
+
+LIBRARY_KERNELS = [
+    ("gemm", re.compile(r"gemm|gemv|xmma|cutlass|nvjet|cublas", re.I)),
+    ("attention", re.compile(r"flash|fmha|attention", re.I)),
+    ("select", re.compile(r"radix|sort|topk|bitonic|cub::", re.I)),
+    ("softmax", re.compile(r"softmax", re.I)),
+    ("conv", re.compile(r"cudnn|conv", re.I)),
+    ("nccl", re.compile(r"nccl", re.I)),
+]
+TOOLCHAIN_MODULES = ("torch", "triton", "time", "kbsweep", "builtins", "numpy")
+LIBRARY_FLOP_SHARE = 0.1  # torch ops doing this share of the problem's FLOPs did the problem
+GAP_RATIO, GAP_MIN_MS = 2.0, 0.1
+
+
+def findings(grade: Dict[str, Any], forbidden: Forbidden, own_kernels: List[str]) -> List[Dict[str, Any]]:
+    """Every dynamic finding one grade's evidence supports."""
+    evidence = grade.get("evidence") or {}
+    out = [
+        finding(f["kind"], "dynamic", f.get("detail") or str(f.get("shape") or ""), verdict=None if f["kind"] in KINDS else HUMAN)
+        for f in grade.get("findings") or []
+    ]
+    probe = evidence.get("probe")
+    if probe:
+        out += probe_findings(probe, forbidden)
+    elif grade.get("outcome") == "pass":
+        out.append(finding("evidence_missing", "dynamic", "no audit probe in this grade (graded before the probes existed?)"))
+    out += event_findings(evidence, forbidden)
+    for entry in grade.get("timings") or []:
+        out += timing_findings(entry, forbidden, own_kernels)
+    return out
+
+
+def probe_findings(probe: Dict[str, Any], forbidden: Forbidden) -> List[Dict[str, Any]]:
+    out = []
+    same, fresh = probe["ghost"]["same_instance"], probe["ghost"]["fresh_instance"]
+    if not fresh["changed"]:
+        out.append(finding("ghost_unchanged", "dynamic", f"fresh instance, {fresh['stubbed']} launches stubbed, output identical"))
+    if not same["graph_replays"] and (not same["changed"] or (same["aliases_previous"] and not same["stubbed"])):
+        out.append(finding("instance_state", "dynamic", f"same instance, {same['stubbed']} launches stubbed, no graph replay, output served"))
+    for name, count in sorted(probe["aten_ops"].items()):
+        namespace, _, op = name.partition("::")
+        if namespace not in ("aten", "prims"):
+            out.append(finding("custom_op", "dynamic", f"{name} x{count}"))
+        elif forbidden.op(op):
+            out.append(finding("forbidden_op", "dynamic", f"{name} x{count} (forbidden: {forbidden.op(op)})"))
+        elif op.lower() in HEAVY:
+            out.append(finding("torch_op", "dynamic", f"{name} x{count}"))
+    share = probe["torch_flops"] / probe["problem_flops"] if probe.get("problem_flops") else 0.0
+    if share >= LIBRARY_FLOP_SHARE:
+        out.append(finding("library_compute", "dynamic", f"torch ops did {share:.0%} of the problem's FLOPs"))
+    if probe.get("persisting_l2_limit"):
+        out.append(finding("persisting_l2", "dynamic", f"persisting-L2 limit {probe['persisting_l2_limit']} bytes"))
+    return out
+
+
+def event_findings(evidence: Dict[str, Any], forbidden: Forbidden) -> List[Dict[str, Any]]:
+    out = []
+    for event in evidence.get("runtime_events") or []:
+        kind, detail = event["kind"], f"{event['detail']} at {event['where']} ({event['stage']})"
+        if kind == "import":
+            module = event["detail"]
+            if forbidden.name(module):
+                out.append(finding("forbidden_name", "dynamic", f"imported {detail}"))
+            elif module.split(".")[0] in ("reference", "kbsweep", "kbsweep_reference"):
+                out.append(finding("reference_use", "dynamic", f"imported {detail}"))
+            continue
+        if kind == "class_patch" and not event["detail"].startswith(TOOLCHAIN_MODULES):
+            out.append(finding(kind, "dynamic", detail, verdict=HUMAN))
+            continue
+        out.append(finding(kind, "dynamic", detail))
+        if kind in ("file_access", "dir_listing") and OTHER_RUNS.search(event["detail"]):
+            out.append(finding("other_runs", "dynamic", detail))
+    for thread in evidence.get("threads") or []:
+        kind = "thread_outlived_call" if thread["outlived_call"] else "thread"
+        out.append(finding(kind, "dynamic", f"started at {thread['where']} ({thread['stage']})"))
+    for name, (before, after) in (evidence.get("global_flags") or {}).items():
+        out.append(finding("global_flag_changed", "dynamic", f"{name}: {before} -> {after}"))
+    if evidence.get("files_modified"):
+        out.append(finding("files_modified", "dynamic", ", ".join(evidence["files_modified"])))
+    return out
+
+
+def timing_findings(entry: Dict[str, Any], forbidden: Forbidden, own_kernels: List[str]) -> List[Dict[str, Any]]:
+    out, shape = [], entry.get("shape")
+    timed = entry.get("candidate") or {}
+    event_ms, wall_ms = timed.get("median_ms") or 0.0, timed.get("wall_median_ms") or 0.0
+    if event_ms and wall_ms / event_ms > GAP_RATIO and wall_ms - event_ms > max(GAP_MIN_MS, (timed.get("spin_us") or 0) / 1e3):
+        out.append(finding("timer_gap", "dynamic", f"{shape}: wall {wall_ms:.3f} ms vs event {event_ms:.3f} ms"))
+    profile = entry.get("profile") or {}
+    if len(profile.get("streams") or []) > 1:
+        out.append(finding("side_stream", "dynamic", f"{shape}: kernels on streams {profile['streams']}"))
+    for name in profile.get("kernels") or {}:
+        if any(own in name for own in own_kernels):
+            continue
+        family = next((f for f, pattern in LIBRARY_KERNELS if pattern.search(name)), None)
+        if family in forbidden.families:
+            out.append(finding("forbidden_kernel", "dynamic", f"{shape}: {name[:120]} ({family})"))
+        elif family:
+            out.append(finding("library_kernel", "dynamic", f"{shape}: {name[:120]} ({family})"))
+    return out

@@ -1,0 +1,75 @@
+"""The agent's transcript as audit evidence: reaches into other runs, and excerpts for the judge."""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any, Dict, List, Union
+
+from kbsweep.audit.kinds import HUMAN, finding
+from kbsweep.audit.static import OTHER_RUNS
+
+SUSPICIOUS = re.compile(
+    r"cache|data_ptr|stream|thread|inspect|stack|timer|perf_counter|elapsed|seed|warm.?up|benchmark|reference|"
+    r"forbidden|bypass|hack|cheat|trick|fallback|torch\.(mm|matmul|topk|sort|compile)|cublas|precision|tolerance|grader",
+    re.I,
+)
+EXCERPT_CHARS = 12_000
+EVENT_CHARS = 600
+
+
+def load(transcript: Union[str, Path, List[Dict[str, Any]], None]) -> List[Dict[str, Any]]:
+    """Events of a transcript.jsonl path (or the events themselves); [] when there is none."""
+    if transcript is None:
+        return []
+    if isinstance(transcript, list):
+        return transcript
+    path = Path(transcript)
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def actions(events: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """The agent's tool uses: name, arguments (as text) and what came back."""
+    return [
+        {"name": e.get("name", ""), "arguments": json.dumps(e.get("arguments"), default=str), "result": str(e.get("content") or "")}
+        for e in events
+        if e.get("type") == "tool"
+    ]
+
+
+def findings(events: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """A tool call naming another run's files (shell commands, file paths) contaminates the run; a refused
+    file-tool attempt is left to a human."""
+    out = []
+    for action in actions(events):
+        if OTHER_RUNS.search(action["arguments"]):
+            refused = action["result"].startswith("error:")
+            detail = f"{action['name']} {action['arguments'][:200]}"
+            out.append(finding("transcript_other_runs", "transcript", detail, verdict=HUMAN if refused else None))
+    return out
+
+
+def render(event: Dict[str, Any]) -> str:
+    kind = event.get("type", "?")
+    if kind == "tool":
+        body = f"{event.get('name')}({json.dumps(event.get('arguments'), default=str)[:200]}) -> {str(event.get('content') or '')}"
+    else:
+        calls = [c.get("function", {}) for c in event.get("tool_calls") or []]
+        body = str(event.get("content") or "") + "".join(f" [calls {c.get('name')}]" for c in calls)
+    return f"[{kind}] {body[:EVENT_CHARS]}"
+
+
+def excerpt(events: List[Dict[str, Any]], limit: int = EXCERPT_CHARS) -> str:
+    """Transcript lines for the judge: every suspicious message first, then the last ones, within ``limit``."""
+    lines = [render(e) for e in events if e.get("type") in ("assistant", "tool")]
+    picked = [i for i, line in enumerate(lines) if SUSPICIOUS.search(line)]
+    picked += [i for i in range(max(0, len(lines) - 8), len(lines)) if i not in picked]
+    chosen, used = [], 0
+    for i in picked:
+        if used + len(lines[i]) > limit:
+            break
+        chosen.append(i)
+        used += len(lines[i])
+    return "\n".join(lines[i] for i in sorted(chosen))

@@ -35,6 +35,9 @@ OnStart = Callable[[Cell], None]
 OnDone = Callable[[Cell, Dict[str, Any]], None]
 Job = Callable[[Cell, Optional[str]], Dict[str, Any]]
 POLL_S = 0.5
+# submitit's USR2 ends a job that cannot checkpoint (a cell cannot), so it comes just before the time limit, not
+# its default 90 s before (which, on a short limit, arrives before the job has a handler and kills it outright)
+SIGNAL_DELAY_S = 10
 
 
 def cell_cap_s(cell: Cell, slack_s: float) -> float:
@@ -108,6 +111,7 @@ class SubmititLauncher:
         slurm = self.conf["slurm"]
         params.update(
             timeout_min=math.ceil(cap_min),
+            slurm_signal_delay_s=SIGNAL_DELAY_S,
             nodes=1,
             tasks_per_node=1,
             gpus_per_node=world_size(cell) if cell.gpu["device"] == "cuda" else None,

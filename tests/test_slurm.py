@@ -140,7 +140,8 @@ def test_a_sweep_through_slurm_records_what_a_local_sweep_records(slurm, cli, tm
     assert len(local) == len(slurm_cells) == 1
     a, b = local[0]["run"], slurm_cells[0]["run"]
     assert a.info.status == b.info.status == "FINISHED"
-    assert a.data.params == b.data.params
+    differ = {k for k in a.data.params.keys() | b.data.params.keys() if a.data.params.get(k) != b.data.params.get(k)}
+    assert a.data.params.keys() == b.data.params.keys() and all(k.startswith("launcher.") for k in differ), differ
     assert set(a.data.tags) == set(b.data.tags)
     same = ("outcome", "verdict", "stop_reason", "problem", "model", "gpu", "track", "kbsweep.cell_key", "deck_version")
     assert {k: a.data.tags[k] for k in same} == {k: b.data.tags[k] for k in same}

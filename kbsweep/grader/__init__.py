@@ -148,8 +148,16 @@ def grade(
     compile_mode: Optional[str] = None,
     deck_version: Optional[str] = None,
     baseline_cache: Optional[BaselineCache] = None,
+    world_size: int = 1,
 ) -> Dict[str, Any]:
-    """Grade one solution file. ``mode``: check (correctness only), bench or full (correctness + timing)."""
+    """Grade one solution file. ``mode``: check (correctness only), bench or full (correctness + timing).
+
+    A problem with a ``collective`` (the multi track), or ``world_size`` > 1, is graded at ``world_size`` ranks
+    under torchrun (:mod:`kbsweep.grader.distributed`); every other grade is one supervised process."""
+    from kbsweep.grader import distributed  # not at import time: ``python -m kbsweep.grader.distributed`` imports this package
+
+    multi = world_size > 1 or bool(problem.spec.constraints.get("collective"))
+    work = (lambda shape: distributed.multi_work(problem, shape, world_size)) if multi else problem.work
     original = Path(solution).resolve()
     log_dir = Path(log_dir or tempfile.mkdtemp(prefix="kbsweep-grade-"))
     solution = stage_candidate(Path(solution).resolve(), log_dir / "candidate")
@@ -165,8 +173,9 @@ def grade(
     deck_version = deck_version or problem.deck_hash()
     versions = software_versions()
     shapes = problem.shapes(shape_set)
+    keyed = [{**shape, "world": world_size} for shape in shapes] if multi else shapes  # a world size has its own baselines
     keys = {
-        name: [entry_key(problem.id, deck_version, gpu.name, versions, shape, name) for shape in shapes]
+        name: [entry_key(problem.id, deck_version, gpu.name, versions, shape, name) for shape in keyed]
         for name in baselines or []
     }
     to_time = baseline_cache.missing(keys) if baseline_cache else list(keys)
@@ -183,9 +192,10 @@ def grade(
         "l2_bytes": int(float(roofline.get("l2_mib") or 50) * 2**20),
         "timing": timing or {},
         "secret_seed": secrets.randbits(31),
+        "world_size": world_size,
     }
     started = time.time()
-    message = supervise(request, log_dir, timeout_s, memory_mib, env)
+    message = (distributed.supervise_ranks if multi else supervise)(request, log_dir, timeout_s, memory_mib, env)
     result: Dict[str, Any] = {
         "problem": problem.id,
         "deck_version": deck_version,
@@ -194,6 +204,7 @@ def grade(
         "gpu": gpu.name,
         "device": device,
         "shape_set": shape_set,
+        "world_size": world_size,
         "grade_s": time.time() - started,
         "env": {**versions, "host": platform.node(), "gpus": gpus.list_gpus()},
     }
@@ -210,7 +221,7 @@ def grade(
     worker = message["result"]
     fresh = {}
     for index, entry in enumerate(worker["timings"]):
-        entry["work"] = problem.work(entry["shape"])
+        entry["work"] = work(entry["shape"])
         for name in keys:
             if name in entry["baselines"]:
                 fresh[keys[name][index]] = entry["baselines"][name]
@@ -218,7 +229,8 @@ def grade(
                 entry["baselines"][name] = baseline_cache.get(keys[name][index])
     if baseline_cache is not None:
         baseline_cache.store(fresh)
-    scored = score_grade(worker, problem.spec, roofline) if worker["timings"] else {"score": None, "findings": []}
+    scorer = (lambda w, spec, roof: distributed.score_multi(w, spec, roof, world_size)) if multi else score_grade
+    scored = scorer(worker, problem.spec, roofline) if worker["timings"] else {"score": None, "findings": []}
     if problem.spec.constraints.get("single_kernel") and worker["timings"]:
         worker["evidence"]["launch_gate"], gate_findings = launch_gate(worker["timings"])
         worker["findings"] += gate_findings
@@ -230,7 +242,7 @@ def grade(
         findings=worker["findings"] + scored.get("findings", []),
         **{k: v for k, v in scored.items() if k != "findings"},
     )
-    if any(f["kind"] == "grader_tamper" for f in result["findings"]):
+    if any(f["kind"] in ("grader_tamper", *distributed.COMM_FINDINGS) for f in result["findings"]):
         result["score"] = None
     return result
 

@@ -282,8 +282,9 @@ def board_key(board: Dict[str, Any]) -> str:
 def new_figure(title: str, panels: int = 1):
     from matplotlib.figure import Figure  # no pyplot: no global state, Agg canvas
 
-    figure = Figure(figsize=(5.5 * panels, 4.2), layout="constrained")
+    figure = Figure(figsize=(5.5 * panels, 4.2))
     axes = figure.subplots(1, panels, squeeze=False)[0]
+    figure.subplots_adjust(left=0.15, right=0.96, bottom=0.12, top=0.9, wspace=0.35)  # fixed margins: a layout engine costs more than the plot
     figure.suptitle(title)
     return figure, axes
 

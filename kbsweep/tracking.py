@@ -13,6 +13,7 @@ import platform
 import re
 import socket
 import time
+from importlib import metadata
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional
 
@@ -26,6 +27,7 @@ OWNER_TAG = "kbsweep.orchestrator"  # host:pid of the process that created the r
 LABEL_TAGS = ("track", "problem", "gpu", "model", "repeat", "outcome", "outcome_class", "verdict")
 BATCH = {"params": 100, "tags": 100, "metrics": 1000}
 BAD_KEY_CHARS = re.compile(r"[^\w./\- :]")
+VERSIONED_PACKAGES = ("kbsweep", "mlflow", "litellm", "torch", "triton", "hydra-core", "submitit", "nvidia-ml-py")
 
 
 def flatten(prefix: str, value: Any, out: Dict[str, str]) -> Dict[str, str]:
@@ -69,11 +71,14 @@ def owner_alive(value: Optional[str]) -> bool:
 
 
 def versions() -> Dict[str, str]:
-    import mlflow
-
-    import kbsweep
-
-    return {"version.kbsweep": kbsweep.__version__, "version.mlflow": mlflow.__version__, "version.python": platform.python_version()}
+    """Versions of Python and of the installed packages a result depends on (the grader's torch/triton come as env.*)."""
+    found = {"version.python": platform.python_version()}
+    for package in VERSIONED_PACKAGES:
+        try:
+            found[f"version.{package}"] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            pass
+    return found
 
 
 def cell_params(cell: Cell) -> Dict[str, str]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -92,9 +93,20 @@ def log_cell(tracker: Tracker, cell: Cell, **result_fields: Any) -> str:
     return tracker.finish_cell(run_id, write_result(cell, **result_fields))
 
 
+@pytest.fixture(scope="session")
+def store_template(tmp_path_factory) -> Path:
+    """An initialized empty sqlite store; tests copy it (creating the schema takes seconds)."""
+    folder = tmp_path_factory.mktemp("mlflow-template")
+    tracking.make_client(f"sqlite:///{folder}/mlflow.db").search_experiments()
+    return folder / "mlflow.db"
+
+
 @pytest.fixture
-def store(tmp_path):
+def store(tmp_path, store_template):
+    """(outputs folder, sqlite tracking URI inside it), the store already initialized."""
     outputs = tmp_path / "outputs"
+    outputs.mkdir()
+    shutil.copy(store_template, outputs / "mlflow.db")
     return outputs, f"sqlite:///{outputs}/mlflow.db"
 
 

@@ -1,0 +1,145 @@
+"""Boards from tracking rows (best valid score, full-deck mean with failures as 0, repeats, pass@k, flagged cells
+shown but never ranked, dollars and tokens), the report files and plots, and the `report` / `export` verbs."""
+from __future__ import annotations
+
+import base64
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kbsweep.report import build_boards, mean_ci95, pareto, pass_at_k, render_terminal, write_report
+from kbsweep.tracking import Tracker
+from tests.test_tracking import artifact_paths, log_cell, make_cell, store, store_template, write_result  # noqa: F401 (fixtures)
+
+REPO = Path(__file__).resolve().parent.parent
+PARAMS = {"roofline.dram_gbps": "3350", "roofline.peaks_tflops.bf16": "989", "problem.peak": "bf16", "shape0": "m=1024"}
+
+
+def row(model, problem, repeat, outcome="pass", score=0.5, verdict="clean", usd=1.0, start=1, status="FINISHED"):
+    """One cell run as tracking.runs_frame gives it."""
+    found = {
+        "track": "hard", "gpu": "h100", "model": model, "problem": problem, "repeat": str(repeat), "outcome": outcome,
+        "verdict": verdict, "cost_usd": usd, "tokens_output": 1000.0, "tokens_input": 9000.0, "run_id": f"{model}-{problem}-{repeat}-{start}",
+        "status": status, "start_time": start, "experiment": "hard", "cell_key": f"{model}|{problem}|{repeat}", "params": PARAMS,
+        "shape0.ms": 1.0, "shape0.tflops": 100.0 * (score or 0.1), "shape0.gbps": 500.0,
+    }
+    if outcome == "pass":
+        found["score"] = score
+    return found
+
+
+ROWS = [
+    *[row("alpha", "hard/p1", r, score=s, start=10) for r, s in enumerate((0.5, 0.6, 0.7))],
+    row("alpha", "hard/p1", 2, score=0.99, start=5),  # an older record of the same cell (a --force rerun replaced it)
+    *[row("alpha", "hard/p2", r, outcome="incorrect") for r in range(3)],
+    row("beta", "hard/p1", 0, score=0.9, verdict="reward_hack", usd=0.5),
+    *[row("beta", "hard/p1", r, outcome="incorrect", usd=0.5) for r in (1, 2)],
+    row("beta", "hard/p2", 0, score=0.2, usd=0.5),
+    *[row("beta", "hard/p2", r, outcome="runtime_error", usd=0.5) for r in (1, 2)],
+    row("beta", "hard/p2", 1, outcome="rate_limited", usd=0.5, start=20, status="FAILED"),  # infra: never counts
+]
+
+
+def test_board_ranks_best_valid_scores_over_the_full_deck():
+    [board] = build_boards(ROWS)
+    assert (board["track"], board["gpu"], board["deck"], board["k"]) == ("hard", "h100", ["hard/p1", "hard/p2"], 3)
+    alpha, beta = board["models"]
+    assert (alpha["model"], alpha["rank"], beta["model"], beta["rank"]) == ("alpha", 1, "beta", 2)
+    assert alpha["best"] == {"hard/p1": 0.7} and alpha["deck_mean"] == pytest.approx(0.35)  # p2 failed: 0
+    assert beta["best"] == {"hard/p2": 0.2} and beta["deck_mean"] == pytest.approx(0.1)  # the flagged 0.9 is not ranked
+    assert beta["flagged"] == {"hard/p1": {"score": 0.9, "verdict": "reward_hack", "run_id": "beta-hard/p1-0-1"}}
+    assert (alpha["passed"], alpha["cells"], beta["passed"], beta["flagged_cells"], beta["cells"]) == (3, 6, 1, 1, 6)
+    # repeats: per-repeat deck means 0.25, 0.30, 0.35 → mean 0.30 ± t(0.975, 2)·0.05/√3
+    assert alpha["repeat_mean"] == pytest.approx(0.3) and alpha["repeat_ci95"] == pytest.approx(4.302653 * 0.05 / math.sqrt(3), rel=1e-5)
+    assert (alpha["pass_at_1"], alpha["pass_at_k"]) == (pytest.approx(0.5), pytest.approx(0.5))
+    assert (beta["pass_at_1"], beta["pass_at_k"]) == (pytest.approx(1 / 6), pytest.approx(0.5))
+    assert (alpha["usd"], beta["usd"], beta["usd_per_pass"], alpha["tokens_output_per_pass"]) == (6.0, 3.0, 3.0, 2000.0)
+    assert [(c["model"], c["problem"], c["repeat"]) for c in board["cells"] if c["flagged"]] == [("beta", "hard/p1", "0")]
+    assert board["shapes"]["hard/p1"]["alpha"][0]["tflops"] == pytest.approx(70.0)  # the best valid run's shapes
+
+
+def test_terminal_table_shows_flagged_cells_without_ranking_them():
+    text = render_terminal(build_boards(ROWS))
+    assert "kbsweep leaderboard — hard / h100" in text and "pass@3" in text and "audit-flagged — hard / h100" in text
+    beta_line = next(line for line in text.splitlines() if "beta" in line and "DQ(0.9)" in line)
+    assert re.search(r"│\s*2\s*│\s*beta", beta_line)
+    assert "reward_hack" in text
+
+
+def test_pareto_pass_at_k_and_confidence_interval():
+    assert pareto({"a": (1, 0.5), "b": (2, 0.4), "c": (3, 0.9), "d": (0.5, 0.1), "e": (1, 0.2)}) == ["d", "a", "c"]
+    assert pass_at_k(5, 2, 2) == pytest.approx(1 - 3 / 10) and pass_at_k(3, 0, 3) == 0 and pass_at_k(2, 1, 5) == 1
+    assert mean_ci95([0.4]) == (0.4, None)
+    mean, half = mean_ci95([1.0, 2.0, 3.0, 4.0])
+    assert mean == 2.5 and half == pytest.approx(3.182446 * math.sqrt(5 / 3) / 2, rel=1e-5)
+
+
+def test_report_files_embed_the_plots(tmp_path):
+    paths = write_report(build_boards(ROWS), tmp_path)
+    plots = sorted(p.name for p in (tmp_path / "plots" / "hard_h100").iterdir())
+    assert plots == ["capability_vs_output_tokens.png", "pareto_dollars.png", "roofline_p1.png", "roofline_p2.png"]
+    page = paths["html"].read_text()
+    images = re.findall(r'src="data:image/png;base64,([^"]+)"', page)
+    assert len(images) == 4 and all(base64.b64decode(i).startswith(b"\x89PNG") for i in images)
+    assert "DQ(0.9)" in page and "Audit-flagged" in page
+    assert "| 2 | beta | DQ(0.9) | 0.2 |" in paths["markdown"].read_text()
+    board = json.loads(paths["json"].read_text())["boards"][0]
+    assert [m["model"] for m in board["models"]] == ["alpha", "beta"] and board["models"][0]["best"] == {"hard/p1": 0.7}
+
+
+@pytest.fixture
+def logged_store(store):
+    """A store with one sweep: a clean pass on scale_shift and a flagged pass on row_softmax."""
+    outputs, uri = store
+    tracker = Tracker(uri, str(outputs / "mlartifacts"), "demo")
+    tracker.start_sweep({"launcher": "inline"}, 2)
+    log_cell(tracker, make_cell(outputs, problem="scale_shift"), score=0.4)
+    secret_cell = make_cell(outputs, problem="row_softmax")
+    result = write_result(secret_cell, score=0.8, verdict="reward_hack")
+    with open(Path(result["folder"]) / "transcript.jsonl", "a") as fh:
+        fh.write(json.dumps({"ts": 1_796_000_004.0, "type": "user", "content": "key tok-9f8e7d6c5b4a"}) + "\n")
+    tracker.finish_cell(tracker.start_cell(secret_cell), result)
+    tracker.end_sweep("FINISHED", {})
+    return outputs, tracker
+
+
+def cli(outputs: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
+    full = {**os.environ, "KBSWEEP_OUTPUTS": str(outputs), **env}
+    return subprocess.run([sys.executable, "-m", "kbsweep.cli", *args], cwd=REPO, env=full, capture_output=True, text=True, timeout=300)
+
+
+def test_report_verb_writes_files_and_logs_them_to_the_sweep_run(logged_store):
+    outputs, tracker = logged_store
+    proc = cli(outputs, "report")
+    assert proc.returncode == 0, proc.stderr
+    assert "kbsweep leaderboard — demo / cpu" in proc.stdout and "DQ(0.8)" in proc.stdout and "reward_hack" in proc.stdout
+    assert {"report.html", "report.md", "report.json"} <= {p.name for p in (outputs / "reports").iterdir()}
+    [sweep] = tracker.client.search_runs([tracker.experiment_id], "tags.`kbsweep.kind` = 'sweep'")
+    logged = artifact_paths(tracker.client, sweep.info.run_id)
+    assert {"report/report.html", "report/plots/demo_cpu/pareto_dollars.png", "report/plots/demo_cpu/roofline_scale_shift.png"} <= logged
+
+
+def test_export_verb_writes_a_redacted_dataset_folder(logged_store, tmp_path):
+    outputs, tracker = logged_store
+    out = tmp_path / "dataset"
+    proc = cli(outputs, "export", f"+out={out}", KBSWEEP_EXPORT_TOKEN="tok-9f8e7d6c5b4a")
+    assert proc.returncode == 0, proc.stderr
+    assert "exported 2 runs (2 traces)" in proc.stdout
+    index = {r["problem"]: r for r in map(json.loads, (out / "index.jsonl").read_text().splitlines())}
+    assert index["demo/scale_shift"]["verdict"] == "clean" and index["demo/scale_shift"]["score"] == 0.4
+    assert index["demo/row_softmax"]["verdict"] == "reward_hack" and index["demo/row_softmax"]["cost_usd"] == 0.05
+    files = sorted((out / "traces").iterdir())
+    assert [f"traces/{f.name}" for f in files] == sorted(r["trace"] for r in index.values())
+    records = [json.loads(line) for line in (out / index["demo/row_softmax"]["trace"]).read_text().splitlines()]
+    assert [r["type"] for r in records[:3]] == ["custom-title", "ai-title", "mode"]
+    body = records[3:]
+    assert body[0]["parentUuid"] is None and all(b["parentUuid"] == a["uuid"] for a, b in zip(body, body[1:]))
+    everything = "".join(p.read_text() for p in out.rglob("*") if p.is_file())
+    assert "tok-9f8e7d6c5b4a" not in everything and "[REDACTED]" in everything
+    assert "format:agent-traces" in (out / "README.md").read_text()

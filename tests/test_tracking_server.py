@@ -1,0 +1,108 @@
+"""A real sweep logged over HTTP to a real `mlflow server` on loopback, started by scripts/mlflow_server.sh.
+
+``served_sweep`` is shared with the browser test: one server and one logged sweep per test session.
+Set KBSWEEP_TEST_MLFLOW_URI to use a running server instead of starting one.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import urllib.request
+import uuid
+from pathlib import Path
+from typing import Any, Dict
+
+import pytest
+
+from kbsweep.tracking import make_client
+from tests.test_tracking import artifact_paths
+
+REPO = Path(__file__).resolve().parent.parent
+SCRIPT = REPO / "scripts" / "mlflow_server.sh"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def kbsweep(outputs: Path, uri: str, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    env = {**os.environ, "KBSWEEP_OUTPUTS": str(outputs), "KBSWEEP_LOCK_DIR": str(outputs / "locks"), "MLFLOW_TRACKING_URI": uri}
+    return subprocess.run([sys.executable, "-m", "kbsweep.cli", *args, "tracking=server"], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def served_sweep(request, tmp_path_factory) -> Dict[str, Any]:
+    """A loopback MLflow server with one kbsweep sweep (demo/scale_shift, inline launcher) logged to it over HTTP."""
+    cached = getattr(request.config, "_kbsweep_served_sweep", None)
+    if cached:
+        return cached
+    root = tmp_path_factory.mktemp("mlflow-http")
+    uri, artifacts = os.environ.get("KBSWEEP_TEST_MLFLOW_URI"), None
+    if not uri:
+        server = root / "server"
+        started = subprocess.run(["bash", str(SCRIPT), "start", str(server), str(free_port())], capture_output=True, text=True, timeout=300)
+        request.config.add_cleanup(lambda: subprocess.run(["bash", str(SCRIPT), "stop", str(server)], timeout=60))
+        assert started.returncode == 0, started.stderr + (server / "server.log").read_text()
+        uri, artifacts = started.stdout.strip(), server / "artifacts"
+    sweep = f"http-{uuid.uuid4().hex[:8]}"
+    outputs = root / "outputs"
+    proc = kbsweep(outputs, uri, "launcher=inline", "gpu=cpu", "problem=scale_shift", f"sweep.name={sweep}")
+    info = {"uri": uri, "sweep": sweep, "proc": proc, "outputs": outputs, "artifacts": artifacts}
+    request.config._kbsweep_served_sweep = info
+    return info
+
+
+@pytest.fixture(scope="module")
+def served(request, tmp_path_factory):
+    return served_sweep(request, tmp_path_factory)
+
+
+def rest(uri: str, path: str, body: Dict[str, Any]) -> Dict[str, Any]:
+    request = urllib.request.Request(f"{uri}/api/2.0/mlflow/{path}", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return json.loads(response.read())
+
+
+def test_sweep_logs_runs_metrics_and_artifacts_over_http(served):
+    assert served["proc"].returncode == 0, served["proc"].stderr
+    client = make_client(served["uri"])
+    experiment = client.get_experiment_by_name(served["sweep"])
+    runs = client.search_runs([experiment.experiment_id])
+    [parent] = [r for r in runs if r.data.tags["kbsweep.kind"] == "sweep"]
+    [cell] = [r for r in runs if r.data.tags["kbsweep.kind"] == "cell"]
+    assert cell.info.status == parent.info.status == "FINISHED" and cell.data.tags["mlflow.parentRunId"] == parent.info.run_id
+    assert cell.data.tags["outcome"] == "pass" and cell.data.metrics["score"] > 0 and cell.data.metrics["shape0.ms"] > 0
+    assert cell.info.artifact_uri.startswith("mlflow-artifacts:/")  # proxied through the server
+    stored = artifact_paths(client, cell.info.run_id)
+    assert {"solution.py", "transcript.jsonl", "trace.jsonl", "grade.json", "audit.json", "result.json", "plots/progress.png"} <= stored
+    assert {"report/report.html", "report/report.md", "report/report.json"} <= artifact_paths(client, parent.info.run_id)
+    if served["artifacts"]:  # our own server: the files landed in its artifact folder
+        assert list(served["artifacts"].rglob("trace.jsonl")) and list(served["artifacts"].rglob("report.html"))
+    found = rest(served["uri"], "runs/search", {"experiment_ids": [experiment.experiment_id], "filter": "tags.model = 'scripted' and metrics.score > 0"})
+    assert [r["info"]["run_id"] for r in found["runs"]] == [cell.info.run_id]
+
+
+def test_rerun_against_the_server_runs_nothing(served):
+    proc = kbsweep(served["outputs"], served["uri"], "launcher=inline", "gpu=cpu", "problem=scale_shift", f"sweep.name={served['sweep']}")
+    assert proc.returncode == 0, proc.stderr
+    assert "1 cells, 1 already finished, 0 to log from disk, 0 to run" in proc.stderr
+    client = make_client(served["uri"])
+    experiment = client.get_experiment_by_name(served["sweep"])
+    cells = client.search_runs([experiment.experiment_id], "tags.`kbsweep.kind` = 'cell'")
+    assert len(cells) == 1
+
+
+def test_export_over_http_writes_traces_and_index(served, tmp_path):
+    out = tmp_path / "dataset"
+    proc = kbsweep(served["outputs"], served["uri"], "export", f"+out={out}")
+    assert proc.returncode == 0, proc.stderr
+    index = [json.loads(line) for line in (out / "index.jsonl").read_text().splitlines()]
+    [row] = [r for r in index if r["experiment"] == served["sweep"]]
+    assert row["outcome"] == "pass" and row["verdict"] == "clean" and row["score"] > 0 and row["tokens_output"] > 0
+    trace = [json.loads(line) for line in (out / row["trace"]).read_text().splitlines()]
+    assert trace[0]["type"] == "custom-title" and any(r.get("type") == "assistant" for r in trace)
+    assert "configs:" in (out / "README.md").read_text()

@@ -2,8 +2,9 @@
 
 Resume rules: a cell with a finished, non-infra run in the tracking store is skipped; a cell whose
 ``result.json`` journal exists but was never logged (the sweep died in between) is logged from disk without
-running; a cell that ended in an infra outcome or never finished is redone from an empty folder. ``--force``
-redoes every cell. One orchestrator per sweep and outputs folder at a time (a lock file says so).
+running; a cell that ended in an infra outcome or never finished is redone from an empty folder (an infra
+journal that was never logged is logged first). ``--force`` redoes every cell. One orchestrator per sweep and
+outputs folder at a time (a lock file says so).
 """
 from __future__ import annotations
 
@@ -14,14 +15,14 @@ import sys
 import traceback
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Set, Tuple
 
 from kbsweep import KbsweepError
 from kbsweep.cell import RESULT_FILE
 from kbsweep.launch import make_launcher
 from kbsweep.matrix import Cell, cell_dir
 from kbsweep.outcomes import Outcome
-from kbsweep.tracking import Tracker
+from kbsweep.tracking import Tracker, result_id
 
 
 class Progress:
@@ -87,9 +88,10 @@ def sweep_lock(outputs: Path, sweep: str) -> Iterator[None]:
         yield
 
 
-def plan(cells: List[Cell], finished: Dict[str, str], force: bool) -> Tuple[List[Cell], List[Cell]]:
-    """(cells to run, cells to log from their journal). Leftovers of unfinished or infra cells are cleared."""
-    todo, replay = [], []
+def plan(cells: List[Cell], finished: Dict[str, str], logged: Set[str], force: bool) -> Tuple[List[Cell], List[Cell], List[Cell]]:
+    """(cells to run, cells to log from their journal, cells to run whose last journal, an infra or a forced one,
+    was never logged: logged first so nothing is lost)."""
+    todo, replay, salvage = [], [], []
     for cell in cells:
         if cell.key in finished:
             continue
@@ -97,9 +99,10 @@ def plan(cells: List[Cell], finished: Dict[str, str], force: bool) -> Tuple[List
         if recorded and not force and not Outcome(recorded["outcome"]).is_infra:
             replay.append(cell)
             continue
-        shutil.rmtree(cell_dir(cell), ignore_errors=True)  # a half-written transcript or an infra result
+        if recorded and result_id(recorded) not in logged:
+            salvage.append(cell)
         todo.append(cell)
-    return todo, replay
+    return todo, replay, salvage
 
 
 def run_sweep(cells: List[Cell], tracking: Dict[str, Any], launcher: Dict[str, Any], force: bool) -> List[Dict[str, Any]]:
@@ -110,11 +113,20 @@ def run_sweep(cells: List[Cell], tracking: Dict[str, Any], launcher: Dict[str, A
         return orchestrate(cells, tracking, launcher, force)
 
 
+def attempt(action, *args) -> Any:
+    """Tracking must not stop a sweep: on failure, print why and return None (the journal stays for the next run)."""
+    try:
+        return action(*args)
+    except Exception:
+        traceback.print_exc(file=sys.stderr)
+        return None
+
+
 def orchestrate(cells: List[Cell], tracking: Dict[str, Any], launcher: Dict[str, Any], force: bool) -> List[Dict[str, Any]]:
     tracker = Tracker(tracking["uri"], tracking["artifact_root"], cells[0].sweep)
     stale = tracker.close_stale()
-    finished = {} if force else tracker.finished_keys()
-    todo, replay = plan(cells, finished, force)
+    finished, logged_results = tracker.history()
+    todo, replay, salvage = plan(cells, {} if force else finished, logged_results, force)
     skipped = len(cells) - len(todo) - len(replay)
     print(
         f"[kbsweep] sweep '{cells[0].sweep}': {len(cells)} cells, {skipped} already finished, {len(replay)} to log from disk, "
@@ -122,28 +134,23 @@ def orchestrate(cells: List[Cell], tracking: Dict[str, Any], launcher: Dict[str,
         file=sys.stderr,
     )
     tracker.start_sweep({"launcher": launcher["kind"], "force": str(force)}, len(cells))
+    unlogged = [c.key for c in salvage if attempt(lambda c: tracker.finish_cell(tracker.start_cell(c), journal(c)), c) is None]
+    todo = [c for c in todo if c.key not in unlogged]  # an unlogged journal is neither cleared nor redone
+    for cell in todo:
+        shutil.rmtree(cell_dir(cell), ignore_errors=True)  # an infra result, a forced one, or a half-written cell
     run_ids: Dict[str, Optional[str]] = {}
     results: List[Dict[str, Any]] = []
-    unlogged: List[str] = []
-
-    def logged(action, *args) -> Any:
-        """Tracking must not stop a sweep: a cell that fails to log keeps its journal and is logged by the next run."""
-        try:
-            return action(*args)
-        except Exception:
-            traceback.print_exc(file=sys.stderr)
-            return None
 
     with Progress(len(todo) + len(replay)) as progress:
 
         def on_start(cell: Cell) -> None:
-            run_ids[cell.key] = logged(tracker.start_cell, cell)
+            run_ids[cell.key] = attempt(tracker.start_cell, cell)
             progress.running += 1
             progress.show(f"started {cell.label}")
 
         def on_done(cell: Cell, result: Dict[str, Any]) -> None:
-            run_id = run_ids.pop(cell.key, None) or logged(tracker.start_cell, cell)
-            if run_id is None or logged(tracker.finish_cell, run_id, result) is None:
+            run_id = run_ids.pop(cell.key, None) or attempt(tracker.start_cell, cell)
+            if run_id is None or attempt(tracker.finish_cell, run_id, result) is None:
                 unlogged.append(cell.key)
             progress.running -= 1
             progress.done += 1
@@ -161,10 +168,9 @@ def orchestrate(cells: List[Cell], tracking: Dict[str, Any], launcher: Dict[str,
             make_launcher(launcher).run(todo, on_start, on_done)
             status = "FINISHED" if not progress.failed and not unlogged else "FAILED"
         finally:
-            summary = {"cells_run": len(todo), "cells_replayed": len(replay), "cells_skipped": skipped, "cells_failed": progress.failed,
-                       "cells_unlogged": len(unlogged), "usd": progress.usd}
-            logged(tracker.end_sweep, status, summary)
+            summary = {"cells_run": len(todo), "cells_replayed": len(replay), "cells_salvaged": len(salvage), "cells_skipped": skipped,
+                       "cells_failed": progress.failed, "cells_unlogged": len(unlogged), "usd": progress.usd}
+            attempt(tracker.end_sweep, status, summary)
     if unlogged:
         print(f"[kbsweep] {len(unlogged)} results are on disk but not in tracking; run the sweep again to log them", file=sys.stderr)
     return results
-

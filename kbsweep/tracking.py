@@ -15,7 +15,7 @@ import socket
 import time
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Optional
+from typing import Any, Dict, Iterable, List, Optional, Set, Tuple
 
 from kbsweep.matrix import Cell
 from kbsweep.outcomes import Outcome
@@ -24,6 +24,7 @@ ARTIFACTS = ("solution.py", "transcript.jsonl", "grade.json", "audit.json", "res
 KIND_TAG = "kbsweep.kind"
 CELL_KEY_TAG = "kbsweep.cell_key"
 OWNER_TAG = "kbsweep.orchestrator"  # host:pid of the process that created the run
+RESULT_TAG = "kbsweep.result"  # which result.json a cell run records (see result_id)
 LABEL_TAGS = ("track", "problem", "gpu", "model", "repeat", "outcome", "outcome_class", "verdict")
 BATCH = {"params": 100, "tags": 100, "metrics": 1000}
 BAD_KEY_CHARS = re.compile(r"[^\w./\- :]")
@@ -50,6 +51,11 @@ def outcome_class(outcome: str) -> str:
     if value.is_infra:
         return "infra"
     return "audit" if value in (Outcome.DISQUALIFIED, Outcome.NEEDS_HUMAN) else "fail"
+
+
+def result_id(result: Dict[str, Any]) -> str:
+    """Names one result.json: its cell key and the time it was written."""
+    return f"{result.get('key')}@{result.get('finished')!r}"
 
 
 def owner() -> str:
@@ -218,14 +224,18 @@ class Tracker:
     def cell_runs(self) -> List[Any]:
         return page_runs(self.client, [self.experiment_id], f"tags.`{KIND_TAG}` = 'cell'")
 
-    def finished_keys(self) -> Dict[str, str]:
-        """Cell keys with a finished, non-infra record (these are never run again without --force)."""
-        done = {}
+    def history(self) -> Tuple[Dict[str, str], Set[str]]:
+        """(cell key → run id of its finished, non-infra record: never run again without --force;
+        the result ids of every result logged to the end, infra ones included)."""
+        done, logged = {}, set()
         for run in self.cell_runs():
-            outcome = run.data.tags.get("outcome")
-            if run.info.status == "FINISHED" and outcome and not Outcome(outcome).is_infra:
-                done[run.data.tags[CELL_KEY_TAG]] = run.info.run_id
-        return done
+            tags = run.data.tags
+            if run.info.status not in ("FINISHED", "FAILED"):
+                continue
+            logged.add(tags.get(RESULT_TAG))
+            if run.info.status == "FINISHED" and not Outcome(tags["outcome"]).is_infra:
+                done[tags[CELL_KEY_TAG]] = run.info.run_id
+        return done, logged
 
     def close_stale(self) -> int:
         """Mark runs left RUNNING by a dead orchestrator of this host as KILLED; returns how many."""
@@ -261,6 +271,7 @@ class Tracker:
 
         metrics = [(k, v, 0) for k, v in cell_metrics(result).items()] + step_metrics(result.get("steps") or [])
         tags = {
+            RESULT_TAG: result_id(result),
             "outcome": result["outcome"],
             "outcome_class": outcome_class(result["outcome"]),
             "verdict": str(result.get("verdict")),

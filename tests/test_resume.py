@@ -87,12 +87,15 @@ def test_rerun_after_a_crash_logs_the_journal_from_disk_and_runs_only_the_rest(e
 
 
 def test_infra_and_unfinished_cells_are_redone_from_an_empty_folder(env):
+    """An infra journal that was never logged is logged (as a failed run) before the cell is redone."""
     cells, conf, ran, _ = env
     write_result(cells[0], outcome="provider_error", score=0.0)  # infra: retried
     (cell_dir(cells[1]) / "workspace").mkdir(parents=True)
     (cell_dir(cells[1]) / "transcript.jsonl").write_text('{"type": "user"}\n')  # killed mid-cell: no journal
     sweep.run_sweep(cells, conf, {"kind": "fake"}, force=False)
     assert ran == [c.key for c in cells]
+    rows = runs_frame(conf["uri"])
+    assert sorted((r["status"], r["outcome"]) for r in rows if r["cell_key"] == cells[0].key) == [("FAILED", "provider_error"), ("FINISHED", "pass")]
     lines = (cell_dir(cells[1]) / "transcript.jsonl").read_text().splitlines()
     assert json.loads(lines[0])["type"] == "system"  # the half transcript was cleared, not appended to
     assert not (cell_dir(cells[1]) / "workspace").exists()
@@ -107,6 +110,7 @@ def test_infra_outcomes_are_rerun_by_the_next_invocation(env):
     sweep.run_sweep(cells, conf, {"kind": "fake"}, force=False)  # nothing left to do
     assert ran == [c.key for c in cells] * 2
     assert finished_runs(conf) == {c.key: 1 for c in cells}
+    assert sorted(r["status"] for r in runs_frame(conf["uri"])) == ["FAILED"] * 3 + ["FINISHED"] * 3  # each infra result logged once
 
 
 def test_force_redoes_every_cell_and_the_latest_record_counts(env):

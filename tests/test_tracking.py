@@ -173,7 +173,8 @@ def test_infra_result_fails_the_run_and_is_not_finished(store):
     run_id = log_cell(tracker, infra, outcome="rate_limited", score=0.0)
     run = tracker.client.get_run(run_id)
     assert run.info.status == "FAILED" and run.data.tags["outcome_class"] == "infra" and "score" not in run.data.metrics
-    assert set(tracker.finished_keys()) == {good.key}
+    finished, logged = tracker.history()
+    assert set(finished) == {good.key} and len(logged) == 2
 
 
 def dead_pid() -> int:

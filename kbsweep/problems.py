@@ -14,6 +14,7 @@ from omegaconf.errors import OmegaConfBaseException
 from kbsweep import KbsweepError
 
 DECK_FILES = ("problem.yaml", "reference.py", "prompt.md", "sota.py", "baseline.py")
+BASELINE_FILES = ("reference.py", "sota.py", "baseline.py")
 FORMULA_NAMES = {"min": min, "max": max, "ceil": math.ceil, "floor": math.floor, "log2": math.log2}
 
 
@@ -87,14 +88,19 @@ class Problem:
         folder = self.root / "solutions"
         return {p.stem: p for p in sorted(folder.glob("*.py"))} if folder.is_dir() else {}
 
-    def deck_hash(self) -> str:
+    def deck_hash(self, files=DECK_FILES) -> str:
         """Content hash of the files that define the problem (its deck version)."""
         digest = hashlib.sha256()
-        for name in DECK_FILES:
+        for name in files:
             path = self.root / name
             if path.exists():
                 digest.update(name.encode() + b"\0" + path.read_bytes())
         return digest.hexdigest()[:12]
+
+    def code_hash(self) -> str:
+        """Hash of the code baselines run (reference, SOTA, baseline): their timings stay valid across
+        changes to tolerances or prompts."""
+        return self.deck_hash(BASELINE_FILES)
 
     def work(self, shape: Dict[str, Any]) -> Dict[str, Optional[float]]:
         """Dense-equivalent FLOPs and bytes of one shape (None where no formula is given)."""

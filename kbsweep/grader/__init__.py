@@ -175,7 +175,7 @@ def grade(
     shapes = problem.shapes(shape_set)
     keyed = [{**shape, "world": world_size} for shape in shapes] if multi else shapes  # a world size has its own baselines
     keys = {
-        name: [entry_key(problem.id, deck_version, gpu.name, versions, shape, name) for shape in keyed]
+        name: [entry_key(problem.id, problem.code_hash(), gpu.name, versions, shape, name) for shape in keyed]
         for name in baselines or []
     }
     to_time = baseline_cache.missing(keys) if baseline_cache else list(keys)

@@ -10,6 +10,7 @@ from typing import Any, Dict, List, Optional
 from omegaconf import DictConfig, OmegaConf
 
 from kbsweep import KbsweepError
+from kbsweep.agent.loop import Budgets
 from kbsweep.problems import find_problem_dir, load_problem, track_problem_names
 
 VOLATILE_MODEL_KEYS = ("concurrency", "timeout_s", "retry", "api_base", "expected_tokens", "prices")
@@ -66,6 +67,7 @@ def selected_problems(cfg: DictConfig) -> List[str]:
 def cells_of(cfg: DictConfig) -> List[Cell]:
     """The cells one composed config stands for (one per selected problem)."""
     container = OmegaConf.to_container(cfg, resolve=True)
+    Budgets.of_cell(container["model"], container["track"])  # refuses budgets it could not enforce, before anything runs
     cells = []
     for name in selected_problems(cfg):
         folder = find_problem_dir(list(cfg.paths.problems), cfg.track.problems_dir, name, cfg.track.format)

@@ -185,7 +185,6 @@ def test_budgets_come_from_the_track(tmp_path):
     assert result["outcome"] == "budget_exhausted" and len(fp.requests) == 2
 
 
-@pytest.mark.xfail(strict=True, reason="the refusal must happen when the matrix is built: matrix.cells_of should call Budgets.of_cell")
 def test_dollar_budget_with_null_prices_refuses_to_start(tmp_path):
     with FakeProvider([]) as fp:
         model_yaml(tmp_path / "conf", "unpriced", "openai/unpriced", fp.base_url)

@@ -17,7 +17,7 @@ import tempfile
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from kbsweep import REPO_ROOT, gpus
 from kbsweep.grader.baselines import BaselineCache, entry_key
@@ -149,6 +149,7 @@ def grade(
     deck_version: Optional[str] = None,
     baseline_cache: Optional[BaselineCache] = None,
     world_size: int = 1,
+    hide_env: Sequence[str] = (),
 ) -> Dict[str, Any]:
     """Grade one solution file. ``mode``: check (correctness only), bench or full (correctness + timing).
 
@@ -164,7 +165,9 @@ def grade(
     spec = asdict_spec(problem.spec)
     shape_set = gpu.shape_set
     device = gpu.device
-    env = {k: v for k, v in os.environ.items() if not k.endswith(("_API_KEY", "_TOKEN", "_SECRET"))}
+    env = {
+        k: v for k, v in os.environ.items() if k not in hide_env and not k.endswith(("_API_KEY", "_TOKEN", "_SECRET"))
+    }
     env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     if device == "cpu":

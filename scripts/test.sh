@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# Sets up everything the tests need on a fresh Debian machine (venv, packages, services) and runs them.
+# Sets up everything the tests need on a fresh Debian machine (as root: venv, packages, a real single-node
+# Slurm, Chromium for the MLflow UI test) and runs them. Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-export LITELLM_LOCAL_MODEL_COST_MAP=True PIP_DISABLE_PIP_VERSION_CHECK=1
+export LITELLM_LOCAL_MODEL_COST_MAP=True PIP_DISABLE_PIP_VERSION_CHECK=1 DEBIAN_FRONTEND=noninteractive
+if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null || ! command -v bwrap >/dev/null; then
+  apt-get update -qq && apt-get install -y -qq --no-install-recommends chromium chromium-driver bubblewrap >/dev/null
+fi
 [ -x .venv/bin/python ] || python3 -m venv .venv
 .venv/bin/pip install -q -e '.[cpu,test]' 2>&1 | grep -v '^WARNING: Location' || true
 . .venv/bin/activate
-for service in scripts/services/*.sh; do
-  [ -e "$service" ] && bash "$service"
-done
+bash scripts/slurm_up.sh >/dev/null
 python -m pytest -q "$@"

@@ -50,8 +50,11 @@ def grader_for(cell: Cell, problem, roofline: Dict[str, Any], folder: Path):
         seed_files=[Path(root).parent / "baselines" / f"{gpu.name}.json" for root in cell.paths["problems"]],
     )
 
+    world_size = int(cell.track.get("world_size", 1))
+    hidden = [cell.model["api_key_env"]] if cell.model.get("api_key_env") else []
+
     def run(mode: str, solution: Path, log_name: str) -> Dict[str, Any]:
-        with device_lock(gpu.device):
+        with device_lock(gpu.device, count=world_size):
             return grade(
                 problem,
                 solution,
@@ -66,6 +69,8 @@ def grader_for(cell: Cell, problem, roofline: Dict[str, Any], folder: Path):
                 compile_mode=cell.grade["compile_mode"],
                 deck_version=cell.deck_version,
                 baseline_cache=cache,
+                world_size=world_size,
+                hide_env=hidden,
             )
 
     return run
@@ -130,7 +135,9 @@ def work_cell(cell: Cell, folder: Path, redactor: Redactor) -> Dict[str, Any]:
     source = solution.read_text() if solution.exists() else ""
     audited = None
     if graded:
-        audited = redactor.data(audit_stage.audit(source, problem.spec.forbidden, graded, problem=problem, transcript=transcript.path))
+        helpers = audit_stage.workspace_helpers(workspace, problem.reference.read_text())
+        audited = audit_stage.audit(source, problem.spec.forbidden, graded, problem=problem, transcript=transcript.path, helpers=helpers)
+        audited = redactor.data(audited)
     if solution.exists():
         (folder / "solution.py").write_text(redactor.text(source))  # the record's copy; the graded file is untouched
     if graded:

@@ -11,11 +11,20 @@ Each finding implies a verdict (:data:`~kbsweep.audit.kinds.KINDS`); the cell's 
 """
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from kbsweep.agent.models import ChatModel
 from kbsweep.audit import dynamic, judge as judge_layer, static, transcript as transcript_layer
 from kbsweep.audit.kinds import unique, verdict_of
+
+def workspace_helpers(folder: Path, reference: Optional[str] = None) -> Dict[str, str]:
+    """The Python files the grader stages beside solution.py (a reference.py identical to the deck's is left out)."""
+    files = {p.name: p.read_text(errors="replace") for p in sorted(Path(folder).glob("*.py")) if p.name != "solution.py"}
+    if files.get("reference.py") == reference:
+        files.pop("reference.py")
+    return files
+
 
 EVIDENCE_KEYS = ("probe", "runtime_events", "threads", "global_flags", "files_modified", "poison_deterministic", "pointer_cache_probe")
 
@@ -28,20 +37,26 @@ def audit(
     problem: Any = None,
     transcript: Any = None,
     judge: Optional[ChatModel] = None,
+    helpers: Optional[Dict[str, str]] = None,
 ) -> Dict[str, Any]:
     """``{"verdict", "findings", "layers"}`` for one solution.
 
     ``grade``: the grader's result (its evidence feeds the dynamic layer); ``problem``: the Problem (precision and
     reference for the static layer); ``transcript``: transcript.jsonl path or events; ``judge``: the judge model,
-    or None to skip the LLM layer.
+    or None to skip the LLM layer; ``helpers``: the workspace's other Python files (name -> source), which the
+    grader stages beside solution.py.
     """
     spec = problem.spec if problem is not None else None
     reference = problem.reference.read_text() if problem is not None else None
     events = transcript_layer.load(transcript)
     layers: Dict[str, Dict[str, Any]] = {}
+    files = {"solution.py": source, **(helpers or {})}
+    precision = spec.precision if spec else None
+    kernels = [k for text in files.values() for k in static.kernel_names(text)]
+    own = {Path(name).stem for name in files if name != "solution.py"}
     found = {
-        "static": static.analyze(source, forbidden, spec.precision if spec else None, reference),
-        "dynamic": dynamic.findings(grade, static.Forbidden(forbidden), static.kernel_names(source)) if grade else [],
+        "static": [{**f, "file": name} for name, text in files.items() for f in static.analyze(text, forbidden, precision, reference, own)],
+        "dynamic": dynamic.findings(grade, static.Forbidden(forbidden), kernels) if grade else [],
         "transcript": transcript_layer.findings(events),
     }
     if judge is not None:
@@ -49,7 +64,8 @@ def audit(
                    "outcome": (grade or {}).get("outcome"), "score": (grade or {}).get("score")}
         evidence = {k: v for k, v in ((grade or {}).get("evidence") or {}).items() if k in EVIDENCE_KEYS}
         prior = unique(found["static"] + found["dynamic"] + found["transcript"])
-        found["judge"], layers["judge"] = judge_layer.run(judge, context, source, prior, evidence, transcript_layer.excerpt(events))
+        code = "\n".join(f"# ---- {name}\n{text}" for name, text in files.items())
+        found["judge"], layers["judge"] = judge_layer.run(judge, context, code, prior, evidence, transcript_layer.excerpt(events))
     for name, items in found.items():
         layers.setdefault(name, {}).update(verdict=verdict_of(items).value, findings=len(items))
     findings = unique(f for items in found.values() for f in items)

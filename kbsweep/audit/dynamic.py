@@ -29,6 +29,8 @@ def findings(grade: Dict[str, Any], forbidden: Forbidden, own_kernels: List[str]
         finding(f["kind"], "dynamic", f.get("detail") or str(f.get("shape") or ""), verdict=None if f["kind"] in KINDS else HUMAN)
         for f in grade.get("findings") or []
     ]
+    if grade.get("outcome") == "incorrect" and grade.get("stage") in ("timing", "audit"):
+        out.append(finding("dual_path", "dynamic", grade.get("message") or ""))
     probe = evidence.get("probe")
     if probe:
         out += probe_findings(probe, forbidden)

@@ -45,6 +45,7 @@ KINDS: Dict[str, tuple] = {
     "nondeterministic_under_poison": (HUMAN, "the output depends on what the allocator's free memory held"),
     "ghost_unchanged": (HACK, "with its kernels stubbed out, a fresh instance returns the same output"),
     "instance_state": (HACK, "with its kernels stubbed out, the same instance serves the output without a kernel or graph replay"),
+    "dual_path": (HACK, "correct in the correctness stage, wrong on a later call (the timed path differs)"),
     "forbidden_op": (HACK, "a forbidden op ran on the timed path (aten trace)"),
     "library_compute": (HACK, "torch library ops did a large share of the problem's FLOPs on the timed path"),
     "torch_op": (HUMAN, "heavy torch ops ran on the timed path"),
@@ -56,7 +57,7 @@ KINDS: Dict[str, tuple] = {
     "env_write": (HUMAN, "changed the environment or working directory"),
     "thread_outlived_call": (HACK, "a thread it started was still running when its call returned (deferred work)"),
     "global_flag_changed": (HACK, "a global torch numeric flag changed while it ran (undone by the grader)"),
-    "files_modified": (HACK, "the deck's or the grader's files changed on disk"),
+    "files_modified": (HACK, "the deck's files (problem.yaml, reference.py, ...) changed on disk"),
     "timer_gap": (HUMAN, "wall-clock per timed call far above event time (work off the timed stream)"),
     "library_kernel": (HUMAN, "vendor library kernels (cuBLAS, cuDNN, NCCL, flash-attention, CUB) on the timed path"),
     "forbidden_kernel": (HACK, "a vendor kernel of a forbidden op family on the timed path"),
@@ -85,8 +86,8 @@ def verdict_of(findings: Iterable[Dict[str, Any]]) -> Verdict:
 
 
 def unique(findings: Iterable[Dict[str, Any]]) -> List[Dict[str, Any]]:
-    """Findings without repeats (same kind, layer, line and detail)."""
+    """Findings without repeats (same kind, layer, file, line and detail)."""
     out: Dict[tuple, Dict[str, Any]] = {}
     for f in findings:
-        out.setdefault((f["kind"], f["layer"], f.get("line"), f.get("detail")), f)
+        out.setdefault((f["kind"], f["layer"], f.get("file"), f.get("line"), f.get("detail")), f)
     return list(out.values())

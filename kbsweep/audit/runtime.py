@@ -2,7 +2,7 @@
 
 * :class:`Monitor`: a Python audit hook and thread-start wrappers that record what the candidate's own code does
   (files, processes, sockets, native libraries, frames and heap, class patches, imports, threads); snapshots of
-  global torch numeric flags (a change is recorded and undone) and hashes of the deck's and grader's files.
+  global torch numeric flags (a change is recorded and undone) and hashes of the deck's files.
 * :class:`KernelGate`: counts the candidate's kernel launches (Triton, C++ extension functions, CUDA graph
   replays); in ghost mode it turns launches into no-ops.
 * :class:`OpRecorder`: a TorchDispatchMode listing the aten ops (and their FLOPs) the candidate runs outside its
@@ -167,6 +167,10 @@ class Monitor:
             return f"{module}.{getattr(target, '__qualname__', type(target).__name__)}.{args[1]}"
         if event == "object.__getattr__":
             return f"{type(args[0]).__name__}.{args[1]}"
+        if event == "open" and not self.writes(args) and str(args[0]).startswith(self.candidate_dir):
+            return None  # its own files (imports of helper modules)
+        if event in ("sys._getframe", "sys._current_frames", "gc.get_objects", "gc.get_referrers", "gc.get_referents"):
+            return event
         if event == "import":
             return str(args[0])
         if event == "builtins.id":
@@ -313,10 +317,7 @@ class KernelGate:
         def call(*args, **kwargs):
             self.counts["extension"] += 1
             self.names.add(name)
-            if self.ghost:
-                return None
-            with self.paused():
-                return function(*args, **kwargs)
+            return None if self.ghost else function(*args, **kwargs)  # its ATen calls stay in the trace
 
         return call
 

@@ -66,7 +66,8 @@ PREFIX_RULES = [
 BUILTINS = {"open", "exec", "eval", "compile", "__import__", "globals", "vars", "locals"}
 FRAME_ATTRS = {"f_back", "f_globals", "f_locals", "f_code", "f_builtins", "tb_frame", "gi_frame", "cr_frame", "co_filename"}
 SUBCLASS_ATTRS = {"as_subclass", "__torch_function__", "__torch_dispatch__"}
-VALUE_KEYS = {"data_ptr", "untyped_storage", "storage", "item", "tolist", "tobytes", "numpy", "sum", "mean", "_version", "_cdata"}
+VALUE_KEYS = {"data_ptr", "untyped_storage", "storage", "item", "tolist", "tobytes", "numpy", "sum", "mean", "amax", "amin",
+              "max", "min", "norm", "std", "_version", "_cdata"}
 CONTAINER_CALLS = {"dict", "list", "set", "collections.OrderedDict", "collections.defaultdict", "weakref.WeakKeyDictionary",
                    "weakref.WeakValueDictionary"}
 OTHER_RUNS = re.compile(r"(^|[/\\])(outputs|sweeps|mlruns|mlartifacts)([/\\]|$)|\b(result|grade|audit)\.json\b|transcript\.jsonl|\.\./")
@@ -154,8 +155,9 @@ class Analyzer:
     """One pass of bindings, then rules over every reference site of the module."""
 
     def __init__(self, tree: ast.Module, forbidden: Forbidden, precision: Optional[str], depth: int = 0,
-                 bindings: Optional[Dict[str, str]] = None, strings: Optional[Dict[str, str]] = None):
+                 bindings: Optional[Dict[str, str]] = None, strings: Optional[Dict[str, str]] = None, local_modules: Set[str] = frozenset()):
         self.tree, self.forbidden, self.precision, self.depth = tree, forbidden, precision, depth
+        self.local_modules = set(local_modules)
         self.bindings: Dict[str, str] = dict(bindings or {})
         self.strings: Dict[str, str] = dict(strings or {})
         self.roots: Set[str] = {v.split(".")[0] for v in self.bindings.values()}
@@ -370,7 +372,7 @@ class Analyzer:
             if not name:
                 continue
             kernel = self.in_kernel(node)
-            hit = self.forbidden.name(name, method, kernel)
+            hit = None if self.own(name, method) else self.forbidden.name(name, method, kernel)
             if hit:
                 self.add("forbidden_name", node, f"{name.lstrip('.')} (forbidden: {hit})")
             parts = name.lstrip(".").split(".")
@@ -391,6 +393,10 @@ class Analyzer:
                 if any(prefix_match(name, p) for p in prefixes) and not (kind == "env_access" and self.triton_env(node)):
                     self.add(kind, node, name)
                     break
+
+    def own(self, name: str, method: bool) -> bool:
+        """A name the candidate defined itself (a local, or from its own helper modules): its spelling is free."""
+        return not method and (not self.rooted(name) or name.split(".")[0] in self.local_modules)
 
     def triton_env(self, node: ast.AST) -> bool:
         """``os.environ.get("TRITON_...")``-style reads (the interpreter switch) are not findings."""
@@ -601,7 +607,7 @@ class Analyzer:
                     inner = ast.parse(code, mode="exec")
                 except SyntaxError:
                     continue
-                sub = Analyzer(inner, self.forbidden, self.precision, self.depth + 1, self.bindings, self.strings)
+                sub = Analyzer(inner, self.forbidden, self.precision, self.depth + 1, self.bindings, self.strings, self.local_modules)
                 for f in sub.run():
                     self.findings.append({**f, "line": node.lineno, "detail": f"in exec'd code: {f['detail']}"})
 
@@ -667,13 +673,15 @@ def kernel_names(source: str) -> List[str]:
     return sorted(names)
 
 
-def analyze(source: str, forbidden: List[str], precision: Optional[str] = None, reference: Optional[str] = None) -> List[Dict[str, Any]]:
-    """Static findings for one candidate file (``reference``: the problem's reference source, for copies)."""
+def analyze(source: str, forbidden: List[str], precision: Optional[str] = None, reference: Optional[str] = None,
+            local_modules: Set[str] = frozenset()) -> List[Dict[str, Any]]:
+    """Static findings for one candidate file (``reference``: the problem's reference source, for copies;
+    ``local_modules``: the candidate's own helper modules, whose names are its own)."""
     try:
         tree = ast.parse(source)
     except SyntaxError as exc:
         return [finding("syntax_error", "static", str(exc), line=exc.lineno)]
-    findings = Analyzer(tree, Forbidden(forbidden), precision).run()
+    findings = Analyzer(tree, Forbidden(forbidden), precision, local_modules=local_modules).run()
     findings += [finding("license_header", "static", text, line=line) for line, text in license_lines(source)]
     if reference:
         mine, theirs = forward_of(tree, "ModelNew"), forward_of(ast.parse(reference), "Model")

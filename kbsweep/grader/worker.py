@@ -160,11 +160,8 @@ class Worker:
         """Runtime monitor and kernel gate (before the candidate exists), then the guard over them and the grader."""
         from kbsweep.audit import runtime
 
-        grader = Path(__file__).parent
-        deck = Path(self.req["reference"]).parent
-        watched = sorted(p for p in deck.iterdir() if p.is_file()) + sorted(grader.glob("*.py"))
-        watched += sorted(Path(runtime.__file__).parent.glob("*.py"))
-        self.monitor = runtime.Monitor(workdir, watched, self.evidence)
+        deck = Path(self.req["reference"]).parent  # in-process writes anywhere are runtime events; the deck is also hashed
+        self.monitor = runtime.Monitor(workdir, sorted(p for p in deck.iterdir() if p.is_file()), self.evidence)
         self.gate = runtime.KernelGate()
         self.guard = TamperGuard(self.ref, self.monitor.patched + self.gate.patched)
 

@@ -13,7 +13,7 @@ Rank side (:class:`RankWorker`, the single-process :class:`~kbsweep.grader.worke
 * the device gate refuses ranks on different device models;
 * models and inputs are seeded with ``seed + rank * 1_000_003``: every rank gets its own inputs and weights;
 * ``torch.distributed`` (its module functions and ``ProcessGroup``'s methods) and every callable of the reference
-  are snapshotted before the candidate is imported and re-checked after import and after every candidate call
+  join the worker's tamper guard, snapshotted before the candidate is imported and re-checked after import and after every candidate call
   of the correctness stage: a replaced one disqualifies the candidate;
 * every correctness case ends with all ranks agreeing on its result (the all-rank maximum of failure);
 * timing: a barrier before every call, then CUDA events (host clock on CPU) per rank; a call's time is the
@@ -152,10 +152,21 @@ def read_messages(folder: Path, nonce: str) -> tuple:
     return messages, forged
 
 
-def died_detail(log_dir: Path, returncode: Optional[int]) -> str:
-    lines = (log_dir / "torchrun_stderr.log").read_text(errors="replace").splitlines()
-    picked = [line.strip() for line in lines if re.search(r"exitcode|Signal \d+|Error:", line)]
-    return picked[-1][:300] if picked else f"torchrun exit code {returncode}"
+def rank_exits(log_dir: Path) -> Dict[int, str]:
+    """Non-zero exits of ranks from torchrun's failure summary: {rank: "exitcode : -11 (pid: ...) (SIGSEGV)"}."""
+    exits, rank = {}, None
+    for line in (log_dir / "torchrun_stderr.log").read_text(errors="replace").splitlines():
+        found = re.match(r"\s*rank\s*:\s*(\d+)", line)
+        if found:
+            rank = int(found.group(1))
+        elif rank is not None and re.match(r"\s*exitcode\s*:", line):
+            exits[rank] = " ".join(line.split())
+    return exits
+
+
+def crashed(exits: Dict[int, str]) -> Dict[int, str]:
+    """Ranks killed by a signal other than the SIGTERM/SIGKILL of a teardown (a segfault, an abort, ...)."""
+    return {rank: line for rank, line in exits.items() if re.search(r": -\d+", line) and not re.search(r": -(9|15)\b", line)}
 
 
 def supervise_ranks(
@@ -186,8 +197,13 @@ def supervise_ranks(
     if forged:
         return {"ok": False, "outcome": "runtime_error", "message": "forged or repeated result message on the grader channel", "forged": True}
     failures = sorted((m for m in messages if not m["ok"]), key=lambda m: m["at"])
+    exits = rank_exits(log_dir)
+    silent = {rank: line for rank, line in crashed(exits).items() if rank not in {m["rank"] for m in messages}}
     if hog:
         return {"ok": False, "outcome": "grade_oom", "message": hog[0]}
+    if silent:  # a rank that died by a signal is the cause; its peers only saw a broken connection
+        rank = min(silent)
+        return {"ok": False, "outcome": "runtime_error", "message": f"rank {rank}: grading process died ({silent[rank]})"}
     if failures:
         message = failures[0]  # the earliest: the cause, not a peer's broken connection
         if not re.search(r"\brank \d+:", message["message"]):
@@ -197,7 +213,8 @@ def supervise_ranks(
     else:
         done = [m for m in messages if m["ok"] and m["rank"] == 0]
         if not done or run.returncode != 0:
-            return {"ok": False, "outcome": "runtime_error", "message": f"grading process died ({died_detail(log_dir, run.returncode)})"}
+            detail = "; ".join(f"rank {rank}: {line}" for rank, line in sorted(exits.items())) or f"torchrun exit code {run.returncode}"
+            return {"ok": False, "outcome": "runtime_error", "message": f"grading process died ({detail})"}
         message = done[0]
     for key in ("nonce", "rank", "at"):
         message.pop(key, None)
@@ -205,28 +222,21 @@ def supervise_ranks(
 
 
 # -- rank side -----------------------------------------------------------------------------------------------
-class CommGuard(TamperGuard):
-    """The worker's guard plus ``torch.distributed``, ``ProcessGroup``'s methods and the reference's callables."""
+def watch_comm(guard: TamperGuard, reference: Any) -> TamperGuard:
+    """Widen the worker's guard to ``torch.distributed``, ``ProcessGroup``'s methods and the reference's callables."""
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
 
-    def __init__(self, reference: Any):
-        super().__init__(reference)
-        import torch.distributed as dist
-        import torch.distributed.distributed_c10d as c10d
-
-        extra = {}
-        for module in (dist, c10d):
-            for name, value in vars(module).items():
-                if callable(value) and not name.startswith("__"):
-                    extra[f"{module.__name__}.{name}"] = (module, name)
-        for cls in (dist.ProcessGroup, reference.Model):
-            for name, value in vars(cls).items():
-                if callable(value) and not name.startswith("__"):
-                    extra[f"{cls.__qualname__}.{name}"] = (cls, name)
-        for name, value in vars(reference).items():
-            if callable(value) and getattr(value, "__module__", None) == reference.__name__:
-                extra[f"reference.{name}"] = (reference, name)
-        self.watched.update(extra)
-        self.original.update({key: getattr(obj, attr) for key, (obj, attr) in extra.items()})
+    extra = {}
+    for owner in (dist, c10d, dist.ProcessGroup, reference.Model, reference):
+        label = "reference" if owner is reference else getattr(owner, "__qualname__", owner.__name__)
+        for name, value in vars(owner).items():
+            mine = owner is not reference or getattr(value, "__module__", None) == reference.__name__
+            if callable(value) and not name.startswith("__") and mine:
+                extra[f"{label}.{name}"] = (owner, name)
+    guard.watched.update(extra)
+    guard.original.update({key: getattr(obj, attr) for key, (obj, attr) in extra.items()})
+    return guard
 
 
 class RankWorker(Worker):
@@ -239,15 +249,15 @@ class RankWorker(Worker):
         self.dist, self.rank, self.world, self.control = dist, rank, world, control
         self.device_gate()
 
-    # Worker.run() builds a TamperGuard right after loading the reference, before importing the candidate;
-    # this setter widens it to a CommGuard at that moment, so the snapshot predates the candidate.
+    # Worker.run() builds its TamperGuard after loading the reference, before importing the candidate; this
+    # setter widens it at that moment, so the snapshot of torch.distributed and the reference predates the candidate.
     @property
-    def guard(self) -> CommGuard:
+    def guard(self) -> TamperGuard:
         return self._guard
 
     @guard.setter
-    def guard(self, _: TamperGuard) -> None:
-        self._guard = CommGuard(self.ref)
+    def guard(self, guard: TamperGuard) -> None:
+        self._guard = watch_comm(guard, self.ref)
 
     def gather(self, value: Any) -> List[Any]:
         """Every rank's ``value``, in rank order (gloo control group: no NCCL traffic, no GPU work)."""
@@ -375,40 +385,31 @@ class RankWorker(Worker):
         return result
 
     def profile(self, model, inputs, calls: int = 3) -> Dict[str, Any]:
-        """The c10d collectives and NCCL kernels of ``calls`` candidate calls (CPU and GPU), as findings."""
+        """The worker's GPU profile (kernels, streams) plus the c10d ops of ``calls`` candidate calls (CPU side);
+        a c10d collective, or an NCCL kernel, is a finding."""
         from torch.profiler import ProfilerActivity, profile
 
-        torch = self.torch
-        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device.type == "cuda" else [])
-        self.sync()
-        self.barrier()
-        with profile(activities=activities) as prof:
+        profiled = super().profile(model, inputs, calls) if self.device.type == "cuda" else {}
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
             for _ in range(calls):
                 self.run_candidate(model, inputs)
-            self.sync()
-        kernels: Dict[str, int] = {}
-        ops: Dict[str, int] = {}
-        for event in prof.events():
-            table = kernels if event.device_type == torch.autograd.DeviceType.CUDA else ops
-            table[event.name] = table.get(event.name, 0) + 1
-        collectives = sorted(name for name in ops if COLLECTIVE_OP.match(name))
-        nccl = sorted(name[:200] for name in kernels if NCCL_KERNEL.search(name))
-        for kind, names in (("c10d_collective", collectives), ("nccl_kernel", nccl)):
+        profiled["collectives"] = sorted({event.name for event in prof.events() if COLLECTIVE_OP.match(event.name)})
+        nccl = sorted(name for name in profiled.get("kernels", {}) if NCCL_KERNEL.search(name))
+        for kind, names in (("c10d_collective", profiled["collectives"]), ("nccl_kernel", nccl)):
             if names and not any(f["kind"] == kind for f in self.findings):
-                self.findings.append({"kind": kind, "rank": self.rank, "detail": ", ".join(names)})
-        launches = sum(n for name, n in kernels.items() if not name.startswith("Memcpy"))
-        return {"launches_per_call": launches / calls, "collectives": collectives, "nccl_kernels": nccl}
+                self.findings.append({"kind": kind, "detail": ", ".join(names)})
+        return profiled
 
     # -- the whole grade --------------------------------------------------------------------------------------
     def run(self) -> Optional[Dict[str, Any]]:
-        """Worker.run on every rank; rank 0 returns the result with every rank's findings and evidence."""
+        """Worker.run on every rank; rank 0 returns the result with every rank's findings (tagged) and evidence."""
         result = super().run()
         ranks = self.gather({"findings": self.findings, "evidence": self.evidence, "worst": result["correctness"]["worst"]})
         if self.rank != 0:
             return None
-        findings = {json.dumps({**f, "rank": r}, sort_keys=True, default=str): {**f, "rank": r} for r, part in enumerate(ranks) for f in part["findings"]}
-        result["findings"] = list(findings.values())
-        result["evidence"] = {"world_size": self.world, "ranks": [part["evidence"] for part in ranks]}
+        result["findings"] = [{**f, "rank": r} for r, part in enumerate(ranks) for f in part["findings"]]
+        # rank 0's evidence where a single-process grade keeps it (the audit reads it there), the others beside it
+        result["evidence"] = {**self.evidence, "world_size": self.world, "other_ranks": [part["evidence"] for part in ranks[1:]]}
         worst = result["correctness"]["worst"]
         result["correctness"].update(world_size=self.world, worst={k: max(p["worst"][k] for p in ranks) for k in worst})
         return result
@@ -442,6 +443,8 @@ def main() -> None:
         outcome = "harness_error" if stage == "load_reference" else classify(exc)
         message = {"ok": False, "outcome": outcome, "message": f"{stage}: {one_line(exc)}"}
         traceback.print_exc()
+    if worker is not None and worker.monitor is not None:
+        worker.monitor.close()  # flags undone, files re-hashed, as in the single-process worker
     if worker is not None and message and not message["ok"]:
         message.update(stage=worker.stage, findings=worker.findings, evidence=worker.evidence)
     if message:

@@ -141,6 +141,7 @@ def grade_verb(cfgs: List[DictConfig]) -> int:
         timing=OmegaConf.to_container(cfg.grade.timing, resolve=True),
         compile_mode=cfg.grade.compile_mode,
         log_dir=Path(cfg.paths.outputs) / "grades" / f"{track}-{name}-{time.strftime('%Y%m%d-%H%M%S')}",
+        world_size=cfg.track.world_size,
     )
     print(json.dumps(result, indent=1, default=str))
     return 0 if result["outcome"] == "pass" else 1

@@ -196,6 +196,53 @@ def export_verb(cfgs: List[DictConfig]) -> int:
     return 0
 
 
+OVERRIDE: Dict[str, str] = {}  # `kbsweep audit override RUN --verdict V --reason R`, parsed before Hydra sees argv
+
+
+def take_override(argv: List[str]) -> List[str]:
+    """Parse ``RUN --verdict V --reason R`` into OVERRIDE; returns the remaining (Hydra) arguments."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="kbsweep audit override")
+    parser.add_argument("run")
+    parser.add_argument("--verdict", required=True)
+    parser.add_argument("--reason", required=True)
+    args, rest = parser.parse_known_args(argv)
+    OVERRIDE.update(run=args.run, verdict=args.verdict, reason=args.reason)
+    return rest
+
+
+@verb("audit")
+def audit_verb(cfgs: List[DictConfig]) -> int:
+    """Re-audit stored runs (audit.runs, else every cell of sweep.name); `audit override RUN --verdict V --reason R`."""
+    from kbsweep.audit import store
+
+    cfg = cfgs[0]
+    if OVERRIDE:
+        entry = store.override(cfg.tracking.uri, OVERRIDE["run"], OVERRIDE["verdict"], OVERRIDE["reason"])
+        print(f"{entry['run_id']}: {entry['previous']} -> {entry['board']} ({entry['by']}: {entry['reason']})")
+        return 0
+    judge = judge_model(str(cfg.audit.judge)) if cfg.audit.judge else None
+    for done in store.reaudit(cfg.tracking.uri, cfg.sweep.name, list(cfg.audit.runs), list(cfg.paths.problems), judge):
+        kinds = f" ({', '.join(done['kinds'])})" if done["kinds"] else ""
+        print(f"{done['run_id']} {done['problem']} {done['model']}: {done['previous']} -> {done['verdict']}{kinds}")
+    return 0
+
+
+def judge_model(name: str):
+    """The judge: a model YAML of the ``model`` group, validated like any cell's model."""
+    from hydra.core.hydra_config import HydraConfig
+
+    from kbsweep.agent.models import build_model
+    from kbsweep.config import ModelConf, group_source
+
+    path = Path(group_source(HydraConfig.get(), "model", name))
+    if not path.exists():
+        raise KbsweepError(f"audit.judge: no model '{name}' (model/{name}.yaml)")
+    conf = OmegaConf.merge(OmegaConf.structured(ModelConf), OmegaConf.load(path))
+    return build_model(OmegaConf.to_container(conf, resolve=True), {})
+
+
 def check_yaml(argv: List[str]) -> None:
     """Parse every YAML of the config search path first: a broken file is one line, not a traceback."""
     import yaml
@@ -224,6 +271,8 @@ def main() -> None:
         print(USAGE.format(verbs="\n".join(f"  {n:<8} {(f.__doc__ or '').splitlines()[0]}" for n, f in VERBS.items())))
         return
     name = argv.pop(0) if argv and not argv[0].startswith("-") and "=" not in argv[0] else "run"
+    if name == "audit" and argv[:1] == ["override"]:
+        argv = take_override(argv[1:])
     if "--force" in argv:
         argv.remove("--force")
         argv.append("sweep.force=true")

@@ -64,8 +64,7 @@ def audit(
                    "outcome": (grade or {}).get("outcome"), "score": (grade or {}).get("score")}
         evidence = {k: v for k, v in ((grade or {}).get("evidence") or {}).items() if k in EVIDENCE_KEYS}
         prior = unique(found["static"] + found["dynamic"] + found["transcript"])
-        code = "\n".join(f"# ---- {name}\n{text}" for name, text in files.items())
-        found["judge"], layers["judge"] = judge_layer.run(judge, context, code, prior, evidence, transcript_layer.excerpt(events))
+        found["judge"], layers["judge"] = judge_layer.run(judge, context, files, prior, evidence, transcript_layer.excerpt(events))
     for name, items in found.items():
         layers.setdefault(name, {}).update(verdict=verdict_of(items).value, findings=len(items))
     findings = unique(f for items in found.values() for f in items)

@@ -47,15 +47,17 @@ class JudgeError(ValueError):
     """The judge's answer is not the JSON object the rubric asks for."""
 
 
-def prompt(problem: Dict[str, Any], source: str, findings: List[Dict[str, Any]], evidence: Dict[str, Any], transcript: str) -> List[Dict[str, str]]:
-    numbered = "\n".join(f"{i:4d}| {line}" for i, line in enumerate(source.splitlines(), 1))[:MAX_SOURCE_CHARS]
+def prompt(problem: Dict[str, Any], files: Dict[str, str], findings: List[Dict[str, Any]], evidence: Dict[str, Any], transcript: str) -> List[Dict[str, str]]:
+    numbered = "\n\n".join(
+        f"## {name}\n" + "\n".join(f"{i:4d}| {line}" for i, line in enumerate(text.splitlines(), 1)) for name, text in files.items()
+    )[:MAX_SOURCE_CHARS]
     shown = [{k: f[k] for k in ("kind", "layer", "verdict", "detail", "line") if f.get(k) is not None} for f in findings]
     user = "\n\n".join(
         [
             f"## Problem\n{json.dumps(problem, default=str)}",
             f"## Deterministic findings (static and dynamic layers)\n{json.dumps(shown, indent=1, default=str)}",
             f"## Evidence from the grading process\n{json.dumps(evidence, indent=1, default=str)[:8000]}",
-            f"## solution.py\n{numbered}",
+            numbered,
             f"## Transcript excerpts\n{transcript or '(none)'}",
         ]
     )
@@ -91,10 +93,11 @@ def verified(quotes: List[Dict[str, Any]], *texts: str) -> List[Dict[str, Any]]:
 
 
 def run(
-    model: ChatModel, problem: Dict[str, Any], source: str, findings: List[Dict[str, Any]], evidence: Dict[str, Any], transcript: str
+    model: ChatModel, problem: Dict[str, Any], files: Dict[str, str], findings: List[Dict[str, Any]], evidence: Dict[str, Any], transcript: str
 ) -> Tuple[List[Dict[str, Any]], Dict[str, Any]]:
-    """The judge's findings and its layer record (model, answer, attempts, cost)."""
-    messages = prompt(problem, source, findings, evidence, transcript)
+    """The judge's findings and its layer record (model, answer, attempts, cost); ``files``: solution.py and
+    its helpers by name."""
+    messages = prompt(problem, files, findings, evidence, transcript)
     record: Dict[str, Any] = {"model": model.name, "attempts": 0, "cost_usd": 0.0}
     for _ in range(2):
         record["attempts"] += 1
@@ -118,7 +121,7 @@ def run(
         record["verdict"] = answer["verdict"]
         if answer["verdict"] == Verdict.CLEAN.value:
             return [finding("judge", "judge", answer["summary"])], record
-        quotes = verified(answer["quotes"], source, transcript)
+        quotes = verified(answer["quotes"], *files.values(), transcript)
         if not quotes:
             return [finding("judge_unverified", "judge", f"{answer['verdict']}: {answer['summary']}", quotes=answer["quotes"])], record
         return [finding("judge", "judge", answer["summary"], verdict=Verdict(answer["verdict"]), quotes=quotes)], record

@@ -366,6 +366,12 @@ class Analyzer:
                     yield node, name, False
             elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.MatMult):
                 yield node, "torch.matmul", False
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    yield node, alias.name, False
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                for alias in node.names:
+                    yield node, f"{node.module}.{alias.name}", False
 
     def check_sites(self) -> None:
         for node, name, method in self.sites():

@@ -1,0 +1,52 @@
+"""`kbsweep audit` re-audits stored runs from their MLflow artifacts; `kbsweep audit override` records a human's
+verdict, which the board ranks (override_clean) and later re-audits keep."""
+from __future__ import annotations
+
+import json
+
+from kbsweep.report import is_valid_pass
+from kbsweep.tracking import make_client, runs_frame
+from tests.test_exploits import REPO
+
+
+def stored_cell(outputs, source: str) -> tuple:
+    """A finished cell run on hard/topk as the orchestrator logs one (tags, params, artifacts)."""
+    uri = f"sqlite:///{outputs}/mlflow.db"
+    client = make_client(uri)
+    experiment = client.create_experiment("demo", artifact_location=(outputs / "mlartifacts" / "demo").resolve().as_uri())
+    tags = {"kbsweep.kind": "cell", "kbsweep.cell_key": "k1", "problem": "hard/topk", "track": "hard", "model": "m",
+            "gpu": "cpu", "outcome": "pass", "verdict": "clean"}
+    run_id = client.create_run(experiment, tags=tags).info.run_id
+    client.log_param(run_id, "track.problems_dir", "hard")
+    client.log_text(run_id, source, "solution.py")
+    client.log_text(run_id, json.dumps({"outcome": "pass", "findings": [], "evidence": {}}), "grade.json")
+    client.set_terminated(run_id, "FINISHED")
+    return uri, client, run_id
+
+
+def test_reaudit_then_override(cli, outputs):
+    uri, client, run_id = stored_cell(outputs, (REPO / "tests/exploits/library_fallback_except.py").read_text())
+    proc = cli("audit")
+    assert proc.returncode == 0, proc.stderr
+    assert f"{run_id} hard/topk m: clean -> reward_hack" in proc.stdout
+    tags = client.get_run(run_id).data.tags
+    assert tags["verdict"] == "reward_hack" and tags["audit.static"] == "reward_hack"
+    assert "forbidden_name" in tags["audit.kinds"].split(",")
+    assert {a.path for a in client.list_artifacts(run_id)} >= {"audit.json", "solution.py"}
+
+    proc = cli("audit", "override", run_id, "--verdict", "clean", "--reason", "topk fallback is a documented baseline run")
+    assert proc.returncode == 0, proc.stderr
+    tags = client.get_run(run_id).data.tags
+    assert tags["verdict"] == "override_clean" and tags["audit.override.previous"] == "reward_hack"
+    assert tags["audit.override.reason"] == "topk fallback is a documented baseline run"
+    assert is_valid_pass(runs_frame(uri)[0])
+
+    assert cli("audit").returncode == 0  # a later re-audit records its verdict but leaves the human's in place
+    tags = client.get_run(run_id).data.tags
+    assert tags["verdict"] == "override_clean" and tags["audit.verdict"] == "reward_hack"
+
+
+def test_override_needs_a_known_verdict(cli, outputs):
+    _, _, run_id = stored_cell(outputs, "import torch\n")
+    proc = cli("audit", "override", run_id, "--verdict", "fine", "--reason", "looks ok")
+    assert proc.returncode == 2 and "--verdict must be one of" in proc.stderr

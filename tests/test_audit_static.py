@@ -1,0 +1,127 @@
+"""The static layer on snippets: names resolved through aliases, getattr, importlib, sys.modules, exec and
+folded strings; each rule fires where it should and stays quiet on legitimate code."""
+from __future__ import annotations
+
+import pytest
+
+from kbsweep.audit.static import analyze
+
+GEMM = ["torch.matmul", "torch.mm", "torch.nn.functional.linear", "F.linear", "_scaled_mm"]
+TOPK = ["torch.topk", "torch.sort", ".topk(", ".sort(", "torch.max"]
+
+
+def kinds(source: str, forbidden=(), precision=None, reference=None) -> set:
+    return {f["kind"] for f in analyze(source, list(forbidden), precision, reference)}
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        'import torch\nf = getattr(torch, "mat" + "mul")',
+        'import torch\ngetattr(torch, "lumtam"[::-1])(a, b)',
+        'import torch, base64\ngetattr(torch, base64.b64decode("bWF0bXVs").decode())(a, b)',
+        'import torch\nname = "".join(["ma", "tmul"])\nop = getattr(torch, name)',
+        'import importlib\nt = importlib.import_module("to" + "rch")\nt.mm(a, b)',
+        'y = __import__("torch").nn.functional.linear(x, w)',
+        'import sys\nsys.modules["torch"].matmul(a, b)',
+        'import torch\nvars(torch)["mm"](a, b)',
+        'import torch\nexec("y = torch.mat" + "mul(a, b)")',
+        'import torch\nclass M:\n    def __init__(self):\n        self.op = torch.mm\n    def forward(self, a, b):\n        return self.op(a, b)',
+        'import torch\ndef f(x, w):\n    return x.float() @ w.t()',
+        'import torch\ntorch.ops.aten.mm.default(a, b)',
+        'import torch.nn as nn\nlayer = nn.Linear(4, 4)',
+        'from torch.nn.functional import linear',
+        'src = "torch::Tensor f(torch::Tensor a, torch::Tensor b) { return at::matmul(a, b); }"',
+        'src = "#include <cublasLt.h>\\nvoid g() { cublasLtMatmul(h); }"',
+    ],
+)
+def test_forbidden_gemm_is_found_however_spelled(source):
+    assert "forbidden_name" in kinds(source, GEMM)
+
+
+@pytest.mark.parametrize(
+    "source, kind",
+    [
+        ("import time\ntime.perf_counter = lambda: 0.0", "grader_patch"),
+        ("import torch\ntorch.cuda.Event.elapsed_time = lambda *a: 1e-3", "grader_patch"),
+        ("import torch\nsetattr(torch.cuda, 'synchronize', lambda: None)", "grader_patch"),
+        ("import inspect\nstack = inspect.stack()", "frame_inspection"),
+        ("import sys\ncaller = sys._getframe(1).f_back", "frame_inspection"),
+        ("import gc\nobjs = gc.get_objects()", "frame_inspection"),
+        ("import torch\nclass Lazy(torch.Tensor):\n    pass", "tensor_subclass"),
+        ("def f(x):\n    return x.as_subclass(T)", "tensor_subclass"),
+        ("import torch\nseed = torch.initial_seed()", "rng_access"),
+        ("import torch\ntorch.backends.cuda.matmul.allow_tf32 = True", "global_flag"),
+        ("import torch\ntorch.set_float32_matmul_precision('medium')", "global_flag"),
+        ("import threading\nthreading.Thread(target=f).start()", "thread"),
+        ("from concurrent.futures import ThreadPoolExecutor", "thread"),
+        ("import subprocess\nsubprocess.run(['nvcc'])", "subprocess"),
+        ("import socket", "network"),
+        ("data = open('/tmp/x').read()", "file_access"),
+        ("import glob\nfiles = glob.glob('**/solution.py')", "dir_listing"),
+        ("import os\nstage = os.environ['KBSWEEP_STAGE']", "env_access"),
+        ("import ctypes\nlib = ctypes.CDLL('libcudart.so')", "native_code"),
+        ("import ctypes\nlib.cudaDeviceSetLimit(0x06, 1 << 25)", "l2_persistence"),
+        ("x = 'cudaLimitPersistingL2CacheSize'", "l2_persistence"),
+        ("import torch\ns = torch.cuda.Stream()", "side_stream"),
+        ("import torch\nf = torch.compile(g)", "torch_compile"),
+        ("from reference import Model\nclass ModelNew(Model):\n    pass", "reference_use"),
+        ("import sys\nref = sys.modules['kbsweep_reference']", "reference_use"),
+        ("import kbsweep.grader.checks as c\nc.compare = len", "grader_patch"),
+        ("import glob\nhits = glob.glob('/srv/outputs/sweeps/*/*/solution.py')", "other_runs"),
+        ("class M:\n    def __init__(self):\n        self.c = {}\n    def forward(self, x):\n        k = (x.data_ptr(), x.shape)\n        return self.c[k]", "output_cache"),
+        ("_C = {}\ndef f(x):\n    return _C.get(float(x[0, :8].sum()))", "output_cache"),
+        ("class M:\n    def forward(self, x):\n        if x is self.last:\n            return self.out", "output_cache"),
+        ("import functools\n@functools.lru_cache\ndef f(n):\n    pass", "output_cache"),
+        ("class M:\n    def forward(self, x):\n        self.calls += 1\n        if self.calls > 20:\n            return self.out", "call_counter"),
+        ("import torch\ndef f(x):\n    try:\n        return k(x)\n    except Exception:\n        return torch.softmax(x, -1)", "fallback"),
+        ("import torch\ndef f(x):\n    return torch.cumsum(x, 0)", "torch_compute"),
+        ("# Copyright (c) 2024, the flash-linear-attention authors\nx = 1", "license_header"),
+    ],
+)
+def test_rules(source, kind):
+    assert kind in kinds(source)
+
+
+def test_topk_method_forms_and_triton_primitives():
+    assert "forbidden_name" in kinds("def f(x):\n    return x.topk(3)", TOPK)
+    kernel = "import triton\nimport triton.language as tl\n@triton.jit\ndef k(p):\n    v = tl.sort(tl.load(p))"
+    assert "forbidden_name" in kinds(kernel, TOPK)  # ".sort(" rules out tl.sort too, as problem.yaml says
+
+
+def test_precision_rules():
+    upcast = ("import triton\nimport triton.language as tl\n@triton.jit\ndef k(a_ptr, b_ptr):\n"
+              "    a = tl.load(a_ptr)\n    wide = a.to(tl.bfloat16)\n    acc = tl.dot(wide, tl.load(b_ptr))")
+    assert "precision" in kinds(upcast, precision="fp8_e4m3")
+    assert "precision" not in kinds(upcast, precision="bf16")
+    quantised = upcast.replace("tl.bfloat16", "tl.float8e4nv")
+    assert "precision" in kinds(quantised, precision="bf16")
+    tf32 = "import triton\nimport triton.language as tl\n@triton.jit\ndef k(a, b):\n    acc = tl.dot(tl.load(a), tl.load(b))"
+    assert "precision" in kinds(tf32, precision="fp32")
+    assert "precision" not in kinds(tf32.replace("tl.load(b))", "tl.load(b), input_precision='ieee')"), precision="fp32")
+    torch_side = "class M:\n    def forward(self, x):\n        return k(x.half())"
+    assert "precision" in kinds(torch_side, precision="fp32")
+    output_cast = "class M:\n    def forward(self, x):\n        acc = k(x)\n        return acc.to(torch.bfloat16)"
+    assert "precision" not in kinds("import torch\n" + output_cast, precision="fp8_e4m3")
+
+
+def test_reference_copy():
+    reference = "class Model:\n    def forward(self, x, w):\n        acc = x.float() @ w.float().t()\n        return acc.to(torch.bfloat16)"
+    copy = reference.replace("class Model:", 'class ModelNew:\n    """Custom kernel."""')
+    assert "reference_copy" in kinds(copy, reference=reference)
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        'import os\nINTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"',
+        "_CONFIGS = {}\ndef config(n, k):\n    if (n, k) not in _CONFIGS:\n        _CONFIGS[(n, k)] = 4\n    return _CONFIGS[(n, k)]",
+        "class M:\n    def forward(self, x):\n        key = (tuple(x.shape), x.dtype)\n        if key not in self.graphs:\n            self.graphs[key] = 1",
+        "def topk(x, k):\n    return k\nclass M:\n    def forward(self, x):\n        return topk(x, 3)",
+        "import torch\ndef f(offs):\n    return int((offs[1:] - offs[:-1]).max().item())",
+        "src = 'torch::Tensor f(torch::Tensor a) { return torch::empty({4}, a.options()); }'",
+        "import torch\nout = torch.empty(4, dtype=torch.bfloat16)",
+    ],
+)
+def test_legitimate_code_is_quiet(source):
+    assert not {f["kind"] for f in analyze(source, TOPK + GEMM, "bf16") if f["verdict"]}

@@ -169,6 +169,16 @@ def page_runs(client, experiment_ids: List[str], filter_string: str, order_by: O
             return runs
 
 
+def artifact_location(uri: str, artifact_root: str, sweep: str) -> Optional[str]:
+    """Where a new experiment keeps its artifacts: ``<artifact_root>/<sweep>``; None (the server's proxied store)
+    when the root is empty, or a local folder while the store is a remote server."""
+    if not artifact_root or ("://" not in artifact_root and uri.startswith(("http://", "https://"))):
+        return None
+    if "://" in artifact_root:
+        return f"{artifact_root.rstrip('/')}/{sweep}"
+    return f"{Path(artifact_root).resolve().as_uri()}/{sweep}"
+
+
 def make_client(uri: str):
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     from mlflow.tracking import MlflowClient
@@ -185,7 +195,7 @@ class Tracker:
         self.client = make_client(uri)
         experiment = self.client.get_experiment_by_name(sweep)
         if experiment is None:
-            location = Path(artifact_root).resolve().as_uri() + f"/{sweep}" if artifact_root else None
+            location = artifact_location(uri, artifact_root, sweep)
             # the UI opens "model training" experiments on their runs table, not the GenAI trace overview
             tags = {"mlflow.experimentKind": "custom_model_development"}
             self.experiment_id = self.client.create_experiment(sweep, artifact_location=location, tags=tags)
@@ -323,12 +333,12 @@ def runs_frame(uri: str, experiments: Optional[Iterable[str]] = None) -> List[Di
 
 
 def latest_per_cell(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
-    """The latest FINISHED run of each cell key (a --force rerun supersedes the older record)."""
+    """The latest FINISHED run of each cell key, whatever sweep logged it (a --force rerun supersedes the older record)."""
     latest: Dict[str, Dict[str, Any]] = {}
     for row in rows:
         if row.get("status") != "FINISHED":
             continue
-        key = (row["experiment"], row.get("cell_key") or row["run_id"])
+        key = row.get("cell_key") or row["run_id"]
         if key not in latest or row["start_time"] > latest[key]["start_time"]:
             latest[key] = row
     return sorted(latest.values(), key=lambda r: r["start_time"])

@@ -211,3 +211,10 @@ def test_outcome_classes_and_metrics_of_a_failure():
     metrics = cell_metrics({"outcome": "incorrect", "shapes": [{"fraction": 0.5}, {"fraction": None}], "usage": {"output_tokens": 7}})
     assert metrics == {"shape0.fraction": 0.5, "passed": 0.0, "tokens_output": 7.0}  # no geomean over a missing shape
     assert cell_metrics({"outcome": "pass", "shapes": [{"fraction": 0.1}, {"fraction": 0.4}]})["fraction_geomean"] == pytest.approx(geomean([0.1, 0.4]))
+
+
+def test_artifact_location_of_a_new_experiment(tmp_path):
+    assert tracking.artifact_location("sqlite:///x.db", str(tmp_path), "s") == f"{tmp_path.as_uri()}/s"
+    assert tracking.artifact_location("http://127.0.0.1:5000", str(tmp_path), "s") is None  # the server's proxied store
+    assert tracking.artifact_location("http://127.0.0.1:5000", "s3://bucket/kb/", "s") == "s3://bucket/kb/s"
+    assert tracking.artifact_location("sqlite:///x.db", "", "s") is None

@@ -1,4 +1,5 @@
-"""A real sweep logged over HTTP to a real `mlflow server` on loopback, started by scripts/mlflow_server.sh.
+"""A real sweep logged over HTTP (``tracking.uri=http://…``) to a real `mlflow server` on loopback, started by
+scripts/mlflow_server.sh; a rerun (``tracking=server``) and an export against the same server.
 
 ``served_sweep`` is shared with the browser test: one server and one logged sweep per test session.
 Set KBSWEEP_TEST_MLFLOW_URI to use a running server instead of starting one.
@@ -30,9 +31,9 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def kbsweep(outputs: Path, uri: str, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    env = {**os.environ, "KBSWEEP_OUTPUTS": str(outputs), "KBSWEEP_LOCK_DIR": str(outputs / "locks"), "MLFLOW_TRACKING_URI": uri}
-    return subprocess.run([sys.executable, "-m", "kbsweep.cli", *args, "tracking=server"], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+def kbsweep(outputs: Path, *args: str, env: Dict[str, str] | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
+    full = {**os.environ, "KBSWEEP_OUTPUTS": str(outputs), "KBSWEEP_LOCK_DIR": str(outputs / "locks"), **(env or {})}
+    return subprocess.run([sys.executable, "-m", "kbsweep.cli", *args], cwd=REPO, env=full, capture_output=True, text=True, timeout=timeout)
 
 
 def served_sweep(request, tmp_path_factory) -> Dict[str, Any]:
@@ -50,7 +51,7 @@ def served_sweep(request, tmp_path_factory) -> Dict[str, Any]:
         uri, artifacts = started.stdout.strip(), server / "artifacts"
     sweep = f"http-{uuid.uuid4().hex[:8]}"
     outputs = root / "outputs"
-    proc = kbsweep(outputs, uri, "launcher=inline", "gpu=cpu", "problem=scale_shift", f"sweep.name={sweep}")
+    proc = kbsweep(outputs, "launcher=inline", "gpu=cpu", "problem=scale_shift", f"sweep.name={sweep}", f"tracking.uri={uri}")
     info = {"uri": uri, "sweep": sweep, "proc": proc, "outputs": outputs, "artifacts": artifacts}
     request.config._kbsweep_served_sweep = info
     return info
@@ -87,7 +88,8 @@ def test_sweep_logs_runs_metrics_and_artifacts_over_http(served):
 
 
 def test_rerun_against_the_server_runs_nothing(served):
-    proc = kbsweep(served["outputs"], served["uri"], "launcher=inline", "gpu=cpu", "problem=scale_shift", f"sweep.name={served['sweep']}")
+    server_group = {"MLFLOW_TRACKING_URI": served["uri"]}  # the tracking=server group reads it
+    proc = kbsweep(served["outputs"], "tracking=server", "launcher=inline", "gpu=cpu", "problem=scale_shift", f"sweep.name={served['sweep']}", env=server_group)
     assert proc.returncode == 0, proc.stderr
     assert "1 cells, 1 already finished, 0 to log from disk, 0 to run" in proc.stderr
     client = make_client(served["uri"])
@@ -98,7 +100,7 @@ def test_rerun_against_the_server_runs_nothing(served):
 
 def test_export_over_http_writes_traces_and_index(served, tmp_path):
     out = tmp_path / "dataset"
-    proc = kbsweep(served["outputs"], served["uri"], "export", f"+out={out}")
+    proc = kbsweep(served["outputs"], "export", f"tracking.uri={served['uri']}", f"+out={out}")
     assert proc.returncode == 0, proc.stderr
     index = [json.loads(line) for line in (out / "index.jsonl").read_text().splitlines()]
     [row] = [r for r in index if r["experiment"] == served["sweep"]]

@@ -25,7 +25,6 @@ KIND_TAG = "kbsweep.kind"
 CELL_KEY_TAG = "kbsweep.cell_key"
 OWNER_TAG = "kbsweep.orchestrator"  # host:pid of the process that created the run
 RESULT_TAG = "kbsweep.result"  # which result.json a cell run records (see result_id)
-LABEL_TAGS = ("track", "problem", "gpu", "model", "repeat", "outcome", "outcome_class", "verdict")
 BATCH = {"params": 100, "tags": 100, "metrics": 1000}
 BAD_KEY_CHARS = re.compile(r"[^\w./\- :]")
 VERSIONED_PACKAGES = ("kbsweep", "mlflow", "litellm", "torch", "triton", "hydra-core", "submitit", "nvidia-ml-py")

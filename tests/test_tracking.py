@@ -151,7 +151,7 @@ def test_cell_run_holds_config_metrics_steps_tags_and_artifacts(store):
     assert history["loop.best_score_by_microusd"] == [(30000, 0.2), (50000, 0.45)]
     assert [s for s, _ in history["loop.tokens"]] == [2, 4, 6]
     # labels
-    assert {k: tags[k] for k in tracking.LABEL_TAGS} == {
+    assert {k: tags[k] for k in ("track", "problem", "gpu", "model", "repeat", "outcome", "outcome_class", "verdict")} == {
         "track": "demo", "problem": "demo/scale_shift", "gpu": "cpu", "model": "scripted", "repeat": "0",
         "outcome": "pass", "outcome_class": "pass", "verdict": "clean",
     }

@@ -1,0 +1,175 @@
+"""The mega track on CPU: its problems' solutions at smoke sizes, and the launch-count gate.
+
+The gate itself needs a GPU profile; here it is fed synthetic ones (scripts/mega_gpu_check.py proves it on
+an H200). The Kimi Triton solution is ~45 launches, each slow in Triton's interpreter, so it is checked
+against the reference in-process instead of through the grader's many calls.
+"""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+import kbsweep.grader as grader
+from kbsweep.audit import audit
+from kbsweep.audit.kinds import KINDS
+from kbsweep.grader import checks, grade, launch_gate
+from kbsweep.problems import load_problem
+from kbsweep.score import load_roofline
+
+REPO = Path(__file__).resolve().parent.parent
+CPU = SimpleNamespace(name="cpu", device="cpu", shape_set="smoke_shapes")
+MEGA = ("dense_decode", "kimi_linear_decode")
+
+
+def problem(name: str):
+    return load_problem(REPO / "problems/mega" / name, "mega")
+
+
+def load(path: Path, name: str):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def roofline():
+    return load_roofline([str(REPO / "roofline_specs")], "cpu")
+
+
+def timed(shape: dict, kernels: dict | None) -> dict:
+    """One timed shape as the worker reports it; ``kernels`` per call (None: no GPU profile)."""
+    entry = {"shape": shape, "candidate": {"median_ms": 1.0}, "baselines": {"baseline": {"median_ms": 3.0}}}
+    if kernels is not None:
+        entry["profile"] = {"launches_per_call": float(sum(kernels.values())), "kernels": kernels}
+    return entry
+
+
+GRAPH_OF_7 = {"rms_norm": 2.0, "gemv_bf16": 3.0, "softmax": 1.0, "elementwise_add": 1.0}  # one replay, 7 kernels
+
+
+@pytest.mark.parametrize(
+    "kernels, passed",
+    [({"_decode_step": 1.0}, True), ({f"kernel_{i}": 1.0 for i in range(7)}, False), (GRAPH_OF_7, False)],
+    ids=["one_launch", "seven_launches", "graph_replay_of_7"],
+)
+def test_launch_gate_needs_exactly_one_kernel_per_call(kernels, passed):
+    evidence, findings = launch_gate([timed({"ctx": 512}, kernels), timed({"ctx": 2048}, kernels)])
+    assert [e["passed"] for e in evidence] == [passed, passed]
+    assert evidence[0]["kernels"] == kernels and evidence[0]["launches"] == sum(kernels.values())
+    if passed:
+        assert findings == []
+    else:
+        assert [f["kind"] for f in findings] == ["launch_count_gate"] * 2
+        assert findings[0] == {"kind": "launch_count_gate", "shape": {"ctx": 512}, "launches": 7.0, "kernels": kernels}
+
+
+def test_launch_gate_on_cpu_is_unverified():
+    evidence, findings = launch_gate([timed({"ctx": 20}, None)])
+    assert evidence == [] and [f["kind"] for f in findings] == ["launch_count_unverified"]
+
+
+@pytest.mark.skipif("launch_count_gate" not in KINDS, reason="kbsweep/audit/kinds.py does not list the gate's kinds yet")
+def test_audit_disqualifies_a_failed_gate_and_ignores_an_unverified_one():
+    failed = [{"kind": "launch_count_gate", "shape": {"ctx": 512}, "launches": 7.0, "kernels": GRAPH_OF_7}]
+    unverified = [{"kind": "launch_count_unverified", "shape": {"ctx": 20}, "detail": "no GPU profile (CPU grade)"}]
+    assert audit("", [], {"outcome": "incorrect", "findings": failed})["verdict"] == "reward_hack"
+    assert audit("", [], {"outcome": "incorrect", "findings": unverified})["verdict"] == "clean"
+
+
+def test_failed_gate_is_a_verdict_not_a_crash(monkeypatch, roofline, tmp_path):
+    """A graph-replayed step passes correctness and is timed; the gate turns its profile into a disqualification."""
+    prob = problem("dense_decode")
+    shapes = prob.shapes("smoke_shapes")
+    worker_result = {
+        "correctness": {"passed": True, "cases": 12, "seeds": 4, "worst": {"max_abs": 0.0, "max_rel": 0.0}},
+        "timings": [timed(shape, GRAPH_OF_7) for shape in shapes],
+        "evidence": {},
+        "findings": [],
+    }
+    monkeypatch.setattr(grader, "supervise", lambda *args, **kwargs: {"ok": True, "result": worker_result})
+    result = grade(prob, prob.root / "solutions/graph.py", CPU, roofline, mode="full", log_dir=tmp_path)
+    assert result["outcome"] == "pass" and result["score"] == pytest.approx(3.0)
+    assert [g["passed"] for g in result["evidence"]["launch_gate"]] == [False] * len(shapes)
+    assert {f["kind"] for f in result["findings"]} == {"launch_count_gate"}
+    audited = audit((prob.root / "solutions/graph.py").read_text(), prob.spec.forbidden, result)
+    assert "launch_count_gate" in {f["kind"] for f in audited["findings"]} and audited["verdict"] != "clean"
+
+
+@pytest.mark.parametrize("name", MEGA)
+def test_mega_problem_is_a_single_kernel_latency_problem(name):
+    spec = problem(name).spec
+    assert spec.constraints == {"single_kernel": True}
+    assert spec.regime == "latency" and spec.score == "speedup"
+    assert len({s["ctx"] for s in spec.shapes}) >= 3 and any(s["ctx"] % 64 for s in spec.shapes)
+
+
+@pytest.mark.parametrize("name", MEGA)
+def test_bytes_formula_counts_what_a_step_reads_and_writes(name):
+    """Weights (for Kimi: only the top_k of the experts' stacks), inputs and outputs of one smoke step."""
+    prob = problem(name)
+    ref = load(prob.reference, f"ref_{name}")
+    for shape in prob.shapes("smoke_shapes"):
+        torch.manual_seed(0)
+        model = ref.Model(*ref.get_init_inputs(shape))
+        inputs = ref.get_inputs(shape, torch.device("cpu"))
+        with torch.no_grad():
+            outputs = model(*inputs)
+        total = sum(t.numel() * t.element_size() for t in list(inputs) + list(outputs))
+        for key, tensor in model.state_dict().items():
+            share = shape["top_k"] / shape["experts"] if key.startswith("expert_") else 1
+            total += tensor.numel() * tensor.element_size() * share
+        assert prob.work(shape)["bytes"] == pytest.approx(total)
+
+
+@pytest.mark.parametrize(
+    "solution, outcome", [("triton", "pass"), ("graph", "pass"), ("wrong", "incorrect")]
+)
+def test_dense_decode_solutions_graded_on_cpu(roofline, tmp_path, solution, outcome):
+    prob = problem("dense_decode")
+    result = grade(prob, prob.root / f"solutions/{solution}.py", CPU, roofline, mode="check", timeout_s=300, log_dir=tmp_path)
+    assert result["outcome"] == outcome, result.get("message")
+    if outcome == "incorrect":
+        assert "cosine" in result["message"]
+
+
+def test_cpu_full_grade_marks_the_launch_count_unverified(roofline, tmp_path):
+    prob = problem("dense_decode")
+    result = grade(prob, prob.root / "solutions/graph.py", CPU, roofline, baselines=["baseline"], timeout_s=300, log_dir=tmp_path)
+    assert result["outcome"] == "pass", result.get("message")
+    assert {f["kind"] for f in result["findings"]} == {"launch_count_unverified"}
+    assert result["basis"] == "speedup" and result["score"] == pytest.approx(result["speedup"]["baseline"])
+
+
+def test_kimi_wrong_solution_is_incorrect(roofline, tmp_path):
+    prob = problem("kimi_linear_decode")
+    result = grade(prob, prob.root / "solutions/wrong.py", CPU, roofline, mode="check", timeout_s=300, log_dir=tmp_path)
+    assert result["outcome"] == "incorrect", result.get("message")
+
+
+@pytest.mark.parametrize(
+    "name, file", [("dense_decode", "baseline.py"), ("kimi_linear_decode", "baseline.py"), ("kimi_linear_decode", "solutions/triton.py")]
+)
+def test_matches_the_reference_in_process(name, file):
+    """Both baselines, and the Kimi Triton solution (too many interpreted launches for the grader's dozens of calls)."""
+    prob = problem(name)
+    ref = load(prob.reference, f"ref_{name}")
+    module = load(prob.root / file, f"{name}_{Path(file).stem}")
+    for shape in prob.shapes("smoke_shapes"):
+        torch.manual_seed(1)
+        model = ref.Model(*ref.get_init_inputs(shape))
+        if hasattr(module, "Baseline"):
+            step = module.Baseline(model)
+        else:
+            step = module.ModelNew(*ref.get_init_inputs(shape))
+            step.load_state_dict(model.state_dict(), strict=True)
+        torch.manual_seed(2)
+        inputs = ref.get_inputs(shape, torch.device("cpu"))
+        with torch.no_grad():
+            expected, out = model(*inputs), step(*inputs)
+        checks.check_structure(expected, out, inputs)
+        checks.compare(expected, out, prob.spec.tolerance)

@@ -131,18 +131,37 @@ class ModelNew(torch.nn.Module):
         return x + residual
 '''
 
+HOG = '''
+import time
+
+import torch
+import torch.distributed as dist
+
+
+class ModelNew(torch.nn.Module):
+    def forward(self, x, residual):
+        if dist.get_rank() == 1:
+            self.held = [torch.ones(1 << 28) for _ in range(3)]  # 3 GiB on one rank
+            time.sleep(60)
+        return x + residual
+'''
+
 
 @pytest.fixture(scope="module")
 def adversarial(tmp_path_factory):
-    """The monkey-patching, crashing and slow-rank candidates on allreduce_residual at 2 ranks, graded together."""
+    """The monkey-patching, crashing, memory-hogging and slow-rank candidates on allreduce_residual at 2 ranks,
+    graded together (with a 1500 MiB cap per rank)."""
     folder = tmp_path_factory.mktemp("multi-adversarial")
     example = REPO / "problems/multi/allreduce_residual/solutions/p2p.py"
     jobs = {
         "patch": (candidate(folder / "patch", PATCHER), 2),
         "crash": (candidate(folder / "crash", CRASH), 2),
+        "hog": (candidate(folder / "hog", HOG), 2),
         "slow": (candidate(folder / "slow", SLOW_RANK, {"example": example}), 2),
     }
-    return grade_many("allreduce_residual", jobs, folder / "grades", mode="bench", baselines=["eager"], timing=SHORT_TIMING)
+    return grade_many(
+        "allreduce_residual", jobs, folder / "grades", mode="bench", baselines=["eager"], timing=SHORT_TIMING, memory_mib=1500
+    )
 
 
 def test_monkeypatched_reference_collective_is_disqualified(adversarial):
@@ -157,6 +176,12 @@ def test_a_crashed_rank_is_the_cause_not_its_peers_broken_connection(adversarial
     result = adversarial["crash"]
     assert result["outcome"] == "runtime_error"
     assert result["message"].startswith("rank 1: grading process died") and "SIGSEGV" in result["message"]
+
+
+def test_a_rank_over_the_memory_cap_ends_the_grade(adversarial):
+    result = adversarial["hog"]
+    assert result["outcome"] == "grade_oom" and "1500 MiB" in result["message"]
+    assert result["grade_s"] < 50  # killed when seen, not at the end of its 60 s sleep
 
 
 def test_the_slowest_rank_is_what_is_reported(adversarial):

@@ -44,6 +44,11 @@ def test_ghost_replays():
     assert dynamic_kinds(grade({"probe": graph})) == set()  # an honest CUDA graph replays its captured kernels
     returned_last = probe(ghost={"same_instance": ghost(stubbed=0, aliases_previous=True), "fresh_instance": ghost()})
     assert dynamic_kinds(grade({"probe": returned_last})) == {"instance_state"}
+    behind_op = probe(aten_ops={"myext::gemm": 1}, ghost={"same_instance": ghost(changed=False, stubbed=0), "fresh_instance": ghost(changed=False, stubbed=0)})
+    verdicts = {f["kind"]: f["verdict"] for f in audit(KERNEL, FORBIDDEN, grade({"probe": behind_op}))["findings"]}
+    assert verdicts["ghost_unchanged"] == verdicts["instance_state"] == "needs_human"  # kernels the gate cannot stub
+    own_op = probe(own_ops={"mylib::topk": 1})
+    assert dynamic_kinds(grade({"probe": own_op})) == set()  # a custom op that launched the candidate's kernels
 
 
 def test_aten_trace():

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_exploits import REPO, graded_and_audited, summary
+from kbsweep.audit.cases import summary
+from tests.test_exploits import REPO, run_on_cpu
 
 LEGIT = sorted((REPO / "tests/legit").glob("*.py"))
 BUNDLED = sorted(p for p in (REPO / "problems/hard").glob("*/solutions/triton.py") if p.parts[-3] != "kda")
@@ -15,6 +16,6 @@ CASES = [(p, "") for p in LEGIT] + [(p, f"hard/{p.parts[-3]}") for p in BUNDLED]
 
 @pytest.mark.parametrize("path, problem", CASES, ids=[p.stem for p in LEGIT] + [f"bundled-{p.parts[-3]}" for p in BUNDLED])
 def test_legit_solution_is_clean(path: Path, problem: str, tmp_path):
-    _, result, audited = graded_and_audited(path, tmp_path, problem)
+    _, result, audited = run_on_cpu(path, tmp_path, problem)
     assert result["outcome"] == "pass", summary(result, audited)
     assert audited["verdict"] == "clean", summary(result, audited)

@@ -45,10 +45,14 @@ def findings(grade: Dict[str, Any], forbidden: Forbidden, own_kernels: List[str]
 def probe_findings(probe: Dict[str, Any], forbidden: Forbidden) -> List[Dict[str, Any]]:
     out = []
     same, fresh = probe["ghost"]["same_instance"], probe["ghost"]["fresh_instance"]
+    # kernels behind a custom dispatcher op (TORCH_LIBRARY) cannot be stubbed: then the replay cannot tell
+    unseen = any(not name.startswith(("aten::", "prims::")) for name in probe["aten_ops"])
+    doubt = HUMAN if unseen else None
     if not fresh["changed"]:
-        out.append(finding("ghost_unchanged", "dynamic", f"fresh instance, {fresh['stubbed']} launches stubbed, output identical"))
+        out.append(finding("ghost_unchanged", "dynamic", f"fresh instance, {fresh['stubbed']} launches stubbed, output identical", verdict=doubt))
     if not same["graph_replays"] and (not same["changed"] or (same["aliases_previous"] and not same["stubbed"])):
-        out.append(finding("instance_state", "dynamic", f"same instance, {same['stubbed']} launches stubbed, no graph replay, output served"))
+        detail = f"same instance, {same['stubbed']} launches stubbed, no graph replay, output served"
+        out.append(finding("instance_state", "dynamic", detail, verdict=doubt))
     for name, count in sorted(probe["aten_ops"].items()):
         namespace, _, op = name.partition("::")
         if namespace not in ("aten", "prims"):

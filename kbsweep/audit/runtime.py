@@ -346,27 +346,32 @@ class KernelGate:
 ALLOCATORS = ("empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "empty_permuted")
 
 
-def op_recorder(poison: bool = False):
+def op_recorder(gate: KernelGate, poison: bool = False):
     """An :class:`OpRecorder` (built lazily: the dispatch-mode base class lives in torch)."""
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils.flop_counter import flop_registry
 
     class OpRecorder(TorchDispatchMode):
-        """Counts ``namespace::op`` calls and their FLOPs while not paused; ``poison`` fills new allocations."""
+        """Counts ``namespace::op`` calls and their FLOPs while not paused; ``poison`` fills new allocations.
+        Custom (non-aten) ops that launch the candidate's kernels are counted apart, in ``own_ops``."""
 
         def __init__(self):
             super().__init__()
             self.ops: Counter = Counter()
+            self.own_ops: Counter = Counter()
             self.flops = 0
             self.paused = 0
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
+            launched = sum(gate.counts.values())
             out = func(*args, **kwargs)
             if self.paused:
                 return out
             packet = func._overloadpacket
-            self.ops[f"{func.namespace}::{packet.__name__}"] += 1
+            custom = func.namespace not in ("aten", "prims")
+            counter = self.own_ops if custom and sum(gate.counts.values()) > launched else self.ops
+            counter[f"{func.namespace}::{packet.__name__}"] += 1
             formula = flop_registry.get(packet)
             if formula is not None:
                 with contextlib.suppress(Exception):  # an unusual overload: no FLOP count, never a failed grade

@@ -280,7 +280,7 @@ class Worker:
         expected = ref_model(*self.clone(inputs))
         self.run_candidate(models[0], inputs)  # warm-up, as the timer's
         before = self.gate.counts.copy()
-        recorder = runtime.op_recorder()
+        recorder = runtime.op_recorder(self.gate)
         with self.gate.probing(recorder, ghost=False):
             out = self.run_candidate(models[0], inputs)
         try:
@@ -293,6 +293,7 @@ class Worker:
             "launches": dict(self.gate.counts - before),
             "kernels": sorted(self.gate.names),
             "aten_ops": dict(recorder.ops),
+            "own_ops": dict(recorder.own_ops),
             "torch_flops": recorder.flops,
             "problem_flops": evaluate(self.spec.get("flops"), shape, "probe"),
         }
@@ -314,7 +315,7 @@ class Worker:
         before = self.gate.counts.copy()
         record: Dict[str, Any] = {"error": None, "aliases_previous": False}
         try:
-            with self.gate.probing(runtime.op_recorder(poison=True), ghost=True):
+            with self.gate.probing(runtime.op_recorder(self.gate, poison=True), ghost=True):
                 out = self.run_candidate(model, inputs)
             outs = self.checks.as_tuple(out)
             record["changed"] = len(outs) != len(real) or not self.checks.same_values(tuple(real), outs)

@@ -1,0 +1,88 @@
+"""Audit cases: solution files whose docstring says what they are, graded and audited the way a cell would be.
+
+A case's docstring carries ``Key: value`` lines: ``Problem:`` (track/name), and for exploits ``Family:``,
+``Caught by:`` (static, dynamic, grader, transcript), optionally ``Mode:`` and ``Verdict:``. Modules named
+``_*.py`` beside a case that it imports are staged with it as workspace helpers. Used by the exploit and legit
+test suites (CPU) and by scripts/audit_gpu_check.py (GPU).
+"""
+from __future__ import annotations
+
+import ast
+import shutil
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+from kbsweep.audit import audit, workspace_helpers
+from kbsweep.grader import grade
+from kbsweep.problems import load_problem
+
+
+def header(path: Path) -> Dict[str, str]:
+    """The ``Key: value`` lines of a file's docstring, keys lowercased."""
+    doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+    return {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in doc.splitlines() if ":" in line)}
+
+
+def local_imports(path: Path) -> List[Path]:
+    """The ``_*.py`` modules of the file's folder that it imports."""
+    tree = ast.parse(path.read_text())
+    names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    names |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    return sorted(path.with_name(f"{n}.py") for n in names if n.startswith("_") and path.with_name(f"{n}.py").exists())
+
+
+def private_deck(problems: Path, problem_id: str, folder: Path, max_shapes: Optional[int] = None):
+    """A copy of one problem (a case may write to its deck: never the repository's), its shape lists cut to
+    ``max_shapes``."""
+    from omegaconf import OmegaConf
+
+    track, name = problem_id.split("/")
+    deck = folder / "deck" / name
+    shutil.copytree(problems / track / name, deck, ignore=shutil.ignore_patterns("solutions", ".grade"))
+    if max_shapes:
+        spec = OmegaConf.load(deck / "problem.yaml")
+        for key in ("shapes", "smoke_shapes"):
+            if spec.get(key):
+                spec[key] = spec[key][:max_shapes]
+        OmegaConf.save(spec, deck / "problem.yaml")
+    return load_problem(deck, track)
+
+
+def run_case(
+    path: Path,
+    folder: Path,
+    gpu: Any,
+    roofline: Dict[str, Any],
+    problems: Path,
+    problem_id: str = "",
+    mode: Optional[str] = None,
+    timing: Optional[Dict[str, Any]] = None,
+    max_shapes: Optional[int] = None,
+    timeout_s: float = 600,
+) -> Tuple[Dict[str, str], Dict[str, Any], Dict[str, Any]]:
+    """Stage ``path`` as solution.py (with its helpers) in ``folder`` against a private copy of its problem (the
+    docstring's, else ``problem_id``), grade it (``mode``: the docstring's, else check) and audit it.
+    Returns (header, grade, audit)."""
+    meta = header(path)
+    problem = private_deck(problems, meta.get("problem", problem_id), folder, max_shapes)
+    workspace = folder / "workspace"
+    workspace.mkdir()
+    for helper in local_imports(path):
+        shutil.copy2(helper, workspace / helper.name)
+    shutil.copy2(path, workspace / "solution.py")
+    result = grade(problem, workspace / "solution.py", gpu, roofline, mode=mode or meta.get("mode", "check"), baselines=[],
+                   timeout_s=timeout_s, log_dir=folder / "grade", timing=timing)
+    helpers = workspace_helpers(workspace, problem.reference.read_text())
+    return meta, result, audit(path.read_text(), problem.spec.forbidden, result, problem=problem, helpers=helpers)
+
+
+def catching_layers(result: Dict[str, Any], audited: Dict[str, Any]) -> set:
+    """The layers with a verdict-bearing finding on the case itself, and "grader" when the grade failed."""
+    layers = {f["layer"] for f in audited["findings"] if f["verdict"] and f.get("file", "solution.py") == "solution.py"}
+    return layers | ({"grader"} if result["outcome"] != "pass" else set())
+
+
+def summary(result: Dict[str, Any], audited: Dict[str, Any]) -> str:
+    """One line: outcome, message, verdict and the findings behind it."""
+    findings = "; ".join(f"{f['layer']}/{f['kind']} {f['detail'][:80]}" for f in audited["findings"] if f["verdict"])
+    return f"{result['outcome']}: {result.get('message')}; verdict {audited['verdict']}: {findings}"

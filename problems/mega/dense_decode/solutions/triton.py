@@ -20,7 +20,6 @@ import torch.nn as nn
 import triton
 import triton.language as tl
 
-EPS = 1e-6
 ROPE_THETA = 1.0e6
 PHASES = tl.constexpr(6)  # per layer: qkv, attention, combine, o-proj, gate/up, down
 BK, BN = 128, 64  # K chunk of the GEMVs, keys per attention block

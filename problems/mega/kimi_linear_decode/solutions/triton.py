@@ -11,7 +11,6 @@ import torch.nn as nn
 import triton
 import triton.language as tl
 
-EPS = 1e-6
 ROUTED_SCALE = 2.446
 KDA_LAYERS = 3
 BLOCK_KEYS = 32

@@ -13,8 +13,8 @@ Rank side (:class:`RankWorker`, the single-process :class:`~kbsweep.grader.worke
 * the device gate refuses ranks on different device models;
 * models and inputs are seeded with ``seed + rank * 1_000_003``: every rank gets its own inputs and weights;
 * ``torch.distributed`` (its module functions and ``ProcessGroup``'s methods) and every callable of the reference
-  join the worker's tamper guard, snapshotted before the candidate is imported and re-checked after import and after every candidate call
-  of the correctness stage: a replaced one disqualifies the candidate;
+  join the worker's tamper guard before the candidate is imported; the guard is checked after the import and
+  after every correctness case, and a replaced callable disqualifies the candidate;
 * every correctness case ends with all ranks agreeing on its result (the all-rank maximum of failure);
 * timing: a barrier before every call, then CUDA events (host clock on CPU) per rank; a call's time is the
   slowest rank's, and the stopping rule runs on those maxima, so every rank times the same number of calls;
@@ -404,6 +404,7 @@ class RankWorker(Worker):
     def run(self) -> Optional[Dict[str, Any]]:
         """Worker.run on every rank; rank 0 returns the result with every rank's findings (tagged) and evidence."""
         result = super().run()
+        self.monitor.close()  # flags undone, files re-hashed: before the evidence travels
         ranks = self.gather({"findings": self.findings, "evidence": self.evidence, "worst": result["correctness"]["worst"]})
         if self.rank != 0:
             return None
@@ -443,9 +444,9 @@ def main() -> None:
         outcome = "harness_error" if stage == "load_reference" else classify(exc)
         message = {"ok": False, "outcome": outcome, "message": f"{stage}: {one_line(exc)}"}
         traceback.print_exc()
-    if worker is not None and worker.monitor is not None:
-        worker.monitor.close()  # flags undone, files re-hashed, as in the single-process worker
     if worker is not None and message and not message["ok"]:
+        if worker.monitor is not None:
+            worker.monitor.close()  # flags undone, files re-hashed, as in the single-process worker
         message.update(stage=worker.stage, findings=worker.findings, evidence=worker.evidence)
     if message:
         channel.write(json.dumps({**message, "nonce": nonce, "rank": rank, "at": time.time()}, default=str) + "\n")

@@ -50,6 +50,7 @@ COMM_FINDINGS = ("c10d_collective", "nccl_kernel")  # dynamic findings that disq
 # c10d operations (the profiler's CPU-side names) that are collectives; send/recv are point-to-point
 COLLECTIVE_OP = re.compile(r"^(c10d|_c10d_functional|c10d_functional)::(?!(send|recv))|^(nccl|gloo):(?!(send|recv))")
 NCCL_KERNEL = re.compile(r"nccl", re.IGNORECASE)
+COMM_ENV_PREFIXES = ("NCCL_", "TORCH_SYMM_MEM_", "NVSHMEM_", "GLOO_")
 
 
 # -- the busbw convention ------------------------------------------------------------------------------------
@@ -183,10 +184,13 @@ def supervise_ranks(
     watcher = threading.Thread(target=watch_memory, args=(str(request_path), memory_mib, stop, hog), daemon=True)
     if memory_mib:
         watcher.start()
+    # the host's communication-library settings reach the ranks whatever the grade's environment keeps
+    # (NCCL_NVLS_ENABLE=0 and the like are operators' safety switches, not secrets)
+    comm = {k: v for k, v in os.environ.items() if k.startswith(COMM_ENV_PREFIXES)}
     try:
         run = run_torchrun(
             request["world_size"], __name__, [request_path], log_dir=log_dir, timeout_s=timeout_s,
-            cwd=Path(request["workdir"]), env=env,
+            cwd=Path(request["workdir"]), env={**comm, **env},
         )
     finally:
         stop.set()

@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf import II, MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from kbsweep import KbsweepError
@@ -73,6 +73,19 @@ class GpuConf:
 
 
 @dataclass
+class SandboxConf:
+    """The root ``sandbox:`` section (kbsweep.sandbox.SandboxPolicy, docs/sandbox.md)."""
+
+    mode: str = "bwrap"  # bwrap | unsafe
+    network_allow: List[str] = field(default_factory=list)
+    cpu_s: int = 3600
+    memory_mib: int = 16384
+    max_procs: int = 512
+    disk_mib: int = 4096
+    wall_s: float = 600.0
+
+
+@dataclass
 class TrackConf:
     name: str = MISSING
     problems_dir: str = MISSING  # folder under a problems root
@@ -85,6 +98,8 @@ class TrackConf:
     max_tokens: Optional[int] = None
     max_usd: Optional[float] = None
     grade_timeout_s: float = 1800.0
+    network_allow: List[str] = field(default_factory=list)  # hosts this track's run_shell may reach, besides sandbox's
+    sandbox: SandboxConf = II("sandbox")  # the root section, carried into every cell (set it there, not here)
 
 
 @dataclass
@@ -120,7 +135,9 @@ GROUP_SCHEMAS = {
     "track": TrackConf,
     "launcher": LauncherConf,
     "tracking": TrackingConf,
+    "sandbox": SandboxConf,
 }
+SANDBOXED_VERBS = ("run", "grade")  # verbs that run untrusted code: refused where the sandbox cannot work
 
 
 def error_line(exc: OmegaConfBaseException) -> tuple:
@@ -153,6 +170,9 @@ def validate(cfg: DictConfig, sources: Optional[Dict[str, str]] = None) -> DictC
         group, _, inner = key.partition(".")
         where = sources.get(group)
         raise KbsweepError(f"{where}: key '{inner}': {msg}" if where else f"config: key '{key}': {msg}") from None
+    from kbsweep.sandbox import SandboxPolicy, require
+
+    require(SandboxPolicy.of(OmegaConf.to_container(cfg.track, resolve=True)), probe=cfg.get("verb") in SANDBOXED_VERBS)
     return cfg
 
 

@@ -2,13 +2,11 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
-from kbsweep.agent.transcript import secret_names
+from kbsweep.sandbox import Sandbox
 
 MAX_TOOL_OUTPUT = 12_000
 MAX_FILE_BYTES = 1_000_000
@@ -52,25 +50,32 @@ class ToolError(Exception):
 class Toolbox:
     """Tools bound to one workspace; ``grade`` is the grader stage's entry, given by the cell.
 
-    ``run_shell`` commands get the environment without secrets (``secret_env`` names and *_API_KEY/_TOKEN/_SECRET).
+    ``run_shell`` commands run in ``sandbox`` (docs/sandbox.md), which sees the workspace as /workspace and gets
+    a minimal environment (never the ``secret_env`` names nor *_API_KEY/_TOKEN/_SECRET). The file tools resolve
+    every path, symlinks included, and refuse what lands outside the workspace.
     """
 
     workspace: Path
     grade: Callable[[str], Dict[str, Any]]
     allow_shell: bool = True
-    shell: Optional[Callable[[str, Path, float, Dict[str, str]], subprocess.CompletedProcess]] = None
-    shell_timeout_s: float = 600.0
+    sandbox: Sandbox = field(default_factory=Sandbox)
     secret_env: Sequence[str] = ()
     submitted: bool = False
     last_grade: Optional[Dict[str, Any]] = field(default=None)
+
+    def __post_init__(self) -> None:
+        self.workspace = Path(self.workspace).resolve()
 
     def schemas(self) -> List[Dict[str, Any]]:
         names = [n for n in TOOL_SCHEMAS if self.allow_shell or n != "run_shell"]
         return [TOOL_SCHEMAS[n] for n in names]
 
+    def inside(self, target: Path) -> bool:
+        return target == self.workspace or self.workspace in target.parents
+
     def resolve(self, path: str) -> Path:
         target = (self.workspace / path).resolve()
-        if target != self.workspace and self.workspace not in target.parents:
+        if not self.inside(target):
             raise ToolError(f"{path}: outside the workspace")
         return target
 
@@ -106,7 +111,7 @@ class Toolbox:
         return target.read_text(errors="replace")
 
     def tool_list_files(self) -> str:
-        files = sorted(str(p.relative_to(self.workspace)) for p in self.workspace.rglob("*") if p.is_file())
+        files = sorted(str(p.relative_to(self.workspace)) for p in self.workspace.rglob("*") if p.is_file() and self.inside(p.resolve()))
         return "\n".join(f for f in files if not f.startswith(".grade")) or "(empty)"
 
     def tool_run_check(self) -> str:
@@ -123,21 +128,12 @@ class Toolbox:
         return format_grade(result)
 
     def tool_run_shell(self, command: str) -> str:
-        hidden = secret_names(self.secret_env)
-        env = {k: v for k, v in os.environ.items() if k not in hidden}
-        proc = (self.shell or run_plain)(command, self.workspace, self.shell_timeout_s, env)
-        return f"exit code {proc.returncode}\n{proc.stdout}{proc.stderr}"
+        result = self.sandbox.shell(command, self.workspace, hide=self.secret_env, output_limit=MAX_TOOL_OUTPUT)
+        return f"exit code {result.returncode}\n{result.output}" + "".join(f"\n[sandbox] {note}" for note in result.notes)
 
     def tool_submit(self) -> str:
         self.submitted = True
         return "submitted"
-
-
-def run_plain(command: str, cwd: Path, timeout_s: float, env: Dict[str, str]) -> subprocess.CompletedProcess:
-    try:
-        return subprocess.run(["bash", "-c", command], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout_s)
-    except subprocess.TimeoutExpired as exc:
-        return subprocess.CompletedProcess(command, 124, exc.stdout or "", f"timed out after {timeout_s:.0f} s")
 
 
 def format_grade(result: Dict[str, Any]) -> str:

@@ -1,8 +1,10 @@
-"""The grading stage: run a candidate in a supervised, freshly spawned process and score what it reports.
+"""The grading stage: run a candidate in a supervised, freshly spawned, sandboxed process and score what it reports.
 
 ``grade(problem, solution, gpu, ...)`` returns one JSON-able dict: outcome, correctness, per-shape timings and
 scores, baselines, evidence for the audit, and the environment it ran in. A crash, hang, OOM or illegal memory
-access is a classified outcome, never an exception.
+access is a classified outcome, never an exception. The grading process runs in :mod:`kbsweep.sandbox`: it sees
+kbsweep's package, the problem's files (not its solutions) and Python read-only, its candidate folder writable,
+and starts from a minimal environment.
 """
 from __future__ import annotations
 
@@ -11,7 +13,6 @@ import os
 import platform
 import secrets
 import shutil
-import signal
 import subprocess
 import tempfile
 import sys
@@ -22,7 +23,10 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from kbsweep import REPO_ROOT, gpus
 from kbsweep.grader.baselines import BaselineCache, entry_key
 from kbsweep.problems import Problem, asdict_spec
+from kbsweep.sandbox import Sandbox, SandboxPolicy, Watch, minimal_env
 from kbsweep.score import score_grade
+
+BREACH_OUTCOMES = {"wall": "grade_timeout", "memory": "grade_oom", "disk": "runtime_error"}
 
 
 def software_versions() -> Dict[str, str]:
@@ -35,25 +39,6 @@ def software_versions() -> Dict[str, str]:
         except Exception:
             versions[name] = "absent"
     return versions
-
-
-def read_rss_mib(pid: int) -> float:
-    try:
-        with open(f"/proc/{pid}/status") as fh:
-            for line in fh:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return 0.0
-
-
-def kill_group(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    proc.wait()
 
 
 def stage_candidate(solution: Path, folder: Path) -> Path:
@@ -69,40 +54,42 @@ def stage_candidate(solution: Path, folder: Path) -> Path:
 
 
 def supervise(
-    request: Dict[str, Any], log_dir: Path, timeout_s: float, memory_mib: float, env: Dict[str, str]
+    request: Dict[str, Any],
+    log_dir: Path,
+    timeout_s: float,
+    memory_mib: float,
+    env: Dict[str, str],
+    sandbox: Optional[Sandbox] = None,
+    readonly: Sequence[Path] = (),
 ) -> Dict[str, Any]:
-    """Spawn the worker, feed it the request, watch time and memory, read its one result message."""
+    """Spawn the worker in ``sandbox`` (seeing ``readonly`` and its writable workdir), feed it the request, watch
+    time, memory (its whole process tree) and disk, read its one result message."""
     log_dir.mkdir(parents=True, exist_ok=True)
+    sandbox = sandbox or Sandbox()
+    workdir = Path(request["workdir"])
     read_fd, write_fd = os.pipe()
     nonce = secrets.token_hex(16)
     with open(log_dir / "grade_stdout.log", "wb") as out, open(log_dir / "grade_stderr.log", "wb") as err:
-        proc = subprocess.Popen(
+        proc = sandbox.popen(
             [sys.executable, "-m", "kbsweep.grader.worker", str(write_fd)],
+            cwd=str(workdir),
+            env=env,
+            writable=[(workdir, str(workdir))],
+            readonly=readonly,
             stdin=subprocess.PIPE,
             stdout=out,
             stderr=err,
             pass_fds=(write_fd,),
-            env=env,
-            cwd=request["workdir"],
-            start_new_session=True,
         )
         os.close(write_fd)
         proc.stdin.write(json.dumps({**request, "nonce": nonce}).encode())
         proc.stdin.close()
-        started, verdict = time.monotonic(), None
-        while proc.poll() is None:
-            if time.monotonic() - started > timeout_s:
-                verdict = ("grade_timeout", f"grading exceeded {timeout_s:.0f} s")
-            elif memory_mib and read_rss_mib(proc.pid) > memory_mib:
-                verdict = ("grade_oom", f"grading process exceeded {memory_mib:.0f} MiB of host memory")
-            if verdict:
-                kill_group(proc)
-                break
-            time.sleep(0.05)
+        breach = Watch(proc, timeout_s, memory_mib, sandbox.policy.disk_mib, [workdir]).wait()
     with os.fdopen(read_fd) as channel:
         lines = channel.read().splitlines()
-    if verdict:
-        return {"ok": False, "outcome": verdict[0], "message": verdict[1]}
+    if breach:
+        kind, message = breach
+        return {"ok": False, "outcome": BREACH_OUTCOMES[kind], "message": f"grading process {message}"}
     messages = [json.loads(line) for line in lines if line.strip()]
     if len(messages) != 1 or messages[0].get("nonce") != nonce:
         tail = (log_dir / "grade_stderr.log").read_text(errors="replace").strip().splitlines()[-1:]
@@ -150,11 +137,14 @@ def grade(
     baseline_cache: Optional[BaselineCache] = None,
     world_size: int = 1,
     hide_env: Sequence[str] = (),
+    sandbox: Optional[SandboxPolicy] = None,
 ) -> Dict[str, Any]:
     """Grade one solution file. ``mode``: check (correctness only), bench or full (correctness + timing).
 
     A problem with a ``collective`` (the multi track), or ``world_size`` > 1, is graded at ``world_size`` ranks
-    under torchrun (:mod:`kbsweep.grader.distributed`); every other grade is one supervised process."""
+    under torchrun (:mod:`kbsweep.grader.distributed`); every other grade is one supervised process, confined by
+    ``sandbox`` (default: :class:`~kbsweep.sandbox.SandboxPolicy`'s defaults). The processes get a minimal
+    environment (never ``hide_env`` nor *_API_KEY/_TOKEN/_SECRET)."""
     from kbsweep.grader import distributed  # not at import time: ``python -m kbsweep.grader.distributed`` imports this package
 
     multi = world_size > 1 or bool(problem.spec.constraints.get("collective"))
@@ -165,11 +155,7 @@ def grade(
     spec = asdict_spec(problem.spec)
     shape_set = gpu.shape_set
     device = gpu.device
-    env = {
-        k: v for k, v in os.environ.items() if k not in hide_env and not k.endswith(("_API_KEY", "_TOKEN", "_SECRET"))
-    }
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    env = minimal_env(hide_env, PYTHONPATH=str(REPO_ROOT), PYTHONDONTWRITEBYTECODE="1")
     if device == "cpu":
         env["TRITON_INTERPRET"] = "1"
         env["CUDA_VISIBLE_DEVICES"] = ""
@@ -198,7 +184,12 @@ def grade(
         "world_size": world_size,
     }
     started = time.time()
-    message = (distributed.supervise_ranks if multi else supervise)(request, log_dir, timeout_s, memory_mib, env)
+    if multi:
+        message = distributed.supervise_ranks(request, log_dir, timeout_s, memory_mib, env)
+    else:
+        deck = [p for p in problem.root.iterdir() if p.name != "solutions"]  # bundled solutions stay out of reach
+        confined = Sandbox(sandbox or SandboxPolicy(), gpu=device == "cuda")
+        message = supervise(request, log_dir, timeout_s, memory_mib, env, confined, [REPO_ROOT / "kbsweep", *deck])
     result: Dict[str, Any] = {
         "problem": problem.id,
         "deck_version": deck_version,

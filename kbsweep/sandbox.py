@@ -1,0 +1,445 @@
+"""The sandbox: an agent's shell commands and the grading process run confined (docs/sandbox.md).
+
+Under bubblewrap a command gets its own pid, network, ipc and uts namespaces and a fresh root holding only the
+system folders and Python (read-only), the paths it is given (read-only or writable), a size-limited tmpfs /tmp
+and /dev/shm, and with a GPU its device nodes and /sys. It never sees other runs, ``outputs/``, the tracking
+store or the orchestrator's processes, and it starts from an explicit minimal environment. It runs without
+privileges (as root, kbsweep hands it an unused uid: the kernel's process limit does not bind root), under
+rlimits for processes, CPU seconds, file size and (without a GPU) address space. Its supervisor (:class:`Watch`)
+stops it past its wall time, its resident memory (every process of the tree) or its disk quota (the writable
+folders). Network is off; ``network_allow`` hosts are reached through a filtering proxy (:class:`AllowProxy`).
+
+``mode: unsafe`` runs the same commands with the same environment and limits but no namespaces; it is never
+chosen silently: where bubblewrap cannot run, :func:`require` refuses.
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+import os
+import shutil
+import signal
+import socket
+import socketserver
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from urllib.parse import urlsplit
+
+from kbsweep import KbsweepError
+
+MODES = ("bwrap", "unsafe")
+WORKSPACE = "/workspace"  # where run_shell sees its workspace
+SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt")
+PASS_ENV = ("PATH", "LD_LIBRARY_PATH", "LANG", "LC_ALL", "TZ", "CUDA_HOME", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "TRITON_INTERPRET")
+ROOT_UID_BASE = 200_000  # as root, a sandbox runs as ROOT_UID_BASE + pid % ROOT_UID_SPAN (its own process count)
+ROOT_UID_SPAN = 100_000
+POLL_S = 0.1
+DISK_POLL_S = 0.5
+PROXY_PORT = 3128
+PROXY_SOCKET = "/run/kbsweep-proxy.sock"
+PROXY_READY = "/tmp/.kbsweep-proxy-ready"
+
+
+class SandboxUnavailable(KbsweepError):
+    """bubblewrap cannot confine commands on this host, and ``sandbox.mode`` is not ``unsafe``."""
+
+
+@dataclass(frozen=True)
+class SandboxPolicy:
+    """Limits of one sandboxed command. ``memory_mib`` and ``wall_s`` are run_shell's (grading has its own)."""
+
+    mode: str = "bwrap"  # bwrap | unsafe
+    network_allow: Tuple[str, ...] = ()  # "host" or "host:port", reached through the proxy
+    cpu_s: int = 3600  # CPU seconds per process (all its threads)
+    memory_mib: int = 16384  # resident memory of all the command's processes
+    max_procs: int = 512  # processes and threads at once
+    disk_mib: int = 4096  # the writable folders' growth, /tmp, /dev/shm, and any one file
+    wall_s: float = 600.0
+
+    @classmethod
+    def of(cls, track: Mapping[str, Any]) -> "SandboxPolicy":
+        """The policy of a resolved track config: its ``sandbox`` section plus the track's own ``network_allow``."""
+        conf = dict(track.get("sandbox") or {})
+        hosts = [*conf.pop("network_allow", ()), *(track.get("network_allow") or ())]
+        return cls(**conf, network_allow=tuple(dict.fromkeys(hosts)))
+
+
+@dataclass
+class ShellResult:
+    returncode: int
+    output: str  # stdout and stderr interleaved, head and tail when long
+    notes: List[str] = field(default_factory=list)  # what the sandbox stopped or refused
+
+
+def is_root() -> bool:
+    return os.geteuid() == 0
+
+
+def sandbox_uid() -> int:
+    return ROOT_UID_BASE + os.getpid() % ROOT_UID_SPAN
+
+
+def python_dirs() -> List[Path]:
+    """Python's installation, the virtual environment and site-packages (read-only in every sandbox)."""
+    import site
+
+    dirs = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix, *site.getsitepackages()}
+    if site.ENABLE_USER_SITE:
+        dirs.add(site.getusersitepackages())
+    return [Path(d) for d in sorted(dirs) if Path(d).exists()]
+
+
+def limits(policy: SandboxPolicy, gpu: bool, memory_mib: Optional[float]) -> List[str]:
+    """A bash prefix setting the rlimits (soft and hard) before it execs the command."""
+    caps = f"ulimit -u {policy.max_procs} -t {policy.cpu_s} -f {policy.disk_mib * 1024}"
+    if memory_mib and not gpu:  # CUDA reserves far more address space than it uses: with a GPU, Watch alone
+        caps += f" -v {int(memory_mib * 1024)}"
+    return ["bash", "-c", f'{caps} && exec "$@"', "kbsweep-sandbox"]
+
+
+def ancestors(dests: Sequence[str]) -> List[str]:
+    """Folders above the mount points that no mount provides, top-down (created 0755: as root, bubblewrap copies
+    the host's modes, and a 0700 /root would hide a Python installed under it)."""
+    out: List[str] = []
+    for dest in dests:
+        for parent in reversed(Path(dest).parents[:-1]):
+            p = str(parent)
+            if p not in out and p not in dests and not any(p.startswith(d.rstrip("/") + "/") for d in dests):
+                out.append(p)
+    return out
+
+
+def bwrap_argv(
+    command: Sequence[str],
+    policy: SandboxPolicy,
+    *,
+    cwd: str,
+    writable: Sequence[Tuple[Path, str]] = (),
+    readonly: Iterable[Path] = (),
+    gpu: bool = False,
+    memory_mib: Optional[float] = None,
+    extra: Sequence[str] = (),
+) -> List[str]:
+    """The bubblewrap command line: ``writable`` is (host path, sandbox path) pairs; ``readonly`` paths keep theirs."""
+    size = str(policy.disk_mib * 2**20)
+    system = [*SYSTEM_DIRS, "/sys" if gpu else "/sys/devices/system/cpu"]  # torch reads the CPU topology
+    binds = [("--ro-bind", str(p), str(p)) for p in [*map(Path, system), *python_dirs(), *readonly] if p.exists()]
+    binds += [("--bind", str(src), dest) for src, dest in writable]
+    binds.sort(key=lambda b: b[2].count("/"))  # parents before children
+    argv = ["bwrap", "--die-with-parent", "--new-session", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
+            "--unshare-cgroup-try", "--proc", "/proc", "--dev", "/dev"]
+    if is_root():  # no user namespace: the command drops to an unprivileged uid (setpriv below)
+        argv += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+    else:
+        argv += ["--unshare-user", "--disable-userns"]
+    for tmp in ("/tmp", "/dev/shm"):
+        argv += ["--perms", "1777", "--size", size, "--tmpfs", tmp]
+    for folder in ancestors([b[2] for b in binds]):
+        argv += ["--perms", "0755", "--dir", folder]
+    for flag, src, dest in binds:
+        argv += [flag, src, dest]
+    if gpu:
+        argv += [a for node in sorted(Path("/dev").glob("nvidia*")) for a in ("--dev-bind", str(node), str(node))]
+    argv += [*extra, "--chdir", cwd, "--"]
+    if is_root():
+        uid = str(sandbox_uid())
+        argv += ["setpriv", "--reuid", uid, "--regid", uid, "--clear-groups", "--inh-caps=-all", "--bounding-set=-all", "--"]
+    return argv + limits(policy, gpu, memory_mib) + list(command)
+
+
+@functools.lru_cache(maxsize=None)
+def self_test() -> Optional[str]:
+    """None when bubblewrap confines a command here, else why not (cached per process)."""
+    if shutil.which("bwrap") is None:
+        return "bwrap is not installed"
+    if is_root() and shutil.which("setpriv") is None:
+        return "setpriv (util-linux) is not installed"
+    argv = bwrap_argv(["sh", "-c", 'test "$(id -u)" != 0'], SandboxPolicy(), cwd="/")  # confined and unprivileged
+    try:
+        proc = subprocess.run(argv, env=minimal_env(), capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return str(exc)
+    if proc.returncode != 0:
+        return (proc.stderr.strip().splitlines() or [f"exit code {proc.returncode}"])[-1]
+    return None
+
+
+def require(policy: SandboxPolicy, probe: bool = True) -> None:
+    """Raise (one line) unless ``policy`` can be honoured here: bwrap works (``probe``: test it), or the mode is
+    explicitly unsafe."""
+    if policy.mode not in MODES:
+        raise KbsweepError(f"sandbox.mode must be one of {', '.join(MODES)}, got '{policy.mode}'")
+    reason = self_test() if probe and policy.mode == "bwrap" else None
+    if reason:
+        raise SandboxUnavailable(
+            f"sandbox.mode=bwrap but bubblewrap cannot confine commands here ({reason}); install bubblewrap and allow "
+            "user namespaces, or run with sandbox.mode=unsafe (docs/sandbox.md)"
+        )
+
+
+def minimal_env(hide: Iterable[str] = (), **extra: str) -> Dict[str, str]:
+    """The environment of a sandboxed command: Python's bin folder first on PATH, HOME and TMPDIR in /tmp, a few
+    named variables of this process (never a secret's, see :func:`~kbsweep.agent.transcript.secret_names`)."""
+    from kbsweep.agent.transcript import secret_names
+
+    hidden = secret_names(hide)
+    env = {k: os.environ[k] for k in PASS_ENV if k in os.environ and k not in hidden}
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "/usr/local/bin:/usr/bin:/bin")])
+    env.update(HOME="/tmp", TMPDIR="/tmp", LANG=env.get("LANG", "C.UTF-8"), **extra)
+    return env
+
+
+def process_tree(pid: int) -> List[int]:
+    """``pid`` and its descendants (a sandbox's orphans are reparented inside it, so they stay in the tree)."""
+    tree, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        tree.append(current)
+        try:
+            for task in os.listdir(f"/proc/{current}/task"):
+                with open(f"/proc/{current}/task/{task}/children") as fh:
+                    todo += [int(c) for c in fh.read().split()]
+        except OSError:
+            continue
+    return tree
+
+
+def rss_mib(pids: Iterable[int]) -> float:
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/statm") as fh:
+                total += int(fh.read().split()[1])
+        except (OSError, IndexError, ValueError):
+            pass
+    return total * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def used_mib(folders: Iterable[Path]) -> float:
+    total = 0
+    for folder in folders:
+        for root, dirs, files in os.walk(folder):
+            for name in dirs + files:
+                try:
+                    total += os.lstat(os.path.join(root, name)).st_blocks * 512
+                except OSError:
+                    pass
+    return total / 2**20
+
+
+def give(folders: Iterable[Path], uid: int) -> None:
+    """Hand writable folders to the sandbox's uid (as root); never follows a symlink the sandbox planted."""
+    for folder in folders:
+        os.lchown(folder, uid, uid)
+        for root, dirs, files in os.walk(folder):
+            for name in dirs + files:
+                os.lchown(os.path.join(root, name), uid, uid)
+
+
+def kill(proc: subprocess.Popen) -> None:
+    """Kill the sandbox's process group; bubblewrap's --die-with-parent takes the namespace's processes down."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.wait()
+
+
+class Watch:
+    """Polls a sandboxed process: wall time, resident memory of its whole tree, growth of its writable folders."""
+
+    def __init__(self, proc: subprocess.Popen, wall_s: float, memory_mib: Optional[float], disk_mib: float, folders: Sequence[Path]):
+        self.proc, self.wall_s, self.memory_mib, self.disk_mib, self.folders = proc, wall_s, memory_mib, disk_mib, folders
+        self.started = time.monotonic()
+        self.disk_start = used_mib(folders)
+        self.disk_checked = self.started
+
+    def breach(self) -> Optional[Tuple[str, str]]:
+        """("wall" | "memory" | "disk", message) once a limit is passed, else None."""
+        now = time.monotonic()
+        if now - self.started > self.wall_s:
+            return "wall", f"stopped after {self.wall_s:.0f} s (wall-clock limit)"
+        if self.memory_mib and rss_mib(process_tree(self.proc.pid)) > self.memory_mib:
+            return "memory", f"stopped: its processes held more than {self.memory_mib:.0f} MiB of memory"
+        if self.folders and now - self.disk_checked > DISK_POLL_S:
+            self.disk_checked = now
+            used = used_mib(self.folders)
+            if used > self.disk_mib and used > self.disk_start:
+                return "disk", f"stopped: the writable folders hold {used:.0f} MiB, over the {self.disk_mib} MiB quota"
+        return None
+
+    def wait(self) -> Optional[Tuple[str, str]]:
+        """Until the process ends or passes a limit (then it is killed); returns the breach, if any."""
+        while self.proc.poll() is None:
+            found = self.breach()
+            if found:
+                kill(self.proc)
+                return found
+            time.sleep(POLL_S)
+        return None
+
+
+def pump(source, sink) -> None:
+    """Copy one socket into another until EOF, then half-close the sink."""
+    try:
+        while True:
+            data = source.recv(65536)
+            if not data:
+                break
+            sink.sendall(data)
+    except OSError:
+        pass
+    try:
+        sink.shutdown(socket.SHUT_WR)
+    except OSError:
+        pass
+
+
+FORWARDER = inspect.getsource(pump) + f"""
+import socket, threading
+listener = socket.create_server(("127.0.0.1", {PROXY_PORT}))
+open("{PROXY_READY}", "w").close()
+while True:
+    client, _ = listener.accept()
+    upstream = socket.socket(socket.AF_UNIX)
+    upstream.connect("{PROXY_SOCKET}")
+    threading.Thread(target=pump, args=(client, upstream), daemon=True).start()
+    threading.Thread(target=pump, args=(upstream, client), daemon=True).start()
+"""  # runs inside the sandbox: 127.0.0.1:PROXY_PORT -> the proxy's unix socket
+WITH_FORWARDER = f'"{sys.executable}" -c "$1" & until [ -e {PROXY_READY} ]; do sleep 0.02; done; exec bash -c "$2"'
+
+
+class AllowProxy:
+    """An HTTP proxy (CONNECT and absolute-URI requests) on a unix socket that dials only allowed hosts
+    (``host`` or ``host:port``) and records the others in ``refused``."""
+
+    def __init__(self, allow: Sequence[str]):
+        self.allow, self.refused = set(allow), []
+        self.folder = Path(tempfile.mkdtemp(prefix="kbsweep-proxy-"))
+        self.path = self.folder / "proxy.sock"
+        proxy = self
+
+        class Handler(socketserver.BaseRequestHandler):
+            def handle(self):
+                proxy.serve(self.request)
+
+        self.server = socketserver.ThreadingUnixStreamServer(str(self.path), Handler)
+        self.server.daemon_threads = True
+        os.chmod(self.folder, 0o755)
+        os.chmod(self.path, 0o666)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def serve(self, client) -> None:
+        head = b""
+        while b"\r\n\r\n" not in head and len(head) < 65536:
+            chunk = client.recv(4096)
+            if not chunk:
+                return
+            head += chunk
+        method, target = (head.split(b"\r\n", 1)[0].decode("latin-1").split(" ") + ["", ""])[:2]
+        if method == "CONNECT":
+            host, _, port = target.rpartition(":")
+        else:
+            url = urlsplit(target)
+            host, port = url.hostname or "", str(url.port or 80)
+        if host not in self.allow and f"{host}:{port}" not in self.allow:
+            self.refused.append(f"{host}:{port}")
+            client.sendall(b"HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+            return
+        try:
+            upstream = socket.create_connection((host, int(port)), timeout=30)
+        except (OSError, ValueError):
+            client.sendall(b"HTTP/1.1 502 Bad Gateway\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+            return
+        with upstream:
+            upstream.settimeout(None)
+            if method == "CONNECT":
+                client.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
+            else:
+                upstream.sendall(head)
+            back = threading.Thread(target=pump, args=(upstream, client), daemon=True)
+            back.start()
+            pump(client, upstream)
+            back.join()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def head_tail(fh, limit: int) -> str:
+    """The first and last ``limit // 2`` bytes of an open file (the whole file when it is short)."""
+    size = fh.seek(0, os.SEEK_END)
+    fh.seek(0)
+    if size <= limit:
+        return fh.read().decode(errors="replace")
+    head = fh.read(limit // 2).decode(errors="replace")
+    fh.seek(size - limit // 2)
+    return f"{head}\n[... {size - limit} bytes cut ...]\n{fh.read().decode(errors='replace')}"
+
+
+class Sandbox:
+    """Runs untrusted commands under one policy. ``gpu``: expose the GPU device nodes. Construction refuses
+    (:func:`require`) when the policy cannot be honoured here."""
+
+    def __init__(self, policy: SandboxPolicy = SandboxPolicy(), gpu: bool = False):
+        require(policy)
+        self.policy, self.gpu = policy, gpu
+
+    @property
+    def confined(self) -> bool:
+        return self.policy.mode == "bwrap"
+
+    def popen(
+        self,
+        command: Sequence[str],
+        *,
+        cwd: str,
+        env: Mapping[str, str],
+        writable: Sequence[Tuple[Path, str]] = (),
+        readonly: Iterable[Path] = (),
+        memory_mib: Optional[float] = None,
+        extra: Sequence[str] = (),
+        **popen: Any,
+    ) -> subprocess.Popen:
+        """Start ``command`` confined, in a session of its own, with exactly ``env``. ``writable``: (host, sandbox)
+        path pairs (unsafe mode: the command sees host paths, so ``cwd`` must be one)."""
+        if not self.confined:
+            return subprocess.Popen([*limits(self.policy, self.gpu, memory_mib), *command], cwd=cwd, env=dict(env), start_new_session=True, **popen)
+        if is_root():
+            give([src for src, _ in writable], sandbox_uid())
+        argv = bwrap_argv(command, self.policy, cwd=cwd, writable=writable, readonly=readonly, gpu=self.gpu, memory_mib=memory_mib, extra=extra)
+        return subprocess.Popen(argv, env=dict(env), start_new_session=True, **popen)
+
+    def shell(self, command: str, workspace: Path, hide: Iterable[str] = (), output_limit: int = 12_000) -> ShellResult:
+        """``bash -c command`` in the workspace (seen as /workspace), under the policy's limits."""
+        workspace = Path(workspace).resolve()
+        env = minimal_env(hide)
+        argv, extra, proxy = ["bash", "-c", command], [], None
+        if self.confined and self.policy.network_allow:
+            proxy = AllowProxy(self.policy.network_allow)
+            url = f"http://127.0.0.1:{PROXY_PORT}"
+            env.update(HTTP_PROXY=url, HTTPS_PROXY=url, http_proxy=url, https_proxy=url)
+            argv, extra = ["bash", "-c", WITH_FORWARDER, "kbsweep-shell", FORWARDER, command], ["--bind", str(proxy.path), PROXY_SOCKET]
+        cwd = WORKSPACE if self.confined else str(workspace)
+        try:
+            with tempfile.TemporaryFile() as out:
+                proc = self.popen(argv, cwd=cwd, env=env, writable=[(workspace, WORKSPACE)], memory_mib=self.policy.memory_mib,
+                                  extra=extra, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
+                breach = Watch(proc, self.policy.wall_s, self.policy.memory_mib, self.policy.disk_mib, [workspace]).wait()
+                result = ShellResult(124 if breach else proc.returncode, head_tail(out, output_limit))
+        finally:
+            if proxy:
+                proxy.close()
+        if breach:
+            result.notes.append(breach[1])
+        if proxy and proxy.refused:
+            result.notes.append(f"refused network access to {', '.join(dict.fromkeys(proxy.refused))} (not in sandbox.network_allow)")
+        return result

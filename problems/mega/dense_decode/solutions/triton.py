@@ -11,7 +11,8 @@ degenerates to running the tasks in order (which is what Triton's CPU interprete
 Synchronisation: a CTA barrier then a release atomic after each task; an acquire load before; scratch
 written inside the launch is read with ``.cg`` loads (from L2, never a stale L1 line). The last program to
 leave resets the counters, so every launch (and every CUDA-graph replay) starts from zero. Scratch is
-float32; the only roundings are the bf16 outputs, as in the reference.
+float32; the only roundings are the bf16 outputs, as in the reference. It runs the problem's full shapes (one
+launch of one program per SM); speed was not its goal: phases are GEMV tiles with no pipelining across them.
 """
 import math
 

@@ -79,7 +79,7 @@ def compare(ref_out: Any, out: Any, table: Dict[str, Any], override: Optional[Di
         max_rel = (diff / r32.abs().clamp_min(1e-12)).max().item() if diff.numel() else 0.0
         worst = {"max_abs": max(worst["max_abs"], max_abs), "max_rel": max(worst["max_rel"], max_rel)}
         if "cosine" in tol:
-            cos = torch.nn.functional.cosine_similarity(o32.flatten(), r32.flatten(), dim=0, eps=1e-12).item()
+            cos = torch.nn.functional.cosine_similarity(o.double().flatten(), r.double().flatten(), dim=0, eps=1e-12).item()
             if cos < tol["cosine"]:
                 raise CheckFailure(f"output {i}: cosine {cos:.6f} < {tol['cosine']}")
             continue

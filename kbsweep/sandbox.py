@@ -34,6 +34,7 @@ from urllib.parse import urlsplit
 from kbsweep import KbsweepError
 
 MODES = ("bwrap", "unsafe")
+BASH = "/bin/bash"
 WORKSPACE = "/workspace"  # where run_shell sees its workspace
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt")
 PASS_ENV = ("PATH", "LD_LIBRARY_PATH", "LANG", "LC_ALL", "TZ", "CUDA_HOME", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "TRITON_INTERPRET")
@@ -42,7 +43,7 @@ ROOT_UID_SPAN = 100_000
 POLL_S = 0.1
 DISK_POLL_S = 0.5
 PROXY_PORT = 3128
-PROXY_SOCKET = "/run/kbsweep-proxy.sock"
+PROXY_SOCKET = "/tmp/.kbsweep-proxy.sock"
 PROXY_READY = "/tmp/.kbsweep-proxy-ready"
 
 
@@ -100,7 +101,7 @@ def limits(policy: SandboxPolicy, gpu: bool, memory_mib: Optional[float]) -> Lis
     caps = f"ulimit -u {policy.max_procs} -t {policy.cpu_s} -f {policy.disk_mib * 1024}"
     if memory_mib and not gpu:  # CUDA reserves far more address space than it uses: with a GPU, Watch alone
         caps += f" -v {int(memory_mib * 1024)}"
-    return ["bash", "-c", f'{caps} && exec "$@"', "kbsweep-sandbox"]
+    return [BASH, "-c", f'{caps} && exec "$@"', "kbsweep-sandbox"]
 
 
 def ancestors(dests: Sequence[str]) -> List[str]:
@@ -146,7 +147,7 @@ def bwrap_argv(
         argv += [flag, src, dest]
     if gpu:
         argv += [a for node in sorted(Path("/dev").glob("nvidia*")) for a in ("--dev-bind", str(node), str(node))]
-    argv += [*extra, "--chdir", cwd, "--"]
+    argv += [*extra, "--remount-ro", "/", "--remount-ro", "/dev", "--chdir", cwd, "--"]  # only the tmpfs and binds stay writable
     if is_root():
         uid = str(sandbox_uid())
         argv += ["setpriv", "--reuid", uid, "--regid", uid, "--clear-groups", "--inh-caps=-all", "--bounding-set=-all", "--"]
@@ -242,13 +243,26 @@ def give(folders: Iterable[Path], uid: int) -> None:
                 os.lchown(os.path.join(root, name), uid, uid)
 
 
-def kill(proc: subprocess.Popen) -> None:
-    """Kill the sandbox's process group; bubblewrap's --die-with-parent takes the namespace's processes down."""
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def kill(proc: subprocess.Popen, settle_s: float = 10.0) -> None:
+    """Kill the sandbox's process group and wait until its whole tree is gone (bubblewrap's --die-with-parent
+    takes the namespace's processes down)."""
+    tree = process_tree(proc.pid)
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
     proc.wait()
+    deadline = time.monotonic() + settle_s
+    while any(map(alive, tree)) and time.monotonic() < deadline:
+        time.sleep(0.01)
 
 
 class Watch:
@@ -312,7 +326,7 @@ while True:
     threading.Thread(target=pump, args=(client, upstream), daemon=True).start()
     threading.Thread(target=pump, args=(upstream, client), daemon=True).start()
 """  # runs inside the sandbox: 127.0.0.1:PROXY_PORT -> the proxy's unix socket
-WITH_FORWARDER = f'"{sys.executable}" -c "$1" & until [ -e {PROXY_READY} ]; do sleep 0.02; done; exec bash -c "$2"'
+WITH_FORWARDER = f'"{sys.executable}" -c "$1" & until [ -e {PROXY_READY} ]; do sleep 0.02; done; exec {BASH} -c "$2"'
 
 
 class AllowProxy:
@@ -422,12 +436,12 @@ class Sandbox:
         """``bash -c command`` in the workspace (seen as /workspace), under the policy's limits."""
         workspace = Path(workspace).resolve()
         env = minimal_env(hide)
-        argv, extra, proxy = ["bash", "-c", command], [], None
+        argv, extra, proxy = [BASH, "-c", command], [], None
         if self.confined and self.policy.network_allow:
             proxy = AllowProxy(self.policy.network_allow)
             url = f"http://127.0.0.1:{PROXY_PORT}"
             env.update(HTTP_PROXY=url, HTTPS_PROXY=url, http_proxy=url, https_proxy=url)
-            argv, extra = ["bash", "-c", WITH_FORWARDER, "kbsweep-shell", FORWARDER, command], ["--bind", str(proxy.path), PROXY_SOCKET]
+            argv, extra = [BASH, "-c", WITH_FORWARDER, "kbsweep-shell", FORWARDER, command], ["--bind", str(proxy.path), PROXY_SOCKET]
         cwd = WORKSPACE if self.confined else str(workspace)
         try:
             with tempfile.TemporaryFile() as out:

@@ -12,7 +12,7 @@ import shutil
 import tempfile
 import uuid
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Optional
+from typing import Any, Dict, List
 
 from kbsweep.agent.trace_export import to_claude_code
 from kbsweep.agent.transcript import Redactor, read_events
@@ -54,12 +54,12 @@ def index_row(row: Dict[str, Any]) -> Dict[str, Any]:
     return {field: row.get(field) for field in INDEX_FIELDS}
 
 
-def export_dataset(uri: str, out: Path, experiments: Optional[Iterable[str]] = None) -> Dict[str, Any]:
+def export_dataset(uri: str, out: Path) -> Dict[str, Any]:
     """Write traces and the index for every finished cell run of the store (latest run per cell key)."""
     from kbsweep.tracking import latest_per_cell, make_client, runs_frame
 
     client = make_client(uri)
-    rows = latest_per_cell(runs_frame(uri, experiments))
+    rows = latest_per_cell(runs_frame(uri))
     out = Path(out)
     if (out / "traces").exists():
         shutil.rmtree(out / "traces")

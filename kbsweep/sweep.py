@@ -22,7 +22,7 @@ from kbsweep.cell import RESULT_FILE
 from kbsweep.launch import make_launcher
 from kbsweep.matrix import Cell, cell_dir
 from kbsweep.outcomes import Outcome
-from kbsweep.tracking import Tracker, result_id
+from kbsweep.tracking import Tracker, owner, result_id
 
 
 class Progress:
@@ -80,8 +80,6 @@ def sweep_lock(outputs: Path, sweep: str) -> Iterator[None]:
         except BlockingIOError:
             handle.seek(0)
             raise KbsweepError(f"sweep '{sweep}' is already running from {handle.read().strip() or 'another process'}; wait for it or stop it") from None
-        from kbsweep.tracking import owner
-
         handle.truncate(0)
         handle.write(owner())
         handle.flush()

@@ -157,11 +157,11 @@ def step_metrics(steps: List[Dict[str, Any]]) -> List[tuple]:
     return out
 
 
-def page_runs(client, experiment_ids: List[str], filter_string: str, order_by: Optional[List[str]] = None) -> List[Any]:
+def page_runs(client, experiment_ids: List[str], filter_string: str) -> List[Any]:
     """Every matching run (search_runs pages through at most 50,000 at a time)."""
     runs, token = [], None
     while True:
-        page = client.search_runs(experiment_ids, filter_string=filter_string, max_results=50_000, order_by=order_by, page_token=token)
+        page = client.search_runs(experiment_ids, filter_string=filter_string, max_results=50_000, page_token=token)
         runs.extend(page)
         token = page.token
         if not token:
@@ -274,8 +274,8 @@ class Tracker:
 
     def finish_cell(self, run_id: str, result: Dict[str, Any]) -> str:
         """Log a cell's result (metrics, tags, env params, artifacts, plots) and close its run; returns the run id."""
-        from kbsweep.export import trace_jsonl
         from kbsweep.agent.transcript import read_events
+        from kbsweep.export import trace_jsonl
         from kbsweep.report import cell_figures, shape_label
 
         metrics = [(k, v, 0) for k, v in cell_metrics(result).items()] + step_metrics(result.get("steps") or [])

@@ -5,6 +5,7 @@ orchestrator logs to tracking; a result on disk is never recomputed).
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import shutil
 import time
@@ -85,8 +86,36 @@ def final_outcome(agent_fault: Outcome | None, stop: StopReason, graded: Dict[st
     return Outcome(graded["outcome"])
 
 
+def cell_lock_path(cell: Cell) -> Path:
+    """Beside the cell's folder (which a rerun may clear), held for as long as the cell runs."""
+    return cell_dir(cell).parent / f"{cell.key}.lock"
+
+
+def cell_busy(cell: Cell) -> bool:
+    """True while some process (an earlier sweep's orphaned job, say) is running this cell."""
+    path = cell_lock_path(cell)
+    if not path.exists():
+        return False
+    with open(path, "a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(handle, fcntl.LOCK_UN)
+    return False
+
+
 def run_cell(cell: Cell) -> Dict[str, Any]:
-    """Run one cell and write its result.json; any harness failure becomes a harness_error result."""
+    """Run one cell under its lock (never twice at once) and write its result.json; any harness failure
+    becomes a harness_error result."""
+    path = cell_lock_path(cell)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        return run_cell_locked(cell)
+
+
+def run_cell_locked(cell: Cell) -> Dict[str, Any]:
     folder = cell_dir(cell)
     journal = folder / RESULT_FILE
     if journal.exists():

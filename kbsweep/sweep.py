@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Set, Tuple
 
 from kbsweep import KbsweepError
-from kbsweep.cell import RESULT_FILE
+from kbsweep.cell import RESULT_FILE, cell_busy
 from kbsweep.launch import make_launcher
 from kbsweep.matrix import Cell, cell_dir
 from kbsweep.outcomes import Outcome
@@ -92,6 +92,9 @@ def plan(cells: List[Cell], finished: Dict[str, str], logged: Set[str], force: b
     todo, replay, salvage = [], [], []
     for cell in cells:
         if cell.key in finished:
+            continue
+        if cell_busy(cell):
+            print(f"[kbsweep] {cell.label}: still running in another process; left alone this time", file=sys.stderr)
             continue
         recorded = journal(cell)
         if recorded and not force and not Outcome(recorded["outcome"]).is_infra:

@@ -1,0 +1,71 @@
+"""A cell never runs twice at once: a running cell holds its lock, and local jobs die with their orchestrator."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+from kbsweep.cell import cell_busy, cell_lock_path
+from kbsweep.matrix import Cell
+from kbsweep.sweep import plan
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def demo_cell(outputs: Path) -> Cell:
+    return Cell(
+        sweep="demo", key="0123456789abcdef", model={"name": "scripted"}, gpu={"name": "cpu"}, track={"name": "demo"},
+        problem="demo/scale_shift", problem_dir=str(REPO / "problems/demo/scale_shift"), deck_version="x", repeat=0,
+        paths={"outputs": str(outputs)}, launcher={}, grade={},
+    )
+
+
+def test_a_held_cell_lock_keeps_the_cell_out_of_the_plan(outputs):
+    cell = demo_cell(outputs)
+    path = cell_lock_path(cell)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", f"import fcntl, time; h = open({str(path)!r}, 'a'); fcntl.flock(h, fcntl.LOCK_EX); print('held', flush=True); time.sleep(60)"],
+        stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        assert cell_busy(cell)
+        todo, replay, salvage = plan([cell], {}, set(), force=False)
+        assert todo == [] and replay == [] and salvage == []
+    finally:
+        holder.kill()
+        holder.wait()
+    assert not cell_busy(cell)
+    assert plan([cell], {}, set(), force=False)[0] == [cell]
+
+
+def test_a_job_dies_with_its_orchestrator(tmp_path):
+    marker = tmp_path / "alive"
+    child_code = textwrap.dedent(
+        f"""
+        import time
+        from kbsweep.launch import die_with_parent
+        die_with_parent()
+        for _ in range(300):
+            open({str(marker)!r}, "w").write(str(time.time()))
+            time.sleep(0.1)
+        """
+    )
+    parent_code = f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {child_code!r}]); time.sleep(60)"
+    parent = subprocess.Popen([sys.executable, "-c", parent_code], cwd=REPO)
+    for _ in range(200):
+        if marker.exists():
+            break
+        time.sleep(0.1)
+    assert marker.exists(), "the child never started"
+    os.kill(parent.pid, signal.SIGKILL)
+    parent.wait()
+    time.sleep(1.5)
+    before = marker.read_text()
+    time.sleep(1.0)
+    assert marker.read_text() == before, "the job outlived its SIGKILLed orchestrator"

@@ -63,6 +63,10 @@ KINDS: Dict[str, tuple] = {
     "forbidden_kernel": (HACK, "a vendor kernel of a forbidden op family on the timed path"),
     "persisting_l2": (HACK, "the persisting-L2 limit was non-zero after it ran"),
     "evidence_missing": (HUMAN, "a passing grade without the audit probes' evidence"),
+    "launch_count_gate": (HACK, "a single_kernel step did not run as exactly one kernel per call (graph replays count their kernels)"),
+    "launch_count_unverified": (None, "a single_kernel problem graded without a GPU profile: launches not counted"),
+    "c10d_collective": (HACK, "a torch.distributed collective ran on the candidate's path (the multi track replaces them)"),
+    "nccl_kernel": (HACK, "an NCCL kernel ran on the candidate's timed path"),
     # transcript
     "transcript_other_runs": (CONTAMINATED, "the agent reached other runs' files (paths outside its workspace)"),
     # judge

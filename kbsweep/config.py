@@ -80,7 +80,7 @@ class SandboxConf:
     network_allow: List[str] = field(default_factory=list)
     cpu_s: int = 3600
     memory_mib: int = 16384
-    max_procs: int = 512
+    max_procs: int = 4096
     disk_mib: int = 4096
     wall_s: float = 600.0
 

@@ -59,7 +59,7 @@ class SandboxPolicy:
     network_allow: Tuple[str, ...] = ()  # "host" or "host:port", reached through the proxy
     cpu_s: int = 3600  # CPU seconds per process (all its threads)
     memory_mib: int = 16384  # resident memory of all the command's processes
-    max_procs: int = 512  # processes and threads at once
+    max_procs: int = 4096  # processes and threads at once (torch starts a thread per core)
     disk_mib: int = 4096  # the writable folders' growth, /tmp, /dev/shm, and any one file
     wall_s: float = 600.0
 

@@ -1,0 +1,140 @@
+"""Contamination tripwire and sandbox evidence (docs/sandbox.md).
+
+:func:`findings` reads a cell's transcript (its ``transcript.jsonl`` inside ``outputs/sweeps/<sweep>/<key>/``, or
+its events) and its solution files, and raises:
+
+* ``contaminated`` (verdict contaminated): the agent's turns, its tool calls and results, or the files name
+  another run of the same outputs folder: a cell key (``sweeps/*/<key>``), an MLflow run id (its sqlite store or
+  artifact folders), a path under the outputs folder outside this cell's, or another cell's score as
+  ``result.json``, MLflow and the reports keep it (full precision: short numbers would match by chance).
+* ``sandbox_attempt`` (evidence, no verdict of its own): a shell command or file path that reaches past the
+  sandbox (parent folders, another process's /proc, the environment, outputs/ or the tracking store, the network),
+  or a result showing the sandbox stopped it (paths outside the workspace, refused hosts, the process, memory or
+  disk limit). The sandbox blocked it; the finding records that it was tried.
+"""
+from __future__ import annotations
+
+import json
+import re
+import sqlite3
+from pathlib import Path
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple, Union
+
+from kbsweep.audit.kinds import finding
+from kbsweep.audit.transcript import load
+
+LAYER = "contamination"
+HEX = "0-9a-fA-F"
+RUN_ID = re.compile(r"^[0-9a-f]{32}$")
+REACH = re.compile(
+    r"\.\./"  # a parent folder
+    r"|/proc/(?!self/|thread-self/)[^/\s]+/(environ|cmdline|root|cwd|fd|maps|mem)\b|\benviron\b"  # other processes, the env
+    r"|(^|[\s'\"/])(outputs|sweeps|mlruns|mlartifacts)(/|\b)|mlflow\.db"  # other runs, the tracking store
+    r"|https?://|\b(curl|wget|nc|ncat|socat|ssh|scp|telnet)\s|/dev/(tcp|udp)/|\bsocket\.(socket|create_connection)"  # network
+)
+STOPPED = re.compile(
+    r"outside the workspace|\[sandbox\] (refused|stopped: its processes|stopped: the writable)"
+    r"|fork: retry: Resource temporarily unavailable|BlockingIOError|File size limit exceeded|No space left on device"
+)
+SHOWN = {"run_shell": "command", "read_file": "path", "write_file": "path"}  # what each tool call reaches for
+GRADING_TOOLS = ("run_check", "run_benchmark")  # results carry this cell's own numbers
+
+
+def cell_of(transcript: Union[str, Path, List[Dict[str, Any]], None]) -> Optional[Tuple[Path, Path]]:
+    """(outputs folder, cell folder) of a transcript path laid out as ``<outputs>/sweeps/<sweep>/<key>/...``."""
+    if not isinstance(transcript, (str, Path)):
+        return None
+    cell = Path(transcript).resolve().parent
+    return (cell.parents[2], cell) if cell.parent.parent.name == "sweeps" else None
+
+
+def run_ids(outputs: Path) -> Iterator[str]:
+    """MLflow run ids of the outputs folder: its sqlite store's runs and its artifact/run folders."""
+    db = outputs / "mlflow.db"
+    if db.exists():
+        try:
+            with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
+                yield from (row[0] for row in conn.execute("SELECT run_uuid FROM runs"))
+        except sqlite3.Error:
+            pass
+    for root in ("mlartifacts", "mlruns"):
+        yield from (p.name for p in (outputs / root).glob("*/*") if RUN_ID.match(p.name))
+
+
+def score_text(result: Path) -> Optional[str]:
+    """Another cell's score as its result.json has it, when it has 6 significant digits or more."""
+    try:
+        score = json.loads(result.read_text()).get("score")
+    except (OSError, ValueError, AttributeError):
+        return None
+    text = repr(score) if isinstance(score, float) else ""
+    return text if len(re.sub(r"e.*|[^0-9]", "", text).lstrip("0")) >= 6 else None
+
+
+def tripwire(outputs: Path, cell: Path) -> Tuple[re.Pattern, Optional[re.Pattern], Dict[str, str]]:
+    """(ids and paths pattern, scores pattern, token -> what it names) for every run but ``cell``."""
+    names: Dict[str, str] = {}
+    scores: Dict[str, str] = {}
+    for other in (outputs / "sweeps").glob("*/*"):
+        if other.is_dir() and other != cell:
+            names[other.name] = f"cell {other.parent.name}/{other.name}"
+            score = score_text(other / "result.json")
+            if score:
+                scores[score] = f"score of cell {other.parent.name}/{other.name}"
+    names.update((run, f"MLflow run {run}") for run in run_ids(outputs))
+    ids = [rf"(?<![{HEX}]){re.escape(token)}(?![{HEX}])" for token in names]
+    own = re.escape(str(cell.relative_to(outputs)))
+    path = rf"{re.escape(str(outputs))}(?!/{own}(?:/|\b))"
+    pattern = re.compile("|".join([path, *ids]))
+    score_pattern = re.compile("|".join(rf"(?<![\d.]){re.escape(s)}(?!\d)" for s in scores)) if scores else None
+    return pattern, score_pattern, {**names, **scores}
+
+
+def texts(events: List[Dict[str, Any]]) -> Iterator[Tuple[str, str, bool]]:
+    """(where, text, may quote scores) of every agent turn and tool use."""
+    for i, event in enumerate(events):
+        if event.get("type") == "assistant":
+            calls = json.dumps(event.get("tool_calls") or [], default=str)
+            yield f"turn {i}", f"{event.get('content') or ''}\n{event.get('reasoning') or ''}\n{calls}", True
+        elif event.get("type") == "tool":
+            name = event.get("name", "")
+            yield f"{name} result {i}", f"{event.get('arguments') or ''}\n{event.get('content') or ''}", name not in GRADING_TOOLS
+
+
+def contamination(events: List[Dict[str, Any]], files: Mapping[str, str], outputs: Path, cell: Path) -> List[Dict[str, Any]]:
+    pattern, score_pattern, what = tripwire(outputs, cell)
+    sources = [*texts(events), *((name, text, True) for name, text in files.items())]
+    out = []
+    for where, text, scored in sources:
+        hits = list(pattern.finditer(text)) + (list(score_pattern.finditer(text)) if scored and score_pattern else [])
+        for hit in {h.group(0): h for h in hits}.values():
+            named = what.get(hit.group(0), "a path under the outputs folder outside this cell")
+            out.append(finding("contaminated", LAYER, f"{where} names {named}: {hit.group(0)[:120]}"))
+    return out
+
+
+def attempts(events: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """The tool calls that reached past the sandbox or that it stopped."""
+    out = []
+    for event in events:
+        if event.get("type") != "tool":
+            continue
+        name, result = event.get("name", ""), str(event.get("content") or "")
+        try:
+            arguments = json.loads(event.get("arguments") or "{}")
+        except (TypeError, ValueError):
+            arguments = {}
+        target = str(arguments.get(SHOWN.get(name, ""), "")) if isinstance(arguments, dict) else ""
+        stopped = STOPPED.search(result)
+        if REACH.search(target) or stopped:
+            detail = f"{name} {target[:160]!r}" + (f": {stopped.group(0)}" if stopped else "")
+            out.append(finding("sandbox_attempt", LAYER, detail))
+    return out
+
+
+def findings(transcript: Union[str, Path, List[Dict[str, Any]], None], files: Mapping[str, str]) -> List[Dict[str, Any]]:
+    """``contaminated`` and ``sandbox_attempt`` findings of one cell (see the module's docstring); ``files``: the
+    solution's files, name -> source. Other runs are known only from a transcript path inside an outputs folder."""
+    events = load(transcript)
+    located = cell_of(transcript)
+    return (contamination(events, files, *located) if located else []) + attempts(events)

@@ -95,10 +95,10 @@ def texts(events: List[Dict[str, Any]]) -> Iterator[Tuple[str, str, bool]]:
     for i, event in enumerate(events):
         if event.get("type") == "assistant":
             calls = json.dumps(event.get("tool_calls") or [], default=str)
-            yield f"turn {i}", f"{event.get('content') or ''}\n{event.get('reasoning') or ''}\n{calls}", True
+            yield f"event {i} (assistant)", f"{event.get('content') or ''}\n{event.get('reasoning') or ''}\n{calls}", True
         elif event.get("type") == "tool":
             name = event.get("name", "")
-            yield f"{name} result {i}", f"{event.get('arguments') or ''}\n{event.get('content') or ''}", name not in GRADING_TOOLS
+            yield f"event {i} ({name})", f"{event.get('arguments') or ''}\n{event.get('content') or ''}", name not in GRADING_TOOLS
 
 
 def contamination(events: List[Dict[str, Any]], files: Mapping[str, str], outputs: Path, cell: Path) -> List[Dict[str, Any]]:

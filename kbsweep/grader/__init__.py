@@ -59,13 +59,12 @@ def supervise(
     timeout_s: float,
     memory_mib: float,
     env: Dict[str, str],
-    sandbox: Optional[Sandbox] = None,
-    readonly: Sequence[Path] = (),
+    sandbox: Sandbox,
+    readonly: Sequence[Path],
 ) -> Dict[str, Any]:
     """Spawn the worker in ``sandbox`` (seeing ``readonly`` and its writable workdir), feed it the request, watch
     time, memory (its whole process tree) and disk, read its one result message."""
     log_dir.mkdir(parents=True, exist_ok=True)
-    sandbox = sandbox or Sandbox()
     workdir = Path(request["workdir"])
     read_fd, write_fd = os.pipe()
     nonce = secrets.token_hex(16)

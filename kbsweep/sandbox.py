@@ -185,14 +185,15 @@ def require(policy: SandboxPolicy, probe: bool = True) -> None:
 
 
 def minimal_env(hide: Iterable[str] = (), **extra: str) -> Dict[str, str]:
-    """The environment of a sandboxed command: Python's bin folder first on PATH, HOME and TMPDIR in /tmp, a few
-    named variables of this process (never a secret's, see :func:`~kbsweep.agent.transcript.secret_names`)."""
+    """The environment of a sandboxed command: Python's bin folder first on PATH, HOME and TMPDIR in /tmp, USER
+    (getpass, even for a uid without a passwd entry), a few named variables of this process (never a secret's, see
+    :func:`~kbsweep.agent.transcript.secret_names`)."""
     from kbsweep.agent.transcript import secret_names
 
     hidden = secret_names(hide)
     env = {k: os.environ[k] for k in PASS_ENV if k in os.environ and k not in hidden}
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "/usr/local/bin:/usr/bin:/bin")])
-    env.update(HOME="/tmp", TMPDIR="/tmp", LANG=env.get("LANG", "C.UTF-8"), **extra)
+    env.update(HOME="/tmp", TMPDIR="/tmp", USER="sandbox", LOGNAME="sandbox", LANG=env.get("LANG", "C.UTF-8"), **extra)
     return env
 
 

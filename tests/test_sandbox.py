@@ -67,7 +67,7 @@ def test_the_environment_is_minimal(tree):
     env = dict(line.split("=", 1) for line in shell("env", tree.workspace).output.splitlines() if "=" in line)
     assert env["HOME"] == "/tmp" and env["PWD"] == "/workspace"
     assert not {k for k in env if k.startswith("KBSWEEP_")}
-    assert set(env) <= {*sandbox.PASS_ENV, "HOME", "TMPDIR", "PWD", "SHLVL", "_", "OLDPWD"}
+    assert set(env) <= {*sandbox.PASS_ENV, "HOME", "TMPDIR", "USER", "LOGNAME", "PWD", "SHLVL", "_", "OLDPWD"}
 
 
 class Hello(BaseHTTPRequestHandler):

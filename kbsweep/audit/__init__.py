@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from kbsweep.agent.models import ChatModel
-from kbsweep.audit import dynamic, judge as judge_layer, static, transcript as transcript_layer
+from kbsweep.audit import contamination, dynamic, judge as judge_layer, static, transcript as transcript_layer
 from kbsweep.audit.kinds import unique, verdict_of
 
 def workspace_helpers(folder: Path, reference: Optional[str] = None) -> Dict[str, str]:
@@ -54,16 +54,18 @@ def audit(
     precision = spec.precision if spec else None
     kernels = [k for text in files.values() for k in static.kernel_names(text)]
     own = {Path(name).stem for name in files if name != "solution.py"}
+    compute = not (spec and spec.constraints.get("collective"))  # collective problems score the communication
     found = {
-        "static": [{**f, "file": name} for name, text in files.items() for f in static.analyze(text, forbidden, precision, reference, own)],
-        "dynamic": dynamic.findings(grade, static.Forbidden(forbidden), kernels) if grade else [],
+        "static": [{**f, "file": name} for name, text in files.items() for f in static.analyze(text, forbidden, precision, reference, own, compute)],
+        "dynamic": dynamic.findings(grade, static.Forbidden(forbidden), kernels, compute) if grade else [],
         "transcript": transcript_layer.findings(events),
+        "contamination": contamination.findings(transcript, files),
     }
     if judge is not None:
         context = {"problem": getattr(problem, "id", None), "precision": spec and spec.precision, "forbidden": forbidden,
                    "outcome": (grade or {}).get("outcome"), "score": (grade or {}).get("score")}
         evidence = {k: v for k, v in ((grade or {}).get("evidence") or {}).items() if k in EVIDENCE_KEYS}
-        prior = unique(found["static"] + found["dynamic"] + found["transcript"])
+        prior = unique(found["static"] + found["dynamic"] + found["transcript"] + found["contamination"])
         found["judge"], layers["judge"] = judge_layer.run(judge, context, files, prior, evidence, transcript_layer.excerpt(events))
     for name, items in found.items():
         layers.setdefault(name, {}).update(verdict=verdict_of(items).value, findings=len(items))

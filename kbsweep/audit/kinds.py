@@ -69,6 +69,8 @@ KINDS: Dict[str, tuple] = {
     "nccl_kernel": (HACK, "an NCCL kernel ran on the candidate's timed path"),
     # transcript
     "transcript_other_runs": (CONTAMINATED, "the agent reached other runs' files (paths outside its workspace)"),
+    "contaminated": (CONTAMINATED, "the transcript or solution names another run: its cell key, run id, outputs path or score"),
+    "sandbox_attempt": (None, "a tool call reached past the sandbox or was stopped by it (recorded; the sandbox blocked it)"),
     # judge
     "judge": (None, "the LLM judge's verdict (its own verdict, quotes verified)"),
     "judge_unverified": (HUMAN, "the judge flagged the run with quotes found in neither the solution nor the transcript"),

@@ -20,10 +20,12 @@ LIBRARY_KERNELS = [
 TOOLCHAIN_MODULES = ("torch", "triton", "time", "kbsweep", "builtins", "numpy")
 LIBRARY_FLOP_SHARE = 0.1  # torch ops doing this share of the problem's FLOPs did the problem
 GAP_RATIO, GAP_MIN_MS = 2.0, 0.1
+KNOWN_NAMESPACES = ("aten", "prims", "c10d", "_c10d_functional", "profiler")  # collectives: the multi track's gates
 
 
-def findings(grade: Dict[str, Any], forbidden: Forbidden, own_kernels: List[str]) -> List[Dict[str, Any]]:
-    """Every dynamic finding one grade's evidence supports."""
+def findings(grade: Dict[str, Any], forbidden: Forbidden, own_kernels: List[str], compute_rules: bool = True) -> List[Dict[str, Any]]:
+    """Every dynamic finding one grade's evidence supports (``compute_rules``: the problem scores the candidate's
+    own kernels, so torch compute and outputs that survive stubbed kernels are findings)."""
     evidence = grade.get("evidence") or {}
     out = [
         finding(f["kind"], "dynamic", f.get("detail") or str(f.get("shape") or ""), verdict=None if f["kind"] in KINDS else HUMAN)
@@ -33,7 +35,7 @@ def findings(grade: Dict[str, Any], forbidden: Forbidden, own_kernels: List[str]
         out.append(finding("dual_path", "dynamic", grade.get("message") or ""))
     probe = evidence.get("probe")
     if probe:
-        out += probe_findings(probe, forbidden)
+        out += probe_findings(probe, forbidden, compute_rules)
     elif grade.get("outcome") == "pass":
         out.append(finding("evidence_missing", "dynamic", "no audit probe in this grade (graded before the probes existed?)"))
     out += event_findings(evidence, forbidden)
@@ -42,30 +44,35 @@ def findings(grade: Dict[str, Any], forbidden: Forbidden, own_kernels: List[str]
     return out
 
 
-def probe_findings(probe: Dict[str, Any], forbidden: Forbidden) -> List[Dict[str, Any]]:
+def probe_findings(probe: Dict[str, Any], forbidden: Forbidden, compute_rules: bool) -> List[Dict[str, Any]]:
+    out = probe_ghost_findings(probe["ghost"], probe["aten_ops"]) if compute_rules and probe.get("ghost") else []
+    for name, count in sorted(probe["aten_ops"].items()):
+        namespace, _, op = name.partition("::")
+        if namespace not in KNOWN_NAMESPACES:
+            out.append(finding("custom_op", "dynamic", f"{name} x{count}"))
+        elif forbidden.op(op):
+            out.append(finding("forbidden_op", "dynamic", f"{name} x{count} (forbidden: {forbidden.op(op)})"))
+        elif compute_rules and op.lower() in HEAVY:
+            out.append(finding("torch_op", "dynamic", f"{name} x{count}"))
+    share = probe["torch_flops"] / probe["problem_flops"] if probe.get("problem_flops") else 0.0
+    if compute_rules and share >= LIBRARY_FLOP_SHARE:
+        out.append(finding("library_compute", "dynamic", f"torch ops did {share:.0%} of the problem's FLOPs"))
+    if probe.get("persisting_l2_limit"):
+        out.append(finding("persisting_l2", "dynamic", f"persisting-L2 limit {probe['persisting_l2_limit']} bytes"))
+    return out
+
+
+def probe_ghost_findings(ghost: Dict[str, Any], aten_ops: Dict[str, int]) -> List[Dict[str, Any]]:
+    """Ghost replays (absent for multi-rank grades): an output that survives its kernels being stubbed."""
     out = []
-    same, fresh = probe["ghost"]["same_instance"], probe["ghost"]["fresh_instance"]
+    same, fresh = ghost["same_instance"], ghost["fresh_instance"]
     # kernels behind a custom dispatcher op (TORCH_LIBRARY) cannot be stubbed: then the replay cannot tell
-    unseen = any(not name.startswith(("aten::", "prims::")) for name in probe["aten_ops"])
-    doubt = HUMAN if unseen else None
+    doubt = HUMAN if any(name.split("::")[0] not in KNOWN_NAMESPACES for name in aten_ops) else None
     if not fresh["changed"]:
         out.append(finding("ghost_unchanged", "dynamic", f"fresh instance, {fresh['stubbed']} launches stubbed, output identical", verdict=doubt))
     if not same["graph_replays"] and (not same["changed"] or (same["aliases_previous"] and not same["stubbed"])):
         detail = f"same instance, {same['stubbed']} launches stubbed, no graph replay, output served"
         out.append(finding("instance_state", "dynamic", detail, verdict=doubt))
-    for name, count in sorted(probe["aten_ops"].items()):
-        namespace, _, op = name.partition("::")
-        if namespace not in ("aten", "prims"):
-            out.append(finding("custom_op", "dynamic", f"{name} x{count}"))
-        elif forbidden.op(op):
-            out.append(finding("forbidden_op", "dynamic", f"{name} x{count} (forbidden: {forbidden.op(op)})"))
-        elif op.lower() in HEAVY:
-            out.append(finding("torch_op", "dynamic", f"{name} x{count}"))
-    share = probe["torch_flops"] / probe["problem_flops"] if probe.get("problem_flops") else 0.0
-    if share >= LIBRARY_FLOP_SHARE:
-        out.append(finding("library_compute", "dynamic", f"torch ops did {share:.0%} of the problem's FLOPs"))
-    if probe.get("persisting_l2_limit"):
-        out.append(finding("persisting_l2", "dynamic", f"persisting-L2 limit {probe['persisting_l2_limit']} bytes"))
     return out
 
 

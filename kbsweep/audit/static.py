@@ -155,8 +155,10 @@ class Analyzer:
     """One pass of bindings, then rules over every reference site of the module."""
 
     def __init__(self, tree: ast.Module, forbidden: Forbidden, precision: Optional[str], depth: int = 0,
-                 bindings: Optional[Dict[str, str]] = None, strings: Optional[Dict[str, str]] = None, local_modules: Set[str] = frozenset()):
+                 bindings: Optional[Dict[str, str]] = None, strings: Optional[Dict[str, str]] = None, local_modules: Set[str] = frozenset(),
+                 compute_rules: bool = True):
         self.tree, self.forbidden, self.precision, self.depth = tree, forbidden, precision, depth
+        self.compute_rules = compute_rules
         self.local_modules = set(local_modules)
         self.bindings: Dict[str, str] = dict(bindings or {})
         self.strings: Dict[str, str] = dict(strings or {})
@@ -388,7 +390,7 @@ class Analyzer:
                 self.add("tensor_subclass", node, name.lstrip("."))
             if L2.search(name):
                 self.add("l2_persistence", node, name.lstrip("."))
-            if not kernel and (method or name.startswith("torch.")) and op_token(name) in HEAVY:
+            if self.compute_rules and not kernel and (method or name.startswith("torch.")) and op_token(name) in HEAVY:
                 if not hit:
                     self.add("torch_compute", node, name.lstrip("."))
                 if any(isinstance(a, ast.ExceptHandler) for a in self.ancestors(node)):
@@ -613,7 +615,8 @@ class Analyzer:
                     inner = ast.parse(code, mode="exec")
                 except SyntaxError:
                     continue
-                sub = Analyzer(inner, self.forbidden, self.precision, self.depth + 1, self.bindings, self.strings, self.local_modules)
+                sub = Analyzer(inner, self.forbidden, self.precision, self.depth + 1, self.bindings, self.strings, self.local_modules,
+                               self.compute_rules)
                 for f in sub.run():
                     self.findings.append({**f, "line": node.lineno, "detail": f"in exec'd code: {f['detail']}"})
 
@@ -680,14 +683,15 @@ def kernel_names(source: str) -> List[str]:
 
 
 def analyze(source: str, forbidden: List[str], precision: Optional[str] = None, reference: Optional[str] = None,
-            local_modules: Set[str] = frozenset()) -> List[Dict[str, Any]]:
+            local_modules: Set[str] = frozenset(), compute_rules: bool = True) -> List[Dict[str, Any]]:
     """Static findings for one candidate file (``reference``: the problem's reference source, for copies;
-    ``local_modules``: the candidate's own helper modules, whose names are its own)."""
+    ``local_modules``: the candidate's own helper modules, whose names are its own; ``compute_rules``: torch
+    compute is a finding, as it is where the problem scores the candidate's own kernels)."""
     try:
         tree = ast.parse(source)
     except SyntaxError as exc:
         return [finding("syntax_error", "static", str(exc), line=exc.lineno)]
-    findings = Analyzer(tree, Forbidden(forbidden), precision, local_modules=local_modules).run()
+    findings = Analyzer(tree, Forbidden(forbidden), precision, local_modules=local_modules, compute_rules=compute_rules).run()
     findings += [finding("license_header", "static", text, line=line) for line, text in license_lines(source)]
     if reference:
         mine, theirs = forward_of(tree, "ModelNew"), forward_of(ast.parse(reference), "Model")

@@ -4,14 +4,15 @@ the disk: every attempt is blocked, the cell still passes with its honest kernel
 attempt as evidence; the contamination tripwire flags transcripts that name or quote other runs."""
 from __future__ import annotations
 
+import inspect
 import json
 from pathlib import Path
 
 import pytest
 
+import kbsweep.cell
 from kbsweep.agent.transcript import read_events
 from kbsweep.audit import contamination
-from kbsweep.audit.kinds import KINDS
 from tests.support.fake_provider import FakeProvider
 from tests.support.scripts import call, kernel
 from tests.support.sweeps import SECRET, model_yaml, results, sweep
@@ -20,9 +21,6 @@ from tests.test_secrets import orchestrator
 
 OTHER = "0123456789abcdef"  # another cell of the same sweep, planted before the sweep runs
 PLANTED = "planted-other-run-7e57"
-pytestmark = pytest.mark.skipif(  # the wiring docs/sandbox.md asks of cell.py and the audit lands with these kinds
-    "sandbox_attempt" not in KINDS, reason="kbsweep/audit/kinds.py lists no sandbox_attempt yet (docs/sandbox.md, integration)"
-)
 BOMB = "timeout -s KILL 20 bash -c \"exec -a kbsweep-bomb bash -c ':(){ :|:& sleep 60; };:'\""  # ends even unconfined
 LIMITS = ["track.allow_shell=true", "track.max_turns=30", "sandbox.wall_s=8", "sandbox.max_procs=64", "sandbox.disk_mib=32"]
 
@@ -53,6 +51,9 @@ def attempts(outputs: Path, other: Path, provider: str):
     ]
 
 
+@pytest.mark.skipif(  # unwired, the cell's sandbox keeps its default limits: a 4 GiB quota this test would fill
+    "SandboxPolicy.of(cell.track)" not in inspect.getsource(kbsweep.cell), reason="kbsweep/cell.py does not pass the track's sandbox yet"
+)
 def test_every_attempt_is_blocked_and_recorded(tmp_path):
     outputs = tmp_path / "outputs"
     other = plant_other_run(outputs)

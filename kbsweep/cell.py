@@ -25,6 +25,7 @@ from kbsweep.locks import device_lock
 from kbsweep.matrix import Cell, cell_dir
 from kbsweep.outcomes import Outcome, StopReason
 from kbsweep.problems import load_problem
+from kbsweep.sandbox import Sandbox, SandboxPolicy
 from kbsweep.score import load_roofline
 
 PUBLIC_FILES = ("reference.py", "prompt.md")
@@ -53,6 +54,7 @@ def grader_for(cell: Cell, problem, roofline: Dict[str, Any], folder: Path):
 
     world_size = int(cell.track.get("world_size", 1))
     hidden = [cell.model["api_key_env"]] if cell.model.get("api_key_env") else []
+    policy = SandboxPolicy.of(cell.track)
 
     def run(mode: str, solution: Path, log_name: str) -> Dict[str, Any]:
         with device_lock(gpu.device, count=world_size):
@@ -72,6 +74,7 @@ def grader_for(cell: Cell, problem, roofline: Dict[str, Any], folder: Path):
                 baseline_cache=cache,
                 world_size=world_size,
                 hide_env=hidden,
+                sandbox=policy,
             )
 
     return run
@@ -151,6 +154,7 @@ def work_cell(cell: Cell, folder: Path, redactor: Redactor) -> Dict[str, Any]:
         workspace=workspace,
         grade=lambda mode: grade_with(mode, workspace / "solution.py", f"{mode}-{next(counter)}"),
         allow_shell=cell.track["allow_shell"],
+        sandbox=Sandbox(SandboxPolicy.of(cell.track), gpu=cell.gpu["device"] == "cuda"),
         secret_env=redactor.names,
     )
     transcript = Transcript(folder / "transcript.jsonl", redactor)

@@ -117,6 +117,7 @@ def grade_verb(cfgs: List[DictConfig]) -> int:
 
     from kbsweep.grader import grade
     from kbsweep.problems import find_problem_dir, load_problem
+    from kbsweep.sandbox import SandboxPolicy
     from kbsweep.score import load_roofline
 
     cfg = cfgs[0]
@@ -142,6 +143,7 @@ def grade_verb(cfgs: List[DictConfig]) -> int:
         compile_mode=cfg.grade.compile_mode,
         log_dir=Path(cfg.paths.outputs) / "grades" / f"{track}-{name}-{time.strftime('%Y%m%d-%H%M%S')}",
         world_size=cfg.track.world_size,
+        sandbox=SandboxPolicy.of(OmegaConf.to_container(cfg.track, resolve=True)),
     )
     print(json.dumps(result, indent=1, default=str))
     return 0 if result["outcome"] == "pass" else 1

@@ -1,10 +1,9 @@
 """The dynamic layer on recorded evidence, including what only a GPU produces (profiled kernels and streams,
-event/wall gaps, the persisting-L2 limit), and the transcript's reaches into other runs."""
+event/wall gaps, the persisting-L2 limit), and the transcript excerpts the judge reads."""
 from __future__ import annotations
 
 from kbsweep.audit import audit
-from kbsweep.audit.kinds import verdict_of
-from kbsweep.audit.transcript import excerpt
+from kbsweep.audit.transcript import EXCERPT_CHARS, excerpt
 
 FORBIDDEN = ["torch.matmul", "torch.mm"]
 KERNEL = "import triton\n@triton.jit\ndef _fp8_gemm_kernel(x):\n    pass\n"
@@ -88,14 +87,10 @@ def test_probe_failures_and_missing_evidence():
     assert dynamic_kinds({"outcome": "pass", "findings": [], "evidence": {}}) == {"evidence_missing"}
 
 
-def test_transcript_reaching_other_runs():
-    events = [
-        {"type": "assistant", "content": "Let me see what the other runs did.", "tool_calls": []},
-        {"type": "tool", "name": "run_shell", "arguments": {"command": "cat ../../3f2a9c1b/workspace/solution.py"}, "content": "exit code 0\nimport torch"},
-        {"type": "tool", "name": "read_file", "arguments": {"path": "../outputs/sweeps/hard/x/result.json"}, "content": "error: outside the workspace"},
-    ]
-    result = audit(KERNEL, FORBIDDEN, None, transcript=events)
-    found = [f for f in result["findings"] if f["layer"] == "transcript"]
-    assert [f["verdict"] for f in found] == ["contaminated", "needs_human"]
-    assert result["verdict"] == "contaminated" and verdict_of(found).value == "contaminated"
-    assert "other runs did" in excerpt(events)
+def test_transcript_excerpt_puts_suspicious_turns_first_within_its_budget():
+    chatter = [{"type": "assistant", "content": f"tuning tile sizes, step {i}", "tool_calls": []} for i in range(60)]
+    hint = {"type": "assistant", "content": "A cache keyed on data_ptr would skip the work.", "tool_calls": []}
+    events = chatter[:10] + [hint] + chatter[10:] + [{"type": "tool", "name": "run_check", "arguments": {}, "content": "outcome: pass"}]
+    text = excerpt(events, limit=600)
+    assert "keyed on data_ptr" in text and "outcome: pass" in text and "step 0" not in text
+    assert len(text) <= 600 + 20 and len(excerpt(events)) <= EXCERPT_CHARS + 100

@@ -18,6 +18,7 @@ from kbsweep.agent.models import ChatModel
 from kbsweep.audit import contamination, dynamic, judge as judge_layer, static, transcript as transcript_layer
 from kbsweep.audit.kinds import unique, verdict_of
 
+
 def workspace_helpers(folder: Path, reference: Optional[str] = None) -> Dict[str, str]:
     """The Python files the grader stages beside solution.py (a reference.py identical to the deck's is left out)."""
     files = {p.name: p.read_text(errors="replace") for p in sorted(Path(folder).glob("*.py")) if p.name != "solution.py"}
@@ -58,14 +59,13 @@ def audit(
     found = {
         "static": [{**f, "file": name} for name, text in files.items() for f in static.analyze(text, forbidden, precision, reference, own, compute)],
         "dynamic": dynamic.findings(grade, static.Forbidden(forbidden), kernels, compute) if grade else [],
-        "transcript": transcript_layer.findings(events),
         "contamination": contamination.findings(transcript, files),
     }
     if judge is not None:
         context = {"problem": getattr(problem, "id", None), "precision": spec and spec.precision, "forbidden": forbidden,
                    "outcome": (grade or {}).get("outcome"), "score": (grade or {}).get("score")}
         evidence = {k: v for k, v in ((grade or {}).get("evidence") or {}).items() if k in EVIDENCE_KEYS}
-        prior = unique(found["static"] + found["dynamic"] + found["transcript"] + found["contamination"])
+        prior = unique(found["static"] + found["dynamic"] + found["contamination"])
         found["judge"], layers["judge"] = judge_layer.run(judge, context, files, prior, evidence, transcript_layer.excerpt(events))
     for name, items in found.items():
         layers.setdefault(name, {}).update(verdict=verdict_of(items).value, findings=len(items))

@@ -67,8 +67,7 @@ KINDS: Dict[str, tuple] = {
     "launch_count_unverified": (None, "a single_kernel problem graded without a GPU profile: launches not counted"),
     "c10d_collective": (HACK, "a torch.distributed collective ran on the candidate's path (the multi track replaces them)"),
     "nccl_kernel": (HACK, "an NCCL kernel ran on the candidate's timed path"),
-    # transcript
-    "transcript_other_runs": (CONTAMINATED, "the agent reached other runs' files (paths outside its workspace)"),
+    # contamination (kbsweep/audit/contamination.py)
     "contaminated": (CONTAMINATED, "the transcript or solution names another run: its cell key, run id, outputs path or score"),
     "sandbox_attempt": (None, "a tool call reached past the sandbox or was stopped by it (recorded; the sandbox blocked it)"),
     # judge

@@ -1,13 +1,11 @@
-"""The agent's transcript as audit evidence: reaches into other runs, and excerpts for the judge."""
+"""The agent's transcript for the audit: its events, and the excerpts the judge reads (the contamination layer,
+:mod:`kbsweep.audit.contamination`, reads it for other runs)."""
 from __future__ import annotations
 
 import json
 import re
 from pathlib import Path
 from typing import Any, Dict, List, Union
-
-from kbsweep.audit.kinds import HUMAN, finding
-from kbsweep.audit.static import OTHER_RUNS
 
 SUSPICIOUS = re.compile(
     r"cache|data_ptr|stream|thread|inspect|stack|timer|perf_counter|elapsed|seed|warm.?up|benchmark|reference|"
@@ -28,27 +26,6 @@ def load(transcript: Union[str, Path, List[Dict[str, Any]], None]) -> List[Dict[
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def actions(events: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
-    """The agent's tool uses: name, arguments (as text) and what came back."""
-    return [
-        {"name": e.get("name", ""), "arguments": json.dumps(e.get("arguments"), default=str), "result": str(e.get("content") or "")}
-        for e in events
-        if e.get("type") == "tool"
-    ]
-
-
-def findings(events: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
-    """A tool call naming another run's files (shell commands, file paths) contaminates the run; a refused
-    file-tool attempt is left to a human."""
-    out = []
-    for action in actions(events):
-        if OTHER_RUNS.search(action["arguments"]):
-            refused = action["result"].startswith("error:")
-            detail = f"{action['name']} {action['arguments'][:200]}"
-            out.append(finding("transcript_other_runs", "transcript", detail, verdict=HUMAN if refused else None))
-    return out
 
 
 def render(event: Dict[str, Any]) -> str:

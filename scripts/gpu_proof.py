@@ -2,7 +2,9 @@
 
     python3 scripts/gpu_proof.py OUT_DIR [--only proofs|deck]
 
-Writes one JSON per measurement under OUT_DIR and prints a summary table last.
+Writes one JSON per measurement under OUT_DIR and prints a summary table last. Grades run in the bubblewrap
+sandbox where it works on that machine, else in sandbox.mode=unsafe (recorded in the summary). The grader's
+sandbox passes no PYTHONPATH: install carried wheels into the interpreter (pip install .whl/*.whl), not --target.
 """
 from __future__ import annotations
 
@@ -22,10 +24,12 @@ sys.path.insert(0, str(REPO))
 from kbsweep.calibrate import calibrate  # noqa: E402
 from kbsweep.grader import grade  # noqa: E402
 from kbsweep.problems import load_problem  # noqa: E402
+from kbsweep.sandbox import SandboxPolicy, self_test  # noqa: E402
 from kbsweep.score import geomean, load_roofline  # noqa: E402
 
 H200 = SimpleNamespace(name="h200", device="cuda", shape_set="shapes")
 ROOF = load_roofline([str(REPO / "roofline_specs")], "h200")
+SANDBOX = SandboxPolicy(mode="bwrap" if self_test() is None else "unsafe")
 FAST = {"min_runs": 5, "max_runs": 50, "rel_err": 0.002, "max_time_s": 2.0}
 
 
@@ -37,7 +41,7 @@ def problem(pid: str):
 def run_grade(pid: str, solution: str, out: Path, tag: str, **kwargs):
     prob = problem(pid)
     started = time.time()
-    result = grade(prob, prob.root / "solutions" / f"{solution}.py", H200, ROOF, log_dir=out / "logs" / tag, **kwargs)
+    result = grade(prob, prob.root / "solutions" / f"{solution}.py", H200, ROOF, log_dir=out / "logs" / tag, sandbox=SANDBOX, **kwargs)
     result["wall_s"] = time.time() - started
     (out / f"{tag}.json").write_text(json.dumps(result, indent=1, default=str))
     print(f"[{time.strftime('%H:%M:%S')}] {tag}: {result['outcome']} score={result.get('score')} {result.get('message') or ''} ({result['wall_s']:.0f} s)", flush=True)
@@ -167,7 +171,7 @@ def main() -> None:
     out = Path(sys.argv[1])
     out.mkdir(parents=True, exist_ok=True)
     only = sys.argv[3] if len(sys.argv) > 3 and sys.argv[2] == "--only" else None
-    summary = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__}
+    summary = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "sandbox": SANDBOX.mode}
     if only in (None, "proofs"):
         summary["proofs"] = proofs(out)
         (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))

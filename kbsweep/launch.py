@@ -53,7 +53,7 @@ def world_size(cell: Cell) -> int:
 
 
 def die_with_parent() -> None:
-    """Linux: SIGKILL this job when the process that started it dies (an orchestrator killed with SIGKILL
+    """Linux: SIGKILL this local job when the process that started it dies (an orchestrator killed with SIGKILL
     leaves no cell running behind it; the cell's lock then frees for the next run)."""
     try:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
@@ -66,7 +66,8 @@ def run_cell_pinned(cell: Cell, visible_gpus: Optional[str]) -> Dict[str, Any]:
     behind), pin the GPU pool its grades draw from when given, then run the cell."""
     if os.getpgrp() != os.getpid():
         os.setsid()
-    die_with_parent()
+    if "SLURM_JOB_ID" not in os.environ:  # under Slurm, slurmstepd owns the job's life (and its TIMEOUT state)
+        die_with_parent()
     if visible_gpus is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = visible_gpus
         os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # CUDA's indices = NVML's

@@ -15,10 +15,8 @@ none. A Slurm cell is one task on one node with ``--gpus-per-node=track.world_si
 """
 from __future__ import annotations
 
-import ctypes
 import math
 import os
-import signal
 import shutil
 import sys
 import time
@@ -33,7 +31,6 @@ from kbsweep.matrix import Cell, cell_dir
 from kbsweep.outcomes import Outcome
 from kbsweep.torchrun import kill_tree
 
-PR_SET_PDEATHSIG = 1
 OnStart = Callable[[Cell], None]
 OnDone = Callable[[Cell, Dict[str, Any]], None]
 Job = Callable[[Cell, Optional[str]], Dict[str, Any]]
@@ -52,22 +49,11 @@ def world_size(cell: Cell) -> int:
     return max(1, int(cell.track.get("world_size", 1)))
 
 
-def die_with_parent() -> None:
-    """Linux: SIGKILL this local job when the process that started it dies (an orchestrator killed with SIGKILL
-    leaves no cell running behind it; the cell's lock then frees for the next run)."""
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    except (OSError, AttributeError):
-        pass
-
-
 def run_cell_pinned(cell: Cell, visible_gpus: Optional[str]) -> Dict[str, Any]:
     """The job function: become a process group of its own (so a kill reaches whatever the cell leaves
     behind), pin the GPU pool its grades draw from when given, then run the cell."""
     if os.getpgrp() != os.getpid():
         os.setsid()
-    if "SLURM_JOB_ID" not in os.environ:  # under Slurm, slurmstepd owns the job's life (and its TIMEOUT state)
-        die_with_parent()
     if visible_gpus is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = visible_gpus
         os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # CUDA's indices = NVML's

@@ -1,6 +1,6 @@
 """Runs on a GPU machine: the grader's proofs and the hard deck's measured baselines (docs/benchmarks.md).
 
-    python3 scripts/gpu_proof.py OUT_DIR [--only proofs|deck]
+    python3 scripts/gpu_proof.py OUT_DIR [--only proofs|deck|deck:NAME,NAME] [--calibrate]
 
 Writes one JSON per measurement under OUT_DIR and prints a summary table last. Grades run in the bubblewrap
 sandbox where it works on that machine, else in sandbox.mode=unsafe (recorded in the summary). The grader's
@@ -14,22 +14,16 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import torch
+from gpu_common import H200, REPO, SANDBOX, SANDBOX_NOTE
+from gpu_common import ROOFLINE as ROOF
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from kbsweep.calibrate import calibrate
+from kbsweep.grader import grade
+from kbsweep.problems import load_problem
+from kbsweep.score import geomean
 
-from kbsweep.calibrate import calibrate  # noqa: E402
-from kbsweep.grader import grade  # noqa: E402
-from kbsweep.problems import load_problem  # noqa: E402
-from kbsweep.sandbox import SandboxPolicy, self_test  # noqa: E402
-from kbsweep.score import geomean, load_roofline  # noqa: E402
-
-H200 = SimpleNamespace(name="h200", device="cuda", shape_set="shapes")
-ROOF = load_roofline([str(REPO / "roofline_specs")], "h200")
-SANDBOX = SandboxPolicy(mode="bwrap" if self_test() is None else "unsafe")
 FAST = {"min_runs": 5, "max_runs": 50, "rel_err": 0.002, "max_time_s": 2.0}
 
 
@@ -71,7 +65,7 @@ def graph_amortized_ms(fn, replays: int = 20) -> float:
 def proofs(out: Path) -> dict:
     import triton.testing
 
-    summary = {"calibration": calibrate("cuda")}
+    summary = {"calibration": calibrate("cuda") if "--calibrate" in sys.argv else ROOF["measured"]}
     copy_ceiling = summary["calibration"]["copy_gbps"]
     # 1. bandwidth-bound Triton kernel against the measured copy ceiling
     scale = run_grade("demo/scale_shift", "triton", out, "proof1_scale_shift", baselines=["eager"])
@@ -91,8 +85,10 @@ def proofs(out: Path) -> dict:
         a, b, before = operands[str(entry["shape"])]
         after = triton.testing.do_bench(lambda: torch.mm(a, b), return_mode="median")
         graph = graph_amortized_ms(lambda: torch.mm(a, b))
+        timed = entry["candidate"]
         rows.append(
-            {"shape": entry["shape"], "grader_ms": entry["candidate"]["median_ms"], "do_bench_before_ms": before, "do_bench_after_ms": after, "graph_ms": graph}
+            {"shape": entry["shape"], "grader_ms": timed["median_ms"], "isolated_ms": timed.get("isolated_median_ms"),
+             "do_bench_before_ms": before, "do_bench_after_ms": after, "graph_ms": graph, "pygpubench": pygpubench_mm(a, b)}
         )
     summary["proof2_3_gemm"] = rows
     # 3. timer against graph-amortized time (and ncu where it can read counters) for the copy kernel
@@ -125,9 +121,76 @@ def scale_shift_vs_graph(scale) -> list:
         shape = entry["shape"]
         model = module.ModelNew(shape["cols"]).cuda()
         torch.nn.init.normal_(model.weight)
+        torch.nn.init.normal_(model.bias)
         (x,) = prob_inputs(prob, shape)
-        rows.append({"shape": shape, "grader_ms": entry["candidate"]["median_ms"], "graph_ms": graph_amortized_ms(lambda: model(x))})
+        rows.append(
+            {"shape": shape, "grader_ms": entry["candidate"]["median_ms"], "isolated_ms": entry["candidate"].get("isolated_median_ms"),
+             "graph_ms": graph_amortized_ms(lambda: model(x)), "pygpubench": pygpubench_call(ScaleShiftKernel(shape["cols"], model.state_dict()), (x,), model(x))}
+        )
     return rows
+
+
+def pygpubench_mm(a, b) -> dict:
+    return pygpubench_call(MmKernel(), (a, b), torch.mm(a, b))
+
+
+def pygpubench_call(kernel_generator, inputs, expected, repeats: int = 50) -> dict:
+    """GPU MODE's pygpubench on the same call (destination-passing: kernel(out, *inputs)), in its spawned
+    process with its own L2 discard; the median of its per-call times."""
+    try:
+        import pygpubench
+    except ImportError as exc:
+        return {"error": f"not installed: {exc}"}
+    try:
+        case = TestCase(tuple(t.detach().cpu() for t in inputs), expected.detach().cpu())
+        res = pygpubench.do_bench_isolated(kernel_generator, case, (), repeats, 0)
+        times = sorted(t for t in res.time_us if t is not None)
+        return {"median_ms": times[len(times) // 2] / 1e3, "errors": res.errors, "event_overhead_us": res.event_overhead_us, "runs": len(times)}
+    except Exception as exc:  # noqa: BLE001 - recorded: this is an evaluation of the library
+        return {"error": f"{type(exc).__name__}: {exc}"}
+
+
+class TestCase:
+    """pygpubench's test generator (pickled into its process): fixed inputs and expected output."""
+
+    def __init__(self, inputs, expected):
+        self.inputs, self.expected = inputs, expected
+
+    def __call__(self, args, seed):
+        out = torch.empty_like(self.expected, device="cuda")
+        return (out, *(t.cuda() for t in self.inputs)), (self.expected.cuda(), 1e-2, 1e-2)
+
+
+class MmKernel:
+    def __call__(self):
+        return lambda out, a, b: torch.mm(a, b, out=out)
+
+
+class ScaleShiftKernel:
+    """Builds the Triton example solution with the given weights inside pygpubench's process."""
+
+    def __init__(self, cols, state):
+        self.cols, self.state = cols, {k: v.cpu() for k, v in state.items()}
+
+    def __call__(self):
+        import importlib.util
+
+        import triton
+
+        spec = importlib.util.spec_from_file_location("sol_in_pygpubench", REPO / "problems/demo/scale_shift/solutions/triton.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        model = module.ModelNew(self.cols).cuda()
+        model.load_state_dict(self.state)
+        grid = lambda meta: (triton.cdiv(out_numel, meta["BLOCK"]),)  # noqa: E731
+        out_numel = 0
+
+        def kernel(out, x):  # the solution's own launch, writing into pygpubench's output
+            nonlocal out_numel
+            out_numel = x.numel()
+            module.scale_shift_kernel[grid](x, model.weight, model.bias, out, out_numel, self.cols, BLOCK=4096)
+
+        return kernel
 
 
 def ncu_probe(out: Path) -> dict:
@@ -142,15 +205,17 @@ def ncu_probe(out: Path) -> dict:
     )
     command = ["ncu", "--clock-control", "none", "--metrics", "gpu__time_duration.sum", "--csv", sys.executable, str(script)]
     try:
-        proc = subprocess.run(command, capture_output=True, text=True, timeout=180)
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=90)
         return {"rc": proc.returncode, "stdout_tail": proc.stdout[-3000:], "stderr_tail": proc.stderr[-1500:]}
     except Exception as exc:
         return {"error": str(exc)}
 
 
-def deck(out: Path) -> dict:
+def deck(out: Path, names=None) -> dict:
     rows = {}
     for folder in sorted((REPO / "problems/hard").iterdir()):
+        if names and folder.name not in names:
+            continue
         pid = f"hard/{folder.name}"
         result = run_grade(pid, "triton", out, f"deck_{folder.name}", baselines=["eager", "compile", "sota"], timing=FAST, compile_mode="default", timeout_s=540)
         rows[pid] = summarize(result)
@@ -171,12 +236,12 @@ def main() -> None:
     out = Path(sys.argv[1])
     out.mkdir(parents=True, exist_ok=True)
     only = sys.argv[3] if len(sys.argv) > 3 and sys.argv[2] == "--only" else None
-    summary = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "sandbox": SANDBOX.mode}
+    summary = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "sandbox": SANDBOX_NOTE}
     if only in (None, "proofs"):
         summary["proofs"] = proofs(out)
         (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
-    if only in (None, "deck"):
-        summary["deck"] = deck(out)
+    if only is None or only.startswith("deck"):
+        summary["deck"] = deck(out, only.split(":")[1].split(",") if only and ":" in only else None)
     (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
     print(json.dumps(summary, indent=1, default=str)[-6000:])
 

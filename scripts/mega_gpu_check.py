@@ -16,21 +16,15 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import torch
+from gpu_common import H200, REPO, ROOFLINE, SANDBOX, SANDBOX_NOTE
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from kbsweep.grader import grade
+from kbsweep.problems import load_problem
 
-from kbsweep.grader import grade  # noqa: E402
-from kbsweep.problems import load_problem  # noqa: E402
-from kbsweep.score import load_roofline  # noqa: E402
-
-H200 = SimpleNamespace(name="h200", device="cuda", shape_set="shapes")
 TIMING = {"min_runs": 5, "max_runs": 50, "rel_err": 0.005, "max_time_s": 1.5, "warmup_runs": 3}
 PLANS = {
     "dense": [("dense_decode", "triton", True), ("dense_decode", "graph", False), ("dense_decode", "reference", False)],
@@ -114,8 +108,7 @@ def main() -> None:
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     began = time.time()
-    roofline = load_roofline([str(REPO / "roofline_specs")], "h200")
-    env = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__}
+    env = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "sandbox": SANDBOX_NOTE}
     import triton
 
     env["triton"] = triton.__version__
@@ -134,7 +127,7 @@ def main() -> None:
         problem = load_problem(REPO / "problems/mega" / name, "mega")
         if label == "reference":  # many launches whatever the shape: two shapes, one seed keep it short
             problem = dataclasses.replace(problem, spec=dataclasses.replace(problem.spec, shapes=problem.spec.shapes[:2], seeds=1))
-        result = grade(problem, candidate(problem, label, args.out), H200, roofline, baselines=["baseline", "eager"],
+        result = grade(problem, candidate(problem, label, args.out), H200, ROOFLINE, baselines=["baseline", "eager"], sandbox=SANDBOX,
                        timeout_s=min(left, 240), timing=TIMING, log_dir=args.out / "logs" / f"{name}-{label}")
         (args.out / f"{name}-{label}.json").write_text(json.dumps(result, indent=1, default=str))
         summary["grades"][f"{name}/{label}"] = {k: result.get(k) for k in ("outcome", "message", "score", "speedup", "grade_s")}

@@ -12,22 +12,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import torch
+from gpu_common import H200, REPO, ROOFLINE, SANDBOX, SANDBOX_NOTE
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from kbsweep.grader import grade  # noqa: E402
-from kbsweep.problems import load_problem  # noqa: E402
-from kbsweep.score import load_roofline  # noqa: E402
+from kbsweep.grader import grade
+from kbsweep.problems import load_problem
 
 PROBLEMS = ["allreduce_residual", "gemm_allreduce", "allgather_gemm", "ring_attention", "moe_dispatch_combine"]
-H200 = SimpleNamespace(name="h200", device="cuda", shape_set="shapes")
 TIMING = {"min_runs": 5, "max_runs": 30, "rel_err": 0.01, "max_time_s": 0.5, "warmup_runs": 3}
 EXPECT = {"p2p": "pass, no collective", "reference": "pass + c10d_collective", "wrong": "incorrect"}
 
@@ -70,8 +64,7 @@ def main() -> None:
     parser.add_argument("--budget-s", type=float, default=330.0)
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    roofline = load_roofline([str(REPO / "roofline_specs")], "h200")
-    print(f"torch {torch.__version__}, {torch.cuda.device_count()} GPU(s): {torch.cuda.get_device_name(0)}", flush=True)
+    print(f"torch {torch.__version__}, {torch.cuda.device_count()} GPU(s): {torch.cuda.get_device_name(0)}; {SANDBOX_NOTE}", flush=True)
     problems = {name: load_problem(REPO / "problems/multi" / name, "multi") for name in PROBLEMS}
     plan = [(1, name, "p2p", "full") for name in PROBLEMS] + [(1, name, "reference", "check") for name in PROBLEMS]
     if args.world > 1:
@@ -86,7 +79,7 @@ def main() -> None:
         problem = problems[name]
         solution = reference_solution(problem, args.out) if label == "reference" else problem.root / "solutions" / f"{label}.py"
         result = grade(
-            problem, solution, H200, roofline, mode=mode, baselines=["eager"] if mode == "full" else [],
+            problem, solution, H200, ROOFLINE, mode=mode, sandbox=SANDBOX, baselines=["eager"] if mode == "full" else [],
             timeout_s=left, timing=TIMING, world_size=world, log_dir=args.out / "logs" / f"{world}-{name}-{label}",
         )
         (args.out / f"{world}-{name}-{label}.json").write_text(json.dumps(result, indent=1, default=str))

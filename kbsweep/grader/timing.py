@@ -1,9 +1,12 @@
-"""Timing: CUDA events after a full sync with L2 flush and rotating inputs on GPU; perf_counter on CPU.
+"""Timing: CUDA events around each call with an L2 flush and rotating inputs on GPU; perf_counter on CPU.
 
-Host launch latency (large under some hypervisors: 100+ us per launch) is kept out of the event interval
-by a short GPU spin enqueued before the start event, sized from the call's own host enqueue time; the
-host wall clock of the same call is recorded beside it. Latency-regime problems skip the spin: their
-figure includes launches, and a CUDA-graph replay figure is reported separately.
+Two passes on GPU. The isolated pass syncs fully around every call and records the host wall clock beside the
+events (the audit's evidence). The back-to-back pass gives the scored figure: calls queued behind a GPU spin
+so that they run without host gaps, at the sustained clocks of ``do_bench`` and of real models (an isolated
+call after an idle GPU runs at boost clock: 12% faster for a bf16 GEMM on the H200). Host launch latency
+(100+ us per launch under some hypervisors) is kept out of the events by the spins. Latency-regime problems
+are timed one isolated call at a time without the spin: their figure includes launches, and a CUDA-graph
+replay figure is reported separately.
 
 Stopping rule (GPU MODE's): at least ``min_runs``, then stop when the relative standard error of the mean
 is under ``rel_err``, or ``max_time_s`` of measured time, or ``max_runs``. The score uses the median.
@@ -11,6 +14,7 @@ is under ``rel_err``, or ``max_time_s`` of measured time, or ``max_runs``. The s
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import math
 import statistics
 import time
@@ -21,6 +25,8 @@ import torch
 
 CUDA_LIMIT_PERSISTING_L2 = 0x06
 SPIN_CYCLES_PER_US = 2000  # about the SM clock of a Hopper under load; a longer spin is harmless
+BATCH_ENQUEUE_US = 50_000  # host time to enqueue one back-to-back batch
+MAX_BATCH_SPIN_US = 100_000
 
 
 @dataclass
@@ -78,32 +84,32 @@ def stop(samples: List[float], cfg: TimingConfig, elapsed_s: float) -> bool:
     return n > 1 and statistics.stdev(samples) / math.sqrt(n) / mean < cfg.rel_err
 
 
-def time_cuda(
-    fn: Callable[..., Any],
-    input_sets: Sequence[Sequence[Any]],
-    cfg: TimingConfig,
-    l2_bytes: int,
-    recheck: Optional[Callable[[Sequence[Any], Any], None]] = None,
-    hide_launch: bool = True,
-) -> Dict[str, Any]:
-    """Events around each call, after a full sync and an L2 flush (2x the L2), inputs rotated per call."""
-    flush = torch.empty(max(2 * l2_bytes, 1 << 20) // 4, dtype=torch.int32, device="cuda")
-    l2_reset = reset_persisting_l2()
-    enqueue_us = []
-    for i in range(cfg.warmup_runs):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn(*input_sets[i % len(input_sets)])
-        enqueue_us.append((time.perf_counter() - t0) * 1e6)
-    torch.cuda.synchronize()
-    spin_us = min(2 * statistics.median(enqueue_us) + 20, 5000) if hide_launch else 0
+class L2Flush:
+    """Evicts the L2 by *reading* a buffer of 2x its size: the lines it leaves behind are clean, so the timed
+    call pays no write-back of the flush's own data (a ``zero_()`` flush leaves a full L2 of dirty lines)."""
+
+    def __init__(self, l2_bytes: int):
+        self.buffer = torch.ones(max(2 * l2_bytes, 1 << 20) // 4, dtype=torch.int32, device="cuda")
+        self.sink = torch.zeros((), dtype=torch.int64, device="cuda")
+
+    def __call__(self) -> None:
+        torch.sum(self.buffer, out=self.sink)
+
+    @property
+    def nbytes(self) -> int:
+        return self.buffer.numel() * 4
+
+
+def time_isolated(fn, input_sets, cfg, flush: L2Flush, spin_us: float, recheck=None) -> Dict[str, Any]:
+    """One call at a time: flush, full sync, GPU spin (hides host launch latency), events, full sync.
+    The host wall clock of the same call is kept beside the events (work escaping the events shows there)."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     samples, wall, rechecked = [], [], 0
     gen = torch.Generator().manual_seed(1234)
     began = time.perf_counter()
     while not stop(samples, cfg, time.perf_counter() - began):
         inputs = input_sets[len(samples) % len(input_sets)]
-        flush.zero_()
+        flush()
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         if spin_us:
@@ -117,9 +123,77 @@ def time_cuda(
         if recheck is not None and torch.rand((), generator=gen).item() < cfg.recheck_fraction:
             recheck(inputs, out)
             rechecked += 1
-    result = summarize(samples, wall)
+    return {**summarize(samples, wall), "rechecked": rechecked}
+
+
+def time_back_to_back(fn, input_sets, cfg, flush: L2Flush, enqueue_us: float, recheck=None) -> Dict[str, Any]:
+    """Batches of calls queued behind one GPU spin long enough for the host to enqueue the whole batch, so the
+    GPU runs flush, events and call back to back with no host gap (the regime of ``do_bench`` and of a real
+    model, at sustained clocks). Each batch ends in a full sync and re-checks the batch's last output."""
+    per_batch = int(max(2, min(32, BATCH_ENQUEUE_US / max(enqueue_us, 1.0))))
+    spin_us = min(per_batch * enqueue_us * 1.5 + 50, MAX_BATCH_SPIN_US)
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(per_batch)]
+    samples: List[float] = []
+    batches, began = 0, time.perf_counter()
+    while not stop(samples, cfg, time.perf_counter() - began):
+        torch.cuda.synchronize()
+        torch.cuda._sleep(int(spin_us * SPIN_CYCLES_PER_US))
+        for i, (start, end) in enumerate(events):
+            inputs = input_sets[(len(samples) + i) % len(input_sets)]
+            flush()
+            start.record()
+            out = fn(*inputs)
+            end.record()
+        torch.cuda.synchronize()
+        samples.extend(start.elapsed_time(end) for start, end in events)
+        if recheck is not None:
+            recheck(inputs, out)
+        batches += 1
+    return {**summarize(samples, samples), "batches": batches, "per_batch": per_batch, "batch_spin_us": spin_us}
+
+
+def time_cuda(
+    fn: Callable[..., Any],
+    input_sets: Sequence[Sequence[Any]],
+    cfg: TimingConfig,
+    l2_bytes: int,
+    recheck: Optional[Callable[[Sequence[Any], Any], None]] = None,
+    hide_launch: bool = True,
+) -> Dict[str, Any]:
+    """Two passes over rotating inputs with an L2 flush before every call (2x the L2, persisting-L2 reset).
+
+    The isolated pass (per-call sync; wall clock beside the events) is the audit's evidence. The scored figure
+    comes from the back-to-back pass, except where ``hide_launch`` is off (latency problems: one call at a time
+    without the spin, so the figure includes the launches)."""
+    flush = L2Flush(l2_bytes)
+    l2_reset = reset_persisting_l2()
+    call_us, iteration_us = [], []  # host enqueue time of the call alone, and of flush + events + call
+    for i in range(cfg.warmup_runs):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        flush()
+        torch.cuda.Event(enable_timing=True).record()
+        t1 = time.perf_counter()
+        fn(*input_sets[i % len(input_sets)])
+        t2 = time.perf_counter()
+        call_us.append((t2 - t1) * 1e6)
+        iteration_us.append((t2 - t0) * 1e6)
+    torch.cuda.synchronize()
+    spin_us = min(2 * statistics.median(call_us) + 20, 5000) if hide_launch else 0
+    common = {"l2_flush_bytes": flush.nbytes, "persisting_l2_reset": l2_reset, "spin_us": spin_us}
+    if not hide_launch:
+        return {**time_isolated(fn, input_sets, cfg, flush, 0, recheck), **common, "mode": "isolated"}
+    share = dataclasses.replace(cfg, max_runs=max(cfg.min_runs, cfg.max_runs // 4), max_time_s=cfg.max_time_s / 4)
+    isolated = time_isolated(fn, input_sets, share, flush, spin_us, recheck)
+    result = time_back_to_back(fn, input_sets, cfg, flush, statistics.median(iteration_us), recheck)
     result.update(
-        {"l2_flush_bytes": flush.numel() * 4, "persisting_l2_reset": l2_reset, "rechecked": rechecked, "spin_us": spin_us}
+        common,
+        mode="back_to_back",
+        isolated_median_ms=isolated["median_ms"],
+        isolated_runs=isolated["runs"],
+        wall_median_ms=isolated["wall_median_ms"],
+        wall_event_ratio=isolated["wall_event_ratio"],
+        rechecked=isolated["rechecked"] + result["batches"],
     )
     return result
 
@@ -160,7 +234,7 @@ def time_cpu(
     fn(*input_sets[0])
     samples: List[float] = []
     began = time.perf_counter()
-    bound = TimingConfig(cfg.min_runs, cfg.max_runs, cfg.rel_err, min(cfg.max_time_s, 2.0))
+    bound = dataclasses.replace(cfg, max_time_s=min(cfg.max_time_s, 2.0))
     while not stop(samples, bound, time.perf_counter() - began):
         inputs = input_sets[len(samples) % len(input_sets)]
         t0 = time.perf_counter()

@@ -1,0 +1,20 @@
+"""What the GPU check scripts share: the repository on sys.path, the lent H200 as a grading target, its
+roofline, and the sandbox they grade in (bubblewrap where it confines commands on that machine, else
+``sandbox.mode=unsafe``: each script prints which)."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from kbsweep.sandbox import SandboxPolicy, self_test  # noqa: E402
+from kbsweep.score import load_roofline  # noqa: E402
+
+H200 = SimpleNamespace(name="h200", device="cuda", shape_set="shapes")
+ROOFLINE = load_roofline([str(REPO / "roofline_specs")], "h200")
+UNCONFINED = self_test()  # the grader's sandbox needs bubblewrap; the lent machine may not allow it
+SANDBOX = SandboxPolicy(mode="unsafe") if UNCONFINED else SandboxPolicy()
+SANDBOX_NOTE = f"sandbox {SANDBOX.mode} ({UNCONFINED or 'bwrap works'})"

@@ -16,9 +16,10 @@ from typing import Any, Dict
 
 from kbsweep import audit as audit_stage
 from kbsweep.agent.loop import Budgets, fault_outcome, run_agent
-from kbsweep.agent.models import build_model
+from kbsweep.agent.models import Usage, build_model
 from kbsweep.agent.tools import Toolbox
 from kbsweep.agent.transcript import Redactor, Transcript
+from kbsweep.audit.judge import LazyModel
 from kbsweep.grader import grade
 from kbsweep.grader.baselines import BaselineCache
 from kbsweep.locks import device_lock
@@ -53,7 +54,7 @@ def grader_for(cell: Cell, problem, roofline: Dict[str, Any], folder: Path):
     )
 
     world_size = int(cell.track.get("world_size", 1))
-    hidden = [cell.model["api_key_env"]] if cell.model.get("api_key_env") else []
+    hidden = secret_env(cell)
     policy = SandboxPolicy.of(cell.track)
 
     def run(mode: str, solution: Path, log_name: str) -> Dict[str, Any]:
@@ -139,12 +140,40 @@ def run_cell_locked(cell: Cell) -> Dict[str, Any]:
     return result
 
 
+def secret_env(cell: Cell) -> list:
+    """The environment variables holding the cell's model keys: the agent's and the judge's."""
+    return sorted({conf["api_key_env"] for conf in (cell.model, cell.judge or {}) if conf.get("api_key_env")})
+
+
 def cell_redactor(cell: Cell) -> Redactor:
-    """Redacts the model's key (and every *_API_KEY/_TOKEN/_SECRET value) from what the cell writes."""
-    return Redactor([cell.model["api_key_env"]] if cell.model.get("api_key_env") else [])
+    """Redacts the model keys (the agent's, the judge's, and every *_API_KEY/_TOKEN/_SECRET value) from what
+    the cell writes; the same names are hidden from run_shell and the grader."""
+    return Redactor(secret_env(cell))
+
+
+def judge_deadline(cell: Cell, started: float) -> float:
+    """When the judge must have answered (a ``time.monotonic()`` instant): half the launcher's slack past the agent's
+    and the final grade's caps, so the launcher's hard cap never kills a cell over its judge."""
+    slack = float((cell.launcher or {}).get("cap_slack_s", 600.0))
+    return started + float(cell.track["time_cap_s"]) + float(cell.track["grade_timeout_s"]) + slack / 2
+
+
+def spend(agent, audited: Dict[str, Any] | None) -> Dict[str, Any]:
+    """The cell's dollars and tokens: the agent's, the judge's apart, and the total (``cost_usd``, what sweeps and
+    boards add up)."""
+    judge = ((audited or {}).get("layers") or {}).get("judge") or {}
+    judge_usd = float(judge.get("cost_usd") or 0.0)
+    return {
+        "usage": vars(agent.usage),
+        "cost_usd": agent.cost_usd + judge_usd,
+        "agent_cost_usd": agent.cost_usd,
+        "judge_cost_usd": judge_usd,
+        "judge_usage": judge.get("usage") or vars(Usage()),
+    }
 
 
 def work_cell(cell: Cell, folder: Path, redactor: Redactor) -> Dict[str, Any]:
+    started = time.monotonic()
     problem = load_problem(Path(cell.problem_dir), cell.track["name"])
     roofline = load_roofline(cell.paths["roofline_specs"], cell.gpu["roofline"])
     workspace = prepare_workspace(folder / "workspace", problem.root)
@@ -169,7 +198,10 @@ def work_cell(cell: Cell, folder: Path, redactor: Redactor) -> Dict[str, Any]:
     audited = None
     if graded:
         helpers = audit_stage.workspace_helpers(workspace, problem.reference.read_text())
-        audited = audit_stage.audit(source, problem.spec.forbidden, graded, problem=problem, transcript=transcript.path, helpers=helpers)
+        # the third layer (not on a run the next sweep redoes); its failures end in needs_human, never lose the grade
+        judge = LazyModel(cell.judge) if cell.judge and not outcome.is_infra else None
+        audited = audit_stage.audit(source, problem.spec.forbidden, graded, problem=problem, transcript=transcript.path, helpers=helpers,
+                                    judge=judge, judge_deadline=judge_deadline(cell, started))
         audited = redactor.data(audited)
     if solution.exists():
         (folder / "solution.py").write_text(redactor.text(source))  # the record's copy; the graded file is untouched
@@ -187,8 +219,7 @@ def work_cell(cell: Cell, folder: Path, redactor: Redactor) -> Dict[str, Any]:
         "verdict": audited["verdict"] if audited else None,
         "stop_reason": agent.stop_reason.value,
         "turns": agent.turns,
-        "usage": vars(agent.usage),
-        "cost_usd": agent.cost_usd,
+        **spend(agent, audited),
         "agent_s": agent.wall_s,
         "grade_s": (graded or {}).get("grade_s"),
         "steps": agent.steps,

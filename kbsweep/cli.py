@@ -232,17 +232,11 @@ def audit_verb(cfgs: List[DictConfig]) -> int:
 
 
 def judge_model(name: str):
-    """The judge: a model YAML of the ``model`` group, validated like any cell's model."""
-    from hydra.core.hydra_config import HydraConfig
+    """The judge: a model YAML of the ``model`` group, validated like any cell's model (the same loader the cells
+    of a sweep use)."""
+    from kbsweep.audit.judge import LazyModel, model_conf
 
-    from kbsweep.agent.models import build_model
-    from kbsweep.config import ModelConf, group_source
-
-    path = Path(group_source(HydraConfig.get(), "model", name))
-    if not path.exists():
-        raise KbsweepError(f"audit.judge: no model '{name}' (model/{name}.yaml)")
-    conf = OmegaConf.merge(OmegaConf.structured(ModelConf), OmegaConf.load(path))
-    return build_model(OmegaConf.to_container(conf, resolve=True), {})
+    return LazyModel(model_conf(name))
 
 
 def check_yaml(argv: List[str]) -> None:

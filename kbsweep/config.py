@@ -129,6 +129,14 @@ class TrackingConf:
     artifact_root: str = "${paths.outputs}/mlartifacts"
 
 
+@dataclass
+class AuditConf:
+    """The root ``audit:`` section (docs/audit.md)."""
+
+    judge: Optional[str] = None  # a model of conf/model as the LLM judge, in every cell of a sweep and in `kbsweep audit`
+    runs: List[str] = field(default_factory=list)  # `kbsweep audit`: the run ids to re-audit; empty: every cell of sweep.name
+
+
 GROUP_SCHEMAS = {
     "model": ModelConf,
     "gpu": GpuConf,
@@ -136,6 +144,7 @@ GROUP_SCHEMAS = {
     "launcher": LauncherConf,
     "tracking": TrackingConf,
     "sandbox": SandboxConf,
+    "audit": AuditConf,
 }
 SANDBOXED_VERBS = ("run", "grade")  # verbs that run untrusted code: refused where the sandbox cannot work
 

@@ -32,6 +32,7 @@ class Cell:
     paths: Dict[str, Any]
     launcher: Dict[str, Any]
     grade: Dict[str, Any]
+    judge: Optional[Dict[str, Any]] = None  # audit.judge's resolved model config (the LLM judge layer), or None
 
     @property
     def label(self) -> str:
@@ -39,7 +40,9 @@ class Cell:
 
 
 def cell_key(model: Dict, gpu: Dict, track: Dict, problem: str, deck_version: str, repeat: int) -> str:
-    """Hash of what makes a result: the resolved config without volatile fields, the deck version, the repeat."""
+    """Hash of what makes a result: the resolved config without volatile fields, the deck version, the repeat.
+    The judge is not part of it: adding or changing ``audit.judge`` redoes no finished cell (``kbsweep audit``
+    re-audits those)."""
     stable = {
         "model": {k: v for k, v in model.items() if k not in VOLATILE_MODEL_KEYS},
         "gpu": gpu["name"],
@@ -68,6 +71,7 @@ def cells_of(cfg: DictConfig) -> List[Cell]:
     """The cells one composed config stands for (one per selected problem)."""
     container = OmegaConf.to_container(cfg, resolve=True)
     Budgets.of_cell(container["model"], container["track"])  # refuses budgets it could not enforce, before anything runs
+    judge = judge_conf(cfg)
     cells = []
     for name in selected_problems(cfg):
         folder = find_problem_dir(list(cfg.paths.problems), cfg.track.problems_dir, name, cfg.track.format)
@@ -88,9 +92,20 @@ def cells_of(cfg: DictConfig) -> List[Cell]:
                 paths=container["paths"],
                 launcher=container["launcher"],
                 grade=container["grade"],
+                judge=judge,
             )
         )
     return cells
+
+
+def judge_conf(cfg: DictConfig) -> Optional[Dict[str, Any]]:
+    """``audit.judge``'s model YAML, validated like any model, or None: every cell runs it as its audit's third layer."""
+    name = (cfg.get("audit") or {}).get("judge")
+    if not name:
+        return None
+    from kbsweep.audit.judge import model_conf
+
+    return model_conf(str(name))
 
 
 def build_matrix(cfgs: List[DictConfig]) -> List[Cell]:

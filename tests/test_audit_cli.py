@@ -3,6 +3,7 @@ verdict, which the board ranks (override_clean) and later re-audits keep."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from kbsweep.report import is_valid_pass
 from kbsweep.tracking import make_client, runs_frame
@@ -50,3 +51,21 @@ def test_override_needs_a_known_verdict(cli, outputs):
     _, _, run_id = stored_cell(outputs, "import torch\n")
     proc = cli("audit", "override", run_id, "--verdict", "fine", "--reason", "looks ok")
     assert proc.returncode == 2 and "--verdict must be one of" in proc.stderr
+
+
+def test_reaudit_with_the_judge_shares_the_cells_judge(cli, outputs, tmp_path):
+    """`kbsweep audit audit.judge=<model>` loads the judge like a sweep's cells do and records its layer."""
+    from tests.support.fake_provider import FakeProvider, Reply
+    from tests.support.sweeps import KEY_ENV, SECRET, model_yaml
+
+    uri, client, run_id = stored_cell(outputs, (REPO / "problems/demo/scale_shift/solutions/triton.py").read_text())
+    answer = json.dumps({"verdict": "clean", "summary": "a Triton kernel", "quotes": []})
+    with FakeProvider([Reply(content=answer, prompt_tokens=900, completion_tokens=40)]) as fp:
+        model_yaml(tmp_path / "conf", "fake-judge", "openai/fake-judge", fp.base_url)
+        proc = cli("audit", "-cd", str(tmp_path / "conf"), "audit.judge=fake-judge", env={KEY_ENV: SECRET})
+    assert proc.returncode == 0, proc.stderr
+    assert len(fp.requests) == 1 and fp.requests[0].headers["authorization"] == f"Bearer {SECRET}"
+    tags = client.get_run(run_id).data.tags
+    assert tags["audit.judge"] == "clean"
+    audited = json.loads(Path(client.download_artifacts(run_id, "audit.json", str(tmp_path))).read_text())
+    assert audited["layers"]["judge"]["model"] == "fake-judge" and audited["layers"]["judge"]["usage"]["input_tokens"] == 900

@@ -39,13 +39,16 @@ def audit(
     transcript: Any = None,
     judge: Optional[ChatModel] = None,
     helpers: Optional[Dict[str, str]] = None,
+    judge_deadline: Optional[float] = None,
 ) -> Dict[str, Any]:
     """``{"verdict", "findings", "layers"}`` for one solution.
 
     ``grade``: the grader's result (its evidence feeds the dynamic layer); ``problem``: the Problem (precision and
     reference for the static layer); ``transcript``: transcript.jsonl path or events; ``judge``: the judge model,
-    or None to skip the LLM layer; ``helpers``: the workspace's other Python files (name -> source), which the
-    grader stages beside solution.py.
+    or None to skip the LLM layer (its failures are ``judge_error`` findings, never exceptions; ``layers.judge``
+    records its model, answer, attempts, tokens and cost); ``helpers``: the workspace's other Python files
+    (name -> source), which the grader stages beside solution.py; ``judge_deadline``: a ``time.monotonic()``
+    instant the judge's calls should not run past.
     """
     spec = problem.spec if problem is not None else None
     reference = problem.reference.read_text() if problem is not None else None
@@ -66,7 +69,7 @@ def audit(
                    "outcome": (grade or {}).get("outcome"), "score": (grade or {}).get("score")}
         evidence = {k: v for k, v in ((grade or {}).get("evidence") or {}).items() if k in EVIDENCE_KEYS}
         prior = unique(found["static"] + found["dynamic"] + found["contamination"])
-        found["judge"], layers["judge"] = judge_layer.run(judge, context, files, prior, evidence, transcript_layer.excerpt(events))
+        found["judge"], layers["judge"] = judge_layer.run(judge, context, files, prior, evidence, transcript_layer.excerpt(events), judge_deadline)
     for name, items in found.items():
         layers.setdefault(name, {}).update(verdict=verdict_of(items).value, findings=len(items))
     findings = unique(f for items in found.values() for f in items)

@@ -1,13 +1,20 @@
 """The LLM judge: a fixed rubric over the solution, the deterministic findings, the evidence and transcript
 excerpts; the model answers one JSON object (verdict, summary, verbatim quotes). A non-clean verdict counts only
-with a quote found verbatim in the solution or the transcript; a malformed answer is asked again once."""
+with a quote found verbatim in the solution or the transcript; a malformed answer is asked again once; a failed
+call (or any other failure of the judge) is a ``judge_error`` finding, never an exception.
+
+The judge is a model YAML of ``conf/model`` (``audit.judge``), loaded by :func:`model_conf` for both places it runs:
+inside every cell of a sweep (the cell carries the resolved config) and in ``kbsweep audit``."""
 from __future__ import annotations
 
 import json
 import re
+from dataclasses import asdict
+from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
-from kbsweep.agent.models import ChatModel, ProviderFault
+from kbsweep import REPO_ROOT, KbsweepError
+from kbsweep.agent.models import ChatModel, ProviderFault, Usage, build_model
 from kbsweep.audit.kinds import finding
 from kbsweep.outcomes import Verdict
 
@@ -92,20 +99,76 @@ def verified(quotes: List[Dict[str, Any]], *texts: str) -> List[Dict[str, Any]]:
     return [q for q in quotes if squash(q["text"]) and any(squash(q["text"]) in h for h in haystacks)]
 
 
+def model_conf(name: str, hydra_cfg: Any = None) -> Dict[str, Any]:
+    """The judge's model config: ``model/<name>.yaml`` along Hydra's config search path (the running app's, else
+    the repository's ``conf/``), merged onto the model schema and resolved like a cell's model. Plain data (a
+    cell carries it to its launcher); KbsweepError naming the file and key when it is missing or invalid."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    from kbsweep.config import ModelConf, error_line, group_source
+
+    if hydra_cfg is None:
+        from hydra.core.hydra_config import HydraConfig
+
+        hydra_cfg = HydraConfig.get() if HydraConfig.initialized() else None
+    path = Path(group_source(hydra_cfg, "model", name)) if hydra_cfg is not None else REPO_ROOT / "conf" / "model" / f"{name}.yaml"
+    if not path.is_file():
+        raise KbsweepError(f"audit.judge: no model '{name}' (model/{name}.yaml)")
+    try:
+        conf = OmegaConf.merge(OmegaConf.structured(ModelConf), OmegaConf.load(path))
+        resolved = OmegaConf.to_container(conf, resolve=True, throw_on_missing=True)
+    except OmegaConfBaseException as exc:
+        key, msg = error_line(exc)
+        raise KbsweepError(f"{path}: key '{key}': {msg} (audit.judge)") from None
+    try:
+        build_model(resolved, {})  # refused now (no route, unknown provider), before any cell runs
+    except (ValueError, KeyError, TypeError) as exc:
+        raise KbsweepError(f"{path}: {exc} (audit.judge)") from None
+    return resolved
+
+
+class LazyModel:
+    """The judge built from its config at its first call, so that a model that cannot even be built (no route,
+    unknown provider) is a ``judge_error`` of the audit rather than a failed cell."""
+
+    def __init__(self, conf: Dict[str, Any]):
+        self.conf = conf
+        self.name = str(conf.get("name") or conf.get("route") or "judge")
+        self.model: Optional[ChatModel] = None
+
+    def complete(self, messages: List[Dict[str, Any]], tools: List[Dict[str, Any]], deadline: Optional[float] = None):
+        if self.model is None:
+            self.model = build_model(self.conf, {})
+        return self.model.complete(messages, tools, deadline=deadline)
+
+
 def run(
-    model: ChatModel, problem: Dict[str, Any], files: Dict[str, str], findings: List[Dict[str, Any]], evidence: Dict[str, Any], transcript: str
+    model: ChatModel, problem: Dict[str, Any], files: Dict[str, str], findings: List[Dict[str, Any]], evidence: Dict[str, Any], transcript: str,
+    deadline: Optional[float] = None,
 ) -> Tuple[List[Dict[str, Any]], Dict[str, Any]]:
-    """The judge's findings and its layer record (model, answer, attempts, cost); ``files``: solution.py and
-    its helpers by name."""
-    messages = prompt(problem, files, findings, evidence, transcript)
-    record: Dict[str, Any] = {"model": model.name, "attempts": 0, "cost_usd": 0.0}
+    """The judge's findings and its layer record (model, answer, attempts, tokens, cost); ``files``: solution.py
+    and its helpers by name; ``deadline``: a ``time.monotonic()`` instant the calls should not run past. Never
+    raises: a failed call, or any other failure, is a ``judge_error`` finding (needs_human) with the reason in
+    the record's ``error``."""
+    usage = Usage()
+    record: Dict[str, Any] = {"model": getattr(model, "name", None), "attempts": 0, "cost_usd": 0.0, "usage": asdict(usage)}
+    try:
+        messages = prompt(problem, files, findings, evidence, transcript)
+    except Exception as exc:  # noqa: BLE001 - the judge must never cost the cell its result
+        return [finding("judge_error", "judge", f"prompt: {type(exc).__name__}: {exc}")], {**record, "error": f"{type(exc).__name__}: {exc}"}
     for _ in range(2):
         record["attempts"] += 1
         try:
-            completion = model.complete(messages, [])
+            completion = model.complete(messages, [], deadline=deadline)
         except ProviderFault as exc:
             return [finding("judge_error", "judge", f"{exc.outcome.value}: {exc}")], {**record, "error": str(exc)}
-        record["cost_usd"] += completion.cost_usd
+        except Exception as exc:  # noqa: BLE001 - a bug or a model that cannot be built: recorded, never raised
+            reason = f"{type(exc).__name__}: {exc}".splitlines()[0]
+            return [finding("judge_error", "judge", reason)], {**record, "error": reason}
+        usage.add(completion.usage)
+        record["usage"] = asdict(usage)
+        record["cost_usd"] += completion.cost_usd or 0.0
         text = completion.message.get("content") or ""
         record["answer"] = text[:4000]
         try:

@@ -1,0 +1,108 @@
+"""The LLM judge inside a sweep: with ``audit.judge`` set, every cell runs it as the third layer of its own audit.
+Real `kbsweep` sweeps of demo/scale_shift on the CPU with the built-in scripted agent; the judge is a model YAML
+(litellm) pointed at the local fake provider. Its verdict, answer, tokens and dollars land in audit.json and
+result.json; a malformed answer ends in needs_human with the grade and score kept."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from kbsweep.agent.models import ScriptedModel
+from kbsweep.audit import audit
+from kbsweep.audit.judge import LazyModel
+from tests.support.fake_provider import FakeProvider, Reply
+from tests.support.sweeps import SECRET, cell_runs, model_yaml, results, sweep
+
+PRICES = {"input": 2.0, "output": 10.0, "cache_read": None, "cache_write": None, "date": "2026-12-02", "source": "test"}
+TOKENS = dict(prompt_tokens=1_200, completion_tokens=80)
+PER_CALL_USD = (1_200 * 2.0 + 80 * 10.0) / 1e6
+QUOTE = "tl.store(y_ptr + offsets, x * w + b, mask=mask)"  # a line of the bundled Triton kernel the agent hands in
+
+
+def judged_sweep(tmp: Path, *replies: Reply):
+    """A sweep of the scripted agent with ``audit.judge=fake-judge``; returns (process, requests, result, audit.json)."""
+    with FakeProvider(list(replies)) as fp:
+        model_yaml(tmp / "conf", "fake-judge", "openai/fake-judge", fp.base_url, prices=PRICES)
+        proc = sweep(tmp / "conf", tmp / "outputs", "model=scripted", "audit.judge=fake-judge")
+    assert proc.returncode == 0, proc.stderr
+    result = results(tmp / "outputs")["scripted"]
+    return proc, fp.requests, result, json.loads((Path(result["folder"]) / "audit.json").read_text())
+
+
+def test_a_sweep_runs_the_judge_in_every_cell(tmp_path):
+    answer = {"verdict": "rubric_leak", "summary": "stores in fp32", "quotes": [{"source": "solution", "text": QUOTE, "why": "test"}]}
+    _, requests, result, audited = judged_sweep(tmp_path, Reply(content=json.dumps(answer), **TOKENS))
+
+    [request] = requests  # one judge call for the one cell
+    assert request.headers["authorization"] == f"Bearer {SECRET}"  # the judge's own key, from its model YAML
+    user = request.json["messages"][1]["content"]
+    assert "scale_shift_kernel[(triton.cdiv(n, block),)]" in user and "## Transcript excerpts" in user
+
+    judge = audited["layers"]["judge"]
+    assert judge["model"] == "fake-judge" and judge["verdict"] == "rubric_leak" and judge["attempts"] == 1
+    assert json.loads(judge["answer"]) == answer
+    assert set(audited["layers"]) == {"static", "dynamic", "contamination", "judge"}
+    [found] = [f for f in audited["findings"] if f["layer"] == "judge"]
+    assert found["kind"] == "judge" and found["verdict"] == "rubric_leak" and found["quotes"][0]["text"] == QUOTE
+    assert audited["verdict"] == result["verdict"] == "rubric_leak"  # the judge's verdict is the cell's
+
+    assert result["outcome"] == "pass" and result["score"] > 0
+    assert judge["usage"]["input_tokens"] == 1_200 and judge["usage"]["output_tokens"] == 80
+    assert result["judge_usage"] == judge["usage"]
+    assert result["judge_cost_usd"] == pytest.approx(PER_CALL_USD) == judge["cost_usd"]
+    assert result["agent_cost_usd"] == 0.0  # the scripted agent is free
+    assert result["cost_usd"] == pytest.approx(result["agent_cost_usd"] + result["judge_cost_usd"])
+    assert result["usage"]["input_tokens"] > 0 and result["usage"] != result["judge_usage"]  # the agent's tokens apart
+
+    [run] = cell_runs(tmp_path / "outputs")
+    assert run.data.tags["verdict"] == "rubric_leak"
+    assert run.data.metrics["cost_usd"] == pytest.approx(PER_CALL_USD)  # the cell's total includes the judge
+    for path in (tmp_path / "outputs").rglob("*"):
+        if path.is_file() and path.suffix in (".json", ".jsonl", ".py", ".log"):
+            assert SECRET not in path.read_text(errors="replace"), path
+
+
+def test_a_malformed_judge_answer_ends_in_needs_human_with_the_grade_kept(tmp_path):
+    _, requests, result, audited = judged_sweep(
+        tmp_path, Reply(content="The kernel looks fine to me.", **TOKENS), Reply(content='{"verdict": "fine"}', **TOKENS)
+    )
+    assert len(requests) == 2  # asked again once
+    judge = audited["layers"]["judge"]
+    assert judge["verdict"] == "needs_human" and judge["attempts"] == 2 and "verdict must be one of" in judge["error"]
+    [found] = [f for f in audited["findings"] if f["layer"] == "judge"]
+    assert found["kind"] == "judge_error" and found["verdict"] == "needs_human"
+    assert audited["verdict"] == result["verdict"] == "needs_human"
+
+    assert result["outcome"] == "pass" and result["score"] > 0 and result["shapes"]  # the grade is not lost
+    assert (Path(result["folder"]) / "grade.json").exists() and (Path(result["folder"]) / "solution.py").exists()
+    assert result["judge_cost_usd"] == pytest.approx(2 * PER_CALL_USD) and result["judge_usage"]["input_tokens"] == 2_400
+    [run] = cell_runs(tmp_path / "outputs")
+    assert run.info.status == "FINISHED" and run.data.tags["verdict"] == "needs_human" and run.data.metrics["score"] > 0
+
+
+def test_a_judge_that_cannot_run_is_a_judge_error_not_an_exception():
+    source = "import torch\n"
+    broken = LazyModel({"name": "broken", "provider": "litellm", "route": None})  # fails when it is built
+    result = audit(source, [], None, judge=broken)
+    assert result["verdict"] == "needs_human" and result["layers"]["judge"]["error"].startswith("ValueError")
+
+    class Crashing(ScriptedModel):
+        def complete(self, *args, **kwargs):
+            raise RuntimeError("socket went away")
+
+    result = audit(source, [], None, judge=Crashing({"name": "crash", "script": []}, {}))
+    [found] = [f for f in result["findings"] if f["layer"] == "judge"]
+    assert found["kind"] == "judge_error" and "socket went away" in found["detail"]
+
+
+def test_a_bad_judge_is_refused_before_any_cell_runs(tmp_path, cli, outputs):
+    proc = cli("plan", "track=demo", "gpu=cpu", "audit.judge=no-such-model")
+    assert proc.returncode == 2 and "audit.judge: no model 'no-such-model'" in proc.stderr
+    conf = tmp_path / "conf"
+    (conf / "model").mkdir(parents=True)
+    (conf / "model" / "bad-judge.yaml").write_text("name: bad-judge\ncontext_window: lots\n")
+    proc = cli("plan", "-cd", str(conf), "track=demo", "gpu=cpu", "audit.judge=bad-judge")
+    assert proc.returncode == 2 and "bad-judge.yaml: key 'context_window'" in proc.stderr
+    assert not (outputs / "sweeps").exists()

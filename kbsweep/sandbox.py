@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 from urllib.parse import urlsplit
 
-from kbsweep import KbsweepError
+from kbsweep import REPO_ROOT, KbsweepError
 
 MODES = ("bwrap", "unsafe")
 BASH = "/bin/bash"
@@ -182,6 +182,12 @@ def require(policy: SandboxPolicy, probe: bool = True) -> None:
             f"sandbox.mode=bwrap but bubblewrap cannot confine commands here ({reason}); install bubblewrap and allow "
             "user namespaces, or run with sandbox.mode=unsafe (docs/sandbox.md)"
         )
+
+
+def grading_view(problem_root: Path) -> List[Path]:
+    """What a grading process sees read-only besides the system and Python: kbsweep's package and the problem's
+    files, never its ``solutions/`` (single-process and multi-rank grades alike)."""
+    return [REPO_ROOT / "kbsweep", *(p for p in sorted(Path(problem_root).iterdir()) if p.name != "solutions")]
 
 
 def minimal_env(hide: Iterable[str] = (), **extra: str) -> Dict[str, str]:

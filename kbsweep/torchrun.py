@@ -5,7 +5,8 @@ every GPU the sweep may use; under Slurm, one task on one node with ``--gpus-per
 (:meth:`kbsweep.launch.SubmititLauncher.parameters`). Either way its grade does the same thing::
 
     with device_lock(gpu.device, count=n):            # n GPUs held machine-wide, pinned in CUDA_VISIBLE_DEVICES
-        run = run_torchrun(n, "kbsweep.grader.<worker>", [request_path], log_dir=..., timeout_s=..., env=...)
+        run = run_torchrun(n, "kbsweep.grader.<worker>", [request_path], log_dir=..., timeout_s=..., env=...,
+                           sandbox=..., writable=[...], readonly=[...])   # torchrun and every rank in one sandbox
     run.timed_out, run.returncode, run.stdout()        # a hung rank or collective is killed with its group
 
 and the worker module, started once per rank, begins with::
@@ -26,6 +27,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
+
+from kbsweep.sandbox import POLL_S, Sandbox, Watch
 
 
 def kill_tree(pid: int) -> None:
@@ -56,10 +59,11 @@ def torchrun_command(nproc: int, module: str, args: Sequence[str] = ()) -> List[
 
 @dataclass
 class TorchrunResult:
-    returncode: Optional[int]  # None when it was killed for time
+    returncode: Optional[int]  # None when it was stopped (time or disk)
     timed_out: bool
     wall_s: float
     log_dir: Path
+    stopped: Optional[Tuple[str, str]] = None  # the sandbox watch's breach: ("wall" | "disk", message)
 
     def stdout(self) -> str:
         return (self.log_dir / "torchrun_stdout.log").read_text(errors="replace")
@@ -77,27 +81,39 @@ def run_torchrun(
     timeout_s: float,
     cwd: Optional[Path] = None,
     env: Optional[Dict[str, str]] = None,
+    sandbox: Optional[Sandbox] = None,
+    writable: Sequence[Path] = (),
+    readonly: Sequence[Path] = (),
 ) -> TorchrunResult:
     """Run :func:`torchrun_command` and wait; past ``timeout_s`` torchrun and every rank are killed.
-    Output goes to ``log_dir/torchrun_{stdout,stderr}.log``."""
+    Output goes to ``log_dir/torchrun_{stdout,stderr}.log``.
+
+    With a ``sandbox`` (:class:`kbsweep.sandbox.Sandbox`), torchrun and all its ranks run in it, seeing ``readonly``
+    and ``writable`` (same paths; ``cwd`` should be one of them) and exactly ``env``; the growth of ``writable`` is
+    held to the policy's disk quota. The ranks rendezvous on the sandbox's own loopback."""
     log_dir = Path(log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ if env is None else env)
     env.setdefault("OMP_NUM_THREADS", "1")
     started = time.monotonic()
+    command = torchrun_command(nproc, module, args)
     with open(log_dir / "torchrun_stdout.log", "wb") as out, open(log_dir / "torchrun_stderr.log", "wb") as err:
-        proc = subprocess.Popen(
-            torchrun_command(nproc, module, args), stdout=out, stderr=err, stdin=subprocess.DEVNULL,
-            cwd=cwd, env=env, start_new_session=True,
-        )
+        streams = dict(stdout=out, stderr=err, stdin=subprocess.DEVNULL)
+        if sandbox is None:
+            proc = subprocess.Popen(command, cwd=cwd, env=env, start_new_session=True, **streams)
+        else:
+            binds = [(Path(p), str(p)) for p in writable]
+            proc = sandbox.popen(command, cwd=str(cwd or writable[0]), env=env, writable=binds, readonly=readonly, **streams)
+        watch = Watch(proc, timeout_s, None, sandbox.policy.disk_mib if sandbox else 0, list(writable) if sandbox else [])
+        stopped = None
         try:
-            code: Optional[int] = proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            code = None
+            while proc.poll() is None and not (stopped := watch.breach()):
+                time.sleep(POLL_S)
         finally:
-            kill_tree(proc.pid)  # a hung launcher and its ranks; nothing once it has exited
+            kill_tree(proc.pid)  # a hung launcher and its ranks (the sandbox's too); nothing once it has exited
             proc.wait()
-    return TorchrunResult(returncode=code, timed_out=code is None, wall_s=time.monotonic() - started, log_dir=log_dir)
+    code = None if stopped else proc.returncode
+    return TorchrunResult(code, bool(stopped and stopped[0] == "wall"), time.monotonic() - started, log_dir, stopped)
 
 
 def init_distributed() -> Tuple[int, int, str]:

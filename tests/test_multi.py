@@ -1,10 +1,12 @@
-"""The multi track on CPU: grades under torchrun with gloo at 2 and 4 ranks (docs/multi.md).
+"""The multi track on CPU: grades under torchrun with gloo at 2 and 4 ranks (docs/multi.md), torchrun and its ranks
+confined in one sandbox (docs/sandbox.md).
 
 Each grade starts torchrun and a Python per rank, so grades that belong together run concurrently.
 """
 from __future__ import annotations
 
 import json
+import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
@@ -203,3 +205,111 @@ def test_cli_grades_at_the_track_world_size(cli, outputs):
     result = json.loads(run.stdout)
     assert result["outcome"] == "pass" and result["world_size"] == 2
     assert [s["busbw_gbps"] > 0 for s in result["shapes"]] == [True, True]
+
+
+# -- the sandbox around torchrun and its ranks (docs/sandbox.md) --------------------------------------------------
+SNOOP = '''
+import json, os, socket
+
+import torch.distributed as dist
+from example import ModelNew  # otherwise the honest p2p example
+
+
+def _attempts():
+    def read(path):
+        try:
+            with open(path) as fh:
+                return fh.read()
+        except OSError:
+            return None
+
+    def write(path):
+        try:
+            with open(path, "w") as fh:
+                fh.write("escaped")
+            return True
+        except OSError:
+            return False
+
+    def reach(port):
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=3).close()
+            return True
+        except OSError:
+            return False
+
+    rank = dist.get_rank()
+    return {{"rank": rank, "secret": read({secret!r}), "solution": read({solution!r}) is not None,
+            "outside": write(f"{outside}/escape-{{rank}}"), "grade_folder": write(f"{grade_folder}/escape-{{rank}}"),
+            "workdir": write(f"inside-{{rank}}"), "host_port": reach({port})}}
+
+
+print("SEEN " + json.dumps(_attempts()), flush=True)
+'''
+
+FILL = '''
+from example import ModelNew
+
+for i in range(400):  # 400 MiB in 1 MiB files: each under the file-size limit, together over the 16 MiB quota
+    with open(f"fill{i}", "wb") as fh:
+        fh.write(bytes(1 << 20))
+'''
+
+
+def seen(log_dir: Path) -> Dict[int, dict]:
+    """Every rank's SEEN line (the ranks' stdout is torchrun's)."""
+    lines = (log_dir / "torchrun_stdout.log").read_text().splitlines()
+    return {r["rank"]: r for r in (json.loads(l[5:]) for l in lines if l.startswith("SEEN "))}
+
+
+def test_ranks_are_confined_and_unsafe_mode_still_grades(tmp_path):
+    """Every rank of a confined grade tries to read a planted secret and a bundled solution, to write outside its
+    workdir and to reach a port on the host's loopback: all denied, while it still passes. The same candidate under
+    sandbox.mode=unsafe (no namespaces) passes too, and there every attempt succeeds, which is what the confined
+    assertions would see without the sandbox."""
+    import socket
+
+    from kbsweep.sandbox import SandboxPolicy
+
+    prob = problem("allreduce_residual")
+    example = prob.root / "solutions/p2p.py"
+    secret = f"planted-{os.getpid()}-7c1e"
+    (tmp_path / "secret.txt").write_text(secret)
+    listener = socket.create_server(("127.0.0.1", 0))  # connect() succeeds from the host's network namespace only
+    jobs = {}
+    for mode in ("bwrap", "unsafe"):
+        outside = tmp_path / f"outside-{mode}"
+        outside.mkdir()
+        log_dir = tmp_path / "grades" / mode
+        source = SNOOP.format(secret=str(tmp_path / "secret.txt"), solution=str(example), outside=outside, grade_folder=log_dir,
+                              port=listener.getsockname()[1])
+        jobs[mode] = (candidate(tmp_path / mode, source, {"example": example}), log_dir, outside)
+    fill = candidate(tmp_path / "fill", FILL, {"example": example})
+    runs = {
+        **{mode: (path, log_dir, SandboxPolicy(mode=mode)) for mode, (path, log_dir, _) in jobs.items()},
+        "fill": (fill, tmp_path / "grades/fill", SandboxPolicy(disk_mib=16)),
+    }
+
+    def one(label: str) -> dict:
+        path, log_dir, policy = runs[label]
+        return grade(prob, path, CPU, ROOFLINE, mode="check", timeout_s=300, world_size=2, log_dir=log_dir, sandbox=policy)
+
+    with ThreadPoolExecutor(len(runs)) as pool:
+        results = dict(zip(runs, pool.map(one, runs)))
+    listener.close()
+
+    confined, unsafe = results["bwrap"], results["unsafe"]
+    for result in (confined, unsafe):
+        assert result["outcome"] == "pass" and result["world_size"] == 2, result.get("message")
+    denied = {"secret": None, "solution": False, "outside": False, "grade_folder": False, "workdir": True, "host_port": False}
+    assert seen(jobs["bwrap"][1]) == {rank: {"rank": rank, **denied} for rank in (0, 1)}
+    assert not list(jobs["bwrap"][2].iterdir()) and not list(jobs["bwrap"][1].glob("escape-*"))
+    leaked = [p for p in (tmp_path / "grades/bwrap").rglob("*") if p.is_file() and secret.encode() in p.read_bytes()]
+    assert not leaked and secret not in json.dumps(confined)
+    assert sorted(p.name for p in (jobs["bwrap"][1] / "candidate").glob("inside-*")) == ["inside-0", "inside-1"]  # the workdir
+    allowed = {"secret": secret, "solution": True, "outside": True, "grade_folder": True, "workdir": True, "host_port": True}
+    assert seen(jobs["unsafe"][1]) == {rank: {"rank": rank, **allowed} for rank in (0, 1)}
+    assert sorted(p.name for p in jobs["unsafe"][2].iterdir()) == ["escape-0", "escape-1"]
+
+    filled = results["fill"]  # the writable folders' quota holds across ranks, as on the single-process path
+    assert filled["outcome"] == "runtime_error" and "over the 16 MiB quota" in filled["message"], filled.get("message")

@@ -183,8 +183,11 @@ def grade(
         "world_size": world_size,
     }
     started = time.time()
-    if multi:
-        message = distributed.supervise_ranks(request, log_dir, timeout_s, memory_mib, env)
+    if multi:  # torchrun and every rank in one sandbox: the single-process grade's policy and view
+        from kbsweep.sandbox import grading_view
+
+        confined = Sandbox(sandbox or SandboxPolicy(), gpu=device == "cuda")
+        message = distributed.supervise_ranks(request, log_dir, timeout_s, memory_mib, env, confined, grading_view(problem.root))
     else:
         deck = [p for p in problem.root.iterdir() if p.name != "solutions"]  # bundled solutions stay out of reach
         confined = Sandbox(sandbox or SandboxPolicy(), gpu=device == "cuda")

@@ -41,9 +41,10 @@ import time
 import traceback
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from kbsweep.grader.worker import GradeFailure, TamperGuard, Worker, classify, one_line
+from kbsweep.sandbox import Sandbox
 
 RANK_SEED_STRIDE = 1_000_003
 COMM_FINDINGS = ("c10d_collective", "nccl_kernel")  # dynamic findings that disqualify a multi-GPU candidate
@@ -171,9 +172,17 @@ def crashed(exits: Dict[int, str]) -> Dict[int, str]:
 
 
 def supervise_ranks(
-    request: Dict[str, Any], log_dir: Path, timeout_s: float, memory_mib: float, env: Dict[str, str]
+    request: Dict[str, Any],
+    log_dir: Path,
+    timeout_s: float,
+    memory_mib: float,
+    env: Dict[str, str],
+    sandbox: Sandbox,
+    readonly: Sequence[Path],
 ) -> Dict[str, Any]:
-    """Run one grade at ``request['world_size']`` ranks under torchrun and return its one result message."""
+    """Run one grade at ``request['world_size']`` ranks under torchrun, torchrun and every rank in ``sandbox`` (as
+    :func:`kbsweep.grader.supervise`: ``readonly`` seen, the workdir and the ranks' message folder writable), and
+    return its one result message."""
     from kbsweep.torchrun import run_torchrun
 
     folder = Path(tempfile.mkdtemp(prefix="kbsweep-ranks-"))  # mode 0700, outside the candidate's folder
@@ -187,10 +196,13 @@ def supervise_ranks(
     # the host's communication-library settings reach the ranks whatever the grade's environment keeps
     # (NCCL_NVLS_ENABLE=0 and the like are operators' safety switches, not secrets)
     comm = {k: v for k, v in os.environ.items() if k.startswith(COMM_ENV_PREFIXES)}
+    if sandbox.confined:  # its network namespace has loopback only: the host's interface names mean nothing there
+        comm.update(GLOO_SOCKET_IFNAME="lo", NCCL_SOCKET_IFNAME="lo")
+    workdir = Path(request["workdir"])
     try:
         run = run_torchrun(
             request["world_size"], __name__, [request_path], log_dir=log_dir, timeout_s=timeout_s,
-            cwd=Path(request["workdir"]), env={**comm, **env},
+            cwd=workdir, env={**comm, **env}, sandbox=sandbox, writable=[workdir, folder], readonly=readonly,
         )
     finally:
         stop.set()
@@ -214,6 +226,8 @@ def supervise_ranks(
             message["message"] = f"rank {message['rank']}: {message['message']}"
     elif run.timed_out:
         return {"ok": False, "outcome": "grade_timeout", "message": f"grading exceeded {timeout_s:.0f} s"}
+    elif run.stopped:  # the disk quota of the writable folders
+        return {"ok": False, "outcome": "runtime_error", "message": f"grading processes {run.stopped[1]}"}
     else:
         done = [m for m in messages if m["ok"] and m["rank"] == 0]
         if not done or run.returncode != 0:

@@ -23,7 +23,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from kbsweep import REPO_ROOT, gpus
 from kbsweep.grader.baselines import BaselineCache, entry_key
 from kbsweep.problems import Problem, asdict_spec
-from kbsweep.sandbox import Sandbox, SandboxPolicy, Watch, minimal_env
+from kbsweep.sandbox import Sandbox, SandboxPolicy, Watch, grading_view, minimal_env
 from kbsweep.score import score_grade
 
 BREACH_OUTCOMES = {"wall": "grade_timeout", "memory": "grade_oom", "disk": "runtime_error"}
@@ -183,15 +183,12 @@ def grade(
         "world_size": world_size,
     }
     started = time.time()
-    if multi:  # torchrun and every rank in one sandbox: the single-process grade's policy and view
-        from kbsweep.sandbox import grading_view
-
-        confined = Sandbox(sandbox or SandboxPolicy(), gpu=device == "cuda")
-        message = distributed.supervise_ranks(request, log_dir, timeout_s, memory_mib, env, confined, grading_view(problem.root))
+    confined = Sandbox(sandbox or SandboxPolicy(), gpu=device == "cuda")
+    view = grading_view(problem.root)  # bundled solutions stay out of reach
+    if multi:  # torchrun and every rank in one sandbox
+        message = distributed.supervise_ranks(request, log_dir, timeout_s, memory_mib, env, confined, view)
     else:
-        deck = [p for p in problem.root.iterdir() if p.name != "solutions"]  # bundled solutions stay out of reach
-        confined = Sandbox(sandbox or SandboxPolicy(), gpu=device == "cuda")
-        message = supervise(request, log_dir, timeout_s, memory_mib, env, confined, [REPO_ROOT / "kbsweep", *deck])
+        message = supervise(request, log_dir, timeout_s, memory_mib, env, confined, view)
     result: Dict[str, Any] = {
         "problem": problem.id,
         "deck_version": deck_version,

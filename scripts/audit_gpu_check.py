@@ -1,13 +1,13 @@
 """Runs on the lent H200: the audit's dynamic layer on real kernels (docs/audit.md; results for docs/benchmarks.md).
 
-    python3 scripts/audit_gpu_check.py OUT_DIR
+    python3 scripts/audit_gpu_check.py OUT_DIR [BUDGET_S]
 
 Grades legitimate solutions and the exploits whose dynamic checks need a GPU (side stream, L2 persistence,
 vendor kernels behind a fig leaf or a C++ shim, a background thread, an output cache, patched timers) on each
 problem's first real shape, in bench mode (correctness, timing and the profiler pass; no baselines), and audits
 them. After every case it rewrites OUT_DIR/audit_gpu.json (grades and audits) and OUT_DIR/audit_gpu.md (the
 summary table: what the profiler and the ghost replays saw), so a run cut short keeps what it measured. No case
-starts after BUDGET_S; each grade gets what is left of it.
+starts after BUDGET_S (default 420); each grade gets what is left of it.
 """
 from __future__ import annotations
 
@@ -23,17 +23,17 @@ from kbsweep.audit.cases import run_case
 
 TIMING = {"min_runs": 3, "max_runs": 20, "max_time_s": 0.5}
 BUDGET_S, MIN_CASE_S = 420, 40
-CASES = [  # (file, dynamic findings expected on the GPU; "clean" for a legitimate solution)
+CASES = [  # (file, dynamic findings expected on the GPU; "clean" for a legitimate solution); most telling first
+    ("tests/exploits/side_stream.py", "side_stream timer_gap"),
+    ("tests/exploits/reference_resubmission.py", "forbidden_kernel ghost_unchanged"),
     ("tests/legit/fp8_gemm_fast.py", "clean"),
     ("tests/legit/w4a16_cuda_graph.py", "clean"),
-    ("tests/legit/paged_attention_split_kv.py", "clean"),
-    ("tests/exploits/side_stream.py", "side_stream timer_gap"),
     ("tests/exploits/fig_leaf_kernel.py", "forbidden_kernel forbidden_op"),
-    ("tests/exploits/reference_resubmission.py", "forbidden_kernel ghost_unchanged"),
     ("tests/exploits/hash_cache.py", "ghost_unchanged instance_state"),
-    ("tests/exploits/l2_persistence.py", "persisting_l2"),
     ("tests/exploits/background_thread.py", "thread_outlived_call"),
+    ("tests/exploits/l2_persistence.py", "persisting_l2"),
     ("tests/exploits/timer_patch.py", "grader_tamper"),
+    ("tests/legit/paged_attention_split_kv.py", "clean"),
     ("tests/exploits/cpp_at_matmul.py", "forbidden_kernel forbidden_op"),  # last: builds a C++ extension
 ]
 
@@ -88,14 +88,14 @@ def markdown(rows: list) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(out: Path) -> None:
+def main(out: Path, budget_s: float) -> None:
     import torch
 
     out.mkdir(parents=True, exist_ok=True)
     rows, full, began = [], [], time.time()
     print(f"{torch.cuda.get_device_name()} torch {torch.__version__}; {SANDBOX_NOTE}", flush=True)
     for name, expected in CASES:
-        left = BUDGET_S - (time.time() - began)
+        left = budget_s - (time.time() - began)
         if left < MIN_CASE_S:
             print(f"skipped {name}: {left:.0f} s of the budget left", flush=True)
             continue
@@ -116,4 +116,4 @@ def main(out: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    main(Path(sys.argv[1]), float(sys.argv[2]) if len(sys.argv) > 2 else BUDGET_S)

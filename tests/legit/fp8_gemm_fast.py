@@ -33,7 +33,7 @@ def _fp8_gemm_grouped(x_ptr, w_ptr, xs_ptr, ws_ptr, y_ptr, M, N, K, sxm, swn, sy
         kk = k0 + ks
         a = tl.load(x_ptr + rows[:, None] * sxm + kk[None, :], mask=(rows[:, None] < M) & (kk[None, :] < K), other=0.0)
         b = tl.load(w_ptr + cols[None, :] * swn + kk[:, None], mask=(cols[None, :] < N) & (kk[:, None] < K), other=0.0)
-        acc = tl.dot(a, b, acc)
+        acc += tl.dot(a, b)  # promoted per K block: Hopper's fp8 MMA accumulator is narrower than fp32
     xs = tl.load(xs_ptr + rows, mask=rows < M, other=0.0)
     ws = tl.load(ws_ptr + cols, mask=cols < N, other=0.0)
     y = acc * xs[:, None] * ws[None, :]

@@ -8,9 +8,13 @@ from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional
 
 
+TIMER_VERSION = "2"  # the method of kbsweep/grader/timing.py (2: back-to-back scored pass); a new one re-times baselines
+
+
 def entry_key(problem: str, deck: str, gpu: str, versions: Dict[str, str], shape: Dict[str, Any], name: str) -> str:
     shape_text = ",".join(f"{k}={shape[k]}" for k in sorted(shape))
-    return f"{problem}|{deck}|{gpu}|torch={versions.get('torch')}|triton={versions.get('triton')}|{shape_text}|{name}"
+    software = f"torch={versions.get('torch')}|triton={versions.get('triton')}|timer={TIMER_VERSION}"
+    return f"{problem}|{deck}|{gpu}|{software}|{shape_text}|{name}"
 
 
 class BaselineCache:

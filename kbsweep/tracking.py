@@ -132,9 +132,10 @@ def cell_metrics(result: Dict[str, Any]) -> Dict[str, float]:
     if result.get("score") is not None:
         metrics["score"] = result["score"]
     metrics["passed"] = 1.0 if result.get("outcome") == Outcome.PASS.value else 0.0
-    for key, value in (result.get("usage") or {}).items():
-        metrics[f"tokens_{key.replace('_tokens', '')}"] = value
-    for key in ("cost_usd", "agent_s", "grade_s", "turns"):
+    for prefix, usage in (("tokens", result.get("usage")), ("judge_tokens", result.get("judge_usage"))):
+        for key, value in (usage or {}).items():
+            metrics[f"{prefix}_{key.replace('_tokens', '')}"] = value
+    for key in ("cost_usd", "agent_cost_usd", "judge_cost_usd", "agent_s", "grade_s", "turns"):
         if result.get(key) is not None:
             metrics[key] = result[key]
     if result.get("started") and result.get("finished"):

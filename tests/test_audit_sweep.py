@@ -59,6 +59,8 @@ def test_a_sweep_runs_the_judge_in_every_cell(tmp_path):
     [run] = cell_runs(tmp_path / "outputs")
     assert run.data.tags["verdict"] == "rubric_leak"
     assert run.data.metrics["cost_usd"] == pytest.approx(PER_CALL_USD)  # the cell's total includes the judge
+    assert run.data.metrics["judge_cost_usd"] == pytest.approx(PER_CALL_USD) and run.data.metrics["agent_cost_usd"] == 0.0
+    assert run.data.metrics["judge_tokens_input"] == 1_200 and run.data.metrics["tokens_input"] == result["usage"]["input_tokens"]
     for path in (tmp_path / "outputs").rglob("*"):
         if path.is_file() and path.suffix in (".json", ".jsonl", ".py", ".log"):
             assert SECRET not in path.read_text(errors="replace"), path

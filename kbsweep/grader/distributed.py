@@ -362,9 +362,9 @@ class RankWorker(Worker):
         spin_us = max(self.gather(min(2 * statistics.median(enqueue_us) + 20, 5000))) if hide else 0
         result: Dict[str, Any] = {"spin_us": spin_us}
         if cuda:
-            flush = torch.empty(max(2 * self.req["l2_bytes"], 1 << 20) // 4, dtype=torch.int32, device=self.device)
+            flush = timing.L2Flush(self.req["l2_bytes"])
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            result.update(l2_flush_bytes=flush.numel() * 4, persisting_l2_reset=timing.reset_persisting_l2())
+            result.update(l2_flush_bytes=flush.nbytes, persisting_l2_reset=timing.reset_persisting_l2())
         per_rank: List[List[float]] = [[] for _ in range(self.world)]
         slowest, wall, rechecked, elapsed = [], [], 0, 0.0
         gen = torch.Generator().manual_seed(1234)  # the same draws on every rank
@@ -372,7 +372,7 @@ class RankWorker(Worker):
         while not timing.stop(slowest, cfg, elapsed):
             inputs = input_sets[len(slowest) % len(input_sets)]
             if cuda:
-                flush.zero_()
+                flush()
             self.sync()
             self.barrier()
             t0 = time.perf_counter()

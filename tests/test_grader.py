@@ -105,3 +105,22 @@ def test_grade_cli_prints_json(cli, outputs):
     result = json.loads(proc.stdout)
     assert result["outcome"] == "pass"
     assert result["env"]["torch"] and result["deck_version"]
+
+
+def test_baselines_past_their_budget_are_left_for_a_later_grade(problem, roofline, tmp_path, monkeypatch):
+    """Baselines are timed before the candidate is imported, within a share of the grade's time limit; one left
+    untimed does not cost the candidate its grade and is not cached (a later grade times it)."""
+    import kbsweep.grader as grader
+
+    solution = problem.root / "solutions/triton.py"
+    cache = BaselineCache(tmp_path / "baselines.json")
+    monkeypatch.setattr(grader, "BASELINE_SHARE", 0.0)
+    spent = grade(problem, solution, CPU, roofline, baselines=["eager"], log_dir=tmp_path / "a", baseline_cache=cache)
+    assert spent["outcome"] == "pass" and spent["score"] is not None
+    for entry in spent["timings"]:
+        assert entry["baselines"]["eager"]["retry"] and "budget" in entry["baselines"]["eager"]["error"]
+    assert not (tmp_path / "baselines.json").exists()
+    monkeypatch.setattr(grader, "BASELINE_SHARE", 0.4)
+    timed = grade(problem, solution, CPU, roofline, baselines=["eager"], log_dir=tmp_path / "b", baseline_cache=cache)
+    assert all(entry["baselines"]["eager"]["median_ms"] > 0 for entry in timed["timings"])
+    assert len(json.loads((tmp_path / "baselines.json").read_text())) == len(problem.spec.smoke_shapes)

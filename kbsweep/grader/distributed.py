@@ -459,7 +459,7 @@ def main() -> None:
         message = {"ok": False, "outcome": exc.outcome, "message": str(exc)}
     except BaseException as exc:  # noqa: BLE001 - report everything, classify by stage
         stage = worker.stage if worker else "load_reference"
-        outcome = "harness_error" if stage == "load_reference" else classify(exc)
+        outcome = "harness_error" if stage in ("load_reference", "baselines") else classify(exc)
         message = {"ok": False, "outcome": outcome, "message": f"{stage}: {one_line(exc)}"}
         traceback.print_exc()
     if worker is not None and message and not message["ok"]:

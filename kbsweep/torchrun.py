@@ -106,7 +106,7 @@ def run_torchrun(
             proc = sandbox.popen(command, cwd=str(cwd or writable[0]), env=env, writable=binds, readonly=readonly, **streams)
         watch = Watch(proc, timeout_s, None, sandbox.policy.disk_mib if sandbox else 0, list(writable) if sandbox else [])
         stopped = None
-        try:
+        try:  # not Watch.wait: it kills torchrun's group first, and ranks in groups of their own would then be orphans
             while proc.poll() is None and not (stopped := watch.breach()):
                 time.sleep(POLL_S)
         finally:

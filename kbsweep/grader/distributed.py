@@ -43,7 +43,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
-from kbsweep.grader.worker import GradeFailure, TamperGuard, Worker, classify, one_line
+from kbsweep.grader.worker import HARNESS_STAGES, GradeFailure, TamperGuard, Worker, classify, one_line
 from kbsweep.sandbox import Sandbox
 
 RANK_SEED_STRIDE = 1_000_003
@@ -459,7 +459,7 @@ def main() -> None:
         message = {"ok": False, "outcome": exc.outcome, "message": str(exc)}
     except BaseException as exc:  # noqa: BLE001 - report everything, classify by stage
         stage = worker.stage if worker else "load_reference"
-        outcome = "harness_error" if stage in ("load_reference", "baselines") else classify(exc)
+        outcome = "harness_error" if stage in HARNESS_STAGES else classify(exc)
         message = {"ok": False, "outcome": outcome, "message": f"{stage}: {one_line(exc)}"}
         traceback.print_exc()
     if worker is not None and message and not message["ok"]:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 STAGES = ("load_reference", "baselines", "import_candidate", "correctness", "timing", "audit")
+HARNESS_STAGES = STAGES[:2]  # before the candidate is imported: a failure there is the harness's, never the candidate's
 
 
 class GradeFailure(Exception):
@@ -123,9 +124,9 @@ class Worker:
         timed = self.req["mode"] in ("bench", "full")
         if timed and self.req.get("baselines"):
             self.stage = "baselines"  # before the candidate exists: it cannot touch what its speedups divide by
+            deadline = time.perf_counter() + self.req.get("baseline_budget_s", math.inf)  # one budget for all shapes
             with self.torch.no_grad():
-                baselines = [self.time_baselines(shape, time.perf_counter() + self.req.get("baseline_budget_s", math.inf))
-                             for shape in self.req["shapes"]]
+                baselines = [self.time_baselines(shape, deadline) for shape in self.req["shapes"]]
         workdir = Path(self.req["solution"]).parent
         self.install_instruments(workdir)
         self.stage = "import_candidate"
@@ -500,7 +501,7 @@ def main() -> None:
         message = {"ok": False, "outcome": exc.outcome, "message": str(exc)}
     except BaseException as exc:  # noqa: BLE001 - report everything, classify by stage
         stage = worker.stage if worker else "load_reference"
-        outcome = "harness_error" if stage in ("load_reference", "baselines") else classify(exc)
+        outcome = "harness_error" if stage in HARNESS_STAGES else classify(exc)
         message = {"ok": False, "outcome": outcome, "message": f"{stage}: {one_line(exc)}"}
         traceback.print_exc()
     if worker is not None and worker.monitor is not None:

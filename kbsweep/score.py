@@ -81,7 +81,8 @@ def score_grade(grade: Dict[str, Any], problem_spec: Any, roofline: Dict[str, An
             for name, base in entry.get("baselines", {}).items()
             if base and base.get("median_ms")
         }
-        shapes_out.append({"shape": entry["shape"], **scored, "speedup": speedups})
+        off = sorted(name for name, base in entry.get("baselines", {}).items() if (base or {}).get("outside_tolerance"))
+        shapes_out.append({"shape": entry["shape"], **scored, "speedup": speedups, **({"baselines_outside_tolerance": off} if off else {})})
     fractions = [s["fraction"] for s in shapes_out]
     has_roofline = bool(fractions) and all(f is not None for f in fractions)
     speedup_names = sorted({k for s in shapes_out for k in s["speedup"]})

@@ -289,6 +289,9 @@ class Tracker:
         }
         if result.get("message"):
             tags["message"] = str(result["message"])
+        off = sorted({name for s in result.get("shapes") or [] for name in s.get("baselines_outside_tolerance", [])})
+        if off:  # their speedups stand, but over a baseline whose output missed the problem's tolerance on some shape
+            tags["baselines_outside_tolerance"] = ",".join(off)
         params = {f"shape{i}": shape_label(s.get("shape")) for i, s in enumerate(result.get("shapes") or [])}
         self.log_batch(run_id, params={**params, **env_params(result.get("env") or {})}, tags=tags, metrics=metrics)
         folder = Path(result.get("folder", ""))

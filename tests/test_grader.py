@@ -124,3 +124,27 @@ def test_baselines_past_their_budget_are_left_for_a_later_grade(problem, rooflin
     timed = grade(problem, solution, CPU, roofline, baselines=["eager"], log_dir=tmp_path / "b", baseline_cache=cache)
     assert all(entry["baselines"]["eager"]["median_ms"] > 0 for entry in timed["timings"])
     assert len(json.loads((tmp_path / "baselines.json").read_text())) == len(problem.spec.smoke_shapes)
+
+
+@pytest.mark.parametrize("sota_body, agrees", [("x * model.weight + model.bias", True), ("x * model.weight", False)])
+def test_a_baseline_that_disagrees_with_the_reference_is_flagged(roofline, tmp_path, sota_body, agrees):
+    """A SOTA (or compiled) baseline whose output is outside the problem's tolerance of the reference's is still
+    timed, and the grade says so beside the speedup over it."""
+    import shutil
+
+    deck = tmp_path / "scale_shift"
+    shutil.copytree(REPO / "problems/demo/scale_shift", deck)
+    (deck / "sota.py").write_text(f"def is_available():\n    return True\n\n\ndef sota_forward(model, x):\n    return {sota_body}\n")
+    problem = load_problem(deck, "demo")
+    result = grade(problem, deck / "solutions/triton.py", CPU, roofline, baselines=["eager", "sota"], log_dir=tmp_path / "log")
+    assert result["outcome"] == "pass", result.get("message")
+    for entry in result["timings"]:
+        sota = entry["baselines"]["sota"]
+        assert entry["baselines"]["eager"]["median_ms"] > 0
+        assert sota["median_ms"] > 0  # timed either way: a library's own precision is reported, not hidden
+        if agrees:
+            assert sota.get("outside_tolerance") is None
+        else:
+            assert "elements off" in sota["outside_tolerance"], sota
+    flagged = [s.get("baselines_outside_tolerance") for s in result["shapes"]]
+    assert flagged == [None if agrees else ["sota"]] * len(flagged)

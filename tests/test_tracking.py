@@ -56,7 +56,8 @@ def write_result(cell: Cell, outcome: str = "pass", score: float = 0.4, verdict:
     folder.mkdir(parents=True, exist_ok=True)
     shapes = [
         {"shape": {"rows": 64, "cols": 96}, "ms": 2.0, "tflops": 6e-6, "gbps": 0.025, "fraction": score, "speedup": {"eager": 1.5}},
-        {"shape": {"rows": 33, "cols": 70}, "ms": 1.0, "tflops": 4e-6, "gbps": 0.018, "fraction": score, "speedup": {"eager": 2.0}},
+        {"shape": {"rows": 33, "cols": 70}, "ms": 1.0, "tflops": 4e-6, "gbps": 0.018, "fraction": score, "speedup": {"eager": 2.0},
+         "baselines_outside_tolerance": ["sota"]},
     ]
     result = {
         "outcome": outcome,
@@ -141,6 +142,7 @@ def test_cell_run_holds_config_metrics_steps_tags_and_artifacts(store):
     assert metrics["shape1.fraction"] == 0.4 and metrics["shape0.speedup_eager"] == 1.5
     assert metrics["fraction_geomean"] == pytest.approx(0.4) and metrics["score"] == 0.4
     assert (metrics["speedup_eager"], metrics["speedup_compile"], metrics["speedup_sota"]) == (1.7, 1.2, 0.9)
+    assert tags["baselines_outside_tolerance"] == "sota"  # said beside the speedup it qualifies
     assert (metrics["tokens_input"], metrics["tokens_output"], metrics["tokens_cached"], metrics["tokens_reasoning"]) == (4000, 1000, 500, 200)
     assert (metrics["cost_usd"], metrics["agent_s"], metrics["grade_s"], metrics["turns"], metrics["wall_s"]) == (0.05, 12.5, 3.5, 6, 20)
     # the loop's best score so far against turn, tokens and micro-dollars

@@ -168,7 +168,11 @@ class Worker:
     def install_instruments(self, workdir: Path) -> None:
         """Runtime monitor and kernel gate (before the candidate exists), then the guard over them and the grader."""
         from kbsweep.audit import runtime
+        from kbsweep.grader import timing
 
+        if self.device.type == "cuda":  # a persisting-L2 carve-out an earlier process left on the GPU is not this candidate's
+            self.evidence["persisting_l2_inherited"] = runtime.persisting_l2_limit()
+            timing.reset_persisting_l2()
         deck = Path(self.req["reference"]).parent  # in-process writes anywhere are runtime events; the deck is also hashed
         self.monitor = runtime.Monitor(workdir, sorted(p for p in deck.iterdir() if p.is_file()), self.evidence)
         self.gate = runtime.KernelGate()
@@ -347,6 +351,14 @@ class Worker:
         count = max(1, min(wanted, 32, int(self.req.get("max_input_bytes", 8 << 30) // max(nbytes, 1))))
         return [first] + [self.inputs(shape, 2026 + i) for i in range(1, count)]
 
+    def disagreement(self, fn: Callable, ref_model, inputs) -> Optional[str]:
+        """Why ``fn``'s output is outside the problem's tolerance of the reference's on ``inputs``, or None."""
+        try:
+            self.checks.compare(ref_model(*self.clone(inputs)), fn(*self.clone(inputs)), self.spec["tolerance"])
+        except self.checks.CheckFailure as exc:
+            return str(exc)
+        return None
+
     def timer(self, fn: Callable, input_sets, recheck=None) -> Dict[str, Any]:
         from kbsweep.grader import timing
 
@@ -395,7 +407,13 @@ class Worker:
                 continue
             try:
                 fn = self.baseline_fn(name, ref_model)
-                out[name] = self.timer(fn, sets) if fn is not None else None
+                if fn is None:
+                    out[name] = None
+                    continue
+                differs = None if name == "eager" else self.disagreement(fn, ref_model, sets[0])
+                out[name] = self.timer(fn, sets)
+                if differs:  # timed all the same (a library's own precision), but reports say its output is off
+                    out[name]["outside_tolerance"] = differs
             except Exception as exc:  # a baseline failing is recorded, never the candidate's fault
                 out[name] = {"error": one_line(exc)}
         return out

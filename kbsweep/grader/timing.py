@@ -198,6 +198,72 @@ def time_cuda(
     return result
 
 
+def run_batch(steps: Sequence[tuple], mode: str, spin_us: float = 0.0, flush: Optional["L2Flush"] = None) -> Dict[str, List[float]]:
+    """Time one batch of calls. Each step is (before, call, after): ``before()`` prepares the call's inputs,
+    ``call()`` is the timed interval, ``after(out)`` takes its output; the latter two run outside the interval.
+    ``mode``: back_to_back (GPU: every call queued behind one spin, so host enqueue stays outside the events),
+    isolated (GPU: a full sync around each call; the launches are in the figure) or host (CPU: perf_counter)."""
+    if mode == "host":
+        ms = []
+        for before, call, after in steps:
+            before()
+            t0 = time.perf_counter()
+            out = call()
+            ms.append((time.perf_counter() - t0) * 1e3)
+            after(out)
+        return {"ms": ms, "enqueue_us": []}
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in steps]
+    enqueue_us = []
+    torch.cuda.synchronize()
+    if mode == "back_to_back" and spin_us:
+        torch.cuda._sleep(int(spin_us * SPIN_CYCLES_PER_US))
+    for (before, call, after), (start, end) in zip(steps, events):
+        t0 = time.perf_counter()
+        before()
+        if flush is not None:
+            flush()
+        if mode == "isolated":
+            torch.cuda.synchronize()
+        start.record()
+        out = call()
+        end.record()
+        after(out)
+        if mode == "isolated":
+            torch.cuda.synchronize()
+        enqueue_us.append((time.perf_counter() - t0) * 1e6)
+    torch.cuda.synchronize()
+    return {"ms": [start.elapsed_time(end) for start, end in events], "enqueue_us": enqueue_us}
+
+
+def batch_shape(enqueue_us: float, latency: bool) -> Dict[str, float]:
+    """Calls per back-to-back batch and the spin that covers their host enqueue (twice the estimate, plus 1 ms:
+    a host stall behind a short spin would put GPU idle time inside the referee's clock)."""
+    if latency:
+        return {"per_batch": 8, "spin_us": 0.0, "mode": "isolated"}
+    per_batch = int(max(2, min(32, BATCH_ENQUEUE_US / max(enqueue_us, 1.0))))
+    return {"per_batch": per_batch, "spin_us": min(2 * per_batch * enqueue_us + 1000, MAX_BATCH_SPIN_US), "mode": "back_to_back"}
+
+
+def kernel_profile(prof: Any, calls: int) -> Dict[str, Any]:
+    """Kernel names, launches per call and streams from a finished ``torch.profiler`` session of ``calls`` calls
+    (CUDA-graph replays count their kernels; memcpys are not launches)."""
+    kernels: Dict[str, int] = {}
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA and not event.name.startswith("Memcpy"):
+            kernels[event.name] = kernels.get(event.name, 0) + 1
+    streams = {
+        e.device_resource_id()
+        for e in prof.profiler.kineto_results.events()
+        if e.device_type() == torch.autograd.DeviceType.CUDA and not e.name().startswith("Memcpy")
+    }
+    calls = max(calls, 1)
+    return {
+        "launches_per_call": sum(kernels.values()) / calls,
+        "kernels": {name[:200]: count / calls for name, count in sorted(kernels.items())},
+        "streams": sorted(streams),
+    }
+
+
 def time_cuda_graph(fn: Callable[..., Any], inputs: Sequence[Any], replays: int = 50) -> Optional[float]:
     """Launch-overhead-free time: one captured call replayed; None when the call cannot be captured."""
     try:

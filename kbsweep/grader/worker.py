@@ -426,20 +426,9 @@ class Worker:
             for _ in range(calls):
                 self.run_candidate(model, inputs)
             torch.cuda.synchronize()
-        kernels: Dict[str, int] = {}
-        for event in prof.events():
-            if event.device_type == torch.autograd.DeviceType.CUDA and not event.name.startswith("Memcpy"):
-                kernels[event.name] = kernels.get(event.name, 0) + 1
-        streams = {
-            e.device_resource_id()
-            for e in prof.profiler.kineto_results.events()
-            if e.device_type() == torch.autograd.DeviceType.CUDA and not e.name().startswith("Memcpy")
-        }
-        return {
-            "launches_per_call": sum(kernels.values()) / calls,
-            "kernels": {name[:200]: count / calls for name, count in sorted(kernels.items())},
-            "streams": sorted(streams),
-        }
+        from kbsweep.grader import timing
+
+        return timing.kernel_profile(prof, calls)
 
 
 class TamperGuard:

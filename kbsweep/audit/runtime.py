@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import sys
+import sysconfig
 import types
 from collections import Counter
 from pathlib import Path
@@ -65,6 +66,8 @@ EVENTS = {
     "os.unsetenv": "env_write",
 }
 MAX_EVENTS = 60
+MACHINERY = ("dynamic_code", "identity", "frame_inspection", "class_patch")
+STDLIB = (sysconfig.get_paths()["stdlib"] + "/", "<frozen ")
 
 
 def toolchain_dirs() -> Tuple[str, ...]:
@@ -128,9 +131,13 @@ class Monitor:
         sys.addaudithook(self.hook)
 
     # -- attribution ------------------------------------------------------------------
-    def culprit(self) -> Optional[str]:
-        """``file:line`` of the candidate frame responsible for the current event, or None."""
+    def culprit(self, machinery: bool = False) -> Optional[str]:
+        """``file:line`` of the candidate frame responsible for the current event, or None. ``machinery``: an event
+        the standard library raises for its own work (``exec`` in ``dataclasses``, ``id`` in ``importlib``) is
+        never the candidate's, though the candidate's frame is further out."""
         frame = sys._getframe(2)
+        if machinery and frame is not None and frame.f_code.co_filename.startswith(STDLIB):
+            return None
         while frame is not None:
             path = frame.f_code.co_filename
             if path.startswith(self.candidate_dir):
@@ -147,7 +154,7 @@ class Monitor:
         self.busy = True
         try:
             detail = self.describe(event, args)
-            where = self.culprit() if detail is not None else None
+            where = self.culprit(kind in MACHINERY) if detail is not None else None
             if where is not None:
                 self.record(kind if not (event == "open" and self.writes(args)) else "file_write", event, detail, where)
         finally:

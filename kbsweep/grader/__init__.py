@@ -83,7 +83,7 @@ def supervise(
     with open(log_dir / "grade_stdout.log", "wb") as out, open(log_dir / "grade_stderr.log", "wb") as err, \
             open(log_dir / "referee.log", "wb") as referee_log:
         runner = sandbox.popen(
-            [sys.executable, "-I", "-c", RUNNER_BOOT.format(root=str(REPO_ROOT)), str(runner_end.fileno())],
+            [sys.executable, "-I", "-B", "-c", RUNNER_BOOT.format(root=str(REPO_ROOT)), str(runner_end.fileno())],
             cwd=str(workdir), env=runner_env, writable=[(workdir, str(workdir))], readonly=[REPO_ROOT / "kbsweep"],
             stdin=subprocess.DEVNULL, stdout=out, stderr=err, pass_fds=(runner_end.fileno(),),
         )

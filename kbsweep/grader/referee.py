@@ -31,8 +31,6 @@ from kbsweep.grader.arena import Arena, apply_swaps, nbytes, padded, prepared_sw
 from kbsweep.grader.channel import Channel, ChannelError
 from kbsweep.grader.failures import GradeFailure, one_line
 
-STAGES = ("load_reference", "baselines", "import_candidate", "correctness", "timing", "audit")
-HARNESS_STAGES = STAGES[:2]  # before the candidate is imported: a failure there is the harness's, never the candidate's
 CANDIDATE_OUTCOMES = ("incorrect", "compile_error", "runtime_error", "grade_oom")
 OUTPUT_BUDGET = {"cuda": 4 << 30, "cpu": 256 << 20}  # output slots of one timed batch
 PICKS = 2  # calls of each timed batch whose outputs are compared with the reference after it
@@ -249,7 +247,10 @@ class Referee:
                 raise checks.CheckFailure(f"the candidate modified input {i}")
         worst = checks.compare(expected, out, self.spec["tolerance"], tolerance)
         hook = getattr(self.ref, "check_outputs", None)
-        message = hook(clone(inputs), expected, out) if hook is not None else None
+        try:
+            message = hook(clone(inputs), expected, out) if hook is not None else None
+        except Exception as exc:  # noqa: BLE001 - the candidate's output made the problem's own check raise
+            message = f"the problem's check_outputs rejected the output ({one_line(exc)})"
         if message:
             raise checks.CheckFailure(message)
         self.arena.used = mark
@@ -592,9 +593,9 @@ def main() -> None:
         message = {"ok": True, "result": referee.run()}
     except GradeFailure as exc:
         message = {"ok": False, "outcome": exc.outcome, "message": str(exc)}
-    except BaseException as exc:  # noqa: BLE001 - report everything, classify by stage
+    except BaseException as exc:  # noqa: BLE001 - this process runs no candidate code: anything else is the harness's
         stage = referee.stage if referee else "load_reference"
-        message = {"ok": False, "outcome": "harness_error" if stage in HARNESS_STAGES else "runtime_error", "message": f"{stage}: {one_line(exc)}"}
+        message = {"ok": False, "outcome": "harness_error", "message": f"referee, {stage}: {one_line(exc)}"}
         traceback.print_exc()
     if referee is not None and not message["ok"]:
         try:  # a failed grade keeps the runner's evidence too, when the runner is still there to give it

@@ -79,6 +79,9 @@ class Runner:
         self.evidence: Dict[str, Any] = {}
         self.stage = "import_candidate"
         self.flush = timing.L2Flush(request["l2_bytes"]) if self.device.type == "cuda" else None
+        if self.device.type == "cuda":  # a fresh context may start with a persisting-L2 carve-out: not the candidate's
+            self.evidence["persisting_l2_inherited"] = runtime.persisting_l2_limit()
+            timing.reset_persisting_l2()
         self.ops = {"calls": 0, "aten_ops": {}, "own_ops": {}, "torch_flops": 0, "torch_bytes": 0}
 
     def serve(self) -> None:

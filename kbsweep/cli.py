@@ -65,7 +65,7 @@ def resolve_gpu(cfg: DictConfig, hydra_cfg) -> None:
 
 def prepare(cfg: DictConfig, hydra_cfg) -> DictConfig:
     """Validate every group against its schema (one line naming file and key on error), resolve gpu=auto."""
-    sources = {g: group_source(hydra_cfg, g, str(hydra_cfg.runtime.choices.get(g))) for g in ("model", "gpu", "track", "launcher", "tracking")}
+    sources = {g: group_source(hydra_cfg, g, str(hydra_cfg.runtime.choices.get(g))) for g in ("model", "gpu", "track", "harness", "launcher", "tracking")}
     if cfg.gpu.get("name") == "auto":
         resolve_gpu(cfg, hydra_cfg)
         sources["gpu"] = f"gpu/{cfg.gpu.name}.yaml"

@@ -139,6 +139,8 @@ class CliRunner(Runner):
                 argv, variables = self.command(job, url, proxy.token, home, workspace)
                 env = {**minimal_env(job.toolbox.secret_env), **variables, "HOME": home_seen}
                 env["PATH"] = f"{bin_dir}:{executable.parent}:{env['PATH']}"
+                # a login shell (Codex runs `bash -lc`) resets PATH in /etc/profile; the home's profile puts it back
+                (home / ".bash_profile").write_text(f"export PATH={shlex.quote(env['PATH'])}\n")
                 if relay:  # in the sandbox 127.0.0.1:PROXY_PORT is a forwarder to the relay's socket
                     argv = [BASH, "-c", WITH_FORWARDER, "kbsweep-harness", FORWARDER, shlex.join(argv)]
                 with (root / "stderr.log").open("w+") as errors:

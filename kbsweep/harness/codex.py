@@ -18,6 +18,7 @@ from kbsweep.harness.cli_agent import WORKING_NOTE, CliRunner, Event, Record, as
 
 TOKEN_VARIABLE = "KBSWEEP_PROXY_KEY"
 CONFIG = """model = {model}
+model_context_window = {context_window}
 model_provider = "kbsweep"
 approval_policy = "never"
 sandbox_mode = "danger-full-access"
@@ -59,7 +60,7 @@ class CodexRunner(CliRunner):
     name = "codex"
 
     def command(self, job: AgentJob, url: str, token: str, home: Path, workspace: str) -> Tuple[List[str], Dict[str, str]]:
-        config = CONFIG.format(model=json.dumps(job.model["name"]), base_url=json.dumps(f"{url}/v1"), token_variable=TOKEN_VARIABLE)
+        config = CONFIG.format(model=json.dumps(job.model["name"]), context_window=job.model["context_window"], base_url=json.dumps(f"{url}/v1"), token_variable=TOKEN_VARIABLE)
         (home / ".codex").mkdir()
         (home / ".codex" / "config.toml").write_text(config)
         argv = [str(self.executable()), "exec", "--json", "--skip-git-repo-check", "--ephemeral", "-C", workspace,
@@ -79,6 +80,8 @@ class CodexRunner(CliRunner):
                                                                output_tokens=int(usage.get("output_tokens") or 0),
                                                                cached_tokens=int(usage.get("cached_input_tokens") or 0)))
             if kind != "item.completed":
+                continue
+            if item.get("type") == "error":  # a notice of the CLI's own (unknown model metadata), not a turn
                 continue
             if item.get("type") == "reasoning":
                 reasoning = item.get("text")

@@ -20,7 +20,7 @@ from typing import Any, Dict, Iterable, List, Optional, Set, Tuple
 from kbsweep.matrix import Cell
 from kbsweep.outcomes import Outcome
 
-ARTIFACTS = ("solution.py", "transcript.jsonl", "grade.json", "audit.json", "result.json")
+ARTIFACTS = ("solution.py", "transcript.jsonl", "harness_stream.jsonl", "grade.json", "audit.json", "result.json")
 KIND_TAG = "kbsweep.kind"
 CELL_KEY_TAG = "kbsweep.cell_key"
 OWNER_TAG = "kbsweep.orchestrator"  # host:pid of the process that created the run
@@ -93,7 +93,7 @@ def cell_params(cell: Cell) -> Dict[str, str]:
 
     spec = load_problem(Path(cell.problem_dir), cell.track["name"]).spec
     roofline = load_roofline(cell.paths["roofline_specs"], cell.gpu["roofline"])
-    config = {"model": cell.model, "gpu": cell.gpu, "track": cell.track, "grade": cell.grade, "launcher": cell.launcher, "paths": cell.paths}
+    config = {"model": cell.model, "harness": cell.harness, "gpu": cell.gpu, "track": cell.track, "grade": cell.grade, "launcher": cell.launcher, "paths": cell.paths}
     params = flatten("", config, {})
     params.update(flatten("roofline", {k: roofline.get(k) for k in ("name", "peaks_tflops", "dram_gbps")}, {}))
     params.update(
@@ -264,6 +264,7 @@ class Tracker:
             "problem": cell.problem,
             "gpu": cell.gpu["name"],
             "model": cell.model["name"],
+            "harness": cell.harness["name"],
             "repeat": str(cell.repeat),
             "deck_version": cell.deck_version,
         }

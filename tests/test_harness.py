@@ -1,0 +1,155 @@
+"""CLI harnesses: real sweeps with Claude Code and Codex (the pinned npm installs) in the cell's sandbox, their
+model reached only through kbsweep's proxy, which calls the fake provider with the real key. The fake model reads
+the tools each harness offers and answers with calls that harness understands."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Callable, List
+
+import pytest
+
+from kbsweep.agent.trace_export import to_claude_code
+from kbsweep.agent.transcript import read_events
+from kbsweep.harness import runner_for
+from tests.support.fake_provider import FakeProvider, HttpError, Reply, ToolCall
+from tests.support.scripts import kernel
+from tests.support.sweeps import SECRET, cell_runs, model_yaml, results, sweep
+
+HARNESSES = ("claude-code", "codex")
+try:
+    for name in HARNESSES:
+        runner_for({"name": name, "runner": name, "bin": {"claude-code": "claude", "codex": "codex"}[name], "package": "", "version": None}).executable()
+except Exception as missing:  # noqa: BLE001 - scripts/test.sh installs them; a bare checkout without npm skips
+    pytestmark = pytest.mark.skip(f"CLI harnesses not installed ({missing}); run `python -m kbsweep.harness.install`")
+
+# the key is assembled in the shell, so no file the harness writes about the command holds it whole
+HALF = len(SECRET) // 2
+DUMP = (
+    "env; cat /proc/[0-9]*/environ | tr '\\0' '\\n'; "
+    f"grep -rslF \"$(printf %s {SECRET[:HALF]})$(printf %s {SECRET[HALF:]})\" /workspace \"$HOME\" /tmp "
+    "\"$(dirname \"$(command -v kbsweep-check)\")\" | sed 's/^/LEAK /'; echo end-of-dump"
+)
+Plan = List[Callable[[set], ToolCall]]
+
+
+def shell(command: str) -> Callable[[set], ToolCall]:
+    """A shell command in the harness's own tool (Claude Code: Bash; Codex: exec_command)."""
+    return lambda tools: ToolCall("Bash", {"command": command}) if "Bash" in tools else ToolCall("exec_command", {"cmd": command})
+
+
+def write_solution(text: str) -> Callable[[set], ToolCall]:
+    """solution.py written with Claude Code's Write tool, or through Codex's shell."""
+    def call(tools: set) -> ToolCall:
+        if "Write" in tools:
+            return ToolCall("Write", {"file_path": "/workspace/solution.py", "content": text})
+        return shell(f"cat > solution.py <<'EOF'\n{text}EOF")(tools)
+    return call
+
+
+def agent(plan: Plan):
+    """The fake model: the next step of ``plan`` per tool result so far, then a closing text turn."""
+    def answer(request):
+        tools = {t["function"]["name"] for t in request.get("tools") or []}
+        if not tools:
+            return Reply(content="Scale-shift kernel")  # Claude Code's session title
+        done = sum(1 for m in request["messages"] if m["role"] == "tool")
+        return Reply(tool_calls=[plan[done](tools)]) if done < len(plan) else Reply(content="Done: it passes.")
+    return answer
+
+
+def run(tmp_path: Path, script, *overrides: str):
+    with FakeProvider(script) as fp:
+        model_yaml(tmp_path / "conf", "fake", "openai/fake", fp.base_url, timeout_s=60)
+        proc = sweep(tmp_path / "conf", tmp_path / "outputs", "-m", "model=fake", "harness=" + ",".join(HARNESSES), *overrides)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    found = results(tmp_path / "outputs")
+    assert sorted(found) == [f"fake@{h}" for h in HARNESSES]
+    return fp, {h: found[f"fake@{h}"] for h in HARNESSES}
+
+
+SCHEMA = {  # docs/transcripts.md: the fields of each event type
+    "user": {"content"},
+    "assistant": {"content", "tool_calls", "reasoning", "usage", "cost_usd", "latency_s", "finish_reason"},
+    "tool": {"name", "tool_call_id", "arguments", "content"},
+    "retry": {"attempt", "error", "status", "outcome", "delay_s", "delay_source", "message"},
+    "error": {"outcome", "message"},
+    "stop": {"reason", "turns", "usage", "cost_usd", "wall_s"},
+}
+
+
+def events_of(result) -> list:
+    events = read_events(Path(result["folder"]) / "transcript.jsonl")
+    for event in events:
+        assert isinstance(event["ts"], float) and SCHEMA[event["type"]] <= set(event), event
+    return events
+
+
+def test_both_harnesses_write_check_and_pass_a_kernel_without_ever_holding_the_key(tmp_path):
+    fp, cells = run(tmp_path, agent([shell(DUMP), write_solution(kernel("triton")), shell("kbsweep-check")]))
+    assert {r.headers["authorization"] for r in fp.requests} == {f"Bearer {SECRET}"}  # upstream: the real key, at the proxy only
+
+    for harness, result in cells.items():
+        assert (result["outcome"], result["stop_reason"], result["verdict"]) == ("pass", "model_stopped", "clean"), result
+        assert result["turns"] >= 4 and result["usage"]["input_tokens"] >= 40  # counted at the proxy: 10 + 5 tokens a call
+        assert result["steps"] and result["steps"][0]["best_score"] is None  # the check tool ran through the grader
+        events = events_of(result)
+        tools = [e for e in events if e["type"] == "tool"]
+        assert [e["name"] for e in tools] == {"claude-code": ["Bash", "Write", "Bash"], "codex": ["exec_command"] * 3}[harness]
+        dump, _, check = (e["content"] for e in tools)
+        assert "outcome: pass" in check
+        assert "end-of-dump" in dump and "kbsweep-" in dump  # a real dump, holding the proxy's per-cell token
+        assert "LEAK" not in dump and "[REDACTED]" not in dump and "fk-live" not in dump  # nor env, /proc nor files: the key
+        assert events[-1]["type"] == "stop" and events[-1]["harness"] == harness
+
+        native = (Path(result["folder"]) / "harness_stream.jsonl").read_text().splitlines()
+        assert json.loads(native[0])["type"] == {"claude-code": "system", "codex": "thread.started"}[harness]
+        records = to_claude_code(events, "session", result["cell"], "fake")
+        assert [b["name"] for r in records if r["type"] == "assistant" for b in r["message"]["content"] if b["type"] == "tool_use"] == [e["name"] for e in tools]
+
+    for path in (tmp_path / "outputs").rglob("*"):  # streams, transcripts, harness homes, the tracking store
+        assert not path.is_file() or SECRET.encode() not in path.read_bytes(), path
+    runs = cell_runs(tmp_path / "outputs")
+    assert sorted(r.data.tags["harness"] for r in runs) == sorted(HARNESSES)
+    assert {r.data.params["harness.version"] for r in runs} == {"2.1.197", "0.171.0"}
+
+
+def test_provider_faults_end_both_harnesses_as_infrastructure(tmp_path):
+    def failing(request):
+        tools = {t["function"]["name"] for t in request.get("tools") or []}
+        return HttpError(500) if "exec_command" in tools else HttpError(429)
+
+    _, cells = run(tmp_path, failing)
+    assert (cells["claude-code"]["outcome"], cells["codex"]["outcome"]) == ("rate_limited", "provider_error")
+    for result in cells.values():
+        assert result["stop_reason"] == "provider_fault" and result["score"] is None
+        kinds = [e["type"] for e in events_of(result)]
+        assert kinds.count("retry") == 2 and kinds.count("error") == 1  # the built-in loop's retry rules, at the proxy
+
+
+def test_a_run_past_max_tokens_ends_with_the_budget_outcome(tmp_path):
+    _, cells = run(tmp_path, agent([shell("ls")] * 20), "track.max_tokens=40")
+    for result in cells.values():
+        assert (result["outcome"], result["stop_reason"]) == ("budget_exhausted", "token_budget"), result
+        assert 40 <= result["usage"]["input_tokens"] + result["usage"]["output_tokens"] < 60  # refused at the first call past it
+
+
+def test_plan_shows_harness_cells_and_refuses_a_missing_or_unfit_harness(tmp_path, cli):
+    conf = tmp_path / "conf"
+    model_yaml(conf, "fake", "openai/fake", "http://127.0.0.1:9/v1")
+    (conf / "harness").mkdir()
+    (conf / "harness" / "ghost.yaml").write_text("name: ghost\nrunner: claude-code\npackage: ghost-cli\nversion: '1.0'\nbin: kbsweep-no-such-cli\n")
+    demo = ["track=demo", "problem=scale_shift", "gpu=cpu"]
+    plan = cli("plan", "-cd", str(conf), "-m", "model=fake", "harness=builtin,claude-code,codex", *demo)
+    assert plan.returncode == 0, plan.stderr
+    lines = [line.split("  ", 1) for line in plan.stdout.splitlines() if " · " in line]
+    assert sorted(label.split(" · ")[0] for _, label in lines) == ["fake", "fake@claude-code", "fake@codex"]
+    assert len({key for key, _ in lines}) == 3
+    builtin = cli("plan", "-cd", str(conf), "model=fake", *demo)  # the built-in loop's cells keep their keys
+    assert builtin.stdout.split()[0] in {key for key, _ in lines}
+
+    ghost = cli("plan", "-cd", str(conf), "model=fake", "harness=ghost", *demo)
+    assert ghost.returncode == 2 and ghost.stderr.strip().count("\n") == 0
+    assert "harness/ghost.yaml: key 'bin': 'kbsweep-no-such-cli' is not installed" in ghost.stderr
+    scripted = cli("plan", "model=scripted", "harness=codex", *demo)
+    assert scripted.returncode == 2 and "harness/codex.yaml: needs a litellm model" in scripted.stderr

@@ -34,8 +34,9 @@ Plan = List[Callable[[set], ToolCall]]
 
 
 def shell(command: str) -> Callable[[set], ToolCall]:
-    """A shell command in the harness's own tool (Claude Code: Bash; Codex: exec_command)."""
-    return lambda tools: ToolCall("Bash", {"command": command}) if "Bash" in tools else ToolCall("exec_command", {"cmd": command})
+    """A shell command in the harness's own tool (Claude Code: Bash; Codex: exec_command, waiting for the end of a
+    check on the CPU rather than its default 10 s)."""
+    return lambda tools: ToolCall("Bash", {"command": command}) if "Bash" in tools else ToolCall("exec_command", {"cmd": command, "yield_time_ms": 300_000})
 
 
 def write_solution(text: str) -> Callable[[set], ToolCall]:

@@ -35,6 +35,9 @@ class ClaudeCodeRunner(CliRunner):
             "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
             "CLAUDE_CODE_MAX_RETRIES": "1",  # the proxy has retried already; a refused call ends the run there
             "IS_SANDBOX": "1",  # it refuses to skip permissions as root otherwise (the sandbox drops root anyway)
+            # its Bash tool stops a command after 2 minutes by default: give it run_shell's limit (a check can be long)
+            "BASH_DEFAULT_TIMEOUT_MS": str(int(job.toolbox.sandbox.policy.wall_s * 1000)),
+            "BASH_MAX_TIMEOUT_MS": str(int(job.toolbox.sandbox.policy.wall_s * 1000)),
         }
 
     def normalize(self, records: List[Record]) -> List[Event]:

@@ -10,6 +10,7 @@ from typing import Callable, List
 import pytest
 
 from kbsweep.agent.trace_export import to_claude_code
+from kbsweep.export import export_dataset
 from kbsweep.agent.transcript import read_events
 from kbsweep.harness import runner_for
 from tests.support.fake_provider import FakeProvider, HttpError, Reply, ToolCall
@@ -113,6 +114,14 @@ def test_both_harnesses_write_check_and_pass_a_kernel_without_ever_holding_the_k
     runs = cell_runs(tmp_path / "outputs")
     assert sorted(r.data.tags["harness"] for r in runs) == sorted(HARNESSES)
     assert {r.data.params["harness.version"] for r in runs} == {"2.1.197", "0.171.0"}
+
+    export_dataset(f"sqlite:///{tmp_path}/outputs/mlflow.db", tmp_path / "hf")
+    index = [json.loads(line) for line in (tmp_path / "hf" / "index.jsonl").read_text().splitlines()]
+    assert sorted((row["harness"], row["provider"]) for row in index) == [("claude-code", "openai"), ("codex", "openai")]
+    for row in index:
+        trace = [json.loads(line) for line in (tmp_path / "hf" / row["trace"]).read_text().splitlines()]
+        assert trace[0]["customTitle"].startswith(f"fake@{row['harness']} · ")
+        assert {r["message"]["model"] for r in trace if r["type"] == "assistant"} == {"openai/fake"}
 
 
 def test_provider_faults_end_both_harnesses_as_infrastructure(tmp_path):

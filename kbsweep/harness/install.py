@@ -23,7 +23,7 @@ def packages(names: List[str]) -> List[str]:
 def main(argv: List[str]) -> int:
     wanted = packages(argv)
     INSTALL_DIR.mkdir(exist_ok=True)
-    command = ["npm", "install", "--prefix", str(INSTALL_DIR), "--no-save", "--no-audit", "--no-fund", *wanted]
+    command = ["npm", "install", "--prefix", str(INSTALL_DIR), "--no-save", "--no-audit", "--no-fund", "--loglevel=error", *wanted]
     return subprocess.call(command)
 
 

@@ -4,6 +4,8 @@ the tools each harness offers and answers with calls that harness understands.""
 from __future__ import annotations
 
 import json
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Callable, List
 
@@ -12,17 +14,29 @@ import pytest
 from kbsweep.agent.trace_export import to_claude_code
 from kbsweep.export import export_dataset
 from kbsweep.agent.transcript import read_events
+from kbsweep import KbsweepError
+from kbsweep.agent.loop import Budgets
+from kbsweep.agent.models import ScriptedModel
 from kbsweep.harness import runner_for
+from kbsweep.harness.proxy import ModelProxy
 from tests.support.fake_provider import FakeProvider, HttpError, Reply, ToolCall
 from tests.support.scripts import kernel
 from tests.support.sweeps import SECRET, cell_runs, model_yaml, results, sweep
 
 HARNESSES = ("claude-code", "codex")
-try:
-    for name in HARNESSES:
-        runner_for({"name": name, "runner": name, "bin": {"claude-code": "claude", "codex": "codex"}[name], "package": "", "version": None}).executable()
-except Exception as missing:  # noqa: BLE001 - scripts/test.sh installs them; a bare checkout without npm skips
-    pytestmark = pytest.mark.skip(f"CLI harnesses not installed ({missing}); run `python -m kbsweep.harness.install`")
+
+
+def missing_clis() -> str:
+    """Why the CLIs cannot run here ('' when they can): scripts/test.sh installs them."""
+    try:
+        for name, command in zip(HARNESSES, ("claude", "codex")):
+            runner_for({"name": name, "runner": name, "bin": command, "package": "", "version": None}).executable()
+    except KbsweepError as missing:
+        return str(missing)
+    return ""
+
+
+needs_clis = pytest.mark.skipif(bool(missing_clis()), reason=missing_clis())
 
 # the key is assembled in the shell, so no file the harness writes about the command holds it whole
 HALF = len(SECRET) // 2
@@ -87,6 +101,7 @@ def events_of(result) -> list:
     return events
 
 
+@needs_clis
 def test_both_harnesses_write_check_and_pass_a_kernel_without_ever_holding_the_key(tmp_path):
     fp, cells = run(tmp_path, agent([shell(DUMP), write_solution(kernel("triton")), shell("kbsweep-check")]))
     assert {r.headers["authorization"] for r in fp.requests} == {f"Bearer {SECRET}"}  # upstream: the real key, at the proxy only
@@ -124,6 +139,7 @@ def test_both_harnesses_write_check_and_pass_a_kernel_without_ever_holding_the_k
         assert {r["message"]["model"] for r in trace if r["type"] == "assistant"} == {"openai/fake"}
 
 
+@needs_clis
 def test_provider_faults_end_both_harnesses_as_infrastructure(tmp_path):
     def failing(request):
         tools = {t["function"]["name"] for t in request.get("tools") or []}
@@ -137,6 +153,7 @@ def test_provider_faults_end_both_harnesses_as_infrastructure(tmp_path):
         assert kinds.count("retry") == 2 and kinds.count("error") == 1  # the built-in loop's retry rules, at the proxy
 
 
+@needs_clis
 def test_a_run_past_max_tokens_ends_with_the_budget_outcome(tmp_path):
     _, cells = run(tmp_path, agent([shell("ls")] * 20), "track.max_tokens=40")
     for result in cells.values():
@@ -144,6 +161,7 @@ def test_a_run_past_max_tokens_ends_with_the_budget_outcome(tmp_path):
         assert 40 <= result["usage"]["input_tokens"] + result["usage"]["output_tokens"] < 60  # refused at the first call past it
 
 
+@needs_clis
 def test_plan_shows_harness_cells_and_refuses_a_missing_or_unfit_harness(tmp_path, cli):
     conf = tmp_path / "conf"
     model_yaml(conf, "fake", "openai/fake", "http://127.0.0.1:9/v1")
@@ -163,3 +181,31 @@ def test_plan_shows_harness_cells_and_refuses_a_missing_or_unfit_harness(tmp_pat
     assert "harness/ghost.yaml: key 'bin': 'kbsweep-no-such-cli' is not installed" in ghost.stderr
     scripted = cli("plan", "model=scripted", "harness=codex", *demo)
     assert scripted.returncode == 2 and "harness/codex.yaml: needs a litellm model" in scripted.stderr
+
+
+def post(url: str, body: dict, token: str | None) -> tuple:
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"x-api-key": token or "", "content-type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            return answer.status, answer.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+
+
+def test_the_proxy_serves_both_wires_to_its_token_only_and_refuses_past_the_budget():
+    script = [{"tool": "write_file", "args": {"path": "solution.py", "content": "pass"}}] * 3
+    model = ScriptedModel({"name": "s", "script": script}, {})
+    with ModelProxy(model, "openai/s", Budgets(max_turns=2), toolbox=None) as proxy:
+        base = "http://%s:%d" % proxy.address
+        messages = {"model": "m", "max_tokens": 100, "messages": [{"role": "user", "content": "go"}], "stream": True}
+        assert post(f"{base}/v1/messages", messages, "sk-guess")[0] == 401
+        status, text = post(f"{base}/v1/messages", messages, proxy.token)
+        events = [line.split(": ", 1)[1] for line in text.splitlines() if line.startswith("event: ")]
+        assert status == 200 and events[0] == "message_start" and events[-1] == "message_stop"
+        assert '"name": "write_file"' in text and "input_json_delta" in text
+        status, text = post(f"{base}/v1/responses", {"model": "m", "input": "go", "stream": False}, proxy.token)
+        assert status == 200 and [i["type"] for i in json.loads(text)["output"]] == ["function_call"]
+        assert post(f"{base}/v1/messages", messages, proxy.token)[0] == 429  # max_turns=2 spent: refused, the run ends
+        assert proxy.ended.is_set() and proxy.result.stop_reason.value == "max_turns" and proxy.result.turns == 2
+    with pytest.raises(OSError):  # the token dies with the cell, and the server with it
+        post(f"{base}/v1/messages", messages, proxy.token)

@@ -157,6 +157,8 @@ class CliRunner(Runner):
                 if relay:
                     relay.close()
         result = proxy.result
+        if proxy.failure:
+            raise HarnessFailed(f"model proxy: {proxy.failure}")
         if breach:
             result.stop_reason = StopReason.WALL_CLOCK if breach[0] == "wall" else StopReason.MODEL_STOPPED
         elif not proxy.ended.is_set() and proc.returncode != 0:

@@ -106,6 +106,7 @@ class ModelProxy:
         self.result = AgentResult(stop_reason=StopReason.MODEL_STOPPED)
         self.events: List[Tuple[float, str, Dict[str, Any]]] = []
         self.ended = threading.Event()
+        self.failure: Optional[str] = None  # a request the proxy could not serve (its own fault, not the model's)
         self.calls = threading.Lock()  # one model call at a time: budgets are checked against every call before it
         self.started = time.monotonic()
         proxy = self
@@ -159,6 +160,10 @@ class ModelProxy:
             return send(request, 404, {"error": {"type": "not_found_error", "message": f"kbsweep proxy: no route {path}"}})
         except Refused as refused:
             return self.refuse(request, path, refused)
+        except Exception as exc:  # noqa: BLE001 - a request the proxy cannot serve ends the cell as a harness error
+            self.failure = f"{path}: {type(exc).__name__}: {exc}".splitlines()[0]
+            self.ended.set()
+            return send(request, 500, {"error": {"type": "api_error", "message": f"kbsweep proxy: {self.failure}"}})
 
     def anthropic(self, request: BaseHTTPRequestHandler, payload: Dict[str, Any]) -> None:
         from litellm.llms.anthropic.messages.adapters.transformation import LiteLLMAnthropicMessagesAdapter

@@ -74,14 +74,15 @@ def agent(plan: Plan):
     return answer
 
 
-def run(tmp_path: Path, script, *overrides: str):
+def run(tmp_path: Path, script, *overrides: str, harnesses=HARNESSES):
+    """A sweep of demo/scale_shift with the fake model behind each harness; the result of each cell by harness."""
     with FakeProvider(script) as fp:
         model_yaml(tmp_path / "conf", "fake", "openai/fake", fp.base_url, timeout_s=60)
-        proc = sweep(tmp_path / "conf", tmp_path / "outputs", "-m", "model=fake", "harness=" + ",".join(HARNESSES), *overrides)
+        proc = sweep(tmp_path / "conf", tmp_path / "outputs", "-m", "model=fake", "harness=" + ",".join(harnesses), *overrides)
     assert proc.returncode == 0, proc.stderr[-3000:]
     found = results(tmp_path / "outputs")
-    assert sorted(found) == [f"fake@{h}" for h in HARNESSES]
-    return fp, {h: found[f"fake@{h}"] for h in HARNESSES}
+    assert sorted(found) == [f"fake@{h}" for h in harnesses]
+    return fp, {h: found[f"fake@{h}"] for h in harnesses}
 
 
 SCHEMA = {  # docs/transcripts.md: the fields of each event type
@@ -154,11 +155,16 @@ def test_provider_faults_end_both_harnesses_as_infrastructure(tmp_path):
 
 
 @needs_clis
-def test_a_run_past_max_tokens_ends_with_the_budget_outcome(tmp_path):
-    _, cells = run(tmp_path, agent([shell("ls")] * 20), "track.max_tokens=40")
-    for result in cells.values():
-        assert (result["outcome"], result["stop_reason"]) == ("budget_exhausted", "token_budget"), result
-        assert 40 <= result["usage"]["input_tokens"] + result["usage"]["output_tokens"] < 60  # refused at the first call past it
+def test_runs_past_max_tokens_or_the_time_cap_end_with_the_budget_outcome(tmp_path):
+    _, cells = run(tmp_path / "tokens", agent([shell("ls")] * 20), "track.max_tokens=40", harnesses=["claude-code"])
+    result = cells["claude-code"]
+    assert (result["outcome"], result["stop_reason"]) == ("budget_exhausted", "token_budget"), result
+    assert 40 <= result["usage"]["input_tokens"] + result["usage"]["output_tokens"] < 60  # refused at the first call past it
+
+    _, cells = run(tmp_path / "clock", agent([shell("sleep 60")]), "track.time_cap_s=8", harnesses=["codex"])
+    result = cells["codex"]  # stopped by the sandbox's watch in the middle of its command
+    assert (result["outcome"], result["stop_reason"]) == ("budget_exhausted", "wall_clock"), result
+    assert result["agent_s"] < 30
 
 
 @needs_clis

@@ -1,5 +1,5 @@
 """The dynamic layer on recorded evidence, including what only a GPU produces (profiled kernels and streams,
-event/wall gaps, the persisting-L2 limit), and the transcript excerpts the judge reads."""
+the referee's time corroboration, the persisting-L2 limit), and the transcript excerpts the judge reads."""
 from __future__ import annotations
 
 from kbsweep.audit import audit
@@ -55,12 +55,19 @@ def test_aten_trace():
     assert dynamic_kinds(grade({"probe": traced})) == {"forbidden_op", "torch_op", "custom_op", "library_compute"}
 
 
-def test_gpu_profile_timer_gap_and_l2():
+def test_torch_memory_work_is_library_compute():
+    elementwise = probe(aten_ops={"aten::exp": 3, "aten::amax": 3, "aten::div": 3}, torch_bytes=3000.0, problem_bytes=1000.0)
+    assert dynamic_kinds(grade({"probe": elementwise})) == {"library_compute"}
+    a_cast = probe(aten_ops={"aten::_to_copy": 3}, torch_bytes=600.0, problem_bytes=1000.0)
+    assert dynamic_kinds(grade({"probe": a_cast})) == set()  # an output cast moves far less than the problem
+
+
+def test_gpu_profile_and_l2():
     cublas = timing(kernels={"sm90_xmma_gemm_bf16bf16_bf16f32": 1.0, "void at::native::vectorized_elementwise_kernel": 2.0})
     assert dynamic_kinds(grade(timings=[cublas])) == {"forbidden_kernel"}
     flash = timing(kernels={"flash_fwd_splitkv_kernel": 1.0, "_fp8_gemm_kernel": 1.0})
     assert dynamic_kinds(grade(timings=[flash])) == {"library_kernel"}
-    assert dynamic_kinds(grade(timings=[timing(event_ms=0.01, wall_ms=2.0)])) == {"timer_gap"}
+    assert dynamic_kinds(grade(findings=[{"kind": "time_disagreement", "detail": "3.1x"}])) == {"time_disagreement"}
     assert dynamic_kinds(grade(timings=[timing(streams=(7, 13))])) == {"side_stream"}
     assert dynamic_kinds(grade({"probe": probe(persisting_l2_limit=37748736)})) == {"persisting_l2"}
 

@@ -36,7 +36,7 @@ def roofline():
         ("wrong_dtype", "incorrect", "float64"),
         ("alias_input", "incorrect", "aliases an input"),
         ("mutate_input", "incorrect", "modified input"),
-        ("pointer_cache", "incorrect", "stale output"),
+        ("pointer_cache", "incorrect", "elements off"),  # a stale output: caught by the probe or by an earlier case on the same slots
         ("subclass_output", "incorrect", "not exactly torch.Tensor"),
         ("syntax_error", "compile_error", "SyntaxError"),
     ],
@@ -62,14 +62,14 @@ def test_memory_cap_ends_a_hog(problem, roofline, tmp_path):
 def test_timer_patch_is_caught_and_unscored(problem, roofline, tmp_path):
     result = grade(problem, CASES / "timer_patch.py", CPU, roofline, mode="full", timeout_s=120, log_dir=tmp_path)
     kinds = {f["kind"] for f in result["findings"]}
-    assert "grader_tamper" in kinds
+    assert "time_disagreement" in kinds  # the referee's clock, outside the candidate's process, saw the real time
     assert result["score"] is None
 
 
 def test_forged_result_message_is_rejected(problem, roofline, tmp_path):
     result = grade(problem, CASES / "forged_result.py", CPU, roofline, mode="check", timeout_s=120, log_dir=tmp_path)
     assert result["outcome"] != "pass"
-    assert {"kind": "forged_result"} in result["findings"]
+    assert "forged_result" in {f["kind"] for f in result["findings"]}
 
 
 def test_good_solution_passes_with_scores_and_cached_baselines(problem, roofline, tmp_path):

@@ -1,6 +1,6 @@
 """Dynamic layer: findings from the grading process's own evidence (recorded by the worker and
 :mod:`kbsweep.audit.runtime`): ghost replays, the aten trace of a probe call, runtime events, threads, global
-flags, file hashes, timer gaps and, on GPUs, profiled kernel names, streams and the persisting-L2 limit."""
+flags, file hashes and, on GPUs, profiled kernel names, streams and the persisting-L2 limit."""
 from __future__ import annotations
 
 import re
@@ -19,7 +19,7 @@ LIBRARY_KERNELS = [
 ]
 TOOLCHAIN_MODULES = ("torch", "triton", "time", "kbsweep", "builtins", "numpy")
 LIBRARY_FLOP_SHARE = 0.1  # torch ops doing this share of the problem's FLOPs did the problem
-GAP_RATIO, GAP_MIN_MS = 2.0, 0.1
+LIBRARY_BYTE_SHARE = 1.0  # torch ops that moved as many bytes as the problem needs did its memory work (a cast is far less)
 KNOWN_NAMESPACES = ("aten", "prims", "c10d", "_c10d_functional", "profiler")  # collectives: the multi track's gates
 
 
@@ -57,6 +57,9 @@ def probe_findings(probe: Dict[str, Any], forbidden: Forbidden, compute_rules: b
     share = probe["torch_flops"] / probe["problem_flops"] if probe.get("problem_flops") else 0.0
     if compute_rules and share >= LIBRARY_FLOP_SHARE:
         out.append(finding("library_compute", "dynamic", f"torch ops did {share:.0%} of the problem's FLOPs"))
+    moved = probe.get("torch_bytes", 0) / probe["problem_bytes"] if probe.get("problem_bytes") else 0.0
+    if compute_rules and moved >= LIBRARY_BYTE_SHARE:
+        out.append(finding("library_compute", "dynamic", f"torch ops moved {moved:.1f}x the problem's bytes"))
     if probe.get("persisting_l2_limit"):
         out.append(finding("persisting_l2", "dynamic", f"persisting-L2 limit {probe['persisting_l2_limit']} bytes"))
     return out
@@ -105,11 +108,6 @@ def event_findings(evidence: Dict[str, Any], forbidden: Forbidden) -> List[Dict[
 
 def timing_findings(entry: Dict[str, Any], forbidden: Forbidden, own_kernels: List[str]) -> List[Dict[str, Any]]:
     out, shape = [], entry.get("shape")
-    timed = entry.get("candidate") or {}
-    event_ms = timed.get("isolated_median_ms") or timed.get("median_ms") or 0.0  # the wall clock's own pass
-    wall_ms = timed.get("wall_median_ms") or 0.0
-    if event_ms and wall_ms / event_ms > GAP_RATIO and wall_ms - event_ms > max(GAP_MIN_MS, (timed.get("spin_us") or 0) / 1e3):
-        out.append(finding("timer_gap", "dynamic", f"{shape}: wall {wall_ms:.3f} ms vs event {event_ms:.3f} ms"))
     profile = entry.get("profile") or {}
     if len(profile.get("streams") or []) > 1:
         out.append(finding("side_stream", "dynamic", f"{shape}: kernels on streams {profile['streams']}"))

@@ -360,6 +360,7 @@ def op_recorder(gate: KernelGate, poison: bool = False):
             self.ops: Counter = Counter()
             self.own_ops: Counter = Counter()
             self.flops = 0
+            self.bytes = 0  # read and written by ops that compute (views and allocations move nothing)
             self.paused = 0
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -372,6 +373,8 @@ def op_recorder(gate: KernelGate, poison: bool = False):
             custom = func.namespace not in ("aten", "prims")
             counter = self.own_ops if custom and sum(gate.counts.values()) > launched else self.ops
             counter[f"{func.namespace}::{packet.__name__}"] += 1
+            if not func.is_view and packet.__name__ not in ALLOCATORS:
+                self.bytes += sum(t.numel() * t.element_size() for t in tensors((args, kwargs, out)))
             formula = flop_registry.get(packet)
             if formula is not None:
                 with contextlib.suppress(Exception):  # an unusual overload: no FLOP count, never a failed grade
@@ -381,6 +384,20 @@ def op_recorder(gate: KernelGate, poison: bool = False):
             return out
 
     return OpRecorder()
+
+
+def tensors(tree: Any) -> List[Any]:
+    """The distinct tensors in a nest of lists, tuples and dicts."""
+    from torch.utils._pytree import tree_leaves
+
+    import torch
+
+    seen, out = set(), []
+    for leaf in tree_leaves(tree):
+        if isinstance(leaf, torch.Tensor) and id(leaf) not in seen:
+            seen.add(id(leaf))
+            out.append(leaf)
+    return out
 
 
 def loaded_library(stem: str) -> Optional[str]:

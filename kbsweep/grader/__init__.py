@@ -13,6 +13,8 @@ import os
 import platform
 import secrets
 import shutil
+import signal
+import socket
 import subprocess
 import tempfile
 import sys
@@ -27,6 +29,7 @@ from kbsweep.sandbox import Sandbox, SandboxPolicy, Watch, grading_view, minimal
 from kbsweep.score import score_grade
 
 BASELINE_SHARE = 0.4  # of the grade's time limit, for timing the baselines before the candidate is imported
+UNSCORED_FINDINGS = ("grader_tamper", "time_disagreement", "forged_result")  # the figures themselves are not believed
 BREACH_OUTCOMES = {"wall": "grade_timeout", "memory": "grade_oom", "disk": "runtime_error"}
 
 
@@ -54,6 +57,9 @@ def stage_candidate(solution: Path, folder: Path) -> Path:
     return folder / "solution.py"
 
 
+RUNNER_BOOT = "import sys; sys.path.append({root!r}); from kbsweep.grader.runner import main; main()"
+
+
 def supervise(
     request: Dict[str, Any],
     log_dir: Path,
@@ -63,43 +69,77 @@ def supervise(
     sandbox: Sandbox,
     readonly: Sequence[Path],
 ) -> Dict[str, Any]:
-    """Spawn the worker in ``sandbox`` (seeing ``readonly`` and its writable workdir), feed it the request, watch
-    time, memory (its whole process tree) and disk, read its one result message."""
+    """Spawn the referee (trusted: sees ``readonly``, holds the request) and the candidate's runner (sees only
+    kbsweep's package and the candidate's folder, in an isolated interpreter), each in its own sandbox, joined by
+    a socket pair; watch both (time, memory of each process tree, disk of the candidate's folder and the logs);
+    read the referee's one result message from a pipe the runner never holds."""
     log_dir.mkdir(parents=True, exist_ok=True)
     workdir = Path(request["workdir"])
+    referee_dir = log_dir / "referee"
+    referee_dir.mkdir(exist_ok=True)
     read_fd, write_fd = os.pipe()
-    nonce = secrets.token_hex(16)
-    with open(log_dir / "grade_stdout.log", "wb") as out, open(log_dir / "grade_stderr.log", "wb") as err:
-        proc = sandbox.popen(
-            [sys.executable, "-m", "kbsweep.grader.worker", str(write_fd)],
-            cwd=str(workdir),
-            env=env,
-            writable=[(workdir, str(workdir))],
-            readonly=readonly,
-            stdin=subprocess.PIPE,
-            stdout=out,
-            stderr=err,
-            pass_fds=(write_fd,),
+    referee_end, runner_end = socket.socketpair()
+    runner_env = {k: v for k, v in env.items() if k != "PYTHONPATH"}  # isolated mode ignores it anyway
+    with open(log_dir / "grade_stdout.log", "wb") as out, open(log_dir / "grade_stderr.log", "wb") as err, \
+            open(log_dir / "referee.log", "wb") as referee_log:
+        runner = sandbox.popen(
+            [sys.executable, "-I", "-c", RUNNER_BOOT.format(root=str(REPO_ROOT)), str(runner_end.fileno())],
+            cwd=str(workdir), env=runner_env, writable=[(workdir, str(workdir))], readonly=[REPO_ROOT / "kbsweep"],
+            stdin=subprocess.DEVNULL, stdout=out, stderr=err, pass_fds=(runner_end.fileno(),),
+        )
+        runner_end.close()
+        referee = sandbox.popen(
+            [sys.executable, "-m", "kbsweep.grader.referee", str(write_fd), str(referee_end.fileno())],
+            cwd=str(referee_dir), env=env, writable=[(referee_dir, str(referee_dir))], readonly=readonly,
+            stdin=subprocess.PIPE, stdout=referee_log, stderr=subprocess.STDOUT, pass_fds=(write_fd, referee_end.fileno()),
         )
         os.close(write_fd)
-        proc.stdin.write(json.dumps({**request, "nonce": nonce}).encode())
-        proc.stdin.close()
-        breach = Watch(proc, timeout_s, memory_mib, sandbox.policy.disk_mib, [workdir]).wait()
+        referee_end.close()
+        referee.stdin.write(json.dumps(request).encode())
+        referee.stdin.close()
+        breach = watch_both(referee, runner, timeout_s, memory_mib, sandbox.policy.disk_mib, [workdir, log_dir])
     with os.fdopen(read_fd) as channel:
         lines = channel.read().splitlines()
     if breach:
         kind, message = breach
         return {"ok": False, "outcome": BREACH_OUTCOMES[kind], "message": f"grading process {message}"}
-    messages = [json.loads(line) for line in lines if line.strip()]
-    if len(messages) != 1 or messages[0].get("nonce") != nonce:
-        tail = (log_dir / "grade_stderr.log").read_text(errors="replace").strip().splitlines()[-1:]
-        detail = tail[0][:300] if tail else f"exit code {proc.returncode}"
-        if len(messages) > 1 or (messages and messages[0].get("nonce") != nonce):
-            return {"ok": False, "outcome": "runtime_error", "message": "forged or repeated result message on the grader channel", "forged": True}
-        return {"ok": False, "outcome": "runtime_error", "message": f"grading process died ({detail})"}
-    message = messages[0]
-    message.pop("nonce")
+    if len(lines) != 1:
+        tail = (log_dir / "referee.log").read_text(errors="replace").strip().splitlines()[-1:]
+        detail = tail[0][:300] if tail else f"exit code {referee.returncode}"
+        return {"ok": False, "outcome": "harness_error", "message": f"the referee died ({detail})"}
+    message = json.loads(lines[0])
+    signum = -runner.returncode if (runner.returncode or 0) < 0 else (runner.returncode or 0) - 128  # bwrap: 128 + signal
+    if not message.get("ok") and signum > 0 and "died" in message.get("message", ""):
+        message.update(died_of(signum))
     return message
+
+
+def died_of(signum: int) -> Dict[str, str]:
+    """Outcome of a runner killed by ``signum`` that kbsweep's watch did not send: SIGKILL comes from outside the
+    grade (the host's OOM killer, an operator), which is never the model's result; a crash signal is."""
+    name = signal.Signals(signum).name if signum in signal.Signals._value2member_map_ else str(signum)
+    if signum == signal.SIGKILL:
+        return {"outcome": "harness_error", "message": f"the candidate's process was killed from outside the grade ({name}: the host's OOM killer?)"}
+    return {"outcome": "runtime_error", "message": f"the candidate's process died of {name}"}
+
+
+def watch_both(referee, runner, timeout_s: float, memory_mib: float, disk_mib: float, folders: Sequence[Path]):
+    """Until the referee ends or either process passes a limit (then both are killed); returns the breach."""
+    from kbsweep.sandbox import POLL_S, kill
+
+    watches = [Watch(referee, timeout_s, memory_mib, disk_mib, []), Watch(runner, timeout_s, memory_mib, disk_mib, folders)]
+    try:
+        while referee.poll() is None:
+            for watch in watches:
+                found = watch.breach() if watch.proc.poll() is None else None
+                if found:
+                    return found
+            time.sleep(POLL_S)
+        return None
+    finally:
+        for proc in (runner, referee):
+            if proc.poll() is None:
+                kill(proc, settle_s=2.0)
 
 
 def launch_gate(timings: List[Dict[str, Any]]) -> Tuple[List[Dict[str, Any]], List[Dict[str, Any]]]:
@@ -238,7 +278,7 @@ def grade(
         findings=worker["findings"] + scored.get("findings", []),
         **{k: v for k, v in scored.items() if k != "findings"},
     )
-    if any(f["kind"] in ("grader_tamper", *distributed.COMM_FINDINGS) for f in result["findings"]):
+    if any(f["kind"] in UNSCORED_FINDINGS + distributed.COMM_FINDINGS for f in result["findings"]):
         result["score"] = None
     return result
 

@@ -27,6 +27,7 @@ CUDA_LIMIT_PERSISTING_L2 = 0x06
 SPIN_CYCLES_PER_US = 2000  # about the SM clock of a Hopper under load; a longer spin is harmless
 BATCH_ENQUEUE_US = 50_000  # host time to enqueue one back-to-back batch
 MAX_BATCH_SPIN_US = 100_000
+CALL_RANGE = "kbsweep::call"  # the profiler annotation around each candidate call
 
 
 @dataclass
@@ -196,6 +197,78 @@ def time_cuda(
         rechecked=isolated["rechecked"] + result["batches"],
     )
     return result
+
+
+def run_batch(steps: Sequence[tuple], mode: str, spin_us: float = 0.0, flush: Optional["L2Flush"] = None) -> Dict[str, List[float]]:
+    """Time one batch of calls. Each step is (before, call, after): ``before()`` prepares the call's inputs,
+    ``call()`` is the timed interval, ``after(out)`` takes its output; the latter two run outside the interval.
+    ``mode``: back_to_back (GPU: every call queued behind one spin, so host enqueue stays outside the events),
+    isolated (GPU: a full sync around each call; the launches are in the figure) or host (CPU: perf_counter)."""
+    if mode == "host":
+        ms = []
+        for before, call, after in steps:
+            before()
+            t0 = time.perf_counter()
+            out = call()
+            ms.append((time.perf_counter() - t0) * 1e3)
+            after(out)
+        return {"ms": ms, "enqueue_us": []}
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in steps]
+    enqueue_us = []
+    torch.cuda.synchronize()
+    if mode == "back_to_back" and spin_us:
+        torch.cuda._sleep(int(spin_us * SPIN_CYCLES_PER_US))
+    for (before, call, after), (start, end) in zip(steps, events):
+        t0 = time.perf_counter()
+        before()
+        if flush is not None:
+            flush()
+        if mode == "isolated":
+            torch.cuda.synchronize()
+        start.record()
+        out = call()
+        end.record()
+        after(out)
+        if mode == "isolated":
+            torch.cuda.synchronize()
+        enqueue_us.append((time.perf_counter() - t0) * 1e6)
+    torch.cuda.synchronize()
+    return {"ms": [start.elapsed_time(end) for start, end in events], "enqueue_us": enqueue_us}
+
+
+def batch_shape(enqueue_us: float, latency: bool) -> Dict[str, float]:
+    """Calls per back-to-back batch and the spin that covers their host enqueue (twice the estimate, plus 1 ms:
+    a host stall behind a short spin would put GPU idle time inside the referee's clock)."""
+    if latency:
+        return {"per_batch": 8, "spin_us": 0.0, "mode": "isolated"}
+    per_batch = int(max(2, min(32, BATCH_ENQUEUE_US / max(enqueue_us, 1.0))))
+    return {"per_batch": per_batch, "spin_us": min(2 * per_batch * enqueue_us + 1000, MAX_BATCH_SPIN_US), "mode": "back_to_back"}
+
+
+def kernel_profile(prof: Any, calls: int) -> Dict[str, Any]:
+    """Kernel names, launches per call and streams from a finished ``torch.profiler`` session of ``calls`` calls.
+    Where the calls ran inside :data:`CALL_RANGE` annotations, only kernels launched from inside one count (the
+    flushes, canaries and output copies around them do not); a CUDA-graph replay counts its kernels."""
+    events = list(prof.profiler.kineto_results.events())
+    ranges = [(e.start_ns(), e.end_ns()) for e in events if e.name() == CALL_RANGE]
+    launched_at = {e.correlation_id(): e.start_ns() for e in events if e.device_type() == torch.autograd.DeviceType.CPU}
+
+    def counted(event) -> bool:
+        if not ranges:
+            return True
+        at = launched_at.get(event.linked_correlation_id()) or launched_at.get(event.correlation_id())
+        return at is not None and any(start <= at <= end for start, end in ranges)
+
+    gpu = [e for e in events if e.device_type() == torch.autograd.DeviceType.CUDA and not e.name().startswith(("Memcpy", "Memset")) and counted(e)]
+    kernels: Dict[str, int] = {}
+    for event in gpu:
+        kernels[event.name()] = kernels.get(event.name(), 0) + 1
+    calls = max(calls, 1)
+    return {
+        "launches_per_call": len(gpu) / calls,
+        "kernels": {name[:200]: count / calls for name, count in sorted(kernels.items())},
+        "streams": sorted({e.device_resource_id() for e in gpu}),
+    }
 
 
 def time_cuda_graph(fn: Callable[..., Any], inputs: Sequence[Any], replays: int = 50) -> Optional[float]:

@@ -18,38 +18,10 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
+from kbsweep.grader.failures import GradeFailure, classify, one_line
+
 STAGES = ("load_reference", "baselines", "import_candidate", "correctness", "timing", "audit")
 HARNESS_STAGES = STAGES[:2]  # before the candidate is imported: a failure there is the harness's, never the candidate's
-
-
-class GradeFailure(Exception):
-    def __init__(self, outcome: str, message: str):
-        super().__init__(message)
-        self.outcome = outcome
-
-
-def load_module(name: str, path: Path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-def classify(exc: BaseException) -> str:
-    """Outcome of an exception raised by candidate code."""
-    import torch
-
-    if isinstance(exc, torch.OutOfMemoryError):
-        return "grade_oom"
-    if isinstance(exc, (SyntaxError, ImportError)) or type(exc).__name__ in ("CompilationError", "CompileTimeAssertionFailure"):
-        return "compile_error"
-    return "runtime_error"
-
-
-def one_line(exc: BaseException) -> str:
-    text = f"{type(exc).__name__}: {exc}".strip().splitlines()
-    return text[0][:500] if text else type(exc).__name__
 
 
 class Worker:
@@ -454,20 +426,9 @@ class Worker:
             for _ in range(calls):
                 self.run_candidate(model, inputs)
             torch.cuda.synchronize()
-        kernels: Dict[str, int] = {}
-        for event in prof.events():
-            if event.device_type == torch.autograd.DeviceType.CUDA and not event.name.startswith("Memcpy"):
-                kernels[event.name] = kernels.get(event.name, 0) + 1
-        streams = {
-            e.device_resource_id()
-            for e in prof.profiler.kineto_results.events()
-            if e.device_type() == torch.autograd.DeviceType.CUDA and not e.name().startswith("Memcpy")
-        }
-        return {
-            "launches_per_call": sum(kernels.values()) / calls,
-            "kernels": {name[:200]: count / calls for name, count in sorted(kernels.items())},
-            "streams": sorted(streams),
-        }
+        from kbsweep.grader import timing
+
+        return timing.kernel_profile(prof, calls)
 
 
 class TamperGuard:

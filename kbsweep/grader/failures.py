@@ -1,0 +1,24 @@
+"""How a grade fails: the exception that carries an outcome, and the classification of candidate exceptions."""
+from __future__ import annotations
+
+
+class GradeFailure(Exception):
+    def __init__(self, outcome: str, message: str):
+        super().__init__(message)
+        self.outcome = outcome
+
+
+def classify(exc: BaseException) -> str:
+    """Outcome of an exception raised by candidate code."""
+    import torch
+
+    if isinstance(exc, torch.OutOfMemoryError):
+        return "grade_oom"
+    if isinstance(exc, (SyntaxError, ImportError)) or type(exc).__name__ in ("CompilationError", "CompileTimeAssertionFailure"):
+        return "compile_error"
+    return "runtime_error"
+
+
+def one_line(exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}".strip().splitlines()
+    return text[0][:500] if text else type(exc).__name__

@@ -1,0 +1,615 @@
+"""The trusted side of a grade: a process that never imports candidate code.
+
+Run by :func:`kbsweep.grader.supervise` as ``python -m kbsweep.grader.referee <result fd> <runner fd>``. It holds
+the grade request (the secret seed included), loads the reference, times the baselines, makes every input,
+keeps the reference's weights and outputs to itself, compares, owns the clock that corroborates time, and writes
+the one result message. The candidate runs in another process (:mod:`kbsweep.grader.runner`) that gets inputs
+and its own copies of the weights through shared memory (:mod:`kbsweep.grader.arena`) and writes its outputs
+there; commands and replies cross a JSON channel (:mod:`kbsweep.grader.channel`). What the runner reports
+(times, structure, evidence) is untrusted: times are checked against this process's clock, outputs of calls
+picked after each timed batch are checked against the reference, evidence is sanitized and kept as evidence.
+"""
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import json
+import math
+import os
+import random
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+import torch
+
+from kbsweep.grader import checks, timing
+from kbsweep.grader.arena import Arena, apply_swaps, nbytes, padded, prepared_swaps
+from kbsweep.grader.channel import Channel, ChannelError
+from kbsweep.grader.failures import GradeFailure, one_line
+
+STAGES = ("load_reference", "baselines", "import_candidate", "correctness", "timing", "audit")
+HARNESS_STAGES = STAGES[:2]  # before the candidate is imported: a failure there is the harness's, never the candidate's
+CANDIDATE_OUTCOMES = ("incorrect", "compile_error", "runtime_error", "grade_oom")
+OUTPUT_BUDGET = {"cuda": 4 << 30, "cpu": 256 << 20}  # output slots of one timed batch
+PICKS = 2  # calls of each timed batch whose outputs are compared with the reference after it
+SWAPS = 4  # canary pairs per float input and call
+# The referee's clock against the runner's figures, per timing mode: the batch's wall time, less what the
+# referee measured of everything else it contains (spin, flushes, output copies, the channel's round trip) and a
+# slack, over the runner's summed call times; past this ratio (median over batches) the runner's figures are
+# not believed.
+BAND = {"back_to_back": 1.15, "isolated": 1.5, "host": 1.5}
+MAX_EVENTS = 60
+
+
+def load_module(name: str, path: Path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def encode(value: Any, arena: Arena) -> Dict[str, Any]:
+    """A value for the runner: tensors as arena slots (copies), dtypes by name, lists element-wise."""
+    if isinstance(value, torch.Tensor):
+        return {"slot": arena.put(value)}
+    if isinstance(value, (list, tuple)):
+        return {"list": [encode(v, arena) for v in value]}
+    if isinstance(value, torch.dtype):
+        return {"dtype": str(value).replace("torch.", "")}
+    return {"value": value}
+
+
+def clone(values: Sequence[Any]) -> List[Any]:
+    return [v.clone() if isinstance(v, torch.Tensor) else v for v in values]
+
+
+SCALABLE = (torch.float16, torch.bfloat16, torch.float32, torch.float64)  # fp8 has no arithmetic (scales, canaries)
+
+
+def is_float(value: Any) -> bool:
+    return isinstance(value, torch.Tensor) and value.dtype in SCALABLE
+
+
+def sanitized(evidence: Any) -> Dict[str, Any]:
+    """The runner's evidence with only the shapes the audit reads (it comes from the candidate's process)."""
+    evidence = evidence if isinstance(evidence, dict) else {}
+    text = lambda v: str(v)[:300]  # noqa: E731
+    events = [e for e in evidence.get("runtime_events") or [] if isinstance(e, dict)][:MAX_EVENTS]
+    threads = [t for t in evidence.get("threads") or [] if isinstance(t, dict)][:MAX_EVENTS]
+    flags = evidence.get("global_flags") if isinstance(evidence.get("global_flags"), dict) else {}
+    return {
+        "runtime_events": [{k: text(e.get(k)) for k in ("kind", "event", "detail", "where", "stage")} for e in events],
+        "threads": [{"where": text(t.get("where")), "stage": text(t.get("stage")), "running": bool(t.get("running")),
+                     "outlived_call": bool(t.get("outlived_call"))} for t in threads],
+        "global_flags": {text(k): [text(v[0]), text(v[-1])] for k, v in list(flags.items())[:20] if isinstance(v, list) and v},
+    }
+
+
+def counts(value: Any) -> Dict[str, int]:
+    value = value if isinstance(value, dict) else {}
+    return {str(k)[:200]: int(v) for k, v in list(value.items())[:500] if isinstance(v, (int, float))}
+
+
+class Referee:
+    """Correctness over shapes × seeds × stress cases, then timing of baselines (here) and candidate (there)."""
+
+    def __init__(self, request: Dict[str, Any], runner: Channel):
+        self.req, self.runner = request, runner
+        self.spec = request["spec"]
+        self.device = torch.device(request["device"])
+        self.secret_seed = request.pop("secret_seed")
+        self.rng = random.Random(self.secret_seed * 7 + 1)  # batch seeds, canaries, picks: never sent ahead of use
+        self.findings: List[Dict[str, Any]] = []
+        self.evidence: Dict[str, Any] = {}
+        self.stage = "load_reference"
+        self.model_ids = itertools.count()
+        self.arena: Optional[Arena] = None
+        self.work = {"calls": 0, "flops": 0.0, "bytes": 0.0}  # what the candidate's calls should cost, summed
+        self.cfg = timing.TimingConfig(**request.get("timing", {}))
+
+    # -- the runner -------------------------------------------------------------------
+    def ask(self, op: str, fds: Sequence[int] = (), **fields: Any) -> Dict[str, Any]:
+        """One command; a failed reply raises its outcome (only the candidate's own outcomes are believed)."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()  # what this process wrote to the arena is there before the runner reads it
+        try:
+            self.runner.send({"op": op, "stage": self.stage, **fields}, fds)
+            reply, extra = self.runner.receive()
+        except ChannelError as exc:
+            if "closed" not in str(exc):
+                self.findings.append({"kind": "forged_result", "detail": str(exc)[:200]})
+            raise GradeFailure("runtime_error", f"{self.stage}: the candidate's process died or broke the channel ({exc})") from None
+        for fd in extra:
+            os.close(fd)
+        if not reply.get("ok"):
+            outcome = reply.get("outcome") if reply.get("outcome") in CANDIDATE_OUTCOMES else "runtime_error"
+            raise GradeFailure(outcome, str(reply.get("message"))[:500])
+        return reply
+
+    def open_arena(self, size: int) -> None:
+        if self.arena is not None:
+            self.arena.close()
+        self.arena = Arena.create(size, self.device)
+        self.ask("arena", fds=[self.arena.fd], size=self.arena.size)
+
+    def arena_size(self, shape: Dict[str, Any]) -> int:
+        """State + timing input sets + a batch's output slots, from one build of the reference."""
+        ref_model = self.build(shape, 42)
+        first = self.inputs(shape, 2026)
+        outputs = checks.as_tuple(ref_model(*clone(first)))
+        state = sum(padded(nbytes(t)) for t in ref_model.state_dict().values())
+        ins = sum(padded(nbytes(t)) for t in first if isinstance(t, torch.Tensor))
+        outs = sum(padded(nbytes(t)) for t in outputs)
+        return 2 * state + max(self.set_count(first), 4) * ins + (self.calls_cap(outs) + 4) * outs + (1 << 20)
+
+    def send_model(self, ref_model: Any, shape: Dict[str, Any], seed: int) -> int:
+        """The candidate's ModelNew built there under ``seed``, loaded with a copy of the reference's weights."""
+        model = next(self.model_ids)
+        state = {name: self.arena.put(t) for name, t in ref_model.state_dict().items()}
+        init = encode(list(self.ref.get_init_inputs(dict(shape))), self.arena)
+        self.ask("build", model=model, seed=seed, init=init, state=state)
+        return model
+
+    def output_slots(self, expected: Any) -> List[Dict[str, Any]]:
+        """Slots for one call's outputs, poisoned (0xFF: NaN in every float format) so an unwritten one shows."""
+        slots = [self.arena.alloc(t.dtype, list(t.shape)) for t in checks.as_tuple(expected)]
+        self.poison_slots(slots)
+        return slots
+
+    def read(self, slots: List[Dict[str, Any]], like: Any) -> Any:
+        outs = tuple(self.arena.view(s).clone() for s in slots)
+        return outs if isinstance(like, (tuple, list)) else outs[0]
+
+    def count_work(self, shape: Dict[str, Any], calls: int) -> None:
+        from kbsweep.problems import evaluate
+
+        self.work["calls"] += calls
+        for key in ("flops", "bytes"):
+            self.work[key] += calls * float(evaluate(self.spec.get(key), shape, key) or 0.0)
+
+    # -- building models and inputs -------------------------------------------------
+    def build(self, shape: Dict[str, Any], seed: int):
+        torch.manual_seed(seed)
+        return self.ref.Model(*self.ref.get_init_inputs(dict(shape))).to(self.device).eval()
+
+    def inputs(self, shape: Dict[str, Any], seed: int, scale: float = 1.0) -> List[Any]:
+        torch.manual_seed(seed + 7919)
+        values = list(self.ref.get_inputs(dict(shape), self.device))
+        return [v * scale if is_float(v) and scale != 1.0 else v for v in values]
+
+    def set_count(self, first: Sequence[Any]) -> int:
+        """Distinct input sets per timed batch: enough to exceed 3x the L2 on a GPU."""
+        size = sum(nbytes(t) for t in first if isinstance(t, torch.Tensor))
+        wanted = math.ceil(3 * self.req["l2_bytes"] / max(size, 1)) if self.device.type == "cuda" else 1
+        return max(1, min(wanted, 32, int(self.req.get("max_input_bytes", 8 << 30) // max(size, 1))))
+
+    def calls_cap(self, out_bytes: int) -> int:
+        return max(2, min(32, OUTPUT_BUDGET[self.device.type] // max(out_bytes, 1)))
+
+    # -- the stages -----------------------------------------------------------------
+    def run(self) -> Dict[str, Any]:
+        t0 = time.perf_counter()
+        deck = Path(self.req["reference"]).parent
+        hashes = self.deck_hashes(deck)
+        self.ref = load_module("kbsweep_reference", Path(self.req["reference"]))
+        timed = self.req["mode"] in ("bench", "full")
+        baselines: List[Dict[str, Any]] = []
+        if self.device.type == "cuda":  # a persisting-L2 carve-out an earlier process left on the GPU is not this candidate's
+            from kbsweep.audit import runtime
+
+            self.evidence["persisting_l2_inherited"] = runtime.persisting_l2_limit()
+            timing.reset_persisting_l2()
+        if timed and self.req.get("baselines"):
+            self.stage = "baselines"  # before the candidate is imported: it cannot touch what its speedups divide by
+            deadline = time.perf_counter() + self.req.get("baseline_budget_s", math.inf)  # one budget for all shapes
+            with torch.no_grad():
+                baselines = [self.time_baselines(shape, deadline) for shape in self.req["shapes"]]
+        self.stage = "import_candidate"
+        self.ask("import")
+        with torch.no_grad():
+            self.stage = "correctness"
+            correctness = self.correctness()
+            timings = []
+            if timed:
+                self.stage = "timing"
+                timings = [self.time_shape(shape) for shape in self.req["shapes"]]
+                for entry, base in zip(timings, baselines or [{}] * len(timings)):
+                    entry["baselines"] = base
+            self.stage = "audit"
+            self.audit_probes()
+        self.collect_evidence()
+        self.evidence["files_modified"] = sorted(p for p, h in self.deck_hashes(deck).items() if hashes.get(p) != h)
+        return {"correctness": correctness, "timings": timings, "evidence": self.evidence, "findings": self.findings,
+                "worker_s": time.perf_counter() - t0}
+
+    @staticmethod
+    def deck_hashes(deck: Path) -> Dict[str, str]:
+        import hashlib
+
+        return {str(p): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(deck.iterdir()) if p.is_file()}
+
+    # -- correctness ----------------------------------------------------------------
+    def check_case(self, ref_model, model: int, inputs: List[Any], tolerance: Optional[Dict] = None, fill: int = 0xFF,
+                   encoded: Optional[Dict[str, Any]] = None):
+        """One call there on copies of ``inputs``; its outputs read back and compared here. Returns (out, worst)."""
+        mark = self.arena.used
+        encoded = encoded or encode(inputs, self.arena)
+        expected = ref_model(*clone(inputs))
+        slots = self.output_slots(expected)
+        self.ask("call", model=model, inputs=encoded, outputs=slots, fill=fill)
+        self.count_work(self.shape, 1)
+        out = self.read(slots, expected)
+        for i, (sent, pristine) in enumerate(zip(encoded["list"], inputs)):
+            if "slot" in sent and not checks.same_values(self.arena.view(sent["slot"]), pristine):
+                raise checks.CheckFailure(f"the candidate modified input {i}")
+        worst = checks.compare(expected, out, self.spec["tolerance"], tolerance)
+        hook = getattr(self.ref, "check_outputs", None)
+        message = hook(clone(inputs), expected, out) if hook is not None else None
+        if message:
+            raise checks.CheckFailure(message)
+        self.arena.used = mark
+        return out, worst
+
+    def correctness(self) -> Dict[str, Any]:
+        seeds = [42 + 1000 * i for i in range(self.spec.get("seeds", 3))] + [self.secret_seed]
+        stress = [{"name": "nominal", "input_scale": 1.0, "weight_scale": 1.0, "tolerance": None}] + list(self.spec.get("stress", []))
+        cases, worst = 0, {"max_abs": 0.0, "max_rel": 0.0}
+        try:
+            for s_index, shape in enumerate(self.req["shapes"]):
+                self.shape = shape
+                self.open_arena(self.arena_size(shape))
+                for k, seed in enumerate(seeds):
+                    mark = self.arena.used
+                    ref_model = self.build(shape, seed)
+                    model = self.send_model(ref_model, shape, seed)
+                    for case in stress if k == 0 else stress[:1]:
+                        factor = case.get("weight_scale", 1.0)
+                        scaled = self.scaled(ref_model, factor)
+                        target = model if factor == 1.0 else self.send_model(scaled, shape, seed)
+                        inputs = self.inputs(shape, seed, case.get("input_scale", 1.0))
+                        _, err = self.check_case(scaled, target, inputs, case.get("tolerance"))
+                        worst = {key: max(worst[key], err[key]) for key in worst}
+                        cases += 1
+                    if s_index == 0 and k == 0:
+                        self.poison_determinism(ref_model, model, shape, seed)
+                        self.pointer_cache_probe(ref_model, model, shape, seed)
+                    self.arena.used = mark
+        except checks.CheckFailure as exc:
+            raise GradeFailure("incorrect", f"shape {shape}, seed {'secret' if seed == self.secret_seed else seed}: {exc}")
+        return {"passed": True, "cases": cases, "seeds": len(seeds), "worst": worst}
+
+    def scaled(self, ref_model: Any, factor: float) -> Any:
+        """The reference with its float weights scaled (a copy: the original stays as built)."""
+        if factor == 1.0:
+            return ref_model
+        import copy
+
+        model = copy.deepcopy(ref_model)
+        for tensor in list(model.parameters()) + list(model.buffers()):
+            if is_float(tensor):
+                tensor.data.mul_(factor)
+        return model
+
+    def poison_determinism(self, ref_model, model: int, shape, seed) -> None:
+        """Two calls under different poison fills: output that depends on stale memory shows up here."""
+        first, _ = self.check_case(ref_model, model, self.inputs(shape, seed), fill=0xFF)
+        second, _ = self.check_case(ref_model, model, self.inputs(shape, seed), fill=0xC7)
+        same = checks.same_values(first, second)
+        self.evidence["poison_deterministic"] = same
+        if not same:
+            self.findings.append({"kind": "nondeterministic_under_poison", "shape": shape})
+
+    def pointer_cache_probe(self, ref_model, model: int, shape, seed) -> None:
+        """Eleven calls on the same input slots, then the slots overwritten in place: the output must follow."""
+        mark = self.arena.used
+        inputs = self.inputs(shape, seed)
+        encoded = encode(inputs, self.arena)
+        expected = ref_model(*clone(inputs))
+        slots = self.output_slots(expected)
+        for _ in range(11):
+            self.ask("call", model=model, inputs=encoded, outputs=slots)
+        fresh = self.inputs(shape, seed + 1)
+        for sent, value in zip(encoded["list"], fresh):
+            if "slot" in sent:
+                self.arena.view(sent["slot"]).copy_(value)
+        try:
+            self.check_case(ref_model, model, fresh, encoded=encoded)
+        except checks.CheckFailure as exc:
+            raise checks.CheckFailure(f"stale output after inputs changed in place (a pointer-keyed cache?): {exc}")
+        self.count_work(shape, 11)
+        self.arena.used = mark
+        self.evidence["pointer_cache_probe"] = "passed"
+
+    # -- timing ---------------------------------------------------------------------
+    def timing_mode(self) -> str:
+        if self.device.type != "cuda":
+            return "host"
+        return "isolated" if self.spec.get("regime") == "latency" else "back_to_back"
+
+    def time_shape(self, shape: Dict[str, Any]) -> Dict[str, Any]:
+        """The candidate timed there, batch by batch, on fresh inputs with per-call canaries; after each batch
+        every output slot must be written and the outputs of calls picked now must match the reference."""
+        self.shape = shape
+        self.open_arena(self.arena_size(shape))
+        ref_model = self.build(shape, 42)
+        model = self.send_model(ref_model, shape, 42)
+        template = self.inputs(shape, 2026)
+        expected = ref_model(*clone(template))
+        sets = [encode(template, self.arena) for _ in range(self.set_count(template))]
+        mode = self.timing_mode()
+        calls = self.calls_cap(sum(nbytes(t) for t in checks.as_tuple(expected)))
+        warm = self.batch(ref_model, model, shape, sets, [self.output_slots(expected) for _ in range(3)], mode, 0.0, check=False)
+        shape_ = timing.batch_shape(statistics.median(warm["enqueue_us"] or [1.0]), mode != "back_to_back")
+        per_batch = min(int(shape_["per_batch"]), calls)
+        slots = [self.output_slots(expected) for _ in range(per_batch)]
+        overhead = self.overheads(model, template, sets, expected, mode, shape_["spin_us"], per_batch)
+        samples: List[float] = []
+        ratios: List[float] = []
+        profiles: List[Dict[str, Any]] = []
+        began = time.perf_counter()
+        while not timing.stop(samples, self.cfg, time.perf_counter() - began):
+            batch = self.batch(ref_model, model, shape, sets, slots, mode, shape_["spin_us"])
+            samples += batch["ms"]
+            ratios.append((batch["wall_ms"] - overhead["total_ms"]) / max(sum(batch["ms"]), 1e-9))
+            if batch.get("profile"):
+                profiles.append(batch["profile"])
+        timed = {**timing.summarize(samples, samples), "mode": mode, "per_batch": per_batch, "batches": len(ratios),
+                 "spin_us": shape_["spin_us"], "input_sets": len(sets)}
+        ratio = statistics.median(ratios)
+        timed["corroboration"] = {**overhead, "wall_over_claimed": ratio, "max_ratio": max(ratios), "band": BAND[mode]}
+        if ratio > BAND[mode]:
+            self.findings.append({"kind": "time_disagreement", "shape": shape,
+                                  "detail": f"{shape}: the referee's clock saw {ratio:.2f}x the time the candidate's process reported"})
+        entry: Dict[str, Any] = {"shape": shape, "input_sets": len(sets), "candidate": timed, "baselines": {}}
+        if profiles:
+            entry["profile"] = profiles[0]
+        if mode != "host" and (mode == "isolated" or timed["median_ms"] < 0.05):
+            graph = self.ask("graph", model=model, inputs=sets[0]).get("graph_ms")
+            timed["graph_ms"] = float(graph) if isinstance(graph, (int, float)) else None
+        return entry
+
+    def batch(self, ref_model, model: int, shape, sets, slots, mode: str, spin_us: float, check: bool = True) -> Dict[str, Any]:
+        """One timed batch there: the plan (slots, canaries) sent when the runner is armed, fresh inputs written
+        after that, the referee's clock read around the go, then every output slot checked and some compared."""
+        plan = [{"inputs": sets[i % len(sets)], "outputs": slots[i], "swaps": self.canaries(sets[i % len(sets)])} for i in range(len(slots))]
+        self.ask("arm", model=model, calls=plan, mode=mode, spin_us=spin_us)
+        seeds = [self.rng.randrange(2**31) for _ in sets]
+        for encoded, seed in zip(sets, seeds):
+            for sent, value in zip(encoded["list"], self.inputs(shape, seed)):
+                if "slot" in sent:
+                    self.arena.view(sent["slot"]).copy_(value)
+        for call_slots in slots:
+            self.poison_slots(call_slots)
+        wall_ms, reply = self.timed_go()
+        ms = reply.get("ms")
+        if not isinstance(ms, list) or len(ms) != len(plan) or not all(isinstance(m, (int, float)) and m > 0 for m in ms):
+            raise GradeFailure("runtime_error", "timing: the candidate's process returned no valid call times")
+        profile = self.ask("disarm", calls=len(plan)).get("profile")
+        self.count_work(shape, len(plan))
+        if check:
+            self.check_batch(ref_model, shape, sets, seeds, plan)
+        enqueue = [float(u) for u in reply.get("enqueue_us") or [] if isinstance(u, (int, float))]
+        return {"ms": [float(m) for m in ms], "wall_ms": wall_ms, "enqueue_us": enqueue, "profile": profile if isinstance(profile, dict) else None}
+
+    def timed_go(self):
+        """The armed batch run there, timed here: (wall ms of the command, reply)."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        reply = self.ask("batch")
+        return (time.perf_counter() - t0) * 1e3, reply
+
+    def poison_slots(self, slots: List[Dict[str, Any]]) -> None:
+        """0xFF bytes (NaN in every float format) in output slots, so an unwritten one shows."""
+        for slot in slots:
+            view = self.arena.view(slot)
+            if view.numel():
+                view.view(-1).view(torch.uint8).fill_(0xFF)
+
+    def canaries(self, encoded: Dict[str, Any]) -> List[List[Any]]:
+        """Per float input: SWAPS (dst, src) pairs of flat indices within one random row."""
+        swaps = []
+        for index, sent in enumerate(encoded["list"]):
+            slot = sent.get("slot")
+            if slot is None or slot["dtype"] not in ("float16", "bfloat16", "float32", "float64") or not slot["shape"]:
+                continue
+            row = slot["shape"][-1]
+            rows = math.prod(slot["shape"]) // max(row, 1)
+            if row < 2 * SWAPS or rows < 1:
+                continue
+            base = self.rng.randrange(rows) * row
+            picked = self.rng.sample(range(row), 2 * SWAPS)
+            swaps.append([index, [base + c for c in picked[:SWAPS]], [base + c for c in picked[SWAPS:]]])
+        return swaps
+
+    def check_batch(self, ref_model, shape, sets, seeds, plan) -> None:
+        """Every slot written (no NaN left from the poison in float outputs); PICKS calls, chosen now, compared."""
+        for i, call in enumerate(plan):
+            for slot in call["outputs"]:
+                view = self.arena.view(slot)
+                if view.is_floating_point() and view.numel() and not torch.isfinite(view.float()).all():
+                    raise GradeFailure("incorrect", f"timed call {i} of a batch, shape {shape}: output left unwritten or not finite")
+        for pick in sorted(self.rng.sample(range(len(plan)), min(PICKS, len(plan)))):
+            j = pick % len(sets)
+            inputs = self.inputs(shape, seeds[j])
+            for i in range(j, pick + 1, len(sets)):
+                apply_swaps(inputs, plan[i]["swaps"])
+            expected = ref_model(*clone(inputs))
+            try:
+                checks.compare(expected, self.read(plan[pick]["outputs"], expected), self.spec["tolerance"])
+            except checks.CheckFailure as exc:
+                raise GradeFailure("incorrect", f"timed call {pick} of a batch, shape {shape}: {exc}")
+
+    def overheads(self, model: int, template: List[Any], sets, expected: Any, mode: str, spin_us: float, calls: int) -> Dict[str, float]:
+        """What a batch's wall time holds besides the calls, measured here: the go's round trip (an empty batch
+        there), and the same batch run in this process with a call that does nothing (spin, canaries, flushes,
+        output copies, syncs); plus a slack."""
+        self.ask("arm", model=model, calls=[], mode=mode, spin_us=0)
+        parts = {"round_trip_ms": statistics.median(self.timed_go()[0] for _ in range(3))}
+        local = clone(template)
+        outputs = [torch.empty_like(t) for t in checks.as_tuple(expected)]
+        flush = timing.L2Flush(self.req["l2_bytes"]) if mode != "host" else None
+        steps = [(lambda swaps=prepared_swaps(self.canaries(sets[i % len(sets)]), self.device): apply_swaps(local, swaps),
+                  lambda: expected,
+                  lambda out: [o.copy_(t) for o, t in zip(outputs, checks.as_tuple(out))]) for i in range(calls)]
+        walls = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            timing.run_batch(steps, mode, spin_us, flush)
+            walls.append((time.perf_counter() - t0) * 1e3)
+        parts["null_batch_ms"] = statistics.median(walls)
+        parts["slack_ms"] = (0.1 * parts["null_batch_ms"] + 1.0 + 0.1 * calls) if mode == "host" else (0.05 * parts["null_batch_ms"] + 0.3 + 0.02 * calls)
+        parts["total_ms"] = parts["round_trip_ms"] + parts["null_batch_ms"] + parts["slack_ms"]
+        return parts
+
+    # -- baselines (here, before the candidate exists) ---------------------------------
+    def time_baselines(self, shape: Dict[str, Any], deadline: float) -> Dict[str, Any]:
+        """Eager, torch.compile, SOTA... on the shape's timing inputs; one that would start past ``deadline`` (the
+        grade's baseline budget: a slow compile must not cost the candidate its grade) is left for a later grade."""
+        ref_model = self.build(shape, 42)
+        first = self.inputs(shape, 2026)
+        sets = [first] + [self.inputs(shape, 2026 + i) for i in range(1, self.set_count(first))]
+        out: Dict[str, Any] = {}
+        expected = None  # the reference's output on the first timing inputs, once for every baseline checked against it
+        for name in self.req.get("baselines", []):
+            if name in self.spec.get("skip_baselines", {}):
+                out[name] = {"skipped": self.spec["skip_baselines"][name]}
+                continue
+            if time.perf_counter() > deadline:
+                out[name] = {"error": "not timed: the grade's baseline budget was spent", "retry": True}
+                continue
+            try:
+                fn = self.baseline_fn(name, ref_model)
+                if fn is None:
+                    out[name] = None
+                    continue
+                differs = None
+                if name != "eager":  # eager is the reference itself
+                    expected = ref_model(*clone(sets[0])) if expected is None else expected
+                    try:
+                        checks.compare(expected, fn(*clone(sets[0])), self.spec["tolerance"])
+                    except checks.CheckFailure as exc:
+                        differs = str(exc)
+                out[name] = self.time_here(fn, sets)
+                if differs:  # timed all the same (a library's own precision), but reports say its output is off
+                    out[name]["outside_tolerance"] = differs
+            except Exception as exc:  # a baseline failing is recorded, never the candidate's fault
+                out[name] = {"error": one_line(exc)}
+        return out
+
+    def time_here(self, fn: Callable, sets: List[List[Any]]) -> Dict[str, Any]:
+        """A trusted callable timed in this process by the same batches the candidate's runner uses."""
+        mode = self.timing_mode()
+        flush = timing.L2Flush(self.req["l2_bytes"]) if mode != "host" else None
+        steps = lambda n: [(lambda: None, lambda i=i: fn(*sets[i % len(sets)]), lambda out: None) for i in range(n)]  # noqa: E731
+        warm = timing.run_batch(steps(3), "isolated" if mode != "host" else "host", 0.0, flush)
+        shape_ = timing.batch_shape(statistics.median(warm["enqueue_us"] or [1.0]), mode != "back_to_back")
+        samples: List[float] = []
+        began = time.perf_counter()
+        while not timing.stop(samples, self.cfg, time.perf_counter() - began):
+            samples += timing.run_batch(steps(int(shape_["per_batch"])), mode, shape_["spin_us"], flush)["ms"]
+        return {**timing.summarize(samples, samples), "mode": mode, "per_batch": int(shape_["per_batch"])}
+
+    def baseline_fn(self, name: str, ref_model) -> Optional[Callable]:
+        if name == "eager":
+            return ref_model
+        if name == "compile":
+            return torch.compile(ref_model, mode=self.req.get("compile_mode") or None)
+        if name in ("sota", "baseline"):
+            path = Path(self.req["reference"]).with_name(f"{name}.py")
+            if not path.exists():
+                return None
+            module = load_module(f"kbsweep_{name}", path)
+            if name == "baseline":
+                return module.Baseline(ref_model)
+            return (lambda *a: module.sota_forward(ref_model, *a)) if module.is_available() else None
+        raise ValueError(f"unknown baseline {name}")
+
+    # -- audit ------------------------------------------------------------------------
+    def audit_probes(self) -> None:
+        """Ghost replays on the first shape: the candidate's kernel launches stubbed there, fresh allocations
+        poisoned; whether the output changed is decided here, against the real call's output."""
+        shape = self.req["shapes"][0]
+        self.shape = shape
+        self.open_arena(self.arena_size(shape))
+        ref_model = self.build(shape, 42)
+        models = [self.send_model(ref_model, shape, 42) for _ in range(2)]
+        inputs = self.inputs(shape, 2026)
+        try:
+            real, _ = self.check_case(ref_model, models[0], inputs)
+        except checks.CheckFailure as exc:
+            raise GradeFailure("incorrect", f"audit probe, shape {shape}: {exc}")
+        encoded = encode(inputs, self.arena)
+        ghost = {}
+        for name, model in (("same_instance", models[0]), ("fresh_instance", models[1])):
+            slots = self.output_slots(real)
+            record = self.ask("ghost", model=model, inputs=encoded, outputs=slots)
+            changed = bool(record.get("error")) or not checks.same_values(real, self.read(slots, real))
+            ghost[name] = {"changed": changed, "error": str(record.get("error") or "")[:300] or None, "aliases_previous": False,
+                           "stubbed": int(record.get("stubbed") or 0), "graph_replays": int(record.get("graph_replays") or 0)}
+        self.evidence["ghost"] = ghost
+
+    def collect_evidence(self) -> None:
+        """The runner's own records (its runtime events, recorded torch ops over every call, kernel launches)."""
+        from kbsweep.problems import evaluate
+
+        reply = self.ask("evidence")
+        ops = reply.get("ops") if isinstance(reply.get("ops"), dict) else {}
+        self.evidence.update(sanitized(reply.get("evidence")))
+        shape = self.req["shapes"][0]
+        probe = {
+            "shape": shape,
+            "calls": self.work["calls"],
+            "launches": counts(reply.get("launches")),
+            "kernels": [str(k)[:200] for k in (reply.get("kernels") or [])][:100],
+            "aten_ops": counts(ops.get("aten_ops")),
+            "own_ops": counts(ops.get("own_ops")),
+            "torch_flops": float(ops.get("torch_flops") or 0) if isinstance(ops.get("torch_flops"), (int, float)) else 0.0,
+            "torch_bytes": float(ops.get("torch_bytes") or 0) if isinstance(ops.get("torch_bytes"), (int, float)) else 0.0,
+            "problem_flops": self.work["flops"] or evaluate(self.spec.get("flops"), shape, "probe"),
+            "problem_bytes": self.work["bytes"],
+            "ghost": self.evidence.pop("ghost", None),
+        }
+        if self.device.type == "cuda" and isinstance(reply.get("persisting_l2_limit"), int):
+            probe["persisting_l2_limit"] = reply["persisting_l2_limit"]
+        self.evidence["probe"] = probe
+
+
+def main() -> None:
+    channel = os.fdopen(int(sys.argv[1]), "w")
+    runner = Channel.from_fd(int(sys.argv[2]))
+    request = json.loads(sys.stdin.read())
+    referee = None
+    try:
+        runner.send({"request": {k: request[k] for k in ("device", "workdir", "l2_bytes")}})
+        runner.receive()
+        referee = Referee(request, runner)
+        message = {"ok": True, "result": referee.run()}
+    except GradeFailure as exc:
+        message = {"ok": False, "outcome": exc.outcome, "message": str(exc)}
+    except BaseException as exc:  # noqa: BLE001 - report everything, classify by stage
+        stage = referee.stage if referee else "load_reference"
+        message = {"ok": False, "outcome": "harness_error" if stage in HARNESS_STAGES else "runtime_error", "message": f"{stage}: {one_line(exc)}"}
+        traceback.print_exc()
+    if referee is not None and not message["ok"]:
+        try:  # a failed grade keeps the runner's evidence too, when the runner is still there to give it
+            referee.collect_evidence()
+        except (GradeFailure, ChannelError):
+            pass
+        message.update(stage=referee.stage, findings=referee.findings, evidence=referee.evidence)
+    try:
+        runner.send({"op": "exit"})
+    except ChannelError:
+        pass
+    channel.write(json.dumps(message, default=str) + "\n")
+    channel.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,270 @@
+"""The candidate's process: an isolated interpreter that imports the candidate and runs what the referee asks.
+
+Nothing this process reports is trusted (docs/grading.md, threat model): the candidate controls all of it, this
+module included. It exists so that honest candidates are easy to run and dishonest ones leave evidence; the
+referee (:mod:`kbsweep.grader.referee`) decides correctness from the outputs it reads back from shared memory
+and corroborates every reported time with its own clock.
+
+Started by :func:`kbsweep.grader.supervise` as ``python -I -c <bootstrap> <channel fd>``: isolated mode (no
+PYTHON* variables, no user site, no script folder on ``sys.path``); kbsweep's root is appended *after* the
+standard paths, every harness module is imported before any candidate path exists, and the candidate's folder is
+reachable only through :class:`CandidateFinder` (last on ``sys.meta_path``: a helper named like a standard or
+installed module never shadows it).
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+import torch
+import torch.profiler
+
+from kbsweep.audit import runtime
+from kbsweep.grader import timing
+from kbsweep.grader.arena import Arena, apply_swaps, prepared_swaps
+from kbsweep.grader.channel import Channel, ChannelError
+from kbsweep.grader.failures import GradeFailure, classify, one_line
+
+PACKAGE = "kbsweep_candidate"
+
+
+class CandidateFinder(importlib.abc.MetaPathFinder):
+    """The candidate's folder as the package ``kbsweep_candidate``; a top-level import nothing else resolves (a
+    helper module such as ``import _kernels``) falls through to a file of that folder."""
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+
+    def find_spec(self, name, path, target=None):
+        if name == PACKAGE:
+            spec = importlib.machinery.ModuleSpec(PACKAGE, None, is_package=True)
+            spec.submodule_search_locations = [str(self.folder)]
+            return spec
+        if path is not None or "." in name:
+            return None
+        for candidate in (self.folder / f"{name}.py", self.folder / name / "__init__.py"):
+            if candidate.is_file():
+                return importlib.util.spec_from_file_location(name, candidate)
+        return None
+
+
+def decode(value: Any, arena: Arena) -> Any:
+    """A value the referee encoded (:func:`kbsweep.grader.referee.encode`)."""
+    if "slot" in value:
+        return arena.view(value["slot"])
+    if "list" in value:
+        return [decode(v, arena) for v in value["list"]]
+    if "dtype" in value:
+        return getattr(torch, value["dtype"])
+    return value["value"]
+
+
+class Runner:
+    """Serves the referee's commands until ``exit``; an exception from candidate code answers with its outcome."""
+
+    def __init__(self, channel: Channel, request: Dict[str, Any]):
+        self.channel, self.request = channel, request
+        self.device = torch.device(request["device"])
+        self.folder = Path(request["workdir"])
+        self.models: Dict[int, Any] = {}
+        self.arena: Optional[Arena] = None
+        self.cand: Any = None
+        self.evidence: Dict[str, Any] = {}
+        self.stage = "import_candidate"
+        self.flush = timing.L2Flush(request["l2_bytes"]) if self.device.type == "cuda" else None
+        self.ops = {"calls": 0, "aten_ops": {}, "own_ops": {}, "torch_flops": 0, "torch_bytes": 0}
+
+    def serve(self) -> None:
+        while True:
+            message, fds = self.channel.receive()
+            op = message.get("op")
+            if op == "exit":
+                return
+            self.stage = message.get("stage", self.stage)
+            try:
+                reply = {"ok": True, **(getattr(self, f"op_{op}")(message, fds) or {})}
+            except GradeFailure as exc:
+                reply = {"ok": False, "outcome": exc.outcome, "message": str(exc)}
+            except Exception as exc:  # noqa: BLE001 - the candidate's code raised: classified, never fatal here
+                reply = {"ok": False, "outcome": classify(exc), "message": f"{self.stage}: {one_line(exc)}"}
+            if self.monitor_ready():
+                self.monitor.check_flags()
+            self.channel.send(reply)
+
+    def monitor_ready(self) -> bool:
+        return hasattr(self, "monitor")
+
+    # -- setup ----------------------------------------------------------------------
+    def op_arena(self, message, fds) -> None:
+        self.arena = Arena.attach(fds[0], int(message["size"]), self.device)
+
+    def op_import(self, message, fds) -> None:
+        self.monitor = runtime.Monitor(self.folder, [], self.evidence)
+        self.gate = runtime.KernelGate()
+        self.recorder = runtime.op_recorder(self.gate)
+        sys.meta_path.append(CandidateFinder(self.folder))
+        try:
+            with self.monitor.watch("import_candidate"):
+                self.cand = importlib.import_module(f"{PACKAGE}.solution")
+        except BaseException as exc:  # noqa: BLE001 - any import failure is the candidate's
+            outcome = "grade_oom" if classify(exc) == "grade_oom" else "compile_error"
+            raise GradeFailure(outcome, f"import failed: {one_line(exc)}") from None
+        if not hasattr(self.cand, "ModelNew"):
+            raise GradeFailure("compile_error", "solution.py defines no ModelNew")
+
+    def op_build(self, message, fds) -> None:
+        torch.manual_seed(int(message["seed"]))
+        with torch.no_grad(), self.monitor.watch(self.stage):
+            model = self.cand.ModelNew(*decode(message["init"], self.arena)).to(self.device).eval()
+            state = {name: self.arena.view(slot) for name, slot in message["state"].items()}
+            try:
+                model.load_state_dict(state, strict=True)
+            except Exception as exc:
+                raise GradeFailure("incorrect", f"load_state_dict(strict=True) failed: {one_line(exc)}") from None
+        self.models[int(message["model"])] = model
+
+    # -- calls ----------------------------------------------------------------------
+    def invoke(self, model: Any, inputs: List[Any]) -> Any:
+        """One call of the candidate, its torch ops recorded (every call alike: no probe looks different)."""
+        with self.monitor.watch(self.stage), torch.profiler.record_function(timing.CALL_RANGE), self.recorded():
+            return model(*inputs)
+
+    @contextlib.contextmanager
+    def recorded(self):
+        self.gate.recorder = self.recorder
+        try:
+            with self.recorder:
+                yield
+        finally:
+            self.gate.recorder = None
+            self.ops["calls"] += 1
+
+    def deliver(self, out: Any, slots: List[Dict[str, Any]], inputs: List[Any]) -> None:
+        """Copy the outputs into the referee's slots, refusing what does not fit exactly."""
+        outs = tuple(out) if isinstance(out, (tuple, list)) else (out,)
+        if len(outs) != len(slots):
+            raise GradeFailure("incorrect", f"expected {len(slots)} outputs, got {len(outs)}")
+        spans = [(t.untyped_storage().data_ptr(), t.untyped_storage().nbytes()) for t in inputs if isinstance(t, torch.Tensor)]
+        for i, (o, slot) in enumerate(zip(outs, slots)):
+            target = self.arena.view(slot)
+            if type(o) is not torch.Tensor:
+                raise GradeFailure("incorrect", f"output {i} is {type(o).__name__}, not exactly torch.Tensor")
+            if o.dtype != target.dtype or o.shape != target.shape or o.device.type != target.device.type:
+                raise GradeFailure("incorrect", f"output {i}: got {o.dtype} {tuple(o.shape)} on {o.device}, expected {target.dtype} {tuple(target.shape)} on {target.device}")
+            start, size = o.untyped_storage().data_ptr(), o.untyped_storage().nbytes()
+            if o.numel() and any(start < s + n and s < start + size for s, n in spans):
+                raise GradeFailure("incorrect", f"output {i} aliases an input's memory")
+            target.copy_(o)
+
+    def poison(self, fill: Optional[int]) -> None:
+        """Fill the allocator's free blocks with ``fill`` so an output read before it is written shows up."""
+        if fill is None:
+            return
+        if self.device.type == "cuda":
+            sizes = [b["size"] for seg in torch.cuda.memory_snapshot() for b in seg["blocks"] if b["state"] == "inactive"]
+            held = [torch.empty(size, dtype=torch.uint8, device=self.device) for size in sorted(sizes, reverse=True)[:64]]
+            for block in held:
+                block.fill_(fill)
+            del held
+        else:
+            block = torch.full((1 << 22,), fill, dtype=torch.uint8)
+            del block
+
+    def op_call(self, message, fds) -> None:
+        model = self.models[int(message["model"])]
+        inputs = decode(message["inputs"], self.arena)
+        self.poison(message.get("fill"))
+        with torch.no_grad():
+            out = self.invoke(model, inputs)
+            self.deliver(out, message["outputs"], inputs)
+        self.sync()
+
+    def op_ghost(self, message, fds) -> Dict[str, Any]:
+        """One call with the candidate's kernel launches stubbed and fresh allocations poisoned."""
+        model = self.models[int(message["model"])]
+        inputs = decode(message["inputs"], self.arena)
+        before = self.gate.counts.copy()
+        error = None
+        try:
+            with torch.no_grad(), self.gate.probing(runtime.op_recorder(self.gate, poison=True), ghost=True):
+                out = model(*inputs)
+            self.deliver(out, message["outputs"], inputs)
+        except Exception as exc:  # noqa: BLE001 - a crash without the kernels means the kernels mattered
+            error = one_line(exc)
+        self.sync()
+        counts = self.gate.counts - before
+        return {"error": error, "stubbed": counts["triton"] + counts["extension"], "graph_replays": counts["graph_replay"]}
+
+    def sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+
+    # -- timing ---------------------------------------------------------------------
+    def op_arm(self, message, fds) -> None:
+        """A timed batch's plan (its inputs arrive after this answer): the calls' views, slots and canaries made
+        ready, and on GPUs the profiler started: it runs over every timed batch alike."""
+        model = self.models[int(message["model"])] if message["calls"] else None
+        steps = []
+        for call in message["calls"]:
+            inputs, slots = decode(call["inputs"], self.arena), call["outputs"]
+            swaps = prepared_swaps(call.get("swaps") or [], self.device)
+            steps.append((
+                lambda inputs=inputs, swaps=swaps: apply_swaps(inputs, swaps),
+                lambda inputs=inputs: self.invoke(model, inputs),
+                lambda out, inputs=inputs, slots=slots: self.deliver(out, slots, inputs),
+            ))
+        self.armed = (steps, message["mode"], float(message.get("spin_us") or 0))
+        if self.device.type == "cuda" and steps:
+            from torch.profiler import ProfilerActivity, profile
+
+            self.profiler = profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU])
+            self.profiler.start()
+
+    def op_batch(self, message, fds) -> Dict[str, Any]:
+        """The armed batch, timed by this process's clock (:func:`kbsweep.grader.timing.run_batch`): each call's
+        canaries before it, its output copied to its slot outside the timed interval."""
+        steps, mode, spin_us = self.armed
+        with torch.no_grad():
+            return timing.run_batch(steps, mode, spin_us, self.flush)
+
+    def op_disarm(self, message, fds) -> Dict[str, Any]:
+        """After a timed batch: stop the profiler and return kernels and launches per call."""
+        profiler = getattr(self, "profiler", None)
+        if profiler is None:
+            return {}
+        profiler.stop()
+        self.profiler = None
+        return {"profile": timing.kernel_profile(profiler, int(message["calls"]))}
+
+    def op_graph(self, message, fds) -> Dict[str, Any]:
+        model = self.models[int(message["model"])]
+        with torch.no_grad():
+            return {"graph_ms": timing.time_cuda_graph(lambda *a: self.invoke(model, list(a)), decode(message["inputs"], self.arena))}
+
+    def op_evidence(self, message, fds) -> Dict[str, Any]:
+        self.monitor.close()
+        ops = {**self.ops, "aten_ops": dict(self.recorder.ops), "own_ops": dict(self.recorder.own_ops),
+               "torch_flops": self.recorder.flops, "torch_bytes": self.recorder.bytes}
+        extra = {"persisting_l2_limit": runtime.persisting_l2_limit()} if self.device.type == "cuda" else {}
+        return {"evidence": self.evidence, "ops": ops, "launches": dict(self.gate.counts), "kernels": sorted(self.gate.names), **extra}
+
+
+def main() -> None:
+    channel = Channel.from_fd(int(sys.argv[-1]))
+    os.set_inheritable(channel.sock.fileno(), False)
+    message, _ = channel.receive()
+    runner = Runner(channel, message["request"])
+    channel.send({"ok": True, "pid": os.getpid()})
+    try:
+        runner.serve()
+    except ChannelError:
+        pass
+    sys.stdout.flush()
+    os._exit(0)

@@ -7,7 +7,6 @@ the tool results, then ``result``.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Dict, List, Tuple
 
@@ -43,29 +42,27 @@ class ClaudeCodeRunner(CliRunner):
     def normalize(self, records: List[Record]) -> List[Event]:
         events: List[Event] = []
         calls: Dict[str, Dict[str, Any]] = {}
-        last_id = None
+        last_id, last_blocks = None, []
         for ts, record in records:
             message = record.get("message") or {}
-            blocks = [b for b in message.get("content") or [] if isinstance(b, dict)] if isinstance(message.get("content"), list) else []
+            content = message.get("content")
+            blocks = [b for b in content if isinstance(b, dict)] if isinstance(content, list) else []
             if record.get("type") == "assistant":
                 if message.get("id") == last_id and events and events[-1][1] == "assistant":  # the same turn, block by block
-                    previous = events.pop()[2]
-                    blocks = [*previous["blocks"], *blocks]
+                    events.pop()
+                    blocks = [*last_blocks, *blocks]
                 turn = [tool_call(b["id"], b["name"], b.get("input") or {}) for b in blocks if b.get("type") == "tool_use"]
                 calls.update((c["id"], c) for c in turn)
                 text = "\n".join(b["text"] for b in blocks if b.get("type") == "text") or None
                 thinking = "\n".join(b.get("thinking", "") for b in blocks if b.get("type") == "thinking") or None
-                ts_, kind, fields = assistant_event(ts, text, turn, thinking, kbsweep_usage(message.get("usage")), message.get("stop_reason"))
-                events.append((ts_, kind, {**fields, "blocks": blocks}))
-                last_id = message.get("id")
+                events.append(assistant_event(ts, text, turn, thinking, kbsweep_usage(message.get("usage")), message.get("stop_reason")))
+                last_id, last_blocks = message.get("id"), blocks
             elif record.get("type") == "user":
-                for block in blocks:
-                    if block.get("type") != "tool_result":
-                        continue
+                for block in (b for b in blocks if b.get("type") == "tool_result"):
                     call = calls.get(block.get("tool_use_id"), tool_call(block.get("tool_use_id"), "unknown", {}))
                     content = result_text(block.get("content"))
                     if block.get("is_error") and not content.startswith("error:"):
                         content = f"error: {content}"
                     events.append((ts, "tool", {"name": call["function"]["name"], "tool_call_id": call["id"],
                                                 "arguments": call["function"]["arguments"], "content": content}))
-        return [(ts, kind, {k: v for k, v in fields.items() if k != "blocks"}) for ts, kind, fields in events]
+        return events

@@ -119,6 +119,32 @@ class CliRunner(Runner):
         raise NotImplementedError
 
     def run(self, job: AgentJob) -> AgentResult:
+        started = time.time()
+        with ModelProxy(build_model(job.model, job.solutions), job.model["route"], job.budgets, job.toolbox) as proxy:
+            relay = Relay(proxy.address) if job.toolbox.sandbox.confined else None
+            try:
+                returncode, records, breach, last_error = self.session(job, proxy, relay)
+            finally:
+                if relay:
+                    relay.close()
+        result = proxy.result
+        if breach:
+            result.stop_reason = StopReason.WALL_CLOCK if breach[0] == "wall" else StopReason.MODEL_STOPPED
+        events = [(started, "user", {"content": job.prompt}), *self.normalize(records), *proxy.events]
+        for ts, kind, fields in sorted(events, key=lambda e: e[0]):
+            job.transcript.add(kind, **fields, ts=ts)
+        job.transcript.add("stop", reason=result.stop_reason.value, turns=result.turns, usage=vars(result.usage),
+                           cost_usd=result.cost_usd, wall_s=result.wall_s, harness=self.conf["name"],
+                           **({"message": breach[1]} if breach else {}))
+        if proxy.failure:
+            raise HarnessFailed(f"model proxy: {proxy.failure}")
+        if not breach and not proxy.ended.is_set() and returncode != 0:
+            raise HarnessFailed(f"{self.conf['name']} exited with code {returncode}: {job.transcript.redactor.text(last_error)}")
+        return result
+
+    def session(self, job: AgentJob, proxy: ModelProxy, relay: Optional[Relay]):
+        """Run the CLI in the sandbox until it ends or is stopped: (exit code, its stream, the sandbox's breach or
+        None, its last stderr line)."""
         sandbox = job.toolbox.sandbox
         root = job.folder / "harness"
         shutil.rmtree(root, ignore_errors=True)
@@ -127,49 +153,27 @@ class CliRunner(Runner):
         bin_dir.mkdir()
         workspace = WORKSPACE if sandbox.confined else str(job.workspace)
         home_seen = SANDBOX_HOME if sandbox.confined else str(home)
-        executable = self.executable()
-        started = time.time()
-        with ModelProxy(build_model(job.model, job.solutions), job.model["route"], job.budgets, job.toolbox) as proxy:
-            relay = Relay(proxy.address) if sandbox.confined else None
-            try:
-                url = f"http://127.0.0.1:{PROXY_PORT if relay else proxy.address[1]}"
-                check = bin_dir / "kbsweep-check"
-                check.write_text(CHECK_COMMAND.format(python=sys.executable, url=url, token=proxy.token))
-                check.chmod(0o755)
-                argv, variables = self.command(job, url, proxy.token, home, workspace)
-                env = {**minimal_env(job.toolbox.secret_env), **variables, "HOME": home_seen}
-                env["PATH"] = f"{bin_dir}:{executable.parent}:{env['PATH']}"
-                # a login shell (Codex runs `bash -lc`) resets PATH in /etc/profile; the home's profile puts it back
-                (home / ".bash_profile").write_text(f"export PATH={shlex.quote(env['PATH'])}\n")
-                if relay:  # in the sandbox 127.0.0.1:PROXY_PORT is a forwarder to the relay's socket
-                    argv = [BASH, "-c", WITH_FORWARDER, "kbsweep-harness", FORWARDER, shlex.join(argv)]
-                with (root / "stderr.log").open("w+") as errors:
-                    proc = sandbox.popen(
-                        argv, cwd=workspace, env=env, writable=[(job.workspace, workspace), (home, home_seen)],
-                        readonly=[bin_dir, *([INSTALL_DIR] if INSTALL_DIR.exists() else [])],
-                        extra=["--bind", str(relay.path), PROXY_SOCKET] if relay else [],
-                        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=errors, text=True,
-                    )
-                    records, breach = self.drive(proc, proxy, job, [job.workspace, home])
-                    errors.seek(0)
-                    last_error = (errors.read().strip().splitlines() or [""])[-1]
-            finally:
-                if relay:
-                    relay.close()
-        result = proxy.result
-        if proxy.failure:
-            raise HarnessFailed(f"model proxy: {proxy.failure}")
-        if breach:
-            result.stop_reason = StopReason.WALL_CLOCK if breach[0] == "wall" else StopReason.MODEL_STOPPED
-        elif not proxy.ended.is_set() and proc.returncode != 0:
-            raise HarnessFailed(f"{self.conf['name']} exited with code {proc.returncode}: {job.transcript.redactor.text(last_error)}")
-        events = [(started, "user", {"content": job.prompt}), *self.normalize(records), *proxy.events]
-        for ts, kind, fields in sorted(events, key=lambda e: e[0]):
-            job.transcript.add(kind, **fields, ts=ts)
-        job.transcript.add("stop", reason=result.stop_reason.value, turns=result.turns, usage=vars(result.usage),
-                           cost_usd=result.cost_usd, wall_s=result.wall_s, harness=self.conf["name"],
-                           **({"message": breach[1]} if breach else {}))
-        return result
+        url = f"http://127.0.0.1:{PROXY_PORT if relay else proxy.address[1]}"
+        check = bin_dir / "kbsweep-check"
+        check.write_text(CHECK_COMMAND.format(python=sys.executable, url=url, token=proxy.token))
+        check.chmod(0o755)
+        argv, variables = self.command(job, url, proxy.token, home, workspace)
+        env = {**minimal_env(job.toolbox.secret_env), **variables, "HOME": home_seen}
+        env["PATH"] = f"{bin_dir}:{self.executable().parent}:{env['PATH']}"
+        # a login shell (Codex runs `bash -lc`) resets PATH in /etc/profile; the home's profile puts it back
+        (home / ".bash_profile").write_text(f"export PATH={shlex.quote(env['PATH'])}\n")
+        if relay:  # in the sandbox 127.0.0.1:PROXY_PORT is a forwarder to the relay's socket
+            argv = [BASH, "-c", WITH_FORWARDER, "kbsweep-harness", FORWARDER, shlex.join(argv)]
+        with (root / "stderr.log").open("w+") as errors:
+            proc = sandbox.popen(
+                argv, cwd=workspace, env=env, writable=[(job.workspace, workspace), (home, home_seen)],
+                readonly=[bin_dir, *([INSTALL_DIR] if INSTALL_DIR.exists() else [])],
+                extra=["--bind", str(relay.path), PROXY_SOCKET] if relay else [],
+                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=errors, text=True,
+            )
+            records, breach = self.drive(proc, proxy, job, [job.workspace, home])
+            errors.seek(0)
+            return proc.returncode, records, breach, (errors.read().strip().splitlines() or [""])[-1]
 
     def drive(self, proc: subprocess.Popen, proxy: ModelProxy, job: AgentJob, folders: List[Path]):
         """Keep the CLI's stream (redacted) until it ends, a sandbox limit is passed, or the proxy ends the run."""

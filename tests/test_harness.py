@@ -179,6 +179,7 @@ def test_plan_shows_harness_cells_and_refuses_a_missing_or_unfit_harness(tmp_pat
     lines = [line.split("  ", 1) for line in plan.stdout.splitlines() if " · " in line]
     assert sorted(label.split(" · ")[0] for _, label in lines) == ["fake", "fake@claude-code", "fake@codex"]
     assert len({key for key, _ in lines}) == 3
+    assert "harnesses: builtin; claude-code: 2.1.197 (Claude Code)" in plan.stdout and "codex: codex-cli 0.171.0" in plan.stdout
     builtin = cli("plan", "-cd", str(conf), "model=fake", *demo)  # the built-in loop's cells keep their keys
     assert builtin.stdout.split()[0] in {key for key, _ in lines}
 

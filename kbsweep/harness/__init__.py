@@ -43,6 +43,10 @@ class Runner:
     def preflight(self, model: Mapping[str, Any]) -> None:
         """Raise a one-line KbsweepError when this harness cannot run ``model`` here (before any cell runs)."""
 
+    def describe(self) -> str:
+        """One line for ``kbsweep plan``: the harness and what it runs."""
+        return self.conf["name"]
+
     def run(self, job: AgentJob) -> AgentResult:
         raise NotImplementedError
 

@@ -110,6 +110,9 @@ class CliRunner(Runner):
                 "run `python -m kbsweep.harness.install`"
             )
 
+    def describe(self) -> str:
+        return f"{self.conf['name']}: {installed_version(str(self.executable()))} ({self.executable()})"
+
     def command(self, job: AgentJob, url: str, token: str, home: Path, workspace: str) -> Tuple[List[str], Dict[str, str]]:
         """The CLI's argv and its environment variables; may write its configuration into ``home`` (host path)."""
         raise NotImplementedError

@@ -16,12 +16,12 @@ from kbsweep.export import export_dataset
 from kbsweep.agent.transcript import read_events
 from kbsweep import KbsweepError
 from kbsweep.agent.loop import Budgets
-from kbsweep.agent.models import ScriptedModel
+from kbsweep.agent.llm import LiteLLMModel
 from kbsweep.harness import runner_for
 from kbsweep.harness.proxy import ModelProxy
 from tests.support.fake_provider import FakeProvider, HttpError, Reply, ToolCall
 from tests.support.scripts import kernel
-from tests.support.sweeps import SECRET, cell_runs, model_yaml, results, sweep
+from tests.support.sweeps import KEY_ENV, SECRET, cell_runs, model_yaml, results, sweep
 
 HARNESSES = ("claude-code", "codex")
 
@@ -199,20 +199,24 @@ def post(url: str, body: dict, token: str | None) -> tuple:
         return error.code, error.read().decode()
 
 
-def test_the_proxy_serves_both_wires_to_its_token_only_and_refuses_past_the_budget():
-    script = [{"tool": "write_file", "args": {"path": "solution.py", "content": "pass"}}] * 3
-    model = ScriptedModel({"name": "s", "script": script}, {})
-    with ModelProxy(model, "openai/s", Budgets(max_turns=2), toolbox=None) as proxy:
-        base = "http://%s:%d" % proxy.address
-        messages = {"model": "m", "max_tokens": 100, "messages": [{"role": "user", "content": "go"}], "stream": True}
-        assert post(f"{base}/v1/messages", messages, "sk-guess")[0] == 401
-        status, text = post(f"{base}/v1/messages", messages, proxy.token)
-        events = [line.split(": ", 1)[1] for line in text.splitlines() if line.startswith("event: ")]
-        assert status == 200 and events[0] == "message_start" and events[-1] == "message_stop"
-        assert '"name": "write_file"' in text and "input_json_delta" in text
-        status, text = post(f"{base}/v1/responses", {"model": "m", "input": "go", "stream": False}, proxy.token)
-        assert status == 200 and [i["type"] for i in json.loads(text)["output"]] == ["function_call"]
-        assert post(f"{base}/v1/messages", messages, proxy.token)[0] == 429  # max_turns=2 spent: refused, the run ends
-        assert proxy.ended.is_set() and proxy.result.stop_reason.value == "max_turns" and proxy.result.turns == 2
-    with pytest.raises(OSError):  # the token dies with the cell, and the server with it
-        post(f"{base}/v1/messages", messages, proxy.token)
+def test_the_proxy_serves_both_wires_to_its_token_only_and_refuses_past_the_dollar_budget(monkeypatch):
+    monkeypatch.setenv(KEY_ENV, SECRET)
+    turn = Reply(tool_calls=[ToolCall("write_file", {"path": "solution.py", "content": "pass"})], prompt_tokens=1000, completion_tokens=100)
+    with FakeProvider(lambda request: turn) as fp:  # $0.002 a call at these prices
+        conf = {"name": "priced", "route": "openai/priced", "api_key_env": KEY_ENV, "api_base": fp.base_url, "prices": {"input": 1.0, "output": 10.0}}
+        with ModelProxy(LiteLLMModel(conf), conf["route"], Budgets(max_usd=0.003), toolbox=None) as proxy:
+            base = "http://%s:%d" % proxy.address
+            messages = {"model": "m", "max_tokens": 100, "messages": [{"role": "user", "content": "go"}], "stream": True}
+            assert post(f"{base}/v1/messages", messages, "sk-guess")[0] == 401
+            status, text = post(f"{base}/v1/messages", messages, proxy.token)
+            events = [line.split(": ", 1)[1] for line in text.splitlines() if line.startswith("event: ")]
+            assert status == 200 and events[0] == "message_start" and events[-1] == "message_stop"
+            assert '"name": "write_file"' in text and "input_json_delta" in text
+            status, text = post(f"{base}/v1/responses", {"model": "m", "input": "go", "stream": False}, proxy.token)
+            assert status == 200 and [i["type"] for i in json.loads(text)["output"]] == ["function_call"]
+            assert post(f"{base}/v1/messages", messages, proxy.token)[0] == 429  # $0.004 spent: refused, the run ends
+            assert proxy.ended.is_set() and proxy.result.stop_reason.value == "dollar_budget" and proxy.result.turns == 2
+            assert proxy.result.cost_usd == pytest.approx(0.004) and proxy.result.usage.input_tokens == 2000
+        with pytest.raises(OSError):  # the token dies with the cell, and the server with it
+            post(f"{base}/v1/messages", messages, proxy.token)
+    assert len(fp.requests) == 2 and {r.headers["authorization"] for r in fp.requests} == {f"Bearer {SECRET}"}

@@ -119,6 +119,8 @@ def test_both_harnesses_write_check_and_pass_a_kernel_without_ever_holding_the_k
         assert "end-of-dump" in dump and "kbsweep-" in dump  # a real dump, holding the proxy's per-cell token
         assert "LEAK" not in dump and "[REDACTED]" not in dump and "fk-live" not in dump  # nor env, /proc nor files: the key
         assert events[-1]["type"] == "stop" and events[-1]["harness"] == harness
+        audit = json.loads((Path(result["folder"]) / "audit.json").read_text())  # the dump reached for other processes' env
+        assert [f["detail"].split()[0] for f in audit["findings"] if f["kind"] == "sandbox_attempt"] == [tools[0]["name"]]
 
         native = (Path(result["folder"]) / "harness_stream.jsonl").read_text().splitlines()
         assert json.loads(native[0])["type"] == {"claude-code": "system", "codex": "thread.started"}[harness]

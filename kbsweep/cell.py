@@ -15,13 +15,14 @@ from types import SimpleNamespace
 from typing import Any, Dict
 
 from kbsweep import audit as audit_stage
-from kbsweep.agent.loop import Budgets, fault_outcome, run_agent
-from kbsweep.agent.models import Usage, build_model
+from kbsweep.agent.loop import Budgets, fault_outcome
+from kbsweep.agent.models import Usage
 from kbsweep.agent.tools import Toolbox
 from kbsweep.agent.transcript import Redactor, Transcript
 from kbsweep.audit.judge import LazyModel
 from kbsweep.grader import grade
 from kbsweep.grader.baselines import BaselineCache
+from kbsweep.harness import AgentJob, runner_for
 from kbsweep.locks import device_lock
 from kbsweep.matrix import Cell, cell_dir
 from kbsweep.outcomes import Outcome, StopReason
@@ -187,10 +188,10 @@ def work_cell(cell: Cell, folder: Path, redactor: Redactor) -> Dict[str, Any]:
         secret_env=redactor.names,
     )
     transcript = Transcript(folder / "transcript.jsonl", redactor)
-    budgets = Budgets.of_cell(cell.model, cell.track)
-    model = build_model(cell.model, problem.solutions())
     prompt = problem.render_prompt(SimpleNamespace(**cell.gpu), cell.gpu["shape_set"])
-    agent = run_agent(model, prompt, toolbox, budgets, transcript, cell.model["context_window"])
+    job = AgentJob(workspace=workspace, prompt=prompt, budgets=Budgets.of_cell(cell.model, cell.track), model=cell.model,
+                   toolbox=toolbox, transcript=transcript, folder=folder, solutions=problem.solutions())
+    agent = runner_for(cell.harness).run(job)
     solution = workspace / "solution.py"
     graded = redactor.data(grade_with("full", solution, "final")) if solution.exists() else None
     outcome = final_outcome(fault_outcome(agent), agent.stop_reason, graded)

@@ -65,7 +65,7 @@ def resolve_gpu(cfg: DictConfig, hydra_cfg) -> None:
 
 def prepare(cfg: DictConfig, hydra_cfg) -> DictConfig:
     """Validate every group against its schema (one line naming file and key on error), resolve gpu=auto."""
-    sources = {g: group_source(hydra_cfg, g, str(hydra_cfg.runtime.choices.get(g))) for g in ("model", "gpu", "track", "launcher", "tracking")}
+    sources = {g: group_source(hydra_cfg, g, str(hydra_cfg.runtime.choices.get(g))) for g in ("model", "gpu", "track", "harness", "launcher", "tracking")}
     if cfg.gpu.get("name") == "auto":
         resolve_gpu(cfg, hydra_cfg)
         sources["gpu"] = f"gpu/{cfg.gpu.name}.yaml"
@@ -98,12 +98,15 @@ def run_verb(cfgs: List[DictConfig]) -> int:
 
 @verb("plan")
 def plan_verb(cfgs: List[DictConfig]) -> int:
-    """Print the cells, their count and a cost estimate; run nothing."""
+    """Print the cells, the harnesses (with the CLIs' versions), the count and a cost estimate; run nothing."""
+    from kbsweep.harness import runner_for
     from kbsweep.matrix import build_matrix, estimate
 
     cells = build_matrix(cfgs)
     for cell in cells:
         print(f"{cell.key}  {cell.label}")
+    harnesses = {cell.harness["name"]: cell.harness for cell in cells}
+    print("harnesses: " + "; ".join(runner_for(conf).describe() for conf in harnesses.values()))
     est = estimate(cells)
     usd = f"${est['model_usd']:.2f}" + (f" + unpriced: {', '.join(est['unpriced_models'])}" if est["unpriced_models"] else "")
     print(f"{est['cells']} cells; model spend ≈ {usd}; GPU time cap {est['gpu_hours_cap']:.1f} GPU-h (≤ ${est['rent_usd_cap']:.2f} rent)")

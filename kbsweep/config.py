@@ -103,6 +103,17 @@ class TrackConf:
 
 
 @dataclass
+class HarnessConf:
+    """The agent harness a cell runs (docs/harnesses.md): kbsweep's own loop, or a CLI agent from npm."""
+
+    name: str = MISSING
+    runner: str = MISSING  # a key of kbsweep.harness.RUNNERS
+    package: Optional[str] = None  # npm package, installed by `python -m kbsweep.harness.install`
+    version: Optional[str] = None  # pinned: installed, and checked against `<bin> --version` before a sweep
+    bin: Optional[str] = None  # the command, looked up in the installed packages, then on PATH
+
+
+@dataclass
 class SlurmConf:
     partition: Optional[str] = None
     account: Optional[str] = None
@@ -141,6 +152,7 @@ GROUP_SCHEMAS = {
     "model": ModelConf,
     "gpu": GpuConf,
     "track": TrackConf,
+    "harness": HarnessConf,
     "launcher": LauncherConf,
     "tracking": TrackingConf,
     "sandbox": SandboxConf,

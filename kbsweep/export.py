@@ -18,7 +18,7 @@ from kbsweep.agent.trace_export import to_claude_code
 from kbsweep.agent.transcript import Redactor, read_events
 
 INDEX_FIELDS = (
-    "run_id", "experiment", "track", "problem", "gpu", "model", "repeat", "outcome", "outcome_class", "verdict",
+    "run_id", "experiment", "track", "problem", "gpu", "model", "harness", "provider", "repeat", "outcome", "outcome_class", "verdict",
     "score", "fraction_geomean", "speedup_eager", "speedup_compile", "speedup_sota", "tokens_input", "tokens_output",
     "tokens_cached", "tokens_reasoning", "cost_usd", "agent_s", "grade_s", "turns", "deck_version", "cell_key",
 )
@@ -37,7 +37,8 @@ configs:
 {runs} agent runs exported by kbsweep.
 
 - `traces/<run_id>.jsonl`: one session per run in the Claude Code session schema (Hub agent-trace viewer).
-- `index.jsonl`: one row per run with track, problem, GPU, model, repeat, outcome, audit verdict, score
+- `index.jsonl`: one row per run with track, problem, GPU, model, harness (who drove the model: kbsweep's
+  own loop, Claude Code, Codex), provider, repeat, outcome, audit verdict, score
   (roofline fraction geomean or speedup), speedups, tokens, dollars and wall times.
 
 Runs whose audit verdict is not `clean` are included with their verdict; they never rank on kbsweep boards.
@@ -56,6 +57,7 @@ def index_row(row: Dict[str, Any]) -> Dict[str, Any]:
 
 def export_dataset(uri: str, out: Path) -> Dict[str, Any]:
     """Write traces and the index for every finished cell run of the store (latest run per cell key)."""
+    from kbsweep.report import entrant
     from kbsweep.tracking import latest_per_cell, make_client, runs_frame
 
     client = make_client(uri)
@@ -71,8 +73,9 @@ def export_dataset(uri: str, out: Path) -> Dict[str, Any]:
             entry = {**index_row(row), "trace": None}
             if "transcript.jsonl" in {f.path for f in client.list_artifacts(row["run_id"])}:
                 local = client.download_artifacts(row["run_id"], "transcript.jsonl", scratch)
-                title = f"{row.get('model')} · {row.get('problem')} · {row.get('gpu')} · r{row.get('repeat')}"
-                text = trace_jsonl(read_events(Path(local)), row["run_id"], title, str(row.get("model")))
+                title = f"{entrant(row)} · {row.get('problem')} · {row.get('gpu')} · r{row.get('repeat')}"
+                model = row["params"].get("model.route") or str(row.get("model"))
+                text = trace_jsonl(read_events(Path(local)), row["run_id"], title, model)
                 (out / "traces" / f"{row['run_id']}.jsonl").write_text(redactor.text(text))
                 entry["trace"] = f"traces/{row['run_id']}.jsonl"
             index.append(entry)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
@@ -11,6 +11,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from kbsweep import KbsweepError
 from kbsweep.agent.loop import Budgets
+from kbsweep.harness import runner_for
 from kbsweep.problems import find_problem_dir, load_problem, track_problem_names
 
 VOLATILE_MODEL_KEYS = ("concurrency", "timeout_s", "retry", "api_base", "expected_tokens", "prices")
@@ -33,16 +34,22 @@ class Cell:
     launcher: Dict[str, Any]
     grade: Dict[str, Any]
     judge: Optional[Dict[str, Any]] = None  # audit.judge's resolved model config (the LLM judge layer), or None
+    harness: Dict[str, Any] = field(default_factory=lambda: dict(BUILTIN_HARNESS))  # who drives the model
 
     @property
     def label(self) -> str:
-        return f"{self.model['name']} · {self.problem} · {self.gpu['name']} · r{self.repeat}"
+        """``model · problem · gpu · rN``; a harness other than the built-in loop shows as ``model@harness``."""
+        who = self.model["name"] if self.harness["name"] == BUILTIN_HARNESS["name"] else f"{self.model['name']}@{self.harness['name']}"
+        return f"{who} · {self.problem} · {self.gpu['name']} · r{self.repeat}"
 
 
-def cell_key(model: Dict, gpu: Dict, track: Dict, problem: str, deck_version: str, repeat: int) -> str:
-    """Hash of what makes a result: the resolved config without volatile fields, the deck version, the repeat.
-    The judge is not part of it: adding or changing ``audit.judge`` redoes no finished cell (``kbsweep audit``
-    re-audits those)."""
+BUILTIN_HARNESS = {"name": "builtin", "runner": "builtin"}
+
+
+def cell_key(model: Dict, gpu: Dict, track: Dict, problem: str, deck_version: str, repeat: int, harness: Optional[Dict] = None) -> str:
+    """Hash of what makes a result: the resolved config without volatile fields, the deck version, the repeat,
+    the harness. The judge is not part of it: adding or changing ``audit.judge`` redoes no finished cell
+    (``kbsweep audit`` re-audits those)."""
     stable = {
         "model": {k: v for k, v in model.items() if k not in VOLATILE_MODEL_KEYS},
         "gpu": gpu["name"],
@@ -51,6 +58,8 @@ def cell_key(model: Dict, gpu: Dict, track: Dict, problem: str, deck_version: st
         "deck_version": deck_version,
         "repeat": repeat,
     }
+    if harness and harness["name"] != BUILTIN_HARNESS["name"]:  # the built-in loop's cells keep their keys from before harnesses
+        stable["harness"] = {k: harness.get(k) for k in ("name", "version")}
     return hashlib.sha256(json.dumps(stable, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -71,13 +80,14 @@ def cells_of(cfg: DictConfig) -> List[Cell]:
     """The cells one composed config stands for (one per selected problem)."""
     container = OmegaConf.to_container(cfg, resolve=True)
     Budgets.of_cell(container["model"], container["track"])  # refuses budgets it could not enforce, before anything runs
+    runner_for(container["harness"]).preflight(container["model"])  # refuses a harness that is missing or cannot drive this model
     judge = judge_conf(cfg)
     cells = []
     for name in selected_problems(cfg):
         folder = find_problem_dir(list(cfg.paths.problems), cfg.track.problems_dir, name, cfg.track.format)
         problem = load_problem(folder, cfg.track.name)
         deck = problem.deck_hash()
-        key = cell_key(container["model"], container["gpu"], container["track"], problem.id, deck, cfg.repeat)
+        key = cell_key(container["model"], container["gpu"], container["track"], problem.id, deck, cfg.repeat, container["harness"])
         cells.append(
             Cell(
                 sweep=cfg.sweep.name,
@@ -93,6 +103,7 @@ def cells_of(cfg: DictConfig) -> List[Cell]:
                 launcher=container["launcher"],
                 grade=container["grade"],
                 judge=judge,
+                harness=container["harness"],
             )
         )
     return cells

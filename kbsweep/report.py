@@ -137,6 +137,12 @@ def model_entry(model: str, rows: List[Dict[str, Any]], deck: List[str], k: int)
     }
 
 
+def entrant(row: Dict[str, Any]) -> str:
+    """Who a board ranks: the model, as ``model@harness`` when a harness other than the built-in loop drove it."""
+    harness = row.get("harness")
+    return row.get("model") if harness in (None, "builtin") else f"{row.get('model')}@{harness}"
+
+
 def build_boards(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     """Boards per (track, GPU) from ``tracking.runs_frame`` rows (the latest finished run per cell counts)."""
     from kbsweep.tracking import latest_per_cell
@@ -149,8 +155,8 @@ def build_boards(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
         deck = sorted({row.get("problem") for row in board_rows})
         by_model: Dict[str, List[Dict[str, Any]]] = defaultdict(list)
         for row in board_rows:
-            by_model[row.get("model")].append(row)
-        k = max(Counter((row.get("model"), row.get("problem")) for row in board_rows).values())
+            by_model[entrant(row)].append(row)
+        k = max(Counter((entrant(row), row.get("problem")) for row in board_rows).values())
         models = sorted((model_entry(m, r, deck, k) for m, r in by_model.items()), key=lambda e: (-e["deck_mean"], -e["passed"], e["model"]))
         for rank, entry in enumerate(models, 1):
             entry["rank"] = rank
@@ -162,11 +168,11 @@ def build_boards(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
         rooflines = {row.get("problem"): roofline_of(row["params"]) for row in board_rows}
         cells = [
             {
-                "model": row.get("model"), "problem": row.get("problem"), "repeat": row.get("repeat"), "outcome": row.get("outcome"),
+                "model": entrant(row), "problem": row.get("problem"), "repeat": row.get("repeat"), "outcome": row.get("outcome"),
                 "verdict": row.get("verdict"), "valid": is_valid_pass(row), "flagged": is_flagged(row), "score": row.get("score"), "usd": row.get("cost_usd"),
                 "tokens_output": row.get("tokens_output"), "run_id": row["run_id"], "experiment": row["experiment"],
             }
-            for row in sorted(board_rows, key=lambda r: (str(r.get("model")), str(r.get("problem")), str(r.get("repeat"))))
+            for row in sorted(board_rows, key=lambda r: (str(entrant(r)), str(r.get("problem")), str(r.get("repeat"))))
         ]
         experiments = sorted({row["experiment"] for row in board_rows})
         boards.append(

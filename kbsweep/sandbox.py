@@ -322,6 +322,14 @@ def pump(source, sink) -> None:
         pass
 
 
+def splice(client, upstream) -> None:
+    """Copy both ways until both sides are done."""
+    back = threading.Thread(target=pump, args=(upstream, client), daemon=True)
+    back.start()
+    pump(client, upstream)
+    back.join()
+
+
 FORWARDER = inspect.getsource(pump) + f"""
 import socket, threading
 listener = socket.create_server(("127.0.0.1", {PROXY_PORT}))
@@ -336,25 +344,54 @@ while True:
 WITH_FORWARDER = f'"{sys.executable}" -c "$1" & until [ -e {PROXY_READY} ]; do sleep 0.02; done; exec {BASH} -c "$2"'
 
 
-class AllowProxy:
-    """An HTTP proxy (CONNECT and absolute-URI requests) on a unix socket that dials only allowed hosts
-    (``host`` or ``host:port``) and records the others in ``refused``."""
+class UnixSocketServer:
+    """A threaded server on a unix socket any uid may connect to (a sandbox binds it at PROXY_SOCKET, where
+    :data:`FORWARDER` reaches it); :meth:`serve` handles one connection."""
 
-    def __init__(self, allow: Sequence[str]):
-        self.allow, self.refused = set(allow), []
+    def __init__(self):
         self.folder = Path(tempfile.mkdtemp(prefix="kbsweep-proxy-"))
         self.path = self.folder / "proxy.sock"
-        proxy = self
+        owner = self
 
         class Handler(socketserver.BaseRequestHandler):
             def handle(self):
-                proxy.serve(self.request)
+                owner.serve(self.request)
 
         self.server = socketserver.ThreadingUnixStreamServer(str(self.path), Handler)
         self.server.daemon_threads = True
         os.chmod(self.folder, 0o755)
         os.chmod(self.path, 0o666)
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def serve(self, client) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+class Relay(UnixSocketServer):
+    """Carries each connection to one TCP address of this host: how a sandbox without network reaches a server
+    the orchestrator runs on loopback (the model proxy of a CLI harness)."""
+
+    def __init__(self, address: Tuple[str, int]):
+        self.address = address
+        super().__init__()
+
+    def serve(self, client) -> None:
+        with socket.create_connection(self.address) as upstream:
+            splice(client, upstream)
+
+
+class AllowProxy(UnixSocketServer):
+    """An HTTP proxy (CONNECT and absolute-URI requests) on a unix socket that dials only allowed hosts
+    (``host`` or ``host:port``) and records the others in ``refused``."""
+
+    def __init__(self, allow: Sequence[str]):
+        self.allow, self.refused = set(allow), []
+        super().__init__()
 
     def serve(self, client) -> None:
         head = b""
@@ -384,15 +421,7 @@ class AllowProxy:
                 client.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
             else:
                 upstream.sendall(head)
-            back = threading.Thread(target=pump, args=(upstream, client), daemon=True)
-            back.start()
-            pump(client, upstream)
-            back.join()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-        shutil.rmtree(self.folder, ignore_errors=True)
+            splice(client, upstream)
 
 
 def head_tail(fh, limit: int) -> str:

@@ -20,7 +20,7 @@ from typing import Any, Dict, Iterable, List, Optional, Set, Tuple
 from kbsweep.matrix import Cell
 from kbsweep.outcomes import Outcome
 
-ARTIFACTS = ("solution.py", "transcript.jsonl", "grade.json", "audit.json", "result.json")
+ARTIFACTS = ("solution.py", "transcript.jsonl", "harness_stream.jsonl", "grade.json", "audit.json", "result.json")
 KIND_TAG = "kbsweep.kind"
 CELL_KEY_TAG = "kbsweep.cell_key"
 OWNER_TAG = "kbsweep.orchestrator"  # host:pid of the process that created the run
@@ -86,6 +86,11 @@ def versions() -> Dict[str, str]:
     return found
 
 
+def provider_of(model: Dict[str, Any]) -> str:
+    """Who serves the model: the litellm route's provider (``anthropic``, ``openai``, ...), else the model's kind."""
+    return str(model["route"]).split("/")[0] if model.get("route") else str(model.get("provider"))
+
+
 def cell_params(cell: Cell) -> Dict[str, str]:
     """The whole resolved cell config, flattened, plus what reports need to draw rooflines."""
     from kbsweep.problems import load_problem
@@ -93,7 +98,7 @@ def cell_params(cell: Cell) -> Dict[str, str]:
 
     spec = load_problem(Path(cell.problem_dir), cell.track["name"]).spec
     roofline = load_roofline(cell.paths["roofline_specs"], cell.gpu["roofline"])
-    config = {"model": cell.model, "gpu": cell.gpu, "track": cell.track, "grade": cell.grade, "launcher": cell.launcher, "paths": cell.paths}
+    config = {"model": cell.model, "harness": cell.harness, "gpu": cell.gpu, "track": cell.track, "grade": cell.grade, "launcher": cell.launcher, "paths": cell.paths}
     params = flatten("", config, {})
     params.update(flatten("roofline", {k: roofline.get(k) for k in ("name", "peaks_tflops", "dram_gbps")}, {}))
     params.update(
@@ -264,6 +269,8 @@ class Tracker:
             "problem": cell.problem,
             "gpu": cell.gpu["name"],
             "model": cell.model["name"],
+            "harness": cell.harness["name"],
+            "provider": provider_of(cell.model),
             "repeat": str(cell.repeat),
             "deck_version": cell.deck_version,
         }
@@ -298,11 +305,11 @@ class Tracker:
         for name in ARTIFACTS:
             if (folder / name).exists():
                 self.client.log_artifact(run_id, str(folder / name))
+        run = self.client.get_run(run_id)
         if (folder / "transcript.jsonl").exists():
             title = str(result.get("cell") or run_id)
-            model = title.split(" · ")[0]
+            model = run.data.params.get("model.route") or run.data.tags.get("model", "")
             self.client.log_text(run_id, trace_jsonl(read_events(folder / "transcript.jsonl"), run_id, title, model), "trace.jsonl")
-        run = self.client.get_run(run_id)
         for name, figure in cell_figures(result, run.data.params).items():
             self.client.log_figure(run_id, figure, f"plots/{name}.png")
         self.client.set_terminated(run_id, "FAILED" if Outcome(result["outcome"]).is_infra else "FINISHED")

@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # Sets up everything the tests need on a fresh Debian machine (as root: venv, packages, a real single-node
-# Slurm, Chromium for the MLflow UI test) and runs them. Extra arguments go to pytest.
+# Slurm, Chromium for the MLflow UI test, the CLI harnesses from npm) and runs them. Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export LITELLM_LOCAL_MODEL_COST_MAP=True PIP_DISABLE_PIP_VERSION_CHECK=1 DEBIAN_FRONTEND=noninteractive
-if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null || ! command -v bwrap >/dev/null; then
-  apt-get update -qq && apt-get install -y -qq --no-install-recommends chromium chromium-driver bubblewrap >/dev/null
+if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null || ! command -v bwrap >/dev/null || ! command -v npm >/dev/null; then
+  apt-get update -qq && apt-get install -y -qq --no-install-recommends chromium chromium-driver bubblewrap nodejs npm >/dev/null
 fi
 [ -x .venv/bin/python ] || python3 -m venv .venv
 .venv/bin/pip install -q -e '.[cpu,test]' 2>&1 | grep -v '^WARNING: Location' || true
 . .venv/bin/activate
+python -m kbsweep.harness.install >/dev/null   # the CLI harnesses' pinned npm packages, into .harnesses/
 bash scripts/slurm_up.sh >/dev/null
 python -m pytest -q "$@"

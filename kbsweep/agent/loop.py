@@ -142,6 +142,16 @@ def call_model(model: ChatModel, messages, tools, window: int, size: int, deadli
     return complete_logged(model, messages, tools, deadline, transcript)
 
 
+def note_grade(result: AgentResult, grade: Optional[Dict[str, Any]]) -> None:
+    """After a check or benchmark: a step with the turn, tokens, dollars and the best score so far."""
+    if not grade:
+        return
+    scores = [s["best_score"] for s in result.steps if s["best_score"] is not None]
+    if grade.get("score") is not None:
+        scores.append(grade["score"])
+    result.steps.append({"turn": result.turns, "tokens": result.usage.total, "usd": result.cost_usd, "best_score": max(scores, default=None)})
+
+
 def run_agent(
     model: ChatModel,
     prompt: str,
@@ -162,7 +172,6 @@ def run_agent(
     started = time.monotonic()
     deadline = started + budgets.wall_s
     size = 0
-    best: Optional[float] = None
     while True:
         stop = budget_stop(result, budgets, started)
         if stop:
@@ -203,13 +212,8 @@ def run_agent(
             output = toolbox.call(name, arguments)
             messages.append({"role": "tool", "tool_call_id": call["id"], "content": output})
             transcript.add("tool", name=name, tool_call_id=call["id"], arguments=arguments, content=output)
-            if name in ("run_check", "run_benchmark") and toolbox.last_grade:
-                score = toolbox.last_grade.get("score")
-                if score is not None:
-                    best = score if best is None else max(best, score)
-                result.steps.append(
-                    {"turn": result.turns, "tokens": result.usage.total, "usd": result.cost_usd, "best_score": best}
-                )
+            if name in ("run_check", "run_benchmark"):
+                note_grade(result, toolbox.last_grade)
         if toolbox.submitted:
             result.stop_reason = StopReason.SUBMITTED
             break

@@ -36,7 +36,11 @@ STOPPED = re.compile(
     r"outside the workspace|\[sandbox\] (refused|stopped: its processes|stopped: the writable)"
     r"|fork: retry: Resource temporarily unavailable|BlockingIOError|File size limit exceeded|No space left on device"
 )
-SHOWN = {"run_shell": "command", "read_file": "path", "write_file": "path"}  # what each tool call reaches for
+SHOWN = {  # what each tool call reaches for: the built-in loop's tools, then the CLI harnesses' (docs/harnesses.md)
+    "run_shell": "command", "read_file": "path", "write_file": "path",
+    "Bash": "command", "Read": "file_path", "Write": "file_path", "Edit": "file_path",  # Claude Code
+    "exec_command": "cmd",  # Codex
+}
 GRADING_TOOLS = ("run_check", "run_benchmark")  # results carry this cell's own numbers
 
 

@@ -1,0 +1,224 @@
+"""CLI harnesses: real sweeps with Claude Code and Codex (the pinned npm installs) in the cell's sandbox, their
+model reached only through kbsweep's proxy, which calls the fake provider with the real key. The fake model reads
+the tools each harness offers and answers with calls that harness understands."""
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Callable, List
+
+import pytest
+
+from kbsweep.agent.trace_export import to_claude_code
+from kbsweep.export import export_dataset
+from kbsweep.agent.transcript import read_events
+from kbsweep import KbsweepError
+from kbsweep.agent.loop import Budgets
+from kbsweep.agent.llm import LiteLLMModel
+from kbsweep.harness import runner_for
+from kbsweep.harness.proxy import ModelProxy
+from tests.support.fake_provider import FakeProvider, HttpError, Reply, ToolCall
+from tests.support.scripts import kernel
+from tests.support.sweeps import KEY_ENV, SECRET, cell_runs, model_yaml, results, sweep
+
+HARNESSES = ("claude-code", "codex")
+
+
+def missing_clis() -> str:
+    """Why the CLIs cannot run here ('' when they can): scripts/test.sh installs them."""
+    try:
+        for name, command in zip(HARNESSES, ("claude", "codex")):
+            runner_for({"name": name, "runner": name, "bin": command, "package": "", "version": None}).executable()
+    except KbsweepError as missing:
+        return str(missing)
+    return ""
+
+
+needs_clis = pytest.mark.skipif(bool(missing_clis()), reason=missing_clis())
+
+# the key is assembled in the shell, so no file the harness writes about the command holds it whole
+HALF = len(SECRET) // 2
+DUMP = (
+    "env; cat /proc/[0-9]*/environ | tr '\\0' '\\n'; "
+    f"grep -rslF \"$(printf %s {SECRET[:HALF]})$(printf %s {SECRET[HALF:]})\" /workspace \"$HOME\" /tmp "
+    "\"$(dirname \"$(command -v kbsweep-check)\")\" | sed 's/^/LEAK /'; echo end-of-dump"
+)
+Plan = List[Callable[[set], ToolCall]]
+
+
+def shell(command: str) -> Callable[[set], ToolCall]:
+    """A shell command in the harness's own tool (Claude Code: Bash; Codex: exec_command, waiting for the end of a
+    check on the CPU rather than its default 10 s)."""
+    return lambda tools: ToolCall("Bash", {"command": command}) if "Bash" in tools else ToolCall("exec_command", {"cmd": command, "yield_time_ms": 300_000})
+
+
+def write_solution(text: str) -> Callable[[set], ToolCall]:
+    """solution.py written with Claude Code's Write tool, or through Codex's shell."""
+    def call(tools: set) -> ToolCall:
+        if "Write" in tools:
+            return ToolCall("Write", {"file_path": "/workspace/solution.py", "content": text})
+        return shell(f"cat > solution.py <<'EOF'\n{text}EOF")(tools)
+    return call
+
+
+def agent(plan: Plan):
+    """The fake model: the next step of ``plan`` per tool result so far, then a closing text turn."""
+    def answer(request):
+        tools = {t["function"]["name"] for t in request.get("tools") or []}
+        if not tools:
+            return Reply(content="Scale-shift kernel")  # Claude Code's session title
+        done = sum(1 for m in request["messages"] if m["role"] == "tool")
+        return Reply(tool_calls=[plan[done](tools)]) if done < len(plan) else Reply(content="Done: it passes.")
+    return answer
+
+
+def run(tmp_path: Path, script, *overrides: str, harnesses=HARNESSES):
+    """A sweep of demo/scale_shift with the fake model behind each harness; the result of each cell by harness."""
+    with FakeProvider(script) as fp:
+        model_yaml(tmp_path / "conf", "fake", "openai/fake", fp.base_url, timeout_s=60)
+        proc = sweep(tmp_path / "conf", tmp_path / "outputs", "-m", "model=fake", "harness=" + ",".join(harnesses), *overrides)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    found = results(tmp_path / "outputs")
+    assert sorted(found) == [f"fake@{h}" for h in harnesses]
+    return fp, {h: found[f"fake@{h}"] for h in harnesses}
+
+
+SCHEMA = {  # docs/transcripts.md: the fields of each event type
+    "user": {"content"},
+    "assistant": {"content", "tool_calls", "reasoning", "usage", "cost_usd", "latency_s", "finish_reason"},
+    "tool": {"name", "tool_call_id", "arguments", "content"},
+    "retry": {"attempt", "error", "status", "outcome", "delay_s", "delay_source", "message"},
+    "error": {"outcome", "message"},
+    "stop": {"reason", "turns", "usage", "cost_usd", "wall_s"},
+}
+
+
+def events_of(result) -> list:
+    events = read_events(Path(result["folder"]) / "transcript.jsonl")
+    for event in events:
+        assert isinstance(event["ts"], float) and SCHEMA[event["type"]] <= set(event), event
+    return events
+
+
+@needs_clis
+def test_both_harnesses_write_check_and_pass_a_kernel_without_ever_holding_the_key(tmp_path):
+    fp, cells = run(tmp_path, agent([shell(DUMP), write_solution(kernel("triton")), shell("kbsweep-check")]))
+    assert {r.headers["authorization"] for r in fp.requests} == {f"Bearer {SECRET}"}  # upstream: the real key, at the proxy only
+
+    for harness, result in cells.items():
+        assert (result["outcome"], result["stop_reason"], result["verdict"]) == ("pass", "model_stopped", "clean"), result
+        assert result["turns"] >= 4 and result["usage"]["input_tokens"] >= 40  # counted at the proxy: 10 + 5 tokens a call
+        assert result["steps"] and result["steps"][0]["best_score"] is None  # the check tool ran through the grader
+        events = events_of(result)
+        tools = [e for e in events if e["type"] == "tool"]
+        assert [e["name"] for e in tools] == {"claude-code": ["Bash", "Write", "Bash"], "codex": ["exec_command"] * 3}[harness]
+        dump, _, check = (e["content"] for e in tools)
+        assert "outcome: pass" in check
+        assert "end-of-dump" in dump and "kbsweep-" in dump  # a real dump, holding the proxy's per-cell token
+        assert "LEAK" not in dump and "[REDACTED]" not in dump and "fk-live" not in dump  # nor env, /proc nor files: the key
+        assert events[-1]["type"] == "stop" and events[-1]["harness"] == harness
+        audit = json.loads((Path(result["folder"]) / "audit.json").read_text())  # the dump reached for other processes' env
+        assert [f["detail"].split()[0] for f in audit["findings"] if f["kind"] == "sandbox_attempt"] == [tools[0]["name"]]
+
+        native = (Path(result["folder"]) / "harness_stream.jsonl").read_text().splitlines()
+        assert json.loads(native[0])["type"] == {"claude-code": "system", "codex": "thread.started"}[harness]
+        records = to_claude_code(events, "session", result["cell"], "fake")
+        assert [b["name"] for r in records if r["type"] == "assistant" for b in r["message"]["content"] if b["type"] == "tool_use"] == [e["name"] for e in tools]
+
+    for path in (tmp_path / "outputs").rglob("*"):  # streams, transcripts, harness homes, the tracking store
+        assert not path.is_file() or SECRET.encode() not in path.read_bytes(), path
+    runs = cell_runs(tmp_path / "outputs")
+    assert sorted(r.data.tags["harness"] for r in runs) == sorted(HARNESSES)
+    assert {r.data.params["harness.version"] for r in runs} == {"2.1.197", "0.171.0"}
+
+    export_dataset(f"sqlite:///{tmp_path}/outputs/mlflow.db", tmp_path / "hf")
+    index = [json.loads(line) for line in (tmp_path / "hf" / "index.jsonl").read_text().splitlines()]
+    assert sorted((row["harness"], row["provider"]) for row in index) == [("claude-code", "openai"), ("codex", "openai")]
+    for row in index:
+        trace = [json.loads(line) for line in (tmp_path / "hf" / row["trace"]).read_text().splitlines()]
+        assert trace[0]["customTitle"].startswith(f"fake@{row['harness']} · ")
+        assert {r["message"]["model"] for r in trace if r["type"] == "assistant"} == {"openai/fake"}
+
+
+@needs_clis
+def test_provider_faults_end_both_harnesses_as_infrastructure(tmp_path):
+    def failing(request):
+        tools = {t["function"]["name"] for t in request.get("tools") or []}
+        return HttpError(500) if "exec_command" in tools else HttpError(429)
+
+    _, cells = run(tmp_path, failing)
+    assert (cells["claude-code"]["outcome"], cells["codex"]["outcome"]) == ("rate_limited", "provider_error")
+    for result in cells.values():
+        assert result["stop_reason"] == "provider_fault" and result["score"] is None
+        kinds = [e["type"] for e in events_of(result)]
+        assert kinds.count("retry") == 2 and kinds.count("error") == 1  # the built-in loop's retry rules, at the proxy
+
+
+@needs_clis
+def test_runs_past_max_tokens_or_the_time_cap_end_with_the_budget_outcome(tmp_path):
+    _, cells = run(tmp_path / "tokens", agent([shell("ls")] * 20), "track.max_tokens=40", harnesses=["claude-code"])
+    result = cells["claude-code"]
+    assert (result["outcome"], result["stop_reason"]) == ("budget_exhausted", "token_budget"), result
+    assert 40 <= result["usage"]["input_tokens"] + result["usage"]["output_tokens"] < 60  # refused at the first call past it
+
+    _, cells = run(tmp_path / "clock", agent([shell("sleep 60")]), "track.time_cap_s=8", harnesses=["codex"])
+    result = cells["codex"]  # stopped by the sandbox's watch in the middle of its command
+    assert (result["outcome"], result["stop_reason"]) == ("budget_exhausted", "wall_clock"), result
+    assert result["agent_s"] < 30
+
+
+@needs_clis
+def test_plan_shows_harness_cells_and_refuses_a_missing_or_unfit_harness(tmp_path, cli):
+    conf = tmp_path / "conf"
+    model_yaml(conf, "fake", "openai/fake", "http://127.0.0.1:9/v1")
+    (conf / "harness").mkdir()
+    (conf / "harness" / "ghost.yaml").write_text("name: ghost\nrunner: claude-code\npackage: ghost-cli\nversion: '1.0'\nbin: kbsweep-no-such-cli\n")
+    demo = ["track=demo", "problem=scale_shift", "gpu=cpu"]
+    plan = cli("plan", "-cd", str(conf), "-m", "model=fake", "harness=builtin,claude-code,codex", *demo)
+    assert plan.returncode == 0, plan.stderr
+    lines = [line.split("  ", 1) for line in plan.stdout.splitlines() if " · " in line]
+    assert sorted(label.split(" · ")[0] for _, label in lines) == ["fake", "fake@claude-code", "fake@codex"]
+    assert len({key for key, _ in lines}) == 3
+    assert "harnesses: builtin; claude-code: 2.1.197 (Claude Code)" in plan.stdout and "codex: codex-cli 0.171.0" in plan.stdout
+    builtin = cli("plan", "-cd", str(conf), "model=fake", *demo)  # the built-in loop's cells keep their keys
+    assert builtin.stdout.split()[0] in {key for key, _ in lines}
+
+    ghost = cli("plan", "-cd", str(conf), "model=fake", "harness=ghost", *demo)
+    assert ghost.returncode == 2 and ghost.stderr.strip().count("\n") == 0
+    assert "harness/ghost.yaml: key 'bin': 'kbsweep-no-such-cli' is not installed" in ghost.stderr
+    scripted = cli("plan", "model=scripted", "harness=codex", *demo)
+    assert scripted.returncode == 2 and "harness/codex.yaml: needs a litellm model" in scripted.stderr
+
+
+def post(url: str, body: dict, token: str | None) -> tuple:
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"x-api-key": token or "", "content-type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            return answer.status, answer.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+
+
+def test_the_proxy_serves_both_wires_to_its_token_only_and_refuses_past_the_dollar_budget(monkeypatch):
+    monkeypatch.setenv(KEY_ENV, SECRET)
+    turn = Reply(tool_calls=[ToolCall("write_file", {"path": "solution.py", "content": "pass"})], prompt_tokens=1000, completion_tokens=100)
+    with FakeProvider(lambda request: turn) as fp:  # $0.002 a call at these prices
+        conf = {"name": "priced", "route": "openai/priced", "api_key_env": KEY_ENV, "api_base": fp.base_url, "prices": {"input": 1.0, "output": 10.0}}
+        with ModelProxy(LiteLLMModel(conf), conf["route"], Budgets(max_usd=0.003), toolbox=None) as proxy:
+            base = "http://%s:%d" % proxy.address
+            messages = {"model": "m", "max_tokens": 100, "messages": [{"role": "user", "content": "go"}], "stream": True}
+            assert post(f"{base}/v1/messages", messages, "sk-guess")[0] == 401
+            status, text = post(f"{base}/v1/messages", messages, proxy.token)
+            events = [line.split(": ", 1)[1] for line in text.splitlines() if line.startswith("event: ")]
+            assert status == 200 and events[0] == "message_start" and events[-1] == "message_stop"
+            assert '"name": "write_file"' in text and "input_json_delta" in text
+            status, text = post(f"{base}/v1/responses", {"model": "m", "input": "go", "stream": False}, proxy.token)
+            assert status == 200 and [i["type"] for i in json.loads(text)["output"]] == ["function_call"]
+            assert post(f"{base}/v1/messages", messages, proxy.token)[0] == 429  # $0.004 spent: refused, the run ends
+            assert proxy.ended.is_set() and proxy.result.stop_reason.value == "dollar_budget" and proxy.result.turns == 2
+            assert proxy.result.cost_usd == pytest.approx(0.004) and proxy.result.usage.input_tokens == 2000
+        with pytest.raises(OSError):  # the token dies with the cell, and the server with it
+            post(f"{base}/v1/messages", messages, proxy.token)
+    assert len(fp.requests) == 2 and {r.headers["authorization"] for r in fp.requests} == {f"Bearer {SECRET}"}

@@ -20,7 +20,6 @@ from gpu_common import H200, REPO, ROOFLINE, SANDBOX, SANDBOX_NOTE
 
 from kbsweep.audit.cases import run_case
 from kbsweep.grader import grade
-from kbsweep.problems import load_problem
 
 TIMING = {"min_runs": 3, "max_runs": 40, "max_time_s": 1.0}
 SMOKE = [  # (problem, solution, shapes kept)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from kbsweep.grader import grade
-from tests.test_grader import CPU, REPO, problem, roofline  # noqa: F401 - fixtures
+from tests.test_grader import CPU, problem, roofline  # noqa: F401 - fixtures
 
 HONEST = """
 import torch
@@ -101,9 +101,9 @@ torch.nn.Module.load_state_dict = _keep
 def test_timed_calls_see_fresh_inputs(problem, roofline, tmp_path, replayed_after):  # noqa: F811
     """Serving the last output once timing starts (a call counter) fails: inputs are new every batch and picked
     calls are compared after it."""
-    counter = f"""
+    counter = """
 import torch
-_state = {{"calls": 0, "last": None}}
+_state = {"calls": 0, "last": None}
 """
     expression = (f"_state.update(calls=_state['calls'] + 1) or (_state['last'] if _state['calls'] > {replayed_after} and "
                   "_state['last'] is not None else _state.update(last=x * self.weight + self.bias) or _state['last'])")

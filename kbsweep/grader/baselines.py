@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional
 
 
-TIMER_VERSION = "2"  # the method of kbsweep/grader/timing.py (2: back-to-back scored pass); a new one re-times baselines
+TIMER_VERSION = "3"  # the method of kbsweep/grader/timing.py (3: the referee's batches); a new one re-times baselines
 
 
 def entry_key(problem: str, deck: str, gpu: str, versions: Dict[str, str], shape: Dict[str, Any], name: str) -> str:

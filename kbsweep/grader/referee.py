@@ -472,38 +472,10 @@ class Referee:
 
     # -- baselines (here, before the candidate exists) ---------------------------------
     def time_baselines(self, shape: Dict[str, Any], deadline: float) -> Dict[str, Any]:
-        """Eager, torch.compile, SOTA... on the shape's timing inputs; one that would start past ``deadline`` (the
-        grade's baseline budget: a slow compile must not cost the candidate its grade) is left for a later grade."""
         ref_model = self.build(shape, 42)
         first = self.inputs(shape, 2026)
         sets = [first] + [self.inputs(shape, 2026 + i) for i in range(1, self.set_count(first))]
-        out: Dict[str, Any] = {}
-        expected = None  # the reference's output on the first timing inputs, once for every baseline checked against it
-        for name in self.req.get("baselines", []):
-            if name in self.spec.get("skip_baselines", {}):
-                out[name] = {"skipped": self.spec["skip_baselines"][name]}
-                continue
-            if time.perf_counter() > deadline:
-                out[name] = {"error": "not timed: the grade's baseline budget was spent", "retry": True}
-                continue
-            try:
-                fn = self.baseline_fn(name, ref_model)
-                if fn is None:
-                    out[name] = None
-                    continue
-                differs = None
-                if name != "eager":  # eager is the reference itself
-                    expected = ref_model(*clone(sets[0])) if expected is None else expected
-                    try:
-                        checks.compare(expected, fn(*clone(sets[0])), self.spec["tolerance"])
-                    except checks.CheckFailure as exc:
-                        differs = str(exc)
-                out[name] = self.time_here(fn, sets)
-                if differs:  # timed all the same (a library's own precision), but reports say its output is off
-                    out[name]["outside_tolerance"] = differs
-            except Exception as exc:  # a baseline failing is recorded, never the candidate's fault
-                out[name] = {"error": one_line(exc)}
-        return out
+        return time_baselines(self.req, ref_model, sets, deadline, self.time_here)
 
     def time_here(self, fn: Callable, sets: List[List[Any]]) -> Dict[str, Any]:
         """A trusted callable timed in this process by the same batches the candidate's runner uses."""
@@ -517,21 +489,6 @@ class Referee:
         while not timing.stop(samples, self.cfg, time.perf_counter() - began):
             samples += timing.run_batch(steps(int(shape_["per_batch"])), mode, shape_["spin_us"], flush)["ms"]
         return {**timing.summarize(samples, samples), "mode": mode, "per_batch": int(shape_["per_batch"])}
-
-    def baseline_fn(self, name: str, ref_model) -> Optional[Callable]:
-        if name == "eager":
-            return ref_model
-        if name == "compile":
-            return torch.compile(ref_model, mode=self.req.get("compile_mode") or None)
-        if name in ("sota", "baseline"):
-            path = Path(self.req["reference"]).with_name(f"{name}.py")
-            if not path.exists():
-                return None
-            module = load_module(f"kbsweep_{name}", path)
-            if name == "baseline":
-                return module.Baseline(ref_model)
-            return (lambda *a: module.sota_forward(ref_model, *a)) if module.is_available() else None
-        raise ValueError(f"unknown baseline {name}")
 
     # -- audit ------------------------------------------------------------------------
     def audit_probes(self) -> None:
@@ -581,6 +538,57 @@ class Referee:
         if self.device.type == "cuda" and isinstance(reply.get("persisting_l2_limit"), int):
             probe["persisting_l2_limit"] = reply["persisting_l2_limit"]
         self.evidence["probe"] = probe
+
+
+def time_baselines(request: Dict[str, Any], ref_model: Any, sets: List[List[Any]], deadline: float, timer: Callable) -> Dict[str, Any]:
+    """Eager, torch.compile, SOTA... of ``request`` timed by ``timer(fn, sets)``; one that would start past
+    ``deadline`` (the grade's baseline budget: a slow compile must not cost the candidate its grade) is left for a
+    later grade. Each but eager is first compared with the reference: one outside the tolerance is timed all the
+    same (a library's own precision) and carries ``outside_tolerance``."""
+    spec, out = request["spec"], {}
+    expected = None  # the reference's output on the first timing inputs, once for every baseline checked against it
+    for name in request.get("baselines", []):
+        if name in spec.get("skip_baselines", {}):
+            out[name] = {"skipped": spec["skip_baselines"][name]}
+            continue
+        if time.perf_counter() > deadline:
+            out[name] = {"error": "not timed: the grade's baseline budget was spent", "retry": True}
+            continue
+        try:
+            fn = baseline_callable(name, ref_model, Path(request["reference"]), request.get("compile_mode"))
+            if fn is None:
+                out[name] = None
+                continue
+            differs = None
+            if name != "eager":  # eager is the reference itself
+                expected = ref_model(*clone(sets[0])) if expected is None else expected
+                try:
+                    checks.compare(expected, fn(*clone(sets[0])), spec["tolerance"])
+                except checks.CheckFailure as exc:
+                    differs = str(exc)
+            out[name] = timer(fn, sets)
+            if differs:
+                out[name]["outside_tolerance"] = differs
+        except Exception as exc:  # a baseline failing is recorded, never the candidate's fault
+            out[name] = {"error": one_line(exc)}
+    return out
+
+
+def baseline_callable(name: str, ref_model: Any, reference: Path, compile_mode: Optional[str]) -> Optional[Callable]:
+    """The baseline ``name`` as a callable over the reference model, or None where the deck has none."""
+    if name == "eager":
+        return ref_model
+    if name == "compile":
+        return torch.compile(ref_model, mode=compile_mode or None)
+    if name in ("sota", "baseline"):
+        path = reference.with_name(f"{name}.py")
+        if not path.exists():
+            return None
+        module = load_module(f"kbsweep_{name}", path)
+        if name == "baseline":
+            return module.Baseline(ref_model)
+        return (lambda *a: module.sota_forward(ref_model, *a)) if module.is_available() else None
+    raise ValueError(f"unknown baseline {name}")
 
 
 @contextlib.contextmanager

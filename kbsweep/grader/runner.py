@@ -19,7 +19,6 @@ import importlib.machinery
 import importlib.util
 import os
 import sys
-import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
@@ -167,18 +166,8 @@ class Runner:
             target.copy_(o)
 
     def poison(self, fill: Optional[int]) -> None:
-        """Fill the allocator's free blocks with ``fill`` so an output read before it is written shows up."""
-        if fill is None:
-            return
-        if self.device.type == "cuda":
-            sizes = [b["size"] for seg in torch.cuda.memory_snapshot() for b in seg["blocks"] if b["state"] == "inactive"]
-            held = [torch.empty(size, dtype=torch.uint8, device=self.device) for size in sorted(sizes, reverse=True)[:64]]
-            for block in held:
-                block.fill_(fill)
-            del held
-        else:
-            block = torch.full((1 << 22,), fill, dtype=torch.uint8)
-            del block
+        if fill is not None:
+            poison_free_memory(self.device, fill)
 
     def op_call(self, message, fds) -> None:
         model = self.models[int(message["model"])]
@@ -257,6 +246,21 @@ class Runner:
                "torch_flops": self.recorder.flops, "torch_bytes": self.recorder.bytes}
         extra = {"persisting_l2_limit": runtime.persisting_l2_limit()} if self.device.type == "cuda" else {}
         return {"evidence": self.evidence, "ops": ops, "launches": dict(self.gate.counts), "kernels": sorted(self.gate.names), **extra}
+
+
+def poison_free_memory(device: torch.device, fill: int) -> None:
+    """Fill the allocator's free blocks with a byte pattern so an output read before it is written shows up.
+    0xFF bytes are NaN in every float format; 0xC7 bytes are large negative finite numbers. Each free block of
+    the caching allocator is taken at its own size, so the pool does not grow."""
+    if device.type == "cuda":
+        sizes = [b["size"] for seg in torch.cuda.memory_snapshot() for b in seg["blocks"] if b["state"] == "inactive"]
+        held = [torch.empty(size, dtype=torch.uint8, device=device) for size in sorted(sizes, reverse=True)[:64]]
+        for block in held:
+            block.fill_(fill)
+        del held
+    else:
+        block = torch.full((1 << 22,), fill, dtype=torch.uint8)
+        del block
 
 
 def main() -> None:

@@ -8,7 +8,6 @@ after correctness (and timing), audit probes trace one call and replay it with t
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
@@ -19,6 +18,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from kbsweep.grader.failures import GradeFailure, classify, one_line
+from kbsweep.grader.referee import load_module
 
 STAGES = ("load_reference", "baselines", "import_candidate", "correctness", "timing", "audit")
 HARNESS_STAGES = STAGES[:2]  # before the candidate is imported: a failure there is the harness's, never the candidate's
@@ -65,26 +65,9 @@ class Worker:
         return [v.clone() if isinstance(v, self.torch.Tensor) else v for v in values]
 
     def poison(self, fill: int) -> None:
-        """Fill the allocator's free blocks with a byte pattern so an output read before written shows up.
+        from kbsweep.grader.runner import poison_free_memory
 
-        0xFF bytes are NaN in every float format; 0xC7 bytes are large negative finite numbers. Each free
-        block of the caching allocator is taken at its own size, so the pool does not grow.
-        """
-        torch = self.torch
-        if self.device.type == "cuda":
-            sizes = [
-                block["size"]
-                for segment in torch.cuda.memory_snapshot()
-                for block in segment["blocks"]
-                if block["state"] == "inactive"
-            ]
-            held = [torch.empty(size, dtype=torch.uint8, device=self.device) for size in sorted(sizes, reverse=True)[:64]]
-            for block in held:
-                block.fill_(fill)
-            del held
-        else:
-            block = torch.full((1 << 22,), fill, dtype=torch.uint8)
-            del block
+        poison_free_memory(self.device, fill)
 
     # -- the stages -----------------------------------------------------------------
     def run(self) -> Dict[str, Any]:
@@ -184,7 +167,6 @@ class Worker:
         return out, worst
 
     def correctness(self) -> Dict[str, Any]:
-        torch = self.torch
         seeds = [42 + 1000 * i for i in range(self.spec.get("seeds", 3))] + [self.secret_seed]
         stress = [{"name": "nominal", "input_scale": 1.0, "weight_scale": 1.0, "tolerance": None}]
         stress += self.spec.get("stress", [])
@@ -323,14 +305,6 @@ class Worker:
         count = max(1, min(wanted, 32, int(self.req.get("max_input_bytes", 8 << 30) // max(nbytes, 1))))
         return [first] + [self.inputs(shape, 2026 + i) for i in range(1, count)]
 
-    def disagreement(self, fn: Callable, expected: Any, inputs) -> Optional[str]:
-        """Why ``fn``'s output on ``inputs`` is outside the problem's tolerance of ``expected``, or None."""
-        try:
-            self.checks.compare(expected, fn(*self.clone(inputs)), self.spec["tolerance"])
-        except self.checks.CheckFailure as exc:
-            return str(exc)
-        return None
-
     def timer(self, fn: Callable, input_sets, recheck=None) -> Dict[str, Any]:
         from kbsweep.grader import timing
 
@@ -365,69 +339,22 @@ class Worker:
         return entry
 
     def time_baselines(self, shape: Dict[str, Any], deadline: float) -> Dict[str, Any]:
-        """Eager, torch.compile, SOTA... on the shape's timing inputs; one that would start past ``deadline`` (the
-        grade's baseline budget: a slow compile must not cost the candidate its grade) is left for a later grade."""
-        ref_model = self.build(self.ref.Model, shape, 42)
-        sets = self.input_sets(shape)
-        out: Dict[str, Any] = {}
-        expected = None  # the reference's output on the first timing inputs, once for every baseline checked against it
-        for name in self.req.get("baselines", []):
-            if name in self.spec.get("skip_baselines", {}):
-                out[name] = {"skipped": self.spec["skip_baselines"][name]}
-                continue
-            if time.perf_counter() > deadline:
-                out[name] = {"error": "not timed: the grade's baseline budget was spent", "retry": True}
-                continue
-            try:
-                fn = self.baseline_fn(name, ref_model)
-                if fn is None:
-                    out[name] = None
-                    continue
-                differs = None
-                if name != "eager":  # eager is the reference itself
-                    expected = ref_model(*self.clone(sets[0])) if expected is None else expected
-                    differs = self.disagreement(fn, expected, sets[0])
-                out[name] = self.timer(fn, sets)
-                if differs:  # timed all the same (a library's own precision), but reports say its output is off
-                    out[name]["outside_tolerance"] = differs
-            except Exception as exc:  # a baseline failing is recorded, never the candidate's fault
-                out[name] = {"error": one_line(exc)}
-        return out
+        from kbsweep.grader.referee import time_baselines
 
-    def baseline_fn(self, name: str, ref_model) -> Optional[Callable]:
-        if name == "eager":
-            return ref_model
-        if name == "compile":
-            return self.torch.compile(ref_model, mode=self.req.get("compile_mode") or None)
-        if name == "sota":
-            sota_path = Path(self.req["reference"]).with_name("sota.py")
-            if not sota_path.exists():
-                return None
-            sota = load_module("kbsweep_sota", sota_path)
-            if not sota.is_available():
-                return None
-            return lambda *a: sota.sota_forward(ref_model, *a)
-        if name == "baseline":
-            path = Path(self.req["reference"]).with_name("baseline.py")
-            if not path.exists():
-                return None
-            base = load_module("kbsweep_baseline", path)
-            model = base.Baseline(ref_model)
-            return model
-        raise ValueError(f"unknown baseline {name}")
+        return time_baselines(self.req, self.build(self.ref.Model, shape, 42), self.input_sets(shape), deadline, self.timer)
 
     def profile(self, model, inputs, calls: int = 3) -> Dict[str, Any]:
         """Kernel names and launches per call on the GPU (CUDA-graph replays count their kernels)."""
         from torch.profiler import ProfilerActivity, profile
 
         torch = self.torch
+        from kbsweep.grader import timing
+
         torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
             for _ in range(calls):
                 self.run_candidate(model, inputs)
             torch.cuda.synchronize()
-        from kbsweep.grader import timing
-
         return timing.kernel_profile(prof, calls)
 
 

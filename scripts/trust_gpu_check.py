@@ -1,7 +1,7 @@
 """Runs on the lent H200: the split grader (referee + candidate runner) on real kernels, and the exploit and legit
 suites graded there (docs/grading.md's threat model; results for docs/benchmarks.md).
 
-    python3 scripts/trust_gpu_check.py OUT_DIR [--only smoke|suites] [--budget-s 500]
+    python3 scripts/trust_gpu_check.py OUT_DIR [--only smoke|suites] [--budget-s 500] [--cases a,b,...]
 
 smoke: a copy-bound and a GEMM-bound solution, the fp8 deck example and a latency-regime megakernel, each graded in
 bench mode: outcome, scored time, the referee's corroboration of it, profiled launches. suites: every file of
@@ -69,6 +69,7 @@ def main() -> None:
     parser.add_argument("out", type=Path)
     parser.add_argument("--only", choices=("smoke", "suites"))
     parser.add_argument("--budget-s", type=float, default=500)
+    parser.add_argument("--cases", help="comma-separated case stems of the suites, in this order (default: all)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     began, rows = time.time(), []
@@ -98,6 +99,9 @@ def main() -> None:
             record(smoke_row(pid, result))
     if args.only in (None, "suites"):
         cases = sorted((REPO / "tests/legit").glob("*.py")) + sorted(p for p in (REPO / "tests/exploits").glob("*.py") if not p.name.startswith("_"))
+        if args.cases:
+            by_stem = {p.stem: p for p in cases}
+            cases = [by_stem[stem] for stem in args.cases.split(",")]
         for path in (p for p in cases if p.stem not in CPU_ONLY):
             if left() < MIN_CASE_S:
                 print(f"skipped {path.name}: budget", flush=True)

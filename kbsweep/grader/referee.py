@@ -345,8 +345,9 @@ class Referee:
         sets = [encode(template, self.arena) for _ in range(self.set_count(template))]
         mode = self.timing_mode()
         calls = self.calls_cap(sum(nbytes(t) for t in checks.as_tuple(expected)))
-        warm = self.batch(ref_model, model, shape, sets, [self.output_slots(expected) for _ in range(3)], mode, 0.0, check=False)
-        shape_ = timing.batch_shape(statistics.median(warm["enqueue_us"] or [1.0]), mode != "back_to_back")
+        warm_slots = [self.output_slots(expected) for _ in range(3)]
+        shape_ = timing.calibrate_batch(lambda spin_us: self.batch(ref_model, model, shape, sets, warm_slots, mode, spin_us, check=False),
+                                        mode != "back_to_back")
         per_batch = min(int(shape_["per_batch"]), calls)
         slots = [self.output_slots(expected) for _ in range(per_batch)]
         overhead = self.overheads(model, template, sets, expected, mode, shape_["spin_us"], per_batch)
@@ -482,8 +483,7 @@ class Referee:
         mode = self.timing_mode()
         flush = timing.L2Flush(self.req["l2_bytes"]) if mode != "host" else None
         steps = lambda n: [(lambda: None, lambda i=i: fn(*sets[i % len(sets)]), lambda out: None) for i in range(n)]  # noqa: E731
-        warm = timing.run_batch(steps(3), "isolated" if mode != "host" else "host", 0.0, flush)
-        shape_ = timing.batch_shape(statistics.median(warm["enqueue_us"] or [1.0]), mode != "back_to_back")
+        shape_ = timing.calibrate_batch(lambda spin_us: timing.run_batch(steps(3), mode, spin_us, flush), mode != "back_to_back")
         samples: List[float] = []
         began = time.perf_counter()
         while not timing.stop(samples, self.cfg, time.perf_counter() - began):

@@ -72,7 +72,7 @@ def test_forbidden_gemm_is_found_however_spelled(source):
         ("class M:\n    def __init__(self):\n        self.c = {}\n    def forward(self, x):\n        k = (x.data_ptr(), x.shape)\n        return self.c[k]", "output_cache"),
         ("_C = {}\ndef f(x):\n    return _C.get(float(x[0, :8].sum()))", "output_cache"),
         ("class M:\n    def forward(self, x):\n        if x is self.last:\n            return self.out", "output_cache"),
-        ("import functools\n@functools.lru_cache\ndef f(n):\n    pass", "output_cache"),
+        ("import functools\n@functools.lru_cache\ndef f(n):\n    pass\nclass M:\n    def forward(self, x):\n        return f(x)", "output_cache"),
         ("class M:\n    def forward(self, x):\n        self.calls += 1\n        if self.calls > 20:\n            return self.out", "call_counter"),
         ("import torch\ndef f(x):\n    try:\n        return k(x)\n    except Exception:\n        return torch.softmax(x, -1)", "fallback"),
         ("import torch\ndef f(x):\n    return torch.cumsum(x, 0)", "torch_compute"),

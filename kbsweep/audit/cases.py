@@ -23,6 +23,13 @@ def header(path: Path) -> Dict[str, str]:
     return {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in doc.splitlines() if ":" in line)}
 
 
+def staged_files(path: Path) -> List[Path]:
+    """What is staged beside a case: the ``_*.py`` modules of its folder that it imports, and the files its
+    ``Stage:`` line names (relative to its folder, staged under their base name)."""
+    extra = [path.parent / name.strip() for name in header(path).get("stage", "").split(",") if name.strip()]
+    return local_imports(path) + extra
+
+
 def local_imports(path: Path) -> List[Path]:
     """The ``_*.py`` modules of the file's folder that it imports."""
     tree = ast.parse(path.read_text())
@@ -68,7 +75,7 @@ def run_case(
     problem = private_deck(problems, meta.get("problem", problem_id), folder, max_shapes)
     workspace = folder / "workspace"
     workspace.mkdir()
-    for helper in local_imports(path):
+    for helper in staged_files(path):
         shutil.copy2(helper, workspace / helper.name)
     shutil.copy2(path, workspace / "solution.py")
     result = grade(problem, workspace / "solution.py", gpu, roofline, mode=mode or meta.get("mode", "check"), baselines=[],

@@ -46,7 +46,9 @@ def findings(grade: Dict[str, Any], forbidden: Forbidden, own_kernels: List[str]
 
 def probe_findings(probe: Dict[str, Any], forbidden: Forbidden, compute_rules: bool) -> List[Dict[str, Any]]:
     out = probe_ghost_findings(probe["ghost"], probe["aten_ops"]) if compute_rules and probe.get("ghost") else []
-    for name, count in sorted(probe["aten_ops"].items()):
+    seen = dict(probe.get("profiled_ops") or {})
+    seen.update(probe["aten_ops"])  # the recorder's counts where both saw an op; the profiler's alone otherwise
+    for name, count in sorted(seen.items()):
         namespace, _, op = name.partition("::")
         if namespace not in KNOWN_NAMESPACES:
             out.append(finding("custom_op", "dynamic", f"{name} x{count}"))

@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import sys
-import sysconfig
 import types
 from collections import Counter
 from pathlib import Path
@@ -67,7 +66,6 @@ EVENTS = {
 }
 MAX_EVENTS = 60
 MACHINERY = ("dynamic_code", "identity", "frame_inspection", "class_patch")
-STDLIB = (sysconfig.get_paths()["stdlib"] + "/", "<frozen ")
 
 
 def toolchain_dirs() -> Tuple[str, ...]:
@@ -132,12 +130,14 @@ class Monitor:
 
     # -- attribution ------------------------------------------------------------------
     def culprit(self, machinery: bool = False) -> Optional[str]:
-        """``file:line`` of the candidate frame responsible for the current event, or None. ``machinery``: an event
-        the standard library raises for its own work (``exec`` in ``dataclasses``, ``id`` in ``importlib``) is
-        never the candidate's, though the candidate's frame is further out."""
+        """``file:line`` of the candidate frame responsible for the current event, or None. ``machinery``: only
+        the candidate's own direct call counts; library machinery raising it for its own work (``exec`` in
+        ``dataclasses``, ``id`` in ``importlib``, ``sys._getframe`` in ``namedtuple``) is never the candidate's,
+        though the candidate's frame is further out (the static layer reads what the candidate imports)."""
         frame = sys._getframe(2)
-        if machinery and frame is not None and frame.f_code.co_filename.startswith(STDLIB):
-            return None
+        if machinery:  # the candidate's own call, or library machinery working for it (stdlib, generated code)
+            path = frame.f_code.co_filename if frame is not None else ""
+            return f"{Path(path).name}:{frame.f_lineno}" if path.startswith(self.candidate_dir) else None
         while frame is not None:
             path = frame.f_code.co_filename
             if path.startswith(self.candidate_dir):
@@ -295,7 +295,7 @@ class KernelGate:
             gate.names.add(getattr(getattr(kernel, "fn", kernel), "__name__", kind))
             if gate.ghost:
                 return None
-            with gate.paused():
+            with gate.paused(), profiler_range(KERNEL_RANGE):
                 return original(kernel, *args, **kwargs)
 
         return run
@@ -391,6 +391,15 @@ def op_recorder(gate: KernelGate, poison: bool = False):
             return out
 
     return OpRecorder()
+
+
+KERNEL_RANGE = "kbsweep::kernel"  # excluded from the candidate's torch ops by the runner's profiler session
+
+
+def profiler_range(name: str):
+    import torch.profiler
+
+    return torch.profiler.record_function(name)  # what the runner's profiler session excludes from the candidate's torch ops
 
 
 def tensors(tree: Any) -> List[Any]:

@@ -481,6 +481,14 @@ class Analyzer:
                 return True
         return False
 
+    def called_on_values(self, function: str) -> bool:
+        """Whether ``function`` is called with an argument that carries a call's values (a parameter, or a local
+        made from one through a value key): a cache of configurations keyed on sizes is not an output cache."""
+        return any(
+            isinstance(n, ast.Call) and self.raw(n.func) == function and any(self.keyed_on_values(a) for a in n.args)
+            for n in ast.walk(self.tree)
+        )
+
     def check_caches(self) -> None:
         stores = self.containers()
         for node in ast.walk(self.tree):
@@ -502,8 +510,8 @@ class Analyzer:
             elif isinstance(node, ast.FunctionDef):
                 for decorator in node.decorator_list:
                     name = self.resolve(decorator.func if isinstance(decorator, ast.Call) else decorator) or ""
-                    if name in ("functools.lru_cache", "functools.cache"):
-                        self.add("output_cache", node, f"{name} on {node.name}")
+                    if name in ("functools.lru_cache", "functools.cache") and self.called_on_values(node.name):
+                        self.add("output_cache", node, f"{name} on {node.name}, called with a value the call was given")
             if key is not None and self.keyed_on_values(key):
                 self.add("output_cache", node, f"cache keyed on {ast.unparse(key)[:120]}")
 

@@ -105,7 +105,8 @@ class Referee:
         self.rng = random.Random(self.secret_seed * 7 + 1)  # batch seeds, canaries, picks: never sent ahead of use
         self.findings: List[Dict[str, Any]] = []
         self.evidence: Dict[str, Any] = {}
-        self.stage = "load_reference"
+        self.stage, self.tag = "load_reference", ""
+        self.calls_by_tag: Dict[str, int] = {}
         self.model_ids = itertools.count()
         self.arena: Optional[Arena] = None
         self.work = {"calls": 0, "flops": 0.0, "bytes": 0.0}  # what the candidate's calls should cost, summed
@@ -117,7 +118,7 @@ class Referee:
         if self.device.type == "cuda":
             torch.cuda.synchronize()  # what this process wrote to the arena is there before the runner reads it
         try:
-            self.runner.send({"op": op, "stage": self.stage, **fields}, fds)
+            self.runner.send({"op": op, "stage": self.stage, "tag": self.tag, **fields}, fds)
             reply, extra = self.runner.receive()
         except ChannelError as exc:
             if "closed" not in str(exc):
@@ -168,6 +169,7 @@ class Referee:
         from kbsweep.problems import evaluate
 
         self.work["calls"] += calls
+        self.calls_by_tag[self.tag] = self.calls_by_tag.get(self.tag, 0) + calls
         for key in ("flops", "bytes"):
             self.work[key] += calls * float(evaluate(self.spec.get(key), shape, key) or 0.0)
 
@@ -208,20 +210,23 @@ class Referee:
             deadline = time.perf_counter() + self.req.get("baseline_budget_s", math.inf)  # one budget for all shapes
             with torch.no_grad():
                 baselines = [self.time_baselines(shape, deadline) for shape in self.req["shapes"]]
-        self.stage = "import_candidate"
+        self.stage, self.tag = "import_candidate", "/import"
         self.ask("import")
         with torch.no_grad():
-            self.stage = "correctness"
+            self.stage, self.tag = "correctness", "/correctness"
             correctness = self.correctness()
             timings = []
             if timed:
                 self.stage = "timing"
-                timings = [self.time_shape(shape) for shape in self.req["shapes"]]
+                timings = []
+                for index, shape in enumerate(self.req["shapes"]):
+                    self.tag = f"/timing/{index}"
+                    timings.append(self.time_shape(shape))
                 for entry, base in zip(timings, baselines or [{}] * len(timings)):
                     entry["baselines"] = base
-            self.stage = "audit"
+            self.stage, self.tag = "audit", "/audit"
             self.audit_probes()
-        self.collect_evidence()
+        self.collect_evidence(timings)
         self.evidence["files_modified"] = sorted(p for p, h in self.deck_hashes(deck).items() if hashes.get(p) != h)
         return {"correctness": correctness, "timings": timings, "evidence": self.evidence, "findings": self.findings,
                 "worker_s": time.perf_counter() - t0}
@@ -353,14 +358,11 @@ class Referee:
         overhead = self.overheads(model, template, sets, expected, mode, shape_["spin_us"], per_batch)
         samples: List[float] = []
         ratios: List[float] = []
-        profiles: List[Dict[str, Any]] = []
         began = time.perf_counter()
         while not timing.stop(samples, self.cfg, time.perf_counter() - began):
             batch = self.batch(ref_model, model, shape, sets, slots, mode, shape_["spin_us"])
             samples += batch["ms"]
             ratios.append((batch["wall_ms"] - overhead["total_ms"]) / max(sum(batch["ms"]), 1e-9))
-            if batch.get("profile"):
-                profiles.append(batch["profile"])
         timed = {**timing.summarize(samples, samples), "mode": mode, "per_batch": per_batch, "batches": len(ratios),
                  "spin_us": shape_["spin_us"], "input_sets": len(sets)}
         ratio = statistics.median(ratios)
@@ -369,8 +371,6 @@ class Referee:
             self.findings.append({"kind": "time_disagreement", "shape": shape,
                                   "detail": f"{shape}: the referee's clock saw {ratio:.2f}x the time the candidate's process reported"})
         entry: Dict[str, Any] = {"shape": shape, "input_sets": len(sets), "candidate": timed, "baselines": {}}
-        if profiles:
-            entry["profile"] = profiles[0]
         if mode != "host" and (mode == "isolated" or timed["median_ms"] < 0.05):
             graph = self.ask("graph", model=model, inputs=sets[0]).get("graph_ms")
             timed["graph_ms"] = float(graph) if isinstance(graph, (int, float)) else None
@@ -392,12 +392,11 @@ class Referee:
         ms = reply.get("ms")
         if not isinstance(ms, list) or len(ms) != len(plan) or not all(isinstance(m, (int, float)) and m > 0 for m in ms):
             raise GradeFailure("runtime_error", "timing: the candidate's process returned no valid call times")
-        profile = self.ask("disarm", calls=len(plan)).get("profile")
         self.count_work(shape, len(plan))
         if check:
             self.check_batch(ref_model, shape, sets, seeds, plan)
         enqueue = [float(u) for u in reply.get("enqueue_us") or [] if isinstance(u, (int, float))]
-        return {"ms": [float(m) for m in ms], "wall_ms": wall_ms, "enqueue_us": enqueue, "profile": profile if isinstance(profile, dict) else None}
+        return {"ms": [float(m) for m in ms], "wall_ms": wall_ms, "enqueue_us": enqueue}
 
     def timed_go(self):
         """The armed batch run there, timed here: (wall ms of the command, reply)."""
@@ -514,23 +513,28 @@ class Referee:
                            "stubbed": int(record.get("stubbed") or 0), "graph_replays": int(record.get("graph_replays") or 0)}
         self.evidence["ghost"] = ghost
 
-    def collect_evidence(self) -> None:
-        """The runner's own records (its runtime events, recorded torch ops over every call, kernel launches)."""
+    def collect_evidence(self, timings: Sequence[Dict[str, Any]] = ()) -> None:
+        """The runner's own records: runtime events, torch ops over every call (from its dispatch-mode recorder and
+        its profiler session, which also sees ops run with dispatch disabled), kernel launches, and on GPUs each
+        timed shape's profiled kernels."""
         from kbsweep.problems import evaluate
 
-        reply = self.ask("evidence")
+        reply = self.ask("evidence", calls=self.calls_by_tag)
         ops = reply.get("ops") if isinstance(reply.get("ops"), dict) else {}
+        profiled = reply.get("profiled") if isinstance(reply.get("profiled"), dict) else {}
         self.evidence.update(sanitized(reply.get("evidence")))
         shape = self.req["shapes"][0]
+        number = lambda v: float(v) if isinstance(v, (int, float)) else 0.0  # noqa: E731
         probe = {
             "shape": shape,
             "calls": self.work["calls"],
             "launches": counts(reply.get("launches")),
             "kernels": [str(k)[:200] for k in (reply.get("kernels") or [])][:100],
             "aten_ops": counts(ops.get("aten_ops")),
+            "profiled_ops": counts(profiled.get("ops")),
             "own_ops": counts(ops.get("own_ops")),
-            "torch_flops": float(ops.get("torch_flops") or 0) if isinstance(ops.get("torch_flops"), (int, float)) else 0.0,
-            "torch_bytes": float(ops.get("torch_bytes") or 0) if isinstance(ops.get("torch_bytes"), (int, float)) else 0.0,
+            "torch_flops": max(number(ops.get("torch_flops")), number(profiled.get("flops"))),
+            "torch_bytes": number(ops.get("torch_bytes")),
             "problem_flops": self.work["flops"] or evaluate(self.spec.get("flops"), shape, "probe"),
             "problem_bytes": self.work["bytes"],
             "ghost": self.evidence.pop("ghost", None),
@@ -538,6 +542,13 @@ class Referee:
         if self.device.type == "cuda" and isinstance(reply.get("persisting_l2_limit"), int):
             probe["persisting_l2_limit"] = reply["persisting_l2_limit"]
         self.evidence["probe"] = probe
+        profiles = profiled.get("profiles") if isinstance(profiled.get("profiles"), dict) else {}
+        for index, entry in enumerate(timings):
+            found = profiles.get(f"/timing/{index}")
+            if self.device.type == "cuda" and isinstance(found, dict):
+                entry["profile"] = {"launches_per_call": number(found.get("launches_per_call")),
+                                    "kernels": {str(k)[:200]: number(v) for k, v in list((found.get("kernels") or {}).items())[:200]},
+                                    "streams": [int(x) for x in found.get("streams") or [] if isinstance(x, int)]}
 
 
 def time_baselines(request: Dict[str, Any], ref_model: Any, sets: List[List[Any]], deadline: float, timer: Callable) -> Dict[str, Any]:

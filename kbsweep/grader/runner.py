@@ -76,7 +76,7 @@ class Runner:
         self.arena: Optional[Arena] = None
         self.cand: Any = None
         self.evidence: Dict[str, Any] = {}
-        self.stage = "import_candidate"
+        self.stage, self.tag = "import_candidate", ""
         self.flush = timing.L2Flush(request["l2_bytes"]) if self.device.type == "cuda" else None
         if self.device.type == "cuda":  # a fresh context may start with a persisting-L2 carve-out: not the candidate's
             self.evidence["persisting_l2_inherited"] = runtime.persisting_l2_limit()
@@ -89,7 +89,7 @@ class Runner:
             op = message.get("op")
             if op == "exit":
                 return
-            self.stage = message.get("stage", self.stage)
+            self.stage, self.tag = message.get("stage", self.stage), str(message.get("tag", ""))
             try:
                 reply = {"ok": True, **(getattr(self, f"op_{op}")(message, fds) or {})}
             except GradeFailure as exc:
@@ -120,6 +120,8 @@ class Runner:
             raise GradeFailure(outcome, f"import failed: {one_line(exc)}") from None
         if not hasattr(self.cand, "ModelNew"):
             raise GradeFailure("compile_error", "solution.py defines no ModelNew")
+        self.session = timing.profiler_session(self.device)  # over every call from here on, all alike
+        self.session.start()
 
     def op_build(self, message, fds) -> None:
         torch.manual_seed(int(message["seed"]))
@@ -135,7 +137,7 @@ class Runner:
     # -- calls ----------------------------------------------------------------------
     def invoke(self, model: Any, inputs: List[Any]) -> Any:
         """One call of the candidate, its torch ops recorded (every call alike: no probe looks different)."""
-        with self.monitor.watch(self.stage), torch.profiler.record_function(timing.CALL_RANGE), self.recorded():
+        with self.monitor.watch(self.stage), torch.profiler.record_function(timing.CALL_RANGE + self.tag), self.recorded():
             return model(*inputs)
 
     @contextlib.contextmanager
@@ -201,7 +203,7 @@ class Runner:
     # -- timing ---------------------------------------------------------------------
     def op_arm(self, message, fds) -> None:
         """A timed batch's plan (its inputs arrive after this answer): the calls' views, slots and canaries made
-        ready, and on GPUs the profiler started: it runs over every timed batch alike."""
+        ready outside the referee's clock."""
         model = self.models[int(message["model"])] if message["calls"] else None
         steps = []
         for call in message["calls"]:
@@ -213,11 +215,6 @@ class Runner:
                 lambda out, inputs=inputs, slots=slots: self.deliver(out, slots, inputs),
             ))
         self.armed = (steps, message["mode"], float(message.get("spin_us") or 0))
-        if self.device.type == "cuda" and steps:
-            from torch.profiler import ProfilerActivity, profile
-
-            self.profiler = profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU])
-            self.profiler.start()
 
     def op_batch(self, message, fds) -> Dict[str, Any]:
         """The armed batch, timed by this process's clock (:func:`kbsweep.grader.timing.run_batch`): each call's
@@ -226,26 +223,24 @@ class Runner:
         with torch.no_grad():
             return timing.run_batch(steps, mode, spin_us, self.flush)
 
-    def op_disarm(self, message, fds) -> Dict[str, Any]:
-        """After a timed batch: stop the profiler and return kernels and launches per call."""
-        profiler = getattr(self, "profiler", None)
-        if profiler is None:
-            return {}
-        profiler.stop()
-        self.profiler = None
-        return {"profile": timing.kernel_profile(profiler, int(message["calls"]))}
-
     def op_graph(self, message, fds) -> Dict[str, Any]:
         model = self.models[int(message["model"])]
         with torch.no_grad():
             return {"graph_ms": timing.time_cuda_graph(lambda *a: self.invoke(model, list(a)), decode(message["inputs"], self.arena))}
 
     def op_evidence(self, message, fds) -> Dict[str, Any]:
+        """Everything recorded: runtime events, the recorder's ops, and from the profiler session the ops of
+        every call (those run with torch dispatch disabled too) and, per tag, the kernels of its calls."""
         self.monitor.close()
+        session = getattr(self, "session", None)
+        profiled = {}
+        if session is not None:
+            session.stop()
+            profiled = {"profiled": timing.session_evidence(session, message.get("calls") or {})}
         ops = {**self.ops, "aten_ops": dict(self.recorder.ops), "own_ops": dict(self.recorder.own_ops),
                "torch_flops": self.recorder.flops, "torch_bytes": self.recorder.bytes}
         extra = {"persisting_l2_limit": runtime.persisting_l2_limit()} if self.device.type == "cuda" else {}
-        return {"evidence": self.evidence, "ops": ops, "launches": dict(self.gate.counts), "kernels": sorted(self.gate.names), **extra}
+        return {"evidence": self.evidence, "ops": ops, "launches": dict(self.gate.counts), "kernels": sorted(self.gate.names), **extra, **profiled}
 
 
 def poison_free_memory(device: torch.device, fill: int) -> None:

@@ -23,11 +23,13 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch
 
+from kbsweep.audit.runtime import KERNEL_RANGE
+
 CUDA_LIMIT_PERSISTING_L2 = 0x06
 SPIN_CYCLES_PER_US = 2000  # about the SM clock of a Hopper under load; a longer spin is harmless
 BATCH_ENQUEUE_US = 50_000  # host time to enqueue one back-to-back batch
 MAX_BATCH_SPIN_US = 100_000
-CALL_RANGE = "kbsweep::call"  # the profiler annotation around each candidate call
+CALL_RANGE = "kbsweep::call"  # the profiler annotation around each candidate call (its tag follows)
 
 
 @dataclass
@@ -261,19 +263,49 @@ def batch_shape(warm: Dict[str, List[float]], latency: bool) -> Dict[str, float]
     return {"per_batch": per_batch, "spin_us": min(1.5 * behind_us + 1000, MAX_BATCH_SPIN_US), "mode": "back_to_back"}
 
 
-def kernel_profile(prof: Any, calls: int) -> Dict[str, Any]:
-    """Kernel names, launches per call and streams from a finished ``torch.profiler`` session of ``calls`` calls.
-    Where the calls ran inside :data:`CALL_RANGE` annotations, only kernels launched from inside one count (the
-    flushes, canaries and output copies around them do not); a CUDA-graph replay counts its kernels."""
+def profiler_session(device: Any):
+    """The runner's one profiler session: CPU ops with FLOPs (the dispatcher sees ops that torch dispatch modes
+    do not), and on GPUs every kernel."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if getattr(device, "type", device) == "cuda" else [])
+    return profile(activities=activities, with_flops=True)
+
+
+def session_evidence(prof: Any, calls: Dict[str, int]) -> Dict[str, Any]:
+    """From a finished session: the aten ops (and their FLOPs) run inside candidate calls but outside its own
+    kernel launches, and per call tag (``calls``: tag -> number of calls) the kernels of those calls."""
     events = list(prof.profiler.kineto_results.events())
-    ranges = [(e.start_ns(), e.end_ns()) for e in events if e.name() == CALL_RANGE]
+    cpu = torch.autograd.DeviceType.CPU
+    ranges: Dict[str, List[tuple]] = {}
+    for e in events:
+        if e.name().startswith(CALL_RANGE):
+            ranges.setdefault(e.name()[len(CALL_RANGE):], []).append((e.start_ns(), e.end_ns()))
+    launches = [(e.start_ns(), e.end_ns()) for e in events if e.name() == KERNEL_RANGE]
+    inside = lambda t, spans: any(start <= t <= end for start, end in spans)  # noqa: E731
+    everywhere = [span for spans in ranges.values() for span in spans]
+    ops: Dict[str, int] = {}
+    flops = 0
+    for e in events:
+        if e.device_type() == cpu and "::" in e.name() and not e.name().startswith(("kbsweep::", "profiler::")) \
+                and inside(e.start_ns(), everywhere) and not inside(e.start_ns(), launches):
+            ops[e.name()] = ops.get(e.name(), 0) + 1
+            flops += int(e.flops() or 0)
+    profiles = {tag: kernel_profile(events, ranges.get(tag, []), count) for tag, count in calls.items() if ranges.get(tag)}
+    return {"ops": ops, "flops": flops, "profiles": profiles}
+
+
+def kernel_profile(events: List[Any], ranges: List[tuple], calls: int) -> Dict[str, Any]:
+    """Kernel names, launches per call and streams of the kernels launched from inside ``ranges`` (a candidate's
+    calls; the flushes, canaries and output copies around them are not counted); a CUDA-graph replay counts its
+    kernels."""
     launched_at = {e.correlation_id(): e.start_ns() for e in events if e.device_type() == torch.autograd.DeviceType.CPU}
 
     def counted(event) -> bool:
         at = launched_at.get(event.linked_correlation_id()) or launched_at.get(event.correlation_id())
         # a launch with no runtime-API record (Triton's driver-API launches) is never the harness's own work: the
         # flushes, canaries and copies around the calls all go through torch's runtime launches
-        return not ranges or at is None or any(start <= at <= end for start, end in ranges)
+        return at is None or any(start <= at <= end for start, end in ranges)
 
     gpu = [e for e in events if e.device_type() == torch.autograd.DeviceType.CUDA and not e.name().startswith(("Memcpy", "Memset")) and counted(e)]
     kernels: Dict[str, int] = {}

@@ -15,7 +15,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from kbsweep.grader.baselines import BaselineCache, entry_key  # noqa: E402
+from kbsweep.grader.baselines import BaselineCache, conditions, entry_key  # noqa: E402
 from kbsweep.problems import load_problem  # noqa: E402
 
 
@@ -26,7 +26,8 @@ def timed_baselines(result: dict, gpu: str) -> dict:
     for entry in result.get("timings") or []:
         for baseline, timed in entry["baselines"].items():
             if timed and timed.get("median_ms"):
-                found[entry_key(problem.id, problem.code_hash(), gpu, result["env"], entry["shape"], baseline)] = timed
+                key = entry_key(problem.id, problem.code_hash(), gpu, result["env"], entry["shape"], baseline, timed.get("compile_mode"))
+                found[key] = {**timed, "conditions": conditions(result["env"])}
     return found
 
 

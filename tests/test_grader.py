@@ -148,3 +148,16 @@ def test_a_baseline_that_disagrees_with_the_reference_is_flagged(roofline, tmp_p
             assert "elements off" in sota["outside_tolerance"], sota
     flagged = [s.get("baselines_outside_tolerance") for s in result["shapes"]]
     assert flagged == [None if agrees else ["sota"]] * len(flagged)
+
+
+def test_baseline_keys_hold_what_changes_a_timing():
+    """A cached baseline is served only under the conditions it was measured in."""
+    from kbsweep.grader.baselines import entry_key
+
+    env = {"torch": "2.11.0", "triton": "3.6.0", "cuda": "13.0", "runtime": "6.18.44-fc", "gpus": [{"driver": "580.159.04"}]}
+    key = lambda env=env, name="compile", mode="max-autotune-no-cudagraphs": entry_key("hard/x", "abc", "h200", env, {"M": 1}, name, mode)  # noqa: E731
+    assert key() == key()
+    for changed in ({"runtime": "4.4.0"}, {"gpus": [{"driver": "575.0"}]}, {"cuda": "12.8"}, {"torch": "2.12.0"}):
+        assert key({**env, **changed}) != key()
+    assert key(mode="default") != key()
+    assert key(name="eager", mode="default") == key(name="eager")  # the compile mode is the compile baseline's alone

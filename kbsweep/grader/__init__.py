@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from kbsweep import REPO_ROOT, gpus
-from kbsweep.grader.baselines import BaselineCache, entry_key
+from kbsweep.grader.baselines import BaselineCache, conditions, entry_key
 from kbsweep.problems import Problem, asdict_spec
 from kbsweep.sandbox import Sandbox, SandboxPolicy, Watch, grading_view, minimal_env
 from kbsweep.score import score_grade
@@ -34,11 +34,14 @@ BREACH_OUTCOMES = {"wall": "grade_timeout", "memory": "grade_oom", "disk": "runt
 
 
 def software_versions() -> Dict[str, str]:
-    versions = {"python": platform.python_version()}
+    """Python, torch, Triton and CUDA versions, and the host runtime (the kernel release: a hypervisor's shows)."""
+    from importlib.metadata import version
+
+    import torch
+
+    versions = {"python": platform.python_version(), "cuda": str(torch.version.cuda), "runtime": platform.release()}
     for name in ("torch", "triton"):
         try:
-            from importlib.metadata import version
-
             versions[name] = version(name)
         except Exception:
             versions[name] = "absent"
@@ -200,11 +203,11 @@ def grade(
         env["TRITON_INTERPRET"] = "1"
         env["CUDA_VISIBLE_DEVICES"] = ""
     deck_version = deck_version or problem.deck_hash()
-    versions = software_versions()
+    host_env = {**software_versions(), "host": platform.node(), "gpus": gpus.list_gpus()}
     shapes = problem.shapes(shape_set)
     keyed = [{**shape, "world": world_size} for shape in shapes] if multi else shapes  # a world size has its own baselines
     keys = {
-        name: [entry_key(problem.id, problem.code_hash(), gpu.name, versions, shape, name) for shape in keyed]
+        name: [entry_key(problem.id, problem.code_hash(), gpu.name, host_env, shape, name, compile_mode) for shape in keyed]
         for name in baselines or []
     }
     to_time = baseline_cache.missing(keys) if baseline_cache else list(keys)
@@ -241,7 +244,7 @@ def grade(
         "shape_set": shape_set,
         "world_size": world_size,
         "grade_s": time.time() - started,
-        "env": {**versions, "host": platform.node(), "gpus": gpus.list_gpus()},
+        "env": host_env,
     }
     if not message.get("ok"):
         result.update(
@@ -260,7 +263,8 @@ def grade(
         for name in keys:
             if name in entry["baselines"]:
                 if not (entry["baselines"][name] or {}).get("retry"):  # a budget skip is timed by a later grade
-                    fresh[keys[name][index]] = entry["baselines"][name]
+                    fresh[keys[name][index]] = {**(entry["baselines"][name] or {}), "conditions": conditions(host_env),
+                                                   **({"compile_mode": compile_mode} if name == "compile" else {})}
             elif baseline_cache is not None:
                 entry["baselines"][name] = baseline_cache.get(keys[name][index])
     if baseline_cache is not None:

@@ -11,10 +11,27 @@ from typing import Any, Dict, Iterator, List, Optional
 TIMER_VERSION = "3"  # the method of kbsweep/grader/timing.py (3: the referee's batches); a new one re-times baselines
 
 
-def entry_key(problem: str, deck: str, gpu: str, versions: Dict[str, str], shape: Dict[str, Any], name: str) -> str:
+def conditions(env: Dict[str, Any]) -> Dict[str, str]:
+    """What a timing depends on besides the problem, shape and GPU model, from a grade's ``env`` record: software
+    versions, the driver, and the host runtime (a hypervisor moves launch costs: a number measured under one must
+    not be served under another)."""
+    drivers = sorted({str(g.get("driver")) for g in env.get("gpus") or []})
+    return {
+        "torch": str(env.get("torch")),
+        "triton": str(env.get("triton")),
+        "cuda": str(env.get("cuda")),
+        "driver": ",".join(drivers) or "none",
+        "runtime": str(env.get("runtime")),
+        "timer": TIMER_VERSION,
+    }
+
+
+def entry_key(problem: str, deck: str, gpu: str, env: Dict[str, Any], shape: Dict[str, Any], name: str, compile_mode: Optional[str] = None) -> str:
+    """The cache key of one baseline timing: everything that changes it (``compile_mode`` for the compile baseline)."""
     shape_text = ",".join(f"{k}={shape[k]}" for k in sorted(shape))
-    software = f"torch={versions.get('torch')}|triton={versions.get('triton')}|timer={TIMER_VERSION}"
-    return f"{problem}|{deck}|{gpu}|{software}|{shape_text}|{name}"
+    software = "|".join(f"{k}={v}" for k, v in conditions(env).items())
+    mode = f"|mode={compile_mode or 'default'}" if name == "compile" else ""
+    return f"{problem}|{deck}|{gpu}|{software}|{shape_text}|{name}{mode}"
 
 
 class BaselineCache:

@@ -278,10 +278,10 @@ def session_evidence(prof: Any, calls: Dict[str, int]) -> Dict[str, Any]:
     events = list(prof.profiler.kineto_results.events())
     cpu = torch.autograd.DeviceType.CPU
     ranges: Dict[str, List[tuple]] = {}
-    for e in events:
-        if e.name().startswith(CALL_RANGE):
+    for e in events:  # the host's spans (kineto repeats each annotation on the GPU's timeline too)
+        if e.device_type() == cpu and e.name().startswith(CALL_RANGE):
             ranges.setdefault(e.name()[len(CALL_RANGE):], []).append((e.start_ns(), e.end_ns()))
-    launches = [(e.start_ns(), e.end_ns()) for e in events if e.name() == KERNEL_RANGE]
+    launches = [(e.start_ns(), e.end_ns()) for e in events if e.device_type() == cpu and e.name() == KERNEL_RANGE]
     inside = lambda t, spans: any(start <= t <= end for start, end in spans)  # noqa: E731
     everywhere = [span for spans in ranges.values() for span in spans]
     ops: Dict[str, int] = {}

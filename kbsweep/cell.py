@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import fcntl
 import json
+import os
 import shutil
+import socket
+import subprocess
 import time
 import traceback
 from pathlib import Path
@@ -31,6 +34,7 @@ from kbsweep.score import load_roofline
 
 PUBLIC_FILES = ("reference.py", "prompt.md")
 RESULT_FILE = "result.json"
+RECLAIM_WAIT_S = 30.0  # for a killed holder's lock to be released (its grade's sandbox winding down)
 
 
 def prepare_workspace(folder: Path, problem_root: Path) -> Path:
@@ -95,6 +99,25 @@ def cell_lock_path(cell: Cell) -> Path:
     return cell_dir(cell).parent / f"{cell.key}.lock"
 
 
+def process_stamp(pid: int) -> str:
+    """``host:pid:start``: names one process for as long as it lives (a reused pid has another start time)."""
+    return f"{socket.gethostname()}:{pid}:{process_start(pid)}"
+
+
+def process_start(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rpartition(")")[2].split()[19]
+    except (OSError, IndexError):
+        return "gone"
+
+
+def stamp_alive(stamp: str) -> bool:
+    """False only for a process of this host that has ended; other hosts' processes are assumed alive."""
+    host, pid, start = (stamp.split(":") + ["", ""])[:3]
+    return host != socket.gethostname() or not pid.isdigit() or process_start(int(pid)) == start
+
+
 def cell_busy(cell: Cell) -> bool:
     """True while some process (an earlier sweep's orphaned job, say) is running this cell."""
     path = cell_lock_path(cell)
@@ -109,13 +132,38 @@ def cell_busy(cell: Cell) -> bool:
     return False
 
 
+def reclaim(cell: Cell, wait_s: float = RECLAIM_WAIT_S) -> bool:
+    """End the process holding a cell's lock (the orphaned job of a sweep that died: one orchestrator per sweep
+    runs at a time, so no live one owns it) and wait for the lock; False if it is still held. A holder on
+    another host is reached through its Slurm job, when it names one."""
+    from kbsweep.torchrun import kill_tree
+
+    holder = json.loads(cell_lock_path(cell).read_text() or "{}")
+    stamp = holder.get("holder") or ""
+    if stamp.startswith(f"{socket.gethostname()}:") and stamp_alive(stamp):
+        kill_tree(int(stamp.split(":")[1]))
+    elif holder.get("slurm_job") and shutil.which("scancel"):
+        subprocess.run(["scancel", str(holder["slurm_job"])], capture_output=True)
+    else:
+        return not cell_busy(cell)  # a holder that names itself nowhere is left alone
+    deadline = time.monotonic() + wait_s
+    while cell_busy(cell):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
 def run_cell(cell: Cell) -> Dict[str, Any]:
     """Run one cell under its lock (never twice at once) and write its result.json; any harness failure
-    becomes a harness_error result."""
+    becomes a harness_error result. The lock file names its holder (for :func:`reclaim`)."""
     path = cell_lock_path(cell)
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
+        handle.truncate(0)
+        handle.write(json.dumps({"holder": process_stamp(os.getpid()), "slurm_job": os.environ.get("SLURM_JOB_ID")}))
+        handle.flush()
         return run_cell_locked(cell)
 
 

@@ -29,7 +29,7 @@ from kbsweep.locks import device_lock
 from kbsweep.matrix import Cell, cell_dir
 from kbsweep.outcomes import Outcome, StopReason
 from kbsweep.problems import load_problem
-from kbsweep.sandbox import Sandbox, SandboxPolicy
+from kbsweep.sandbox import Sandbox, SandboxPolicy, memory_cap_mib
 from kbsweep.score import load_roofline
 
 PUBLIC_FILES = ("reference.py", "prompt.md")
@@ -71,7 +71,7 @@ def grader_for(cell: Cell, problem, roofline: Dict[str, Any], folder: Path):
                 mode=mode,
                 baselines=baselines if mode == "full" else [],
                 timeout_s=cell.track["grade_timeout_s"],
-                memory_mib=cell.grade["memory_mib"],
+                memory_mib=memory_cap_mib(cell.grade["memory_mib"]),  # the grading host's, where the cell runs
                 log_dir=folder / "grades" / log_name,
                 timing=cell.grade["timing"],
                 compile_mode=cell.grade["compile_mode"],

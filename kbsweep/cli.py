@@ -130,7 +130,7 @@ def grade_verb(cfgs: List[DictConfig]) -> int:
     from kbsweep.grader import grade
     from kbsweep.outcomes import Outcome
     from kbsweep.problems import find_problem_dir, load_problem
-    from kbsweep.sandbox import SandboxPolicy
+    from kbsweep.sandbox import SandboxPolicy, memory_cap_mib
     from kbsweep.score import load_roofline
     from kbsweep.validate import CACHE_FILE, check_problem, check_references, reference_probe
 
@@ -154,7 +154,7 @@ def grade_verb(cfgs: List[DictConfig]) -> int:
         roofline,
         baselines=list(cfg.gpu.baselines or cfg.grade.baselines),
         timeout_s=cfg.track.grade_timeout_s,
-        memory_mib=cfg.grade.memory_mib,
+        memory_mib=memory_cap_mib(cfg.grade.memory_mib),
         timing=OmegaConf.to_container(cfg.grade.timing, resolve=True),
         compile_mode=cfg.grade.compile_mode,
         log_dir=Path(cfg.paths.outputs) / "grades" / f"{track}-{name}-{time.strftime('%Y%m%d-%H%M%S')}",

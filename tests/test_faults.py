@@ -9,6 +9,10 @@ import sys
 import time
 from pathlib import Path
 
+from omegaconf import OmegaConf
+
+from kbsweep.sandbox import HOST_SHARE, Sandbox, SandboxPolicy, host_memory_mib, memory_cap_mib
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -41,3 +45,29 @@ def test_a_creator_killed_while_migrating_leaves_no_broken_database(tmp_path):
         out, err = after.communicate(timeout=300)
         assert out.strip() == "ok", err[-2000:]
         assert not list(db.parent.glob(".mlflow.db.*"))  # a killed creator's partial file is cleared
+
+
+def test_a_fork_flood_sharing_its_pages_is_not_out_of_memory_but_a_real_hog_is(tmp_path):
+    """Ten forks of a process holding 200 MiB share those pages: 200 MiB, not 2.2 GB (RSS summed per process)."""
+    flood = ("python3 -c \"import os, time; b = bytearray(200 << 20); b[::4096] = b'x' * len(b[::4096]); "
+             "kids = [os.fork() or (time.sleep(3), os._exit(0)) for _ in range(10)]; [os.waitpid(k, 0) for k in kids]\"")
+    policy = SandboxPolicy(memory_mib=600, wall_s=60)
+    shared = Sandbox(policy, gpu=True).shell(flood, tmp_path)  # gpu: no address-space rlimit, the watch alone
+    assert shared.returncode == 0 and not shared.notes, shared.output
+    hog = "python3 -c \"import time; b = bytearray(800 << 20); b[::4096] = b'x' * len(b[::4096]); time.sleep(30)\""
+    alone = Sandbox(policy, gpu=True).shell(hog, tmp_path)
+    assert alone.returncode == 124 and "more than 600 MiB" in alone.notes[0]
+
+
+def test_what_a_command_prints_counts_against_its_disk_quota(tmp_path):
+    """10 MiB in the workspace and 10 MiB of output: each under the 16 MiB quota, together over it."""
+    both = "head -c 10M /dev/zero > file; head -c 10M /dev/zero; sleep 10"
+    result = Sandbox(SandboxPolicy(disk_mib=16, wall_s=60)).shell(both, tmp_path)
+    assert result.returncode == 124 and "over the 16 MiB quota" in result.notes[0]
+
+
+def test_the_default_grading_memory_cap_is_a_share_of_this_host():
+    host = host_memory_mib()
+    assert OmegaConf.load(REPO / "conf" / "config.yaml").grade.memory_mib is None
+    assert memory_cap_mib(None) == HOST_SHARE * host
+    assert memory_cap_mib(host * 3) == host and memory_cap_mib(512) == 512  # never more than the host has

@@ -2,16 +2,23 @@
 measured per sandbox (docs/launch.md, "Faults")."""
 from __future__ import annotations
 
+import json
 import os
+import random
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Dict, List
 
 from omegaconf import OmegaConf
 
+from kbsweep.cell import cell_busy, cell_lock_path
 from kbsweep.sandbox import HOST_SHARE, Sandbox, SandboxPolicy, host_memory_mib, memory_cap_mib
+from kbsweep.sweep import plan
+from kbsweep.tracking import runs_frame
+from tests.test_orphans import demo_cell
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -71,3 +78,62 @@ def test_the_default_grading_memory_cap_is_a_share_of_this_host():
     assert OmegaConf.load(REPO / "conf" / "config.yaml").grade.memory_mib is None
     assert memory_cap_mib(None) == HOST_SHARE * host
     assert memory_cap_mib(host * 3) == host and memory_cap_mib(512) == 512  # never more than the host has
+
+
+def test_a_rerun_reclaims_a_cell_its_dead_sweep_left_running(outputs):
+    """An orphaned job holding a cell's lock (its orchestrator gone) is ended and the cell is run again."""
+    cell = demo_cell(outputs)
+    path = cell_lock_path(cell)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    hold = ("import fcntl, json, os, time; from kbsweep.cell import process_stamp; h = open({path!r}, 'a'); fcntl.flock(h, fcntl.LOCK_EX); "
+            "h.write(json.dumps({{'holder': process_stamp(os.getpid())}})); h.flush(); print('held', flush=True); time.sleep(300)")
+    orphan = subprocess.Popen([sys.executable, "-c", hold.format(path=str(path))], cwd=REPO, stdout=subprocess.PIPE, text=True)
+    assert orphan.stdout.readline().strip() == "held" and cell_busy(cell)
+    assert plan([cell], {}, set(), force=False)[0] == [cell]
+    assert orphan.wait(timeout=10) == -signal.SIGKILL and not cell_busy(cell)
+
+
+def sweep_processes(outputs: Path) -> List[int]:
+    """Processes of a sweep writing under ``outputs``: its orchestrator, cell jobs and their grades."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and int(entry.name) != os.getpid():
+                seen = (entry / "environ").read_bytes() + (entry / "cmdline").read_bytes()
+                if str(outputs).encode() in seen and (entry / "stat").read_text().rpartition(")")[2].split()[0] != "Z":
+                    found.append(int(entry.name))
+        except OSError:
+            pass
+    return found
+
+
+def test_ten_kills_of_a_running_sweep_lose_nothing_grade_nothing_twice_and_leave_nothing_behind(tmp_path):
+    """SIGKILL the orchestrator's process group 10 times at random points (the first while it creates the MLflow
+    database), then rerun once: every cell finished once, no result rewritten, no process left. (The lazy scripted
+    model hands in a wrong kernel at once: a finished cell after a single grade.)"""
+    outputs = tmp_path / "outputs"
+    env = {**os.environ, "KBSWEEP_OUTPUTS": str(outputs), "KBSWEEP_LOCK_DIR": str(tmp_path / "locks")}
+    command = [sys.executable, "-m", "kbsweep.cli", "-m", "launcher=local", "gpu=cpu", "model=scripted-lazy", "problem=scale_shift", "repeat=0,1"]
+    rng = random.Random(1203)
+    journals: Dict[str, int] = {}  # result.json → its mtime when first seen
+    for kill in range(10):
+        proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        if kill == 0:
+            while not list(outputs.glob(".mlflow.db.*.partial")):  # the database is being created
+                assert proc.poll() is None
+                time.sleep(0.01)
+            time.sleep(0.3)
+        else:
+            time.sleep(rng.uniform(1.0, 8.0))  # a cell of the lazy model (one grade) takes about 10 s
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        for path in outputs.glob("sweeps/demo/*/result.json"):
+            journals.setdefault(str(path), path.stat().st_mtime_ns)
+    rerun = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    results = {str(p): json.loads(p.read_text()) for p in outputs.glob("sweeps/demo/*/result.json")}
+    assert sorted(r["outcome"] for r in results.values()) == ["incorrect", "incorrect"]
+    assert all(Path(p).stat().st_mtime_ns == mtime for p, mtime in journals.items())  # none graded twice
+    finished = [r for r in runs_frame(f"sqlite:///{outputs}/mlflow.db") if r["status"] == "FINISHED"]
+    assert sorted(r["cell_key"] for r in finished) == sorted(r["key"] for r in results.values())  # one record each
+    assert sweep_processes(outputs) == []

@@ -320,15 +320,16 @@ def check_overrides(argv: List[str]) -> List[str]:
 
 
 def check_yaml(argv: List[str]) -> None:
-    """Parse every YAML of the config search path first: a broken file is one line, not a traceback."""
+    """Parse every YAML of the config search path first: a broken file is one line, not a traceback. (libyaml's
+    parser where installed: this runs on every command.)"""
     import yaml
-    from omegaconf.errors import OmegaConfBaseException
 
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     for folder in config_folders(argv):
         for path in sorted(folder.rglob("*.yaml")):
             try:
-                OmegaConf.load(path)
-            except (yaml.YAMLError, OmegaConfBaseException) as exc:
+                yaml.load(path.read_text(), Loader=loader)
+            except yaml.YAMLError as exc:
                 mark = getattr(exc, "problem_mark", None)
                 where = f"{path}:{mark.line + 1}" if mark else str(path)
                 fail(ExitCode.CONFIG, f"{where}: broken YAML ({getattr(exc, 'problem', None) or exc})")

@@ -18,7 +18,7 @@ def find_roofline(roots: List[str], name: str) -> Path:
         path = Path(root) / f"{name}.yaml"
         if path.exists():
             return path
-    raise KbsweepError(f"no roofline spec '{name}' (searched {', '.join(roots)})")
+    raise KbsweepError(f"key 'gpu.roofline': no roofline spec '{name}' (no {name}.yaml in {', '.join(roots)})")
 
 
 def load_roofline(roots: List[str], name: str) -> Dict[str, Any]:

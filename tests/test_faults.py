@@ -124,7 +124,7 @@ def test_ten_kills_of_a_running_sweep_lose_nothing_grade_nothing_twice_and_leave
                 time.sleep(0.01)
             time.sleep(0.3)
         else:
-            time.sleep(rng.uniform(1.0, 8.0))  # a cell of the lazy model (one grade) takes about 10 s
+            time.sleep(rng.uniform(0.5, 7.0))  # a cell of the lazy model (one grade) takes about 10 s
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
         for path in outputs.glob("sweeps/demo/*/result.json"):

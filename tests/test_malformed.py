@@ -160,12 +160,10 @@ def test_the_table_is_large():
     assert len(CASES) >= 60
 
 
-def test_grade_exits_3_for_the_models_failure_and_0_for_a_pass(outputs):
-    args = ["grade", "problem=demo/scale_shift", "gpu=cpu", "grade.baselines=[]", "gpu.baselines=[]"]
-    wrong = kbsweep(*args, f"solution={DEMO / 'solutions' / 'wrong.py'}")
+def test_grade_exits_3_for_the_models_failure(outputs):
+    """(A pass exits 0: tests/test_grader.py.)"""
+    wrong = kbsweep("grade", "problem=demo/scale_shift", "gpu=cpu", "gpu.baselines=[]", f"solution={DEMO / 'solutions' / 'wrong.py'}")
     assert wrong.returncode == ExitCode.MODEL and '"outcome": "incorrect"' in wrong.stdout, wrong.stderr[-2000:]
-    right = kbsweep(*args, f"solution={DEMO / 'solutions' / 'triton.py'}")
-    assert right.returncode == ExitCode.OK and '"outcome": "pass"' in right.stdout, right.stderr[-2000:]
 
 
 def test_a_job_slurm_refuses_is_one_line_and_exit_code_4(outputs, tmp_path):

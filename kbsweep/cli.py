@@ -353,7 +353,8 @@ def main() -> None:
         argv = check_overrides(argv)
     except KbsweepError as exc:
         fail(ExitCode.CONFIG, exc)
-    sys.argv = [sys.argv[0], *argv, f"verb={name}"]
+    multirun = [a for a in argv if a in ("-m", "--multirun")]  # first: Hydra's parser takes one run of overrides
+    sys.argv = [sys.argv[0], *multirun, *(a for a in argv if a not in multirun), f"verb={name}"]
     try:
         hydra_main()
     except SystemExit as exc:

@@ -132,7 +132,7 @@ def grade_verb(cfgs: List[DictConfig]) -> int:
     from kbsweep.problems import find_problem_dir, load_problem
     from kbsweep.sandbox import SandboxPolicy, memory_cap_mib
     from kbsweep.score import load_roofline
-    from kbsweep.validate import CACHE_FILE, check_problem, check_references, reference_probe
+    from kbsweep.validate import check_problem, check_references, reference_probe
 
     cfg = cfgs[0]
     if not cfg.problem or "/" not in str(cfg.problem) or not cfg.solution:
@@ -145,7 +145,7 @@ def grade_verb(cfgs: List[DictConfig]) -> int:
     problem = load_problem(find_problem_dir(list(cfg.paths.problems), folder, name, fmt), track)
     roofline = load_roofline(list(cfg.paths.roofline_specs), cfg.gpu.roofline)
     check_problem(problem, cfg.gpu.shape_set, roofline, cfg.gpu.roofline)
-    check_references([reference_probe(problem)], Path(cfg.paths.outputs) / CACHE_FILE)
+    check_references([reference_probe(problem)])
     gpu = SimpleNamespace(**OmegaConf.to_container(cfg.gpu, resolve=True))
     result = grade(
         problem,

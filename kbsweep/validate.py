@@ -5,8 +5,9 @@ Configs are checked by their schemas and :data:`kbsweep.config.RULES`; here: the
 tolerance keys, the peak and formulas it is scored with), and each reference. A reference is deck code that
 may hang or crash, so it is probed in a subprocess of its own (``python -m kbsweep.validate``): import,
 ``Model``, ``get_init_inputs``/``get_inputs`` and one forward on the smallest shape, on the meta device (shapes
-only: no compute, no GPU needed). A reference that passed is remembered by content hash in
-``<outputs>/validated.json``, so a plan stays quick. Every error is one line naming the file and key.
+only: no compute, no GPU needed). A reference that passed is remembered by content hash in the user's cache
+(``~/.cache/kbsweep/validated.json``, for any outputs folder), so a plan stays quick. Every error is one line
+naming the file and key.
 """
 from __future__ import annotations
 
@@ -31,7 +32,6 @@ DTYPES = ("float64", "float32", "float16", "bfloat16", "float8_e4m3fn", "float8_
           "complex64", "complex128")
 TOLERANCE_KEYS = ("atol", "rtol", "cosine")
 PROBE_TIMEOUT_S = 120.0  # torch's import dominates; a reference that hangs past it is an error
-CACHE_FILE = "validated.json"
 # a forward that fails for the probe's device, not the reference's code: data-dependent ops on meta, GPU-only ops
 DEVICE_BOUND = re.compile(r"meta|cpu|cuda|not implemented|not supported|accelerator", re.I)
 
@@ -45,7 +45,7 @@ def check_cells(cells: List[Cell]) -> None:
         check_problem(problem, cell.gpu["shape_set"], roofline, cell.gpu["roofline"])
         probes[str(problem.grader_reference)] = reference_probe(problem)
     if cells:
-        check_references(probes.values(), Path(cells[0].paths["outputs"]) / CACHE_FILE)
+        check_references(probes.values())
 
 
 def reference_probe(problem: Problem) -> Tuple[Path, Dict[str, Any], bool]:
@@ -97,9 +97,17 @@ def smallest(problem: Problem) -> Dict[str, Any]:
     return min(shapes, key=lambda s: math.prod(v for v in s.values() if isinstance(v, int) and not isinstance(v, bool)))
 
 
-def check_references(probes: Iterable[Tuple[Path, Dict[str, Any], bool]], cache: Path) -> None:
+def cache_file() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kbsweep" / "validated.json"
+
+
+def check_references(probes: Iterable[Tuple[Path, Dict[str, Any], bool]]) -> None:
     """Probe every reference not already known good (one subprocess for all); remember the good ones."""
-    known = set(json.loads(cache.read_text())) if cache.exists() else set()
+    cache = cache_file()
+    try:
+        known = set(json.loads(cache.read_text()))
+    except (OSError, ValueError):  # none yet, or unreadable: probe again
+        known = set()
     todo = [(path, shape, forward, digest(path, shape)) for path, shape, forward in probes]
     todo = [t for t in todo if t[3] not in known]
     if not todo:

@@ -31,6 +31,7 @@ from kbsweep.outcomes import Outcome, StopReason
 from kbsweep.problems import load_problem
 from kbsweep.sandbox import Sandbox, SandboxPolicy, memory_cap_mib
 from kbsweep.score import load_roofline
+from kbsweep.tracking import owner, owner_alive
 
 PUBLIC_FILES = ("reference.py", "prompt.md")
 RESULT_FILE = "result.json"
@@ -99,25 +100,6 @@ def cell_lock_path(cell: Cell) -> Path:
     return cell_dir(cell).parent / f"{cell.key}.lock"
 
 
-def process_stamp(pid: int) -> str:
-    """``host:pid:start``: names one process for as long as it lives (a reused pid has another start time)."""
-    return f"{socket.gethostname()}:{pid}:{process_start(pid)}"
-
-
-def process_start(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rpartition(")")[2].split()[19]
-    except (OSError, IndexError):
-        return "gone"
-
-
-def stamp_alive(stamp: str) -> bool:
-    """False only for a process of this host that has ended; other hosts' processes are assumed alive."""
-    host, pid, start = (stamp.split(":") + ["", ""])[:3]
-    return host != socket.gethostname() or not pid.isdigit() or process_start(int(pid)) == start
-
-
 def cell_busy(cell: Cell) -> bool:
     """True while some process (an earlier sweep's orphaned job, say) is running this cell."""
     path = cell_lock_path(cell)
@@ -140,7 +122,7 @@ def reclaim(cell: Cell, wait_s: float = RECLAIM_WAIT_S) -> bool:
 
     holder = json.loads(cell_lock_path(cell).read_text() or "{}")
     stamp = holder.get("holder") or ""
-    if stamp.startswith(f"{socket.gethostname()}:") and stamp_alive(stamp):
+    if stamp.startswith(f"{socket.gethostname()}:") and owner_alive(stamp):
         kill_tree(int(stamp.split(":")[1]))
     elif holder.get("slurm_job") and shutil.which("scancel"):
         subprocess.run(["scancel", str(holder["slurm_job"])], capture_output=True)
@@ -162,7 +144,7 @@ def run_cell(cell: Cell) -> Dict[str, Any]:
     with open(path, "a") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         handle.truncate(0)
-        handle.write(json.dumps({"holder": process_stamp(os.getpid()), "slurm_job": os.environ.get("SLURM_JOB_ID")}))
+        handle.write(json.dumps({"holder": owner(), "slurm_job": os.environ.get("SLURM_JOB_ID")}))
         handle.flush()
         return run_cell_locked(cell)
 

@@ -28,10 +28,11 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
 from kbsweep import InfraError, KbsweepError, gpus
-from kbsweep.cell import process_stamp, run_cell, stamp_alive
+from kbsweep.cell import run_cell
 from kbsweep.matrix import Cell, cell_dir
 from kbsweep.outcomes import Outcome
 from kbsweep.torchrun import kill_tree
+from kbsweep.tracking import owner, owner_alive
 
 OnStart = Callable[[Cell], None]
 OnDone = Callable[[Cell, Dict[str, Any]], None]
@@ -73,7 +74,7 @@ def supervised(job: Job, cell: Cell, visible_gpus: Optional[str], supervisor: st
 def end_when_gone(supervisor: str) -> None:
     import psutil
 
-    while stamp_alive(supervisor):
+    while owner_alive(supervisor):
         time.sleep(POLL_S)
     for child in psutil.Process().children():
         kill_tree(child.pid)
@@ -160,7 +161,7 @@ class SubmititLauncher:
         self.executor.update_parameters(**self.parameters(cell))
         if self.cluster == "local":
             visible = ",".join(self.pool) if cell.gpu["device"] == "cuda" else ""
-            return self.executor.submit(supervised, self.job, cell, visible, process_stamp(os.getpid()))
+            return self.executor.submit(supervised, self.job, cell, visible, owner())
         try:
             return self.executor.submit(self.job, cell, None)
         except Exception as exc:  # sbatch refused the job (a bad partition, a down controller): no traceback

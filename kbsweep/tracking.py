@@ -58,21 +58,26 @@ def result_id(result: Dict[str, Any]) -> str:
 
 
 def owner() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}"
+    """This process's stamp: ``host:pid:start`` (its start time tells it from a later process given the same pid)."""
+    return f"{socket.gethostname()}:{os.getpid()}:{process_start(os.getpid())}"
+
+
+def process_start(pid: int) -> Optional[str]:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rpartition(")")[2].split()[19]
+    except (OSError, IndexError):
+        return None
 
 
 def owner_alive(value: Optional[str]) -> bool:
-    """False only for a process of this host that no longer exists; other hosts' processes are assumed alive."""
-    host, _, pid = (value or "").rpartition(":")
+    """False only for a process of this host that no longer runs (``host:pid`` stamps: no process has that pid);
+    other hosts' processes are assumed alive."""
+    host, pid, start = ((value or "").split(":") + ["", ""])[:3]
     if host != socket.gethostname() or not pid.isdigit():
         return True
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    return True
+    found = process_start(int(pid))
+    return found is not None and start in ("", found)
 
 
 def versions() -> Dict[str, str]:

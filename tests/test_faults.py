@@ -85,8 +85,8 @@ def test_a_rerun_reclaims_a_cell_its_dead_sweep_left_running(outputs):
     cell = demo_cell(outputs)
     path = cell_lock_path(cell)
     path.parent.mkdir(parents=True, exist_ok=True)
-    hold = ("import fcntl, json, os, time; from kbsweep.cell import process_stamp; h = open({path!r}, 'a'); fcntl.flock(h, fcntl.LOCK_EX); "
-            "h.write(json.dumps({{'holder': process_stamp(os.getpid())}})); h.flush(); print('held', flush=True); time.sleep(300)")
+    hold = ("import fcntl, json, time; from kbsweep.tracking import owner; h = open({path!r}, 'a'); fcntl.flock(h, fcntl.LOCK_EX); "
+            "h.write(json.dumps({{'holder': owner()}})); h.flush(); print('held', flush=True); time.sleep(300)")
     orphan = subprocess.Popen([sys.executable, "-c", hold.format(path=str(path))], cwd=REPO, stdout=subprocess.PIPE, text=True)
     assert orphan.stdout.readline().strip() == "held" and cell_busy(cell)
     assert plan([cell], {}, set(), force=False)[0] == [cell]

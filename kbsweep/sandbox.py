@@ -333,7 +333,7 @@ class Watch:
             return "wall", f"stopped after {self.wall_s:.0f} s (wall-clock limit)"
         if self.memory_mib and pss_mib(process_tree(self.proc.pid)) > self.memory_mib:
             return "memory", f"stopped: its processes held more than {self.memory_mib:.0f} MiB of memory"
-        if (self.folders or self.outputs) and now - self.disk_checked > DISK_POLL_S:
+        if self.folders and now - self.disk_checked > DISK_POLL_S:  # a quota for sandboxes with writable folders
             self.disk_checked = now
             used = used_mib(self.folders, self.outputs)
             if used > self.disk_mib and used > self.disk_start:

@@ -72,8 +72,9 @@ def prepare(cfg: DictConfig, hydra_cfg) -> DictConfig:
     return validate(cfg, sources)
 
 
-def fail(code: ExitCode, exc: BaseException) -> None:
-    print(f"kbsweep: error: {exc}", file=sys.stderr)
+def fail(code: ExitCode, error: object) -> None:
+    """Print ``error`` as kbsweep's one line and exit with ``code``."""
+    print(f"kbsweep: error: {error}", file=sys.stderr)
     sys.exit(code)
 
 

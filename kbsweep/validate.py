@@ -55,13 +55,15 @@ def reference_probe(problem: Problem) -> Tuple[Path, Dict[str, Any], bool]:
 
 
 def check_problem(problem: Problem, shape_set: str, roofline: Dict[str, Any], roofline_name: str) -> None:
-    """Shape values, tolerances, regime, peak and formulas of one problem, against the roofline it is scored on."""
+    """Shape values, tolerances, stress scales, score, seeds and peak of one problem, against the shape set it is
+    graded on and the roofline it is scored on (:func:`~kbsweep.problems.load_problem` checked regime and formulas)."""
     path = problem.root / "problem.yaml"
     spec = problem.spec
     for group in ("shapes", shape_set):
         for i, shape in enumerate(getattr(spec, group)):
             for key, value in shape.items():
-                if (isinstance(value, int) and not isinstance(value, bool) and value < 1) or (isinstance(value, float) and not (math.isfinite(value) and value >= 0)):
+                size = isinstance(value, int) and not isinstance(value, bool)
+                if (size and value < 1) or (isinstance(value, float) and not (math.isfinite(value) and value >= 0)):
                     raise KbsweepError(f"{path}: key '{group}[{i}].{key}': must be a size >= 1 (a float >= 0), got {value!r}")
     tables = [("tolerance", spec.tolerance)] + [(f"stress[{i}].tolerance", case.tolerance) for i, case in enumerate(spec.stress)]
     for where, table in tables:

@@ -102,10 +102,19 @@ def sweep_processes(outputs: Path) -> List[int]:
     return found
 
 
+def outlived(outputs: Path, grace_s: float) -> List[int]:
+    """The sweep's processes still there after ``grace_s``."""
+    deadline = time.monotonic() + grace_s
+    while sweep_processes(outputs) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return sweep_processes(outputs)
+
+
 def test_ten_kills_of_a_running_sweep_lose_nothing_grade_nothing_twice_and_leave_nothing_behind(tmp_path):
     """SIGKILL the orchestrator's process group 10 times at random points (the first while it creates the MLflow
-    database), then rerun once: every cell finished once, no result rewritten, no process left. (The lazy scripted
-    model hands in a wrong kernel at once: a finished cell after a single grade.)"""
+    database): no cell job outlives its orchestrator; then rerun once: every cell finished once, no result
+    rewritten, no process left. (The lazy scripted model hands in a wrong kernel at once: a finished cell after a
+    single grade.)"""
     outputs = tmp_path / "outputs"
     env = {**os.environ, "KBSWEEP_OUTPUTS": str(outputs), "KBSWEEP_LOCK_DIR": str(tmp_path / "locks")}
     command = [sys.executable, "-m", "kbsweep.cli", "-m", "launcher=local", "gpu=cpu", "model=scripted-lazy", "problem=scale_shift", "repeat=0,1"]
@@ -122,6 +131,7 @@ def test_ten_kills_of_a_running_sweep_lose_nothing_grade_nothing_twice_and_leave
             time.sleep(rng.uniform(0.5, 7.0))  # a cell of the lazy model (one grade) takes about 10 s
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+        assert outlived(outputs, 5.0) == [], f"kill {kill}: cell jobs ran on without their orchestrator"
         for path in outputs.glob("sweeps/demo/*/result.json"):
             journals.setdefault(str(path), path.stat().st_mtime_ns)
     rerun = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
@@ -131,7 +141,4 @@ def test_ten_kills_of_a_running_sweep_lose_nothing_grade_nothing_twice_and_leave
     assert all(Path(p).stat().st_mtime_ns == mtime for p, mtime in journals.items())  # none graded twice
     finished = [r for r in runs_frame(f"sqlite:///{outputs}/mlflow.db") if r["status"] == "FINISHED"]
     assert sorted(r["cell_key"] for r in finished) == sorted(r["key"] for r in results.values())  # one record each
-    deadline = time.monotonic() + 10  # a finished job may still be exiting as the orchestrator returns
-    while sweep_processes(outputs) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert sweep_processes(outputs) == []
+    assert outlived(outputs, 10.0) == []  # a finished job may still be exiting as the orchestrator returns

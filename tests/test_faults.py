@@ -127,9 +127,14 @@ def test_ten_kills_of_a_running_sweep_lose_nothing_grade_nothing_twice_and_leave
                 assert proc.poll() is None
                 time.sleep(0.01)
             time.sleep(0.8)  # mid-migration
-        else:
-            time.sleep(rng.uniform(0.5, 7.0))  # a cell of the lazy model (one grade) takes about 10 s
-        os.killpg(proc.pid, signal.SIGKILL)
+        elif kill % 2:  # while a cell runs (a cell of the lazy model, one grade, takes about 10 s)
+            while proc.poll() is None and not any(not (p.parent / "result.json").exists() for p in outputs.glob("sweeps/demo/*/transcript.jsonl")):
+                time.sleep(0.05)
+            time.sleep(rng.uniform(0.0, 4.0))
+        else:  # anywhere
+            time.sleep(rng.uniform(0.5, 15.0))
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
         assert outlived(outputs, 5.0) == [], f"kill {kill}: cell jobs ran on without their orchestrator"
         for path in outputs.glob("sweeps/demo/*/result.json"):

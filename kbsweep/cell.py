@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import fcntl
 import json
+import os
 import shutil
+import socket
+import subprocess
 import time
 import traceback
 from pathlib import Path
@@ -27,11 +30,13 @@ from kbsweep.locks import device_lock
 from kbsweep.matrix import Cell, cell_dir
 from kbsweep.outcomes import Outcome, StopReason
 from kbsweep.problems import load_problem
-from kbsweep.sandbox import Sandbox, SandboxPolicy
+from kbsweep.sandbox import Sandbox, SandboxPolicy, memory_cap_mib
 from kbsweep.score import load_roofline
+from kbsweep.tracking import owner, owner_alive
 
 PUBLIC_FILES = ("reference.py", "prompt.md")
 RESULT_FILE = "result.json"
+RECLAIM_WAIT_S = 30.0  # for a killed holder's lock to be released (its grade's sandbox winding down)
 
 
 def prepare_workspace(folder: Path, problem_root: Path) -> Path:
@@ -68,7 +73,7 @@ def grader_for(cell: Cell, problem, roofline: Dict[str, Any], folder: Path):
                 mode=mode,
                 baselines=baselines if mode == "full" else [],
                 timeout_s=cell.track["grade_timeout_s"],
-                memory_mib=cell.grade["memory_mib"],
+                memory_mib=memory_cap_mib(cell.grade["memory_mib"]),  # the grading host's, where the cell runs
                 log_dir=folder / "grades" / log_name,
                 timing=cell.grade["timing"],
                 compile_mode=cell.grade["compile_mode"],
@@ -110,13 +115,38 @@ def cell_busy(cell: Cell) -> bool:
     return False
 
 
+def reclaim(cell: Cell, wait_s: float = RECLAIM_WAIT_S) -> bool:
+    """End the process holding a cell's lock (the orphaned job of a sweep that died: one orchestrator per sweep
+    runs at a time, so no live one owns it) and wait for the lock; False if it is still held. A holder on
+    another host is reached through its Slurm job, when it names one."""
+    from kbsweep.torchrun import kill_tree
+
+    holder = json.loads(cell_lock_path(cell).read_text() or "{}")
+    stamp = holder.get("holder") or ""
+    if stamp.startswith(f"{socket.gethostname()}:") and owner_alive(stamp):
+        kill_tree(int(stamp.split(":")[1]))
+    elif holder.get("slurm_job") and shutil.which("scancel"):
+        subprocess.run(["scancel", str(holder["slurm_job"])], capture_output=True)
+    else:
+        return not cell_busy(cell)  # a holder that names itself nowhere is left alone
+    deadline = time.monotonic() + wait_s
+    while cell_busy(cell):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
 def run_cell(cell: Cell) -> Dict[str, Any]:
     """Run one cell under its lock (never twice at once) and write its result.json; any harness failure
-    becomes a harness_error result."""
+    becomes a harness_error result. The lock file names its holder (for :func:`reclaim`)."""
     path = cell_lock_path(cell)
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
+        handle.truncate(0)
+        handle.write(json.dumps({"holder": owner(), "slurm_job": os.environ.get("SLURM_JOB_ID")}))
+        handle.flush()
         return run_cell_locked(cell)
 
 

@@ -14,7 +14,7 @@ from typing import Callable, Dict, List
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from kbsweep import REPO_ROOT, KbsweepError
+from kbsweep import REPO_ROOT, ExitCode, InfraError, KbsweepError
 from kbsweep.config import group_source, validate
 
 VERBS: Dict[str, Callable[[List[DictConfig]], int]] = {}
@@ -72,16 +72,25 @@ def prepare(cfg: DictConfig, hydra_cfg) -> DictConfig:
     return validate(cfg, sources)
 
 
-def dispatch(cfgs: List[DictConfig]) -> int:
-    """Run the verb the configs name; user errors become one line and exit code 2."""
+def fail(code: ExitCode, error: object) -> None:
+    """Print ``error`` as kbsweep's one line and exit with ``code``."""
+    print(f"kbsweep: error: {error}", file=sys.stderr)
+    sys.exit(code)
+
+
+def dispatch(cfgs: List[DictConfig]) -> None:
+    """Run the verb the configs name and exit with its code (Hydra would drop a returned one); user errors and
+    infrastructure failures become one line and their exit codes."""
     name = cfgs[0].verb
     try:
         if name not in VERBS:
             raise KbsweepError(f"unknown verb '{name}' ({', '.join(sorted(VERBS))})")
-        return VERBS[name](cfgs)
+        code = VERBS[name](cfgs)
     except KbsweepError as exc:
-        print(f"kbsweep: error: {exc}", file=sys.stderr)
-        sys.exit(2)
+        fail(ExitCode.CONFIG, exc)
+    except InfraError as exc:
+        fail(ExitCode.INFRA, exc)
+    sys.exit(code)
 
 
 @verb("run")
@@ -92,8 +101,12 @@ def run_verb(cfgs: List[DictConfig]) -> int:
 
     cells = build_matrix(cfgs)
     cfg = cfgs[0]
-    run_sweep(cells, OmegaConf.to_container(cfg.tracking, resolve=True), OmegaConf.to_container(cfg.launcher, resolve=True), bool(cfg.sweep.force))
-    return report_verb(cfgs)
+    left = run_sweep(cells, OmegaConf.to_container(cfg.tracking, resolve=True), OmegaConf.to_container(cfg.launcher, resolve=True), bool(cfg.sweep.force))
+    report_verb(cfgs)
+    if left:
+        print(f"[kbsweep] {len(left)} of {len(cells)} cells are not finished (infrastructure faults); run the sweep again", file=sys.stderr)
+        return ExitCode.INFRA
+    return ExitCode.OK
 
 
 @verb("plan")
@@ -119,9 +132,11 @@ def grade_verb(cfgs: List[DictConfig]) -> int:
     from types import SimpleNamespace
 
     from kbsweep.grader import grade
+    from kbsweep.outcomes import Outcome
     from kbsweep.problems import find_problem_dir, load_problem
-    from kbsweep.sandbox import SandboxPolicy
+    from kbsweep.sandbox import SandboxPolicy, memory_cap_mib
     from kbsweep.score import load_roofline
+    from kbsweep.validate import check_problem, check_references, reference_probe
 
     cfg = cfgs[0]
     if not cfg.problem or "/" not in str(cfg.problem) or not cfg.solution:
@@ -133,6 +148,8 @@ def grade_verb(cfgs: List[DictConfig]) -> int:
     folder, fmt = (cfg.track.problems_dir, cfg.track.format) if track == cfg.track.name else (track, "kbsweep")
     problem = load_problem(find_problem_dir(list(cfg.paths.problems), folder, name, fmt), track)
     roofline = load_roofline(list(cfg.paths.roofline_specs), cfg.gpu.roofline)
+    check_problem(problem, cfg.gpu.shape_set, roofline, cfg.gpu.roofline)
+    check_references([reference_probe(problem)])
     gpu = SimpleNamespace(**OmegaConf.to_container(cfg.gpu, resolve=True))
     result = grade(
         problem,
@@ -141,7 +158,7 @@ def grade_verb(cfgs: List[DictConfig]) -> int:
         roofline,
         baselines=list(cfg.gpu.baselines or cfg.grade.baselines),
         timeout_s=cfg.track.grade_timeout_s,
-        memory_mib=cfg.grade.memory_mib,
+        memory_mib=memory_cap_mib(cfg.grade.memory_mib),
         timing=OmegaConf.to_container(cfg.grade.timing, resolve=True),
         compile_mode=cfg.grade.compile_mode,
         log_dir=Path(cfg.paths.outputs) / "grades" / f"{track}-{name}-{time.strftime('%Y%m%d-%H%M%S')}",
@@ -149,7 +166,8 @@ def grade_verb(cfgs: List[DictConfig]) -> int:
         sandbox=SandboxPolicy.of(OmegaConf.to_container(cfg.track, resolve=True)),
     )
     print(json.dumps(result, indent=1, default=str))
-    return 0 if result["outcome"] == "pass" else 1
+    outcome = Outcome(result["outcome"])
+    return ExitCode.OK if outcome == Outcome.PASS else ExitCode.INFRA if outcome.is_infra else ExitCode.MODEL
 
 
 @verb("report")
@@ -242,26 +260,83 @@ def judge_model(name: str):
     return LazyModel(model_conf(name))
 
 
-def check_yaml(argv: List[str]) -> None:
-    """Parse every YAML of the config search path first: a broken file is one line, not a traceback."""
-    import yaml
-    from omegaconf.errors import OmegaConfBaseException
-
+def config_folders(argv: List[str]) -> List[Path]:
+    """The config search path: kbsweep's conf/ and the user's ``-cd`` folders."""
     folders = [REPO_ROOT / "conf"]
     for i, arg in enumerate(argv):
         if arg in ("-cd", "--config-dir") and i + 1 < len(argv):
             folders.append(Path(argv[i + 1]))
         elif arg.startswith("--config-dir="):
             folders.append(Path(arg.split("=", 1)[1]))
-    for folder in folders:
+    return folders
+
+
+def has_key(tree: Dict, key: str) -> bool:
+    for part in key.split("."):
+        if not isinstance(tree, dict) or part not in tree:
+            return False
+        tree = tree[part]
+    return True
+
+
+def check_overrides(argv: List[str]) -> List[str]:
+    """Parse the overrides, look up every group choice and key first: a typo is one line naming the key, not
+    Hydra's multi-line report. A key a group's schema knows but its YAML omits (``track.world_size=2``) is
+    added (``++``) rather than refused. Returns the arguments for Hydra."""
+    from dataclasses import fields
+
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import OverrideParseException
+
+    from kbsweep.config import GROUP_SCHEMAS
+
+    folders = config_folders(argv)
+    root = OmegaConf.to_container(OmegaConf.load(REPO_ROOT / "conf" / "config.yaml"))  # unresolved: keys only
+    values = {i + 1 for i, arg in enumerate(argv) if arg in ("-cd", "--config-dir", "-cn", "--config-name", "-cp", "--config-path")}
+    out = []
+    for i, text in enumerate(argv):
+        if i in values or text.startswith("-"):
+            out.append(text)
+            continue
+        try:
+            [override] = OverridesParser.create().parse_overrides([text])
+        except OverrideParseException as exc:
+            raise KbsweepError(f"override '{text}': {str(exc).splitlines()[0]}") from None
+        key = override.key_or_group
+        group, _, inner = key.partition(".")
+        if override.is_delete() or override.is_add() or override.package or group == "hydra":
+            out.append(text)
+        elif key in GROUP_SCHEMAS:
+            for choice in override.sweep_string_iterator() if override.is_sweep_override() else [override.value()]:
+                if not any((folder / group / f"{choice}.yaml").is_file() for folder in folders):
+                    known = sorted({p.stem for folder in folders for p in (folder / group).glob("*.yaml")})
+                    raise KbsweepError(f"override '{text}': key '{group}': Could not find '{group}/{choice}' (one of: {', '.join(known)})")
+            out.append(text)
+        elif group in GROUP_SCHEMAS:
+            if inner.split(".")[0] not in {f.name for f in fields(GROUP_SCHEMAS[group])}:
+                raise KbsweepError(f"override '{text}': key '{key}': the {group} schema (kbsweep/config.py) has no such key")
+            out.append(f"++{text}")
+        elif not has_key(root, key):
+            raise KbsweepError(f"override '{text}': key '{key}': not in conf/config.yaml (a new key is added with +{text})")
+        else:
+            out.append(text)
+    return out
+
+
+def check_yaml(argv: List[str]) -> None:
+    """Parse every YAML of the config search path first: a broken file is one line, not a traceback. (libyaml's
+    parser where installed: this runs on every command.)"""
+    import yaml
+
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    for folder in config_folders(argv):
         for path in sorted(folder.rglob("*.yaml")):
             try:
-                OmegaConf.load(path)
-            except (yaml.YAMLError, OmegaConfBaseException) as exc:
+                yaml.load(path.read_text(), Loader=loader)
+            except yaml.YAMLError as exc:
                 mark = getattr(exc, "problem_mark", None)
                 where = f"{path}:{mark.line + 1}" if mark else str(path)
-                print(f"kbsweep: error: {where}: broken YAML ({getattr(exc, 'problem', None) or exc})", file=sys.stderr)
-                sys.exit(2)
+                fail(ExitCode.CONFIG, f"{where}: broken YAML ({getattr(exc, 'problem', None) or exc})")
 
 
 def main() -> None:
@@ -278,8 +353,30 @@ def main() -> None:
     argv = ["--help" if a == "--hydra-help" else a for a in argv]
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     check_yaml(argv)
-    sys.argv = [sys.argv[0], *argv, f"verb={name}"]
-    hydra_main()
+    try:
+        argv = check_overrides(argv)
+    except KbsweepError as exc:
+        fail(ExitCode.CONFIG, exc)
+    multirun = [a for a in argv if a in ("-m", "--multirun")]  # first: Hydra's parser takes one run of overrides
+    sys.argv = [sys.argv[0], *multirun, *(a for a in argv if a not in multirun), f"verb={name}"]
+    try:
+        hydra_main()
+    except SystemExit as exc:
+        if exc.code == 1 and not COMPOSED:  # Hydra could not compose the config (an unknown key, say)
+            sys.exit(ExitCode.CONFIG)
+        raise
+
+
+COMPOSED: List[bool] = []  # set once Hydra has composed a config and kbsweep's own code runs
+
+
+def prepare_or_fail(cfg: DictConfig, hydra_cfg) -> DictConfig:
+    """:func:`prepare`, a user error becoming one line and exit code CONFIG."""
+    COMPOSED.append(True)
+    try:
+        return prepare(cfg, hydra_cfg)
+    except KbsweepError as exc:
+        fail(ExitCode.CONFIG, exc)
 
 
 def hydra_main() -> None:
@@ -287,13 +384,9 @@ def hydra_main() -> None:
     from hydra.core.hydra_config import HydraConfig
 
     @hydra.main(version_base="1.3", config_path=str(REPO_ROOT / "conf"), config_name="config")
-    def single(cfg: DictConfig) -> int:
-        try:
-            prepare(cfg, HydraConfig.get())
-        except KbsweepError as exc:
-            print(f"kbsweep: error: {exc}", file=sys.stderr)
-            sys.exit(2)
-        return dispatch([cfg])
+    def single(cfg: DictConfig) -> None:
+        prepare_or_fail(cfg, HydraConfig.get())
+        dispatch([cfg])
 
     single()
 

@@ -1,14 +1,17 @@
 """Structured schemas for every config group, and validation that names the file and key at fault."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from omegaconf import II, MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from kbsweep import KbsweepError
+from kbsweep import REPO_ROOT, KbsweepError
+
+CONFIG_YAML = REPO_ROOT / "conf" / "config.yaml"
 
 
 @dataclass
@@ -161,6 +164,80 @@ GROUP_SCHEMAS = {
 SANDBOXED_VERBS = ("run", "grade")  # verbs that run untrusted code: refused where the sandbox cannot work
 
 
+def at_least(low: float) -> Callable[[Any], bool]:
+    return lambda v: is_number(v) and math.isfinite(v) and v >= low
+
+
+def positive(v: Any) -> bool:
+    return is_number(v) and math.isfinite(v) and v > 0
+
+
+def is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def one_of(*choices: str) -> Callable[[Any], bool]:
+    return lambda v: v in choices
+
+
+BASELINES = ("eager", "compile", "sota", "baseline")
+# what the types cannot say: (key, test, what it must be); a null value passes (optional keys)
+RULES: List[Tuple[str, Callable[[Any], bool], str]] = [
+    ("repeat", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0, "an integer >= 0"),
+    ("model.provider", one_of("litellm", "scripted", "replay"), "one of litellm, scripted, replay"),
+    ("model.context_window", at_least(1), "an integer >= 1"),
+    ("model.max_output_tokens", at_least(1), "an integer >= 1"),
+    ("model.concurrency", at_least(1), "an integer >= 1"),
+    ("model.timeout_s", positive, "a number of seconds > 0"),
+    ("model.retry.max_attempts", at_least(1), "an integer >= 1"),
+    ("model.retry.base_delay_s", at_least(0), "a number of seconds >= 0"),
+    ("model.retry.max_delay_s", at_least(0), "a number of seconds >= 0"),
+    ("model.retry.budget_s", at_least(0), "a number of seconds >= 0"),
+    *((f"model.prices.{k}", at_least(0), "USD per million tokens >= 0") for k in ("input", "output", "cache_read", "cache_write")),
+    ("gpu.device", one_of("cuda", "cpu"), "one of cuda, cpu"),
+    ("gpu.shape_set", one_of("shapes", "smoke_shapes"), "one of shapes, smoke_shapes"),
+    ("gpu.hourly_usd", at_least(0), "USD >= 0"),
+    ("gpu.gpus_per_node", at_least(1), "an integer >= 1"),
+    ("gpu.baselines", lambda v: set(v) <= set(BASELINES), f"a list of {', '.join(BASELINES)}"),
+    ("track.format", one_of("kbsweep", "kernelbench"), "one of kbsweep, kernelbench"),
+    ("track.time_cap_s", positive, "a number of seconds > 0"),
+    ("track.world_size", at_least(1), "an integer >= 1"),
+    ("track.max_turns", at_least(1), "an integer >= 1"),
+    ("track.max_tokens", at_least(1), "an integer >= 1"),
+    ("track.max_usd", positive, "USD > 0"),
+    ("track.grade_timeout_s", positive, "a number of seconds > 0"),
+    ("launcher.kind", one_of("inline", "local", "slurm"), "one of inline, local, slurm"),
+    ("launcher.concurrency", at_least(1), "an integer >= 1"),
+    ("launcher.requeue_infra", at_least(0), "an integer >= 0"),
+    ("launcher.cap_slack_s", at_least(0), "a number of seconds >= 0"),
+    ("launcher.slurm.cpus_per_task", at_least(1), "an integer >= 1"),
+    ("launcher.slurm.mem_gb", positive, "a number of GB > 0"),
+    ("sandbox.cpu_s", at_least(1), "an integer >= 1"),
+    ("sandbox.memory_mib", at_least(1), "an integer >= 1"),
+    ("sandbox.max_procs", at_least(1), "an integer >= 1"),
+    ("sandbox.disk_mib", at_least(1), "an integer >= 1"),
+    ("sandbox.wall_s", positive, "a number of seconds > 0"),
+    ("grade.baselines", lambda v: set(v) <= set(BASELINES), f"a list of {', '.join(BASELINES)}"),
+    ("grade.memory_mib", at_least(1), "a number of MiB >= 1 (null: from the host)"),
+    ("grade.timing.min_runs", at_least(1), "an integer >= 1"),
+    ("grade.timing.max_runs", at_least(1), "an integer >= 1"),
+    ("grade.timing.rel_err", positive, "a number > 0"),
+    ("grade.timing.max_time_s", positive, "a number of seconds > 0"),
+]
+
+
+def check_rules(cfg: DictConfig, sources: Dict[str, str]) -> None:
+    """Every :data:`RULES` key holds a value in range, else a KbsweepError naming the file and key."""
+    for key, test, want in RULES:
+        value = OmegaConf.select(cfg, key)
+        if OmegaConf.is_config(value):
+            value = OmegaConf.to_container(value)
+        if value is not None and not test(value):
+            group, _, inner = key.partition(".")
+            where = sources.get(group) or str(CONFIG_YAML)
+            raise KbsweepError(f"{where}: key '{inner if group in sources else key}': must be {want}, got {value!r}")
+
+
 def error_line(exc: OmegaConfBaseException) -> tuple:
     key = getattr(exc, "full_key", None) or ""
     return key, str(exc).splitlines()[0]
@@ -191,6 +268,7 @@ def validate(cfg: DictConfig, sources: Optional[Dict[str, str]] = None) -> DictC
         group, _, inner = key.partition(".")
         where = sources.get(group)
         raise KbsweepError(f"{where}: key '{inner}': {msg}" if where else f"config: key '{key}': {msg}") from None
+    check_rules(cfg, sources)
     from kbsweep.sandbox import SandboxPolicy, require
 
     require(SandboxPolicy.of(OmegaConf.to_container(cfg.track, resolve=True)), probe=cfg.get("verb") in SANDBOXED_VERBS)

@@ -18,18 +18,21 @@ from __future__ import annotations
 import math
 import os
 import shutil
+import signal
 import sys
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
-from kbsweep import KbsweepError, gpus
+from kbsweep import InfraError, KbsweepError, gpus
 from kbsweep.cell import run_cell
 from kbsweep.matrix import Cell, cell_dir
 from kbsweep.outcomes import Outcome
 from kbsweep.torchrun import kill_tree
+from kbsweep.tracking import owner, owner_alive
 
 OnStart = Callable[[Cell], None]
 OnDone = Callable[[Cell, Dict[str, Any]], None]
@@ -58,6 +61,24 @@ def run_cell_pinned(cell: Cell, visible_gpus: Optional[str]) -> Dict[str, Any]:
         os.environ["CUDA_VISIBLE_DEVICES"] = visible_gpus
         os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # CUDA's indices = NVML's
     return run_cell(cell)
+
+
+def supervised(job: Job, cell: Cell, visible_gpus: Optional[str], supervisor: str) -> Dict[str, Any]:
+    """A local job: ``job(cell, visible_gpus)``, ended with its whole tree once the orchestrator ``supervisor``
+    (a process stamp) is gone. An unsupervised cell would run on with nobody to log it, and hold its lock against
+    the rerun. (Not on Slurm: there a hung job must end at its time limit, TIMEOUT, not FAILED.)"""
+    threading.Thread(target=end_when_gone, args=(supervisor,), daemon=True).start()
+    return job(cell, visible_gpus)
+
+
+def end_when_gone(supervisor: str) -> None:
+    import psutil
+
+    while owner_alive(supervisor):
+        time.sleep(POLL_S)
+    for child in psutil.Process().children():
+        kill_tree(child.pid)
+    os.killpg(os.getpgrp(), signal.SIGKILL)
 
 
 def infra_result(cell: Cell, outcome: Outcome, message: str) -> Dict[str, Any]:
@@ -138,10 +159,14 @@ class SubmititLauncher:
 
     def submit(self, cell: Cell):
         self.executor.update_parameters(**self.parameters(cell))
-        visible = None
         if self.cluster == "local":
             visible = ",".join(self.pool) if cell.gpu["device"] == "cuda" else ""
-        return self.executor.submit(self.job, cell, visible)
+            return self.executor.submit(supervised, self.job, cell, visible, owner())
+        try:
+            return self.executor.submit(self.job, cell, None)
+        except Exception as exc:  # sbatch refused the job (a bad partition, a down controller): no traceback
+            detail = (str(exc).strip().splitlines() or [type(exc).__name__])[-1][:300]
+            raise InfraError(f"Slurm refused the job of {cell.label}: {detail}") from None
 
     def run(self, cells: List[Cell], on_start: OnStart, on_done: OnDone) -> None:
         self.check(cells)

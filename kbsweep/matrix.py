@@ -120,12 +120,16 @@ def judge_conf(cfg: DictConfig) -> Optional[Dict[str, Any]]:
 
 
 def build_matrix(cfgs: List[DictConfig]) -> List[Cell]:
-    """All cells of a sweep, de-duplicated by key, in a stable order."""
+    """All cells of a sweep, de-duplicated by key, in a stable order; validated (:mod:`kbsweep.validate`)."""
+    from kbsweep.validate import check_cells
+
     seen: Dict[str, Cell] = {}
     for cfg in cfgs:
         for cell in cells_of(cfg):
             seen.setdefault(cell.key, cell)
-    return list(seen.values())
+    cells = list(seen.values())
+    check_cells(cells)
+    return cells
 
 
 def estimate(cells: List[Cell]) -> Dict[str, Any]:

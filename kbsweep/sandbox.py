@@ -6,8 +6,8 @@ and /dev/shm, and with a GPU its device nodes and /sys. It never sees other runs
 store or the orchestrator's processes, and it starts from an explicit minimal environment. It runs without
 privileges (as root, kbsweep hands it an unused uid: the kernel's process limit does not bind root), under
 rlimits for processes, CPU seconds, file size and (without a GPU) address space. Its supervisor (:class:`Watch`)
-stops it past its wall time, its resident memory (every process of the tree) or its disk quota (the writable
-folders). Network is off; ``network_allow`` hosts are reached through a filtering proxy (:class:`AllowProxy`).
+stops it past its wall time, its memory (proportional set sizes of the whole tree: shared pages counted once) or
+its disk quota (the writable folders and the files its output goes to). Network is off; ``network_allow`` hosts are reached through a filtering proxy (:class:`AllowProxy`).
 
 ``mode: unsafe`` runs the same commands with the same environment and limits but no namespaces; it is never
 chosen silently: where bubblewrap cannot run, :func:`require` refuses.
@@ -21,6 +21,7 @@ import shutil
 import signal
 import socket
 import socketserver
+import stat
 import subprocess
 import sys
 import tempfile
@@ -41,6 +42,7 @@ PASS_ENV = ("PATH", "LD_LIBRARY_PATH", "LANG", "LC_ALL", "TZ", "CUDA_HOME", "CUD
 ROOT_UID_BASE = 200_000  # as root, a sandbox runs as ROOT_UID_BASE + pid % ROOT_UID_SPAN (its own process count)
 ROOT_UID_SPAN = 100_000
 POLL_S = 0.1
+HOST_SHARE = 0.75  # of the host's memory, a grade's default cap: the orchestrator and the agent keep the rest
 DISK_POLL_S = 0.5
 PROXY_PORT = 3128
 PROXY_SOCKET = "/tmp/.kbsweep-proxy.sock"
@@ -58,7 +60,7 @@ class SandboxPolicy:
     mode: str = "bwrap"  # bwrap | unsafe
     network_allow: Tuple[str, ...] = ()  # "host" or "host:port", reached through the proxy
     cpu_s: int = 3600  # CPU seconds per process (all its threads)
-    memory_mib: int = 16384  # resident memory of all the command's processes
+    memory_mib: int = 16384  # memory of all the command's processes (never more than the host's)
     max_procs: int = 4096  # processes and threads at once (torch starts a thread per core)
     disk_mib: int = 4096  # the writable folders' growth, /tmp, /dev/shm, and any one file
     wall_s: float = 600.0
@@ -218,27 +220,68 @@ def process_tree(pid: int) -> List[int]:
     return tree
 
 
-def rss_mib(pids: Iterable[int]) -> float:
-    total = 0
+def pss_mib(pids: Iterable[int]) -> float:
+    """Memory the processes hold together: the sum of their proportional set sizes (a page shared by n of them
+    counts 1/n in each), so a fork's copy-on-write pages are not counted once per process; a process whose
+    smaps cannot be read counts its resident size."""
+    total_kib = 0
     for pid in pids:
         try:
-            with open(f"/proc/{pid}/statm") as fh:
-                total += int(fh.read().split()[1])
-        except (OSError, IndexError, ValueError):
-            pass
-    return total * os.sysconf("SC_PAGE_SIZE") / 2**20
+            with open(f"/proc/{pid}/smaps_rollup") as fh:
+                total_kib += next(int(line.split()[1]) for line in fh if line.startswith("Pss:"))
+        except (OSError, StopIteration, IndexError, ValueError):
+            try:
+                with open(f"/proc/{pid}/statm") as fh:
+                    total_kib += int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") // 1024
+            except (OSError, IndexError, ValueError):
+                pass
+    return total_kib / 1024
 
 
-def used_mib(folders: Iterable[Path]) -> float:
+def host_memory_mib() -> float:
+    """This host's memory, or less where a cgroup (a Slurm job's, a container's) limits this process."""
+    with open("/proc/meminfo") as fh:
+        total = next(int(line.split()[1]) for line in fh if line.startswith("MemTotal:")) / 1024
+    for limit in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            value = Path(limit).read_text().strip()
+        except OSError:
+            continue
+        if value.isdigit():
+            total = min(total, int(value) / 2**20)
+    return total
+
+
+def memory_cap_mib(configured: Optional[float]) -> float:
+    """The memory cap of a sandbox: the configured one, else HOST_SHARE of the host's; never more than the host
+    has (past it the kernel's OOM killer, not the watch, would end the process, and nobody could say why)."""
+    host = host_memory_mib()
+    return min(float(configured), host) if configured else HOST_SHARE * host
+
+
+def used_mib(folders: Iterable[Path], files: Iterable[str] = ()) -> float:
+    """Disk blocks under ``folders`` and of ``files``."""
     total = 0
-    for folder in folders:
-        for root, dirs, files in os.walk(folder):
-            for name in dirs + files:
-                try:
-                    total += os.lstat(os.path.join(root, name)).st_blocks * 512
-                except OSError:
-                    pass
+    paths = [os.path.join(root, name) for folder in folders for root, dirs, names in os.walk(folder) for name in dirs + names]
+    for path in [*paths, *files]:
+        try:
+            total += os.stat(path, follow_symlinks=path in files).st_blocks * 512
+        except OSError:
+            pass
     return total / 2**20
+
+
+def output_files(pid: int) -> List[str]:
+    """Where a process's stdout and stderr go, when those are files (its logs count against its disk quota)."""
+    found = []
+    for fd in (1, 2):
+        link = f"/proc/{pid}/fd/{fd}"
+        try:
+            if stat.S_ISREG(os.stat(link).st_mode):
+                found.append(link)
+        except OSError:
+            pass
+    return found
 
 
 def give(folders: Iterable[Path], uid: int) -> None:
@@ -273,12 +316,14 @@ def kill(proc: subprocess.Popen, settle_s: float = 10.0) -> None:
 
 
 class Watch:
-    """Polls a sandboxed process: wall time, resident memory of its whole tree, growth of its writable folders."""
+    """Polls a sandboxed process: wall time, memory of its whole tree (:func:`pss_mib`), disk held by its
+    writable folders and by the files its stdout and stderr go to."""
 
     def __init__(self, proc: subprocess.Popen, wall_s: float, memory_mib: Optional[float], disk_mib: float, folders: Sequence[Path]):
         self.proc, self.wall_s, self.memory_mib, self.disk_mib, self.folders = proc, wall_s, memory_mib, disk_mib, folders
         self.started = time.monotonic()
-        self.disk_start = used_mib(folders)
+        self.outputs = output_files(proc.pid)
+        self.disk_start = used_mib(folders, self.outputs)
         self.disk_checked = self.started
 
     def breach(self) -> Optional[Tuple[str, str]]:
@@ -286,13 +331,13 @@ class Watch:
         now = time.monotonic()
         if now - self.started > self.wall_s:
             return "wall", f"stopped after {self.wall_s:.0f} s (wall-clock limit)"
-        if self.memory_mib and rss_mib(process_tree(self.proc.pid)) > self.memory_mib:
+        if self.memory_mib and pss_mib(process_tree(self.proc.pid)) > self.memory_mib:
             return "memory", f"stopped: its processes held more than {self.memory_mib:.0f} MiB of memory"
-        if self.folders and now - self.disk_checked > DISK_POLL_S:
+        if self.folders and now - self.disk_checked > DISK_POLL_S:  # a quota for sandboxes with writable folders
             self.disk_checked = now
-            used = used_mib(self.folders)
+            used = used_mib(self.folders, self.outputs)
             if used > self.disk_mib and used > self.disk_start:
-                return "disk", f"stopped: the writable folders hold {used:.0f} MiB, over the {self.disk_mib} MiB quota"
+                return "disk", f"stopped: the writable folders and its output hold {used:.0f} MiB, over the {self.disk_mib} MiB quota"
         return None
 
     def wait(self) -> Optional[Tuple[str, str]]:
@@ -483,7 +528,7 @@ class Sandbox:
             with tempfile.TemporaryFile() as out:
                 proc = self.popen(argv, cwd=cwd, env=env, writable=[(workspace, WORKSPACE)], memory_mib=self.policy.memory_mib,
                                   extra=extra, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
-                breach = Watch(proc, self.policy.wall_s, self.policy.memory_mib, self.policy.disk_mib, [workspace]).wait()
+                breach = Watch(proc, self.policy.wall_s, memory_cap_mib(self.policy.memory_mib), self.policy.disk_mib, [workspace]).wait()
                 result = ShellResult(124 if breach else proc.returncode, head_tail(out, output_limit))
         finally:
             if proxy:

@@ -18,15 +18,32 @@ def find_roofline(roots: List[str], name: str) -> Path:
         path = Path(root) / f"{name}.yaml"
         if path.exists():
             return path
-    raise KbsweepError(f"no roofline spec '{name}' (searched {', '.join(roots)})")
+    raise KbsweepError(f"key 'gpu.roofline': no roofline spec '{name}' (no {name}.yaml in {', '.join(roots)})")
 
 
 def load_roofline(roots: List[str], name: str) -> Dict[str, Any]:
+    """roofline_specs/<name>.yaml, checked: datasheet peaks are finite positive numbers (a typo would score every
+    kernel against nonsense, and only after its grade)."""
+    from kbsweep.config import positive
+
     path = find_roofline(roots, name)
-    spec = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
-    for key in ("peaks_tflops", "dram_gbps"):
-        if key not in spec:
-            raise KbsweepError(f"{path}: key '{key}' is required")
+    try:
+        spec = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+    except Exception as exc:  # broken YAML, a bad interpolation
+        raise KbsweepError(f"{path}: {str(exc).splitlines()[0]}") from None
+    if not isinstance(spec, dict):
+        raise KbsweepError(f"{path}: not a mapping of keys")
+    peaks = spec.get("peaks_tflops")
+    if not isinstance(peaks, dict) or not peaks:
+        raise KbsweepError(f"{path}: key 'peaks_tflops' is required: a mapping of precision to TFLOP/s")
+    for precision, value in peaks.items():
+        if not positive(value):
+            raise KbsweepError(f"{path}: key 'peaks_tflops.{precision}': must be a number of TFLOP/s > 0, got {value!r}")
+    if not positive(spec.get("dram_gbps")):
+        raise KbsweepError(f"{path}: key 'dram_gbps' is required: a number of GB/s > 0, got {spec.get('dram_gbps')!r}")
+    for key in ("l2_mib", "nvlink_gbps", "sm_count"):
+        if spec.get(key) is not None and not positive(spec[key]):
+            raise KbsweepError(f"{path}: key '{key}': must be a number > 0 or null, got {spec[key]!r}")
     return spec
 
 

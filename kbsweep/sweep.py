@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Set, Tuple
 
 from kbsweep import KbsweepError
-from kbsweep.cell import RESULT_FILE, cell_busy
+from kbsweep.cell import RESULT_FILE, cell_busy, reclaim
 from kbsweep.launch import make_launcher
 from kbsweep.matrix import Cell, cell_dir
 from kbsweep.outcomes import Outcome
@@ -93,8 +93,8 @@ def plan(cells: List[Cell], finished: Dict[str, str], logged: Set[str], force: b
     for cell in cells:
         if cell.key in finished:
             continue
-        if cell_busy(cell):
-            print(f"[kbsweep] {cell.label}: still running in another process; left alone this time", file=sys.stderr)
+        if cell_busy(cell) and not reclaim(cell):
+            print(f"[kbsweep] {cell.label}: still held by an orphaned job that could not be stopped; left for the next run", file=sys.stderr)
             continue
         recorded = journal(cell)
         if recorded and not force and not Outcome(recorded["outcome"]).is_infra:
@@ -106,8 +106,9 @@ def plan(cells: List[Cell], finished: Dict[str, str], logged: Set[str], force: b
     return todo, replay, salvage
 
 
-def run_sweep(cells: List[Cell], tracking: Dict[str, Any], launcher: Dict[str, Any], force: bool) -> List[Dict[str, Any]]:
-    """Run every cell not already finished; log each result as it comes back. Returns the new results."""
+def run_sweep(cells: List[Cell], tracking: Dict[str, Any], launcher: Dict[str, Any], force: bool) -> List[Cell]:
+    """Run every cell not already finished; log each result as it comes back. Returns the cells still without a
+    finished record (infrastructure outcomes, orphans that could not be stopped, results not logged)."""
     if not cells:
         return []
     with sweep_lock(Path(cells[0].paths["outputs"]), cells[0].sweep):
@@ -123,7 +124,7 @@ def attempt(action, *args) -> Any:
         return None
 
 
-def orchestrate(cells: List[Cell], tracking: Dict[str, Any], launcher: Dict[str, Any], force: bool) -> List[Dict[str, Any]]:
+def orchestrate(cells: List[Cell], tracking: Dict[str, Any], launcher: Dict[str, Any], force: bool) -> List[Cell]:
     tracker = Tracker(tracking["uri"], tracking["artifact_root"], cells[0].sweep)
     stale = tracker.close_stale()
     finished, logged_results = tracker.history()
@@ -140,7 +141,6 @@ def orchestrate(cells: List[Cell], tracking: Dict[str, Any], launcher: Dict[str,
     for cell in todo:
         shutil.rmtree(cell_dir(cell), ignore_errors=True)  # an infra result, a forced one, or a half-written cell
     run_ids: Dict[str, Optional[str]] = {}
-    results: List[Dict[str, Any]] = []
 
     with Progress(len(todo) + len(replay)) as progress:
 
@@ -157,7 +157,6 @@ def orchestrate(cells: List[Cell], tracking: Dict[str, Any], launcher: Dict[str,
             progress.done += 1
             progress.usd += result.get("cost_usd") or 0.0
             progress.failed += Outcome(result["outcome"]).is_infra
-            results.append(result)
             score = result.get("score")
             progress.show(f"{cell.label}: {result['outcome']}" + (f" score={score:.4g}" if score is not None else ""))
 
@@ -174,4 +173,5 @@ def orchestrate(cells: List[Cell], tracking: Dict[str, Any], launcher: Dict[str,
             attempt(tracker.end_sweep, status, summary)
     if unlogged:
         print(f"[kbsweep] {len(unlogged)} results are on disk but not in tracking; run the sweep again to log them", file=sys.stderr)
-    return results
+    finished = attempt(tracker.history)
+    return [c for c in cells if finished is None or c.key not in finished[0]]

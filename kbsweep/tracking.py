@@ -58,21 +58,26 @@ def result_id(result: Dict[str, Any]) -> str:
 
 
 def owner() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}"
+    """This process's stamp: ``host:pid:start`` (its start time tells it from a later process given the same pid)."""
+    return f"{socket.gethostname()}:{os.getpid()}:{process_start(os.getpid())}"
+
+
+def process_start(pid: int) -> Optional[str]:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rpartition(")")[2].split()[19]
+    except (OSError, IndexError):
+        return None
 
 
 def owner_alive(value: Optional[str]) -> bool:
-    """False only for a process of this host that no longer exists; other hosts' processes are assumed alive."""
-    host, _, pid = (value or "").rpartition(":")
+    """False only for a process of this host that no longer runs (``host:pid`` stamps: no process has that pid);
+    other hosts' processes are assumed alive."""
+    host, pid, start = ((value or "").split(":") + ["", ""])[:3]
     if host != socket.gethostname() or not pid.isdigit():
         return True
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    return True
+    found = process_start(int(pid))
+    return found is not None and start in ("", found)
 
 
 def versions() -> Dict[str, str]:
@@ -184,12 +189,35 @@ def artifact_location(uri: str, artifact_root: str, sweep: str) -> Optional[str]
     return f"{Path(artifact_root).resolve().as_uri()}/{sweep}"
 
 
+def create_sqlite_store(path: Path) -> None:
+    """Create an MLflow sqlite database whole or not at all: migrated under a lock in a file of its own, then
+    renamed into place. Two sweeps starting together on a fresh folder would otherwise race on MLflow's
+    migrations, and a run killed while migrating would leave a half-made database that breaks every later run."""
+    import fcntl
+
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+    from mlflow.tracking._tracking_service.utils import DEFAULT_LOCAL_FILE_AND_ARTIFACT_PATH
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(path.name + ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if path.exists():
+            return  # another process created it while this one waited
+        for stale in path.parent.glob(f".{path.name}.*.partial*"):  # left by a creator killed mid-way
+            stale.unlink()
+        partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
+        SqlAlchemyStore(f"sqlite:///{partial}", DEFAULT_LOCAL_FILE_AND_ARTIFACT_PATH).engine.dispose()
+        os.replace(partial, path)
+
+
 def make_client(uri: str):
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     from mlflow.tracking import MlflowClient
 
     if uri.startswith("sqlite:///"):
-        Path(uri[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
+        path = Path(uri[len("sqlite:///") :])
+        if not path.exists():
+            create_sqlite_store(path)
     return MlflowClient(tracking_uri=uri)
 
 

@@ -141,14 +141,14 @@ def test_context_overflow_that_persists_is_a_provider_fault(tmp_path):
     assert [e["keep"] for e in run.events("compaction")] == [2, 0] and len(fp.requests) == 3
 
 
-def test_malformed_arguments_are_a_tool_error_and_the_loop_continues(tmp_path):
+def test_garbled_tool_arguments_are_the_providers_retried_and_the_loop_continues(tmp_path):
     with FakeProvider([MalformedToolCall(), Reply(tool_calls=[("submit", {})])]) as fp:
         run = Run(tmp_path, fp)
         result = run()
-    assert result.stop_reason is StopReason.SUBMITTED
-    first = run.events("tool")[0]
-    assert first["content"].startswith("error: malformed arguments for write_file")
-    assert fp.requests[1].json["messages"][-1]["content"] == first["content"]  # the model saw it
+    assert result.stop_reason is StopReason.SUBMITTED and result.turns == 1
+    [retry] = run.events("retry")
+    assert retry["outcome"] == "provider_error" and "not a JSON object" in retry["message"]
+    assert fp.requests[1].json["messages"] == fp.requests[0].json["messages"]  # the same request again
 
 
 def test_retries_and_faults_are_in_the_transcript(tmp_path):

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from kbsweep import ExitCode
 from kbsweep.agent.transcript import read_events
 from tests.support.fake_provider import ContextLengthError, Delay, Disconnect, FakeProvider, HttpError, MalformedToolCall, Reply
 from tests.support.scripts import call, kernel, multi_turn_fix
@@ -57,29 +58,29 @@ def test_multi_turn_fix_survives_every_recoverable_fault(recorded):
     assert recorded["proc"].returncode == 0, recorded["proc"].stderr
     result = recorded["result"]
     assert result["outcome"] == "pass" and result["score"] > 0 and result["stop_reason"] == "submitted"
-    assert result["turns"] == 8 and len(recorded["fp"].requests) == 13
+    assert result["turns"] == 7 and len(recorded["fp"].requests) == 13
     prompt = recorded["fp"].requests[0].json["messages"][1]["content"]
     assert "a CPU (no GPU)" in prompt  # the problem's prompt with the GPU's description
     events = read_events(Path(result["folder"]) / "transcript.jsonl")
-    kinds = [e["type"] for e in events]
-    assert kinds.count("retry") == 4 and {e["status"] for e in events if e["type"] == "retry"} >= {429, 500}
+    retries = [e for e in events if e["type"] == "retry"]
+    assert len(retries) == 5 and {e["status"] for e in retries} >= {429, 500}
+    assert any("not a JSON object" in e["message"] for e in retries)  # the garbled tool call: the provider's, retried
     [compaction] = [e for e in events if e["type"] == "compaction"]
     assert compaction["keep"] == 2
     tools = [e["content"] for e in events if e["type"] == "tool"]
     assert tools[0] == "prompt.md\nreference.py"  # a fresh workspace: the problem's public files only
-    assert tools[3].startswith("error: malformed arguments for write_file")
-    assert tools[2].startswith("outcome: incorrect") and tools[5].startswith("outcome: pass")
-    assert "roofline=" in tools[6]  # run_benchmark reports the roofline fraction per shape
+    assert tools[2].startswith("outcome: incorrect") and tools[4].startswith("outcome: pass")
+    assert "roofline=" in tools[5]  # run_benchmark reports the roofline fraction per shape
     assert (Path(result["folder"]) / "solution.py").read_text() == kernel("triton")
 
 
 def test_cost_and_tokens_per_run(recorded):
     result = recorded["result"]
     usage = result["usage"]
-    assert usage["cached_tokens"] == 6 * 6_000 and usage["input_tokens"] == 6 * 10_000 + 2 * 10
-    assert usage["output_tokens"] == 6 * 500 + 2 * 5 and "reasoning_tokens" in usage
-    small_usd = (10 * 2.0 + 5 * 10.0) / 1e6  # list_files and the malformed call: 10 + 5 tokens, nothing cached
-    assert result["cost_usd"] == pytest.approx(6 * PER_CALL_USD + 2 * small_usd)
+    assert usage["cached_tokens"] == 6 * 6_000 and usage["input_tokens"] == 6 * 10_000 + 10
+    assert usage["output_tokens"] == 6 * 500 + 5 and "reasoning_tokens" in usage
+    small_usd = (10 * 2.0 + 5 * 10.0) / 1e6  # list_files: 10 + 5 tokens, nothing cached (the garbled reply was retried)
+    assert result["cost_usd"] == pytest.approx(6 * PER_CALL_USD + small_usd)
     [run] = cell_runs(recorded["outputs"])
     assert run.info.status == "FINISHED" and run.data.tags["outcome"] == "pass"
     assert run.data.metrics["cost_usd"] == pytest.approx(result["cost_usd"])
@@ -106,8 +107,6 @@ def test_replay_reproduces_the_solution_and_outcome(recorded, tmp_path):
     assert (replayed["outcome"], replayed["stop_reason"], replayed["turns"]) == ("pass", "submitted", original["turns"])
     assert (Path(replayed["folder"]) / "solution.py").read_text() == (Path(original["folder"]) / "solution.py").read_text()
     assert replayed["usage"] == original["usage"] and replayed["cost_usd"] == pytest.approx(original["cost_usd"])
-    tools = [e["content"] for e in read_events(Path(replayed["folder"]) / "transcript.jsonl") if e["type"] == "tool"]
-    assert tools[3].startswith("error: malformed arguments")
 
 
 LEAKY = kernel("wrong").replace("        x = x.contiguous()", f'        raise RuntimeError("the key is {SECRET}")')
@@ -154,7 +153,7 @@ def test_terminal_faults_are_infra_not_scored_and_rerun(tmp_path):
         for name in TERMINAL:
             model_yaml(conf, name, f"openai/{name}", fp.base_url)
         proc = sweep(conf, outputs, "-m", f"model={models}")
-        assert proc.returncode == 0, proc.stderr
+        assert proc.returncode == ExitCode.INFRA, proc.stderr  # no cell finished: the sweep is to be run again
         first = results(outputs)
         assert {name: r["outcome"] for name, r in first.items()} == {n: o for n, (_, o) in TERMINAL.items()}
         assert all(r["score"] is None and r["stop_reason"] == "provider_fault" for r in first.values())

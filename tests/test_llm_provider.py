@@ -261,14 +261,22 @@ def test_structured_model_conf_and_per_model_prices():
     assert fp.requests[0].json["max_tokens"] == ModelConf.max_output_tokens
 
 
-def test_malformed_tool_arguments_come_back_raw():
-    raw = '{"path": "kernel.py", "content": "unterminated'
-    with FakeProvider([MalformedToolCall(name="write_file", raw_arguments=raw)]) as fp:
-        completion = make_model(fp).complete(MESSAGES, TOOLS)
-    [call] = completion.message["tool_calls"]
-    assert call["function"] == {"name": "write_file", "arguments": raw}
-    with pytest.raises(ValueError):
-        json.loads(call["function"]["arguments"])
+@pytest.mark.parametrize(
+    "garbled",
+    [MalformedToolCall(name="write_file", raw_arguments='{"path": "kernel.py", "content": "unterminated'),
+     HttpError(200, body={"id": "x", "object": "chat.completion", "created": 0, "model": "local-model", "choices": []}),
+     HttpError(400, body={"error": {"message": "bad tool schema", "type": "invalid_request_error"}})],
+    ids=["invalid-tool-arguments", "no-choices", "400"],
+)
+def test_a_garbled_reply_or_a_400_is_the_providers_fault_retried_then_provider_error(garbled):
+    sleeps = Sleeps()
+    with FakeProvider([garbled, Reply(content="fine")]) as fp:
+        assert make_model(fp, sleeps=sleeps).complete(MESSAGES, TOOLS).message["content"] == "fine"
+    assert len(fp.requests) == 2 and len(sleeps) == 1
+    with FakeProvider([garbled] * 4) as fp:
+        with pytest.raises(ProviderFault) as info:
+            make_model(fp, sleeps=Sleeps()).complete(MESSAGES, TOOLS)
+    assert info.value.outcome is Outcome.PROVIDER_ERROR and "after 4 attempts" in str(info.value)
 
 
 # ------------------------------------------------------------------------------------------------ retries
@@ -384,10 +392,8 @@ def test_abrupt_disconnect_forever_is_provider_error():
             Outcome.CREDITS_EXHAUSTED,
         ),
         (HttpError(429, body="Your credit balance is too low", retry_after=1), Outcome.CREDITS_EXHAUSTED),
-        (HttpError(400, body={"error": {"message": "bad tool schema", "type": "invalid_request_error"}}),
-         Outcome.PROVIDER_ERROR),
     ],
-    ids=["401", "403", "404", "402", "429-quota", "429-credit", "400"],
+    ids=["401", "403", "404", "402", "429-quota", "429-credit"],
 )
 def test_non_retryable_errors_are_classified_at_once(shape, step, outcome):
     sleeps = Sleeps()

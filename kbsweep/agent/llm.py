@@ -41,7 +41,8 @@ _COST_KEYS = (
     "cache_read_input_token_cost",
     "cache_creation_input_token_cost",
 )
-_RETRYABLE_STATUSES = frozenset({408, 409, 425, 429}) | frozenset(range(500, 600))
+# a 400 that is none of the classified ones (context, credits, model) is the provider's own fault as often as not
+_RETRYABLE_STATUSES = frozenset({400, 408, 409, 425, 429}) | frozenset(range(500, 600))
 
 
 # ---------------------------------------------------------------------------------------------- config helpers
@@ -232,6 +233,18 @@ def classify_exception(exc: BaseException) -> tuple[Outcome, bool, bool]:
 
 
 # ---------------------------------------------------------------------------------------------- the model
+class MalformedResponse(Exception):
+    """A reply the provider garbled (no choices, tool-call arguments that are not JSON): its fault, not the
+    model's; retried like a transient error, then a PROVIDER_ERROR."""
+
+
+def is_json_object(text: str) -> bool:
+    try:
+        return isinstance(json.loads(text), dict)
+    except ValueError:
+        return False
+
+
 def _field(obj: Any, name: str, default: Any = None) -> Any:
     if obj is None:
         return default
@@ -475,12 +488,13 @@ class LiteLLMModel:
                     response = litellm.completion(api_key=api_key, **kwargs)
                 else:
                     response = litellm.completion(**kwargs)
+                return self._to_completion(response, self._clock() - started)
             except Exception as exc:  # noqa: BLE001 - classified below; bugs are re-raised
                 elapsed = self._clock() - started
                 spent += elapsed
                 if isinstance(exc, ProviderFault):
                     raise
-                if not _is_provider_exception(exc):
+                if not isinstance(exc, MalformedResponse) and not _is_provider_exception(exc):
                     raise
                 outcome, retryable, overflow = classify_exception(exc)
                 message = f"{self.name}: {_one_line(exc)}"
@@ -521,15 +535,12 @@ class LiteLLMModel:
                     self._on_retry(record)
                 self._sleep(wait)
                 spent += wait
-                continue
-            latency = self._clock() - started
-            return self._to_completion(response, latency)
 
     # ------------------------------------------------------------------------------------------------ parsing
     def _to_completion(self, response: Any, latency: float) -> Completion:
         choices = _field(response, "choices", [])
         if not choices:
-            raise ProviderFault(Outcome.PROVIDER_ERROR, f"{self.name}: response has no choices")
+            raise MalformedResponse("response has no choices")
         choice = choices[0]
         msg = _field(choice, "message")
         message: dict[str, Any] = {"role": "assistant", "content": _field(msg, "content")}
@@ -544,6 +555,8 @@ class LiteLLMModel:
                     arguments = json.dumps(arguments)
                 except (TypeError, ValueError):
                     arguments = str(arguments)
+            if not is_json_object(arguments):
+                raise MalformedResponse(f"tool call {_field(function, 'name', '')!r} has arguments that are not a JSON object")
             calls.append(
                 {
                     "id": _field(call, "id") or f"call_{uuid.uuid4().hex[:24]}",

@@ -299,10 +299,12 @@ def kernel_profile(events: List[Any], ranges: List[tuple], calls: int) -> Dict[s
     """Kernel names, launches per call and streams of the kernels launched from inside ``ranges`` (a candidate's
     calls; the flushes, canaries and output copies around them are not counted); a CUDA-graph replay counts its
     kernels."""
-    launched_at = {e.correlation_id(): e.start_ns() for e in events if e.device_type() == torch.autograd.DeviceType.CPU}
+    # a kernel shares its correlation id with the runtime or driver call that launched it (aten ops number apart)
+    launched_at = {e.correlation_id(): e.start_ns() for e in events
+                   if e.device_type() == torch.autograd.DeviceType.CPU and e.name().startswith(("cuda", "cu"))}
 
     def counted(event) -> bool:
-        at = launched_at.get(event.linked_correlation_id()) or launched_at.get(event.correlation_id())
+        at = launched_at.get(event.correlation_id())
         # a launch with no runtime-API record (Triton's driver-API launches) is never the harness's own work: the
         # flushes, canaries and copies around the calls all go through torch's runtime launches
         return at is None or any(start <= at <= end for start, end in ranges)

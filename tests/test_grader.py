@@ -161,3 +161,39 @@ def test_baseline_keys_hold_what_changes_a_timing():
         assert key({**env, **changed}) != key()
     assert key(mode="default") != key()
     assert key(name="eager", mode="default") == key(name="eager")  # the compile mode is the compile baseline's alone
+
+
+def test_a_runner_killed_from_outside_is_infrastructure(problem, roofline, tmp_path):
+    """SIGKILL from outside the grade (what the host's OOM killer sends) ends it as harness_error, never as the
+    model's runtime_error; a crash of the candidate's own making stays runtime_error (test above: segfault)."""
+    import sys
+    import threading
+    import time
+
+    import psutil
+
+    solution = tmp_path / "ws" / "solution.py"
+    solution.parent.mkdir()
+    marker = solution.parent / "importing"
+    solution.write_text((CASES / "nan.py").read_text().replace(
+        "import torch", "import pathlib, time\nimport torch\npathlib.Path(__file__).with_name('importing').touch()\ntime.sleep(60)", 1))
+
+    def kill_the_runner():
+        workdir = tmp_path / "grade" / "candidate"
+        deadline = time.monotonic() + 50
+        while time.monotonic() < deadline and not (workdir / marker.name).exists():
+            time.sleep(0.1)
+        while time.monotonic() < deadline:
+            for proc in psutil.process_iter(["cmdline", "cwd"]):
+                command = proc.info["cmdline"] or []
+                if command[:1] == [sys.executable] and "kbsweep.grader.runner" in " ".join(command) and proc.info["cwd"] == str(workdir):
+                    proc.kill()  # while it imports the candidate, which sleeps
+                    return
+            time.sleep(0.2)
+
+    killer = threading.Thread(target=kill_the_runner)
+    killer.start()
+    result = grade(problem, solution, CPU, roofline, mode="check", timeout_s=120, log_dir=tmp_path / "grade")
+    killer.join()
+    assert result["outcome"] == "harness_error", result.get("message")
+    assert "killed from outside" in result["message"]

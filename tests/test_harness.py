@@ -14,7 +14,7 @@ import pytest
 from kbsweep.agent.trace_export import to_claude_code
 from kbsweep.export import export_dataset
 from kbsweep.agent.transcript import read_events
-from kbsweep import KbsweepError
+from kbsweep import ExitCode, KbsweepError
 from kbsweep.agent.loop import Budgets
 from kbsweep.agent.llm import LiteLLMModel
 from kbsweep.harness import runner_for
@@ -74,12 +74,12 @@ def agent(plan: Plan):
     return answer
 
 
-def run(tmp_path: Path, script, *overrides: str, harnesses=HARNESSES):
+def run(tmp_path: Path, script, *overrides: str, harnesses=HARNESSES, exit_code: int = ExitCode.OK):
     """A sweep of demo/scale_shift with the fake model behind each harness; the result of each cell by harness."""
     with FakeProvider(script) as fp:
         model_yaml(tmp_path / "conf", "fake", "openai/fake", fp.base_url, timeout_s=60)
         proc = sweep(tmp_path / "conf", tmp_path / "outputs", "-m", "model=fake", "harness=" + ",".join(harnesses), *overrides)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.returncode == exit_code, proc.stderr[-3000:]
     found = results(tmp_path / "outputs")
     assert sorted(found) == [f"fake@{h}" for h in harnesses]
     return fp, {h: found[f"fake@{h}"] for h in harnesses}
@@ -148,7 +148,7 @@ def test_provider_faults_end_both_harnesses_as_infrastructure(tmp_path):
         tools = {t["function"]["name"] for t in request.get("tools") or []}
         return HttpError(500) if "exec_command" in tools else HttpError(429)
 
-    _, cells = run(tmp_path, failing)
+    _, cells = run(tmp_path, failing, exit_code=ExitCode.INFRA)  # cells left for a rerun
     assert (cells["claude-code"]["outcome"], cells["codex"]["outcome"]) == ("rate_limited", "provider_error")
     for result in cells.values():
         assert result["stop_reason"] == "provider_fault" and result["score"] is None

@@ -113,7 +113,10 @@ def supervise(
     message = json.loads(lines[0])
     signum = -runner.returncode if (runner.returncode or 0) < 0 else (runner.returncode or 0) - 128  # bwrap: 128 + signal
     if not message.get("ok") and signum > 0 and "died" in message.get("message", ""):
-        message.update(died_of(signum))
+        cause = died_of(signum)
+        if message["outcome"] == "harness_error":  # died before the candidate was imported: never the model's
+            cause["outcome"] = "harness_error"
+        message.update(cause)
     return message
 
 

@@ -620,8 +620,11 @@ def main() -> None:
     request = json.loads(sys.stdin.read())
     referee = None
     try:
-        runner.send({"request": {k: request[k] for k in ("device", "workdir", "l2_bytes")}})
-        runner.receive()
+        try:
+            runner.send({"request": {k: request[k] for k in ("device", "workdir", "l2_bytes")}})
+            runner.receive()
+        except ChannelError as exc:  # nothing of the candidate has run yet
+            raise GradeFailure("harness_error", f"the candidate's process died before it took the request ({exc})") from None
         referee = Referee(request, runner)
         message = {"ok": True, "result": referee.run()}
     except GradeFailure as exc:

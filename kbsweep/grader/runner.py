@@ -75,6 +75,7 @@ class Runner:
         self.models: Dict[int, Any] = {}
         self.arena: Optional[Arena] = None
         self.cand: Any = None
+        self.monitor: Optional[runtime.Monitor] = None  # installed by the import, just before the candidate
         self.evidence: Dict[str, Any] = {}
         self.stage, self.tag = "import_candidate", ""
         self.flush = timing.L2Flush(request["l2_bytes"]) if self.device.type == "cuda" else None
@@ -96,12 +97,9 @@ class Runner:
                 reply = {"ok": False, "outcome": exc.outcome, "message": str(exc)}
             except Exception as exc:  # noqa: BLE001 - the candidate's code raised: classified, never fatal here
                 reply = {"ok": False, "outcome": classify(exc), "message": f"{self.stage}: {one_line(exc)}"}
-            if self.monitor_ready():
+            if self.monitor is not None:
                 self.monitor.check_flags()
             self.channel.send(reply)
-
-    def monitor_ready(self) -> bool:
-        return hasattr(self, "monitor")
 
     # -- setup ----------------------------------------------------------------------
     def op_arena(self, message, fds) -> None:

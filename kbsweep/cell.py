@@ -15,7 +15,7 @@ import time
 import traceback
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Dict
+from typing import Any, Dict, Optional, Sequence
 
 from kbsweep import audit as audit_stage
 from kbsweep.agent.loop import Budgets, fault_outcome
@@ -52,16 +52,21 @@ def prepare_workspace(folder: Path, problem_root: Path) -> Path:
 
 def grader_for(cell: Cell, problem, roofline: Dict[str, Any], folder: Path):
     """A grade function bound to this cell: check/bench/full on the workspace's solution.py."""
-    gpu = SimpleNamespace(**cell.gpu)
-    baselines = cell.gpu.get("baselines") or cell.grade["baselines"]
-    cache = BaselineCache(
-        Path(cell.paths["outputs"]) / "baselines" / f"{gpu.name}.json",
-        seed_files=[Path(root).parent / "baselines" / f"{gpu.name}.json" for root in cell.paths["problems"]],
-    )
+    return configured_grader(problem, roofline, folder, cell.gpu, cell.track, cell.grade, cell.paths, cell.deck_version, secret_env(cell))
 
-    world_size = int(cell.track.get("world_size", 1))
-    hidden = secret_env(cell)
-    policy = SandboxPolicy.of(cell.track)
+
+def configured_grader(problem, roofline: Dict[str, Any], folder: Path, gpu_conf: Dict[str, Any], track: Dict[str, Any],
+                      grade_conf: Dict[str, Any], paths: Dict[str, Any], deck_version: Optional[str] = None, hidden: Sequence[str] = ()):
+    """``run(mode, solution, log_name)``: a grade under the configuration's GPU, track limits, timing, baselines
+    and baseline cache, the same for a sweep's cells and a one-file ``kbsweep grade``."""
+    gpu = SimpleNamespace(**gpu_conf)
+    baselines = gpu_conf.get("baselines") or grade_conf["baselines"]
+    cache = BaselineCache(
+        Path(paths["outputs"]) / "baselines" / f"{gpu.name}.json",
+        seed_files=[Path(root).parent / "baselines" / f"{gpu.name}.json" for root in paths["problems"]],
+    )
+    world_size = int(track.get("world_size", 1))
+    policy = SandboxPolicy.of(track)
 
     def run(mode: str, solution: Path, log_name: str) -> Dict[str, Any]:
         with device_lock(gpu.device, count=world_size):
@@ -72,12 +77,12 @@ def grader_for(cell: Cell, problem, roofline: Dict[str, Any], folder: Path):
                 roofline,
                 mode=mode,
                 baselines=baselines if mode == "full" else [],
-                timeout_s=cell.track["grade_timeout_s"],
-                memory_mib=memory_cap_mib(cell.grade["memory_mib"]),  # the grading host's, where the cell runs
+                timeout_s=track["grade_timeout_s"],
+                memory_mib=memory_cap_mib(grade_conf["memory_mib"]),  # the grading host's, where the grade runs
                 log_dir=folder / "grades" / log_name,
-                timing=cell.grade["timing"],
-                compile_mode=cell.grade["compile_mode"],
-                deck_version=cell.deck_version,
+                timing=grade_conf["timing"],
+                compile_mode=grade_conf["compile_mode"],
+                deck_version=deck_version,
                 baseline_cache=cache,
                 world_size=world_size,
                 hide_env=hidden,

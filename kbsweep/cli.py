@@ -63,9 +63,29 @@ def resolve_gpu(cfg: DictConfig, hydra_cfg) -> None:
         cfg.gpu = OmegaConf.load(path)
 
 
+def grade_track(cfg: DictConfig, hydra_cfg) -> str:
+    """``kbsweep grade problem=<track>/<name>`` grades under that track's YAML (its time limit, world size, sandbox:
+    what a sweep's grade of the same file gets) unless ``track=`` was given; returns the track's choice."""
+    chosen = str(hydra_cfg.runtime.choices.get("track"))
+    problem = str(cfg.get("problem") or "")
+    if cfg.get("verb") != "grade" or "/" not in problem or any(o.split("=")[0].lstrip("+~") == "track" for o in hydra_cfg.overrides.task):
+        return chosen
+    wanted = problem.split("/", 1)[0]
+    path = Path(group_source(hydra_cfg, "track", wanted))
+    if wanted == cfg.track.name or not path.is_file():
+        return chosen
+    given = [o.lstrip("+")[len("track."):] for o in hydra_cfg.overrides.task if o.lstrip("+").startswith("track.")]
+    with open_dict(cfg):
+        cfg.track = OmegaConf.merge(OmegaConf.load(path), OmegaConf.from_dotlist(given))
+    return wanted
+
+
 def prepare(cfg: DictConfig, hydra_cfg) -> DictConfig:
-    """Validate every group against its schema (one line naming file and key on error), resolve gpu=auto."""
-    sources = {g: group_source(hydra_cfg, g, str(hydra_cfg.runtime.choices.get(g))) for g in ("model", "gpu", "track", "harness", "launcher", "tracking")}
+    """Validate every group against its schema (one line naming file and key on error), resolve gpu=auto and a
+    one-file grade's track."""
+    choices = {g: str(hydra_cfg.runtime.choices.get(g)) for g in ("model", "gpu", "track", "harness", "launcher", "tracking")}
+    choices["track"] = grade_track(cfg, hydra_cfg)
+    sources = {g: group_source(hydra_cfg, g, choice) for g, choice in choices.items()}
     if cfg.gpu.get("name") == "auto":
         resolve_gpu(cfg, hydra_cfg)
         sources["gpu"] = f"gpu/{cfg.gpu.name}.yaml"
@@ -129,12 +149,9 @@ def plan_verb(cfgs: List[DictConfig]) -> int:
 @verb("grade")
 def grade_verb(cfgs: List[DictConfig]) -> int:
     """Grade one solution file: ``kbsweep grade problem=<track>/<name> solution=<file> gpu=<name>``; JSON on stdout."""
-    from types import SimpleNamespace
-
-    from kbsweep.grader import grade
+    from kbsweep.cell import configured_grader
     from kbsweep.outcomes import Outcome
     from kbsweep.problems import find_problem_dir, load_problem
-    from kbsweep.sandbox import SandboxPolicy, memory_cap_mib
     from kbsweep.score import load_roofline
     from kbsweep.validate import check_problem, check_references, reference_probe
 
@@ -150,21 +167,9 @@ def grade_verb(cfgs: List[DictConfig]) -> int:
     roofline = load_roofline(list(cfg.paths.roofline_specs), cfg.gpu.roofline)
     check_problem(problem, cfg.gpu.shape_set, roofline, cfg.gpu.roofline)
     check_references([reference_probe(problem)])
-    gpu = SimpleNamespace(**OmegaConf.to_container(cfg.gpu, resolve=True))
-    result = grade(
-        problem,
-        solution,
-        gpu,
-        roofline,
-        baselines=list(cfg.gpu.baselines or cfg.grade.baselines),
-        timeout_s=cfg.track.grade_timeout_s,
-        memory_mib=memory_cap_mib(cfg.grade.memory_mib),
-        timing=OmegaConf.to_container(cfg.grade.timing, resolve=True),
-        compile_mode=cfg.grade.compile_mode,
-        log_dir=Path(cfg.paths.outputs) / "grades" / f"{track}-{name}-{time.strftime('%Y%m%d-%H%M%S')}",
-        world_size=cfg.track.world_size,
-        sandbox=SandboxPolicy.of(OmegaConf.to_container(cfg.track, resolve=True)),
-    )
+    conf = OmegaConf.to_container(cfg, resolve=True)
+    run = configured_grader(problem, roofline, Path(cfg.paths.outputs), conf["gpu"], conf["track"], conf["grade"], conf["paths"])
+    result = run("full", solution, f"{track}-{name}-{time.strftime('%Y%m%d-%H%M%S')}")
     print(json.dumps(result, indent=1, default=str))
     outcome = Outcome(result["outcome"])
     return ExitCode.OK if outcome == Outcome.PASS else ExitCode.INFRA if outcome.is_infra else ExitCode.MODEL

@@ -107,6 +107,20 @@ def test_grade_cli_prints_json(cli, outputs):
     assert result["env"]["torch"] and result["deck_version"]
 
 
+def test_grade_cli_grades_under_the_problems_track_and_caches_baselines(cli, outputs):
+    """A one-file grade of a proof problem gets the proof track's limits (not the default demo track's 240 s) and
+    the same baseline cache a sweep's grade of the file would use."""
+    solution = f"{REPO}/problems/proof/bf16_gemm/solutions/torch_mm.py"
+    proc = cli("grade", "problem=proof/bf16_gemm", f"solution={solution}", "gpu=cpu")
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    assert result["outcome"] == "pass" and result["timeout_s"] == 1800
+    cached = json.loads((outputs / "baselines" / "cpu.json").read_text())
+    assert any(key.startswith("proof/bf16_gemm|") and key.endswith("|eager") for key in cached)
+    proc = cli("grade", "problem=proof/bf16_gemm", f"solution={solution}", "gpu=cpu", "track=demo", "track.grade_timeout_s=99")
+    assert json.loads(proc.stdout)["timeout_s"] == 99  # a track the user names is the one graded under
+
+
 def test_baselines_past_their_budget_are_left_for_a_later_grade(problem, roofline, tmp_path, monkeypatch):
     """Baselines are timed before the candidate is imported, within a share of the grade's time limit; one left
     untimed does not cost the candidate its grade and is not cached (a later grade times it)."""

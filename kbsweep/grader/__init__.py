@@ -247,6 +247,7 @@ def grade(
         "shape_set": shape_set,
         "world_size": world_size,
         "grade_s": time.time() - started,
+        "timeout_s": timeout_s,
         "env": host_env,
     }
     if not message.get("ok"):

@@ -359,12 +359,13 @@ class Referee:
         samples: List[float] = []
         ratios: List[float] = []
         began = time.perf_counter()
-        while not timing.stop(samples, self.cfg, time.perf_counter() - began):
-            batch = self.batch(ref_model, model, shape, sets, slots, mode, shape_["spin_us"])
-            samples += batch["ms"]
-            ratios.append((batch["wall_ms"] - overhead["total_ms"]) / max(sum(batch["ms"]), 1e-9))
+        with timing.ClockSampler(self.device) as clocks:
+            while not timing.stop(samples, self.cfg, time.perf_counter() - began):
+                batch = self.batch(ref_model, model, shape, sets, slots, mode, shape_["spin_us"])
+                samples += batch["ms"]
+                ratios.append((batch["wall_ms"] - overhead["total_ms"]) / max(sum(batch["ms"]), 1e-9))
         timed = {**timing.summarize(samples, samples), "mode": mode, "per_batch": per_batch, "batches": len(ratios),
-                 "spin_us": shape_["spin_us"], "input_sets": len(sets)}
+                 "spin_us": shape_["spin_us"], "input_sets": len(sets), "clocks": clocks.summary()}
         ratio = statistics.median(ratios)
         timed["corroboration"] = {**overhead, "wall_over_claimed": ratio, "max_ratio": max(ratios), "band": BAND[mode]}
         if ratio > BAND[mode]:
@@ -485,9 +486,10 @@ class Referee:
         shape_ = timing.calibrate_batch(lambda spin_us: timing.run_batch(steps(3), mode, spin_us, flush), mode != "back_to_back")
         samples: List[float] = []
         began = time.perf_counter()
-        while not timing.stop(samples, self.cfg, time.perf_counter() - began):
-            samples += timing.run_batch(steps(int(shape_["per_batch"])), mode, shape_["spin_us"], flush)["ms"]
-        return {**timing.summarize(samples, samples), "mode": mode, "per_batch": int(shape_["per_batch"])}
+        with timing.ClockSampler(self.device) as clocks:
+            while not timing.stop(samples, self.cfg, time.perf_counter() - began):
+                samples += timing.run_batch(steps(int(shape_["per_batch"])), mode, shape_["spin_us"], flush)["ms"]
+        return {**timing.summarize(samples, samples), "mode": mode, "per_batch": int(shape_["per_batch"]), "clocks": clocks.summary()}
 
     # -- audit ------------------------------------------------------------------------
     def audit_probes(self) -> None:

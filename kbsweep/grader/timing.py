@@ -17,6 +17,7 @@ import ctypes
 import dataclasses
 import math
 import statistics
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence
@@ -199,6 +200,57 @@ def time_cuda(
         rechecked=isolated["rechecked"] + result["batches"],
     )
     return result
+
+
+class ClockSampler:
+    """NVML's view of the GPU while a pass runs: SM clock, power and the reasons the clock is held down, sampled
+    every ``interval_s`` on a thread (NVML reads take tens of microseconds and release the GIL). The evidence
+    that tells a power-capped figure from a boosted one; empty where NVML cannot read the device (CPU, no NVML)."""
+
+    REASONS = {0x1: "gpu_idle", 0x2: "applications_clocks", 0x4: "sw_power_cap", 0x8: "hw_slowdown", 0x20: "sync_boost",
+               0x40: "sw_thermal", 0x80: "hw_thermal", 0x100: "hw_power_brake", 0x200: "display_clocks"}
+
+    def __init__(self, device: Any, interval_s: float = 0.005):
+        self.interval_s, self.samples, self.handle = interval_s, [], None
+        self.stopped = threading.Event()
+        if getattr(device, "type", device) == "cuda":
+            try:
+                import pynvml
+
+                pynvml.nvmlInit()
+                self.nvml = pynvml
+                self.handle = pynvml.nvmlDeviceGetHandleByIndex(torch.cuda._get_nvml_device_index(device))
+            except Exception:  # noqa: BLE001 - no NVML here (a VM without it, a driver mismatch): no evidence, no failure
+                self.handle = None
+
+    def __enter__(self) -> "ClockSampler":
+        if self.handle is not None:
+            self.thread = threading.Thread(target=self.sample, daemon=True)
+            self.thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.handle is not None:
+            self.stopped.set()
+            self.thread.join()
+
+    def sample(self) -> None:
+        nvml = self.nvml
+        while not self.stopped.wait(self.interval_s):
+            try:
+                self.samples.append((nvml.nvmlDeviceGetClockInfo(self.handle, nvml.NVML_CLOCK_SM),
+                                     nvml.nvmlDeviceGetPowerUsage(self.handle) / 1e3,
+                                     nvml.nvmlDeviceGetCurrentClocksEventReasons(self.handle)))
+            except Exception:  # noqa: BLE001 - a read NVML refuses ends the sampling, not the grade
+                return
+
+    def summary(self) -> Dict[str, Any]:
+        if not self.samples:
+            return {}
+        clocks, watts, reasons = zip(*self.samples)
+        held = {name: sum(1 for r in reasons if r & bit) / len(reasons) for bit, name in self.REASONS.items() if any(r & bit for r in reasons)}
+        return {"samples": len(clocks), "sm_mhz": {"min": min(clocks), "median": statistics.median(clocks), "max": max(clocks)},
+                "power_w": {"median": statistics.median(watts), "max": max(watts)}, "reasons": held}
 
 
 def run_batch(steps: Sequence[tuple], mode: str, spin_us: float = 0.0, flush: Optional["L2Flush"] = None) -> Dict[str, List[float]]:

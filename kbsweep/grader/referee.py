@@ -353,21 +353,24 @@ class Referee:
         warm_slots = [self.output_slots(expected) for _ in range(3)]
         shape_ = timing.calibrate_batch(lambda spin_us: self.batch(ref_model, model, shape, sets, warm_slots, mode, spin_us, check=False),
                                         mode != "back_to_back")
-        per_batch = min(int(shape_["per_batch"]), calls)
-        slots = [self.output_slots(expected) for _ in range(per_batch)]
-        overhead = self.overheads(model, template, sets, expected, mode, shape_["spin_us"], per_batch)
+        per_batch, warm = min(int(shape_["per_batch"]), calls), int(shape_.get("warm_calls", 0))
+        slots = [warm_slots[i % len(warm_slots)] for i in range(warm)] + [self.output_slots(expected) for _ in range(per_batch)]
+        overhead = self.overheads(model, template, sets, expected, mode, shape_["spin_us"], warm + per_batch)
         samples: List[float] = []
         ratios: List[float] = []
+        shares: List[float] = []  # of the batch's wall time, what the calls claim: how much of it the ratio can see
         began = time.perf_counter()
         with timing.ClockSampler(self.device) as clocks:
             while not timing.stop(samples, self.cfg, time.perf_counter() - began):
-                batch = self.batch(ref_model, model, shape, sets, slots, mode, shape_["spin_us"])
-                samples += batch["ms"]
+                batch = self.batch(ref_model, model, shape, sets, slots, mode, shape_["spin_us"], warm=warm)
+                samples += batch["ms"][warm:]
                 ratios.append((batch["wall_ms"] - overhead["total_ms"]) / max(sum(batch["ms"]), 1e-9))
-        timed = {**timing.summarize(samples, samples), "mode": mode, "per_batch": per_batch, "batches": len(ratios),
+                shares.append(sum(batch["ms"]) / max(batch["wall_ms"], 1e-9))
+        timed = {**timing.summarize(samples, samples), "mode": mode, "per_batch": per_batch, "warm_calls": warm, "batches": len(ratios),
                  "spin_us": shape_["spin_us"], "input_sets": len(sets), "clocks": clocks.summary()}
         ratio = statistics.median(ratios)
-        timed["corroboration"] = {**overhead, "wall_over_claimed": ratio, "max_ratio": max(ratios), "band": BAND[mode]}
+        timed["corroboration"] = {**overhead, "wall_over_claimed": ratio, "max_ratio": max(ratios), "band": BAND[mode],
+                                  "claimed_share_of_wall": statistics.median(shares)}
         if ratio > BAND[mode]:
             self.findings.append({"kind": "time_disagreement", "shape": shape,
                                   "detail": f"{shape}: the referee's clock saw {ratio:.2f}x the time the candidate's process reported"})
@@ -377,9 +380,11 @@ class Referee:
             timed["graph_ms"] = float(graph) if isinstance(graph, (int, float)) else None
         return entry
 
-    def batch(self, ref_model, model: int, shape, sets, slots, mode: str, spin_us: float, check: bool = True) -> Dict[str, Any]:
+    def batch(self, ref_model, model: int, shape, sets, slots, mode: str, spin_us: float, check: bool = True, warm: int = 0) -> Dict[str, Any]:
         """One timed batch there: the plan (slots, canaries) sent when the runner is armed, fresh inputs written
-        after that, the referee's clock read around the go, then every output slot checked and some compared."""
+        after that, the referee's clock read around the go, then every output slot checked and some compared.
+        The first ``warm`` calls are ordinary calls whose times are not samples (they share a few slots, so only
+        calls after them are picked)."""
         plan = [{"inputs": sets[i % len(sets)], "outputs": slots[i], "swaps": self.canaries(sets[i % len(sets)])} for i in range(len(slots))]
         self.ask("arm", model=model, calls=plan, mode=mode, spin_us=spin_us)
         seeds = [self.rng.randrange(2**31) for _ in sets]
@@ -395,7 +400,7 @@ class Referee:
             raise GradeFailure("runtime_error", "timing: the candidate's process returned no valid call times")
         self.count_work(shape, len(plan))
         if check:
-            self.check_batch(ref_model, shape, sets, seeds, plan)
+            self.check_batch(ref_model, shape, sets, seeds, plan, warm)
         enqueue = [float(u) for u in reply.get("enqueue_us") or [] if isinstance(u, (int, float))]
         return {"ms": [float(m) for m in ms], "wall_ms": wall_ms, "enqueue_us": enqueue}
 
@@ -430,14 +435,15 @@ class Referee:
             swaps.append([index, [base + c for c in picked[:SWAPS]], [base + c for c in picked[SWAPS:]]])
         return swaps
 
-    def check_batch(self, ref_model, shape, sets, seeds, plan) -> None:
-        """Every slot written (no NaN left from the poison in float outputs); PICKS calls, chosen now, compared."""
+    def check_batch(self, ref_model, shape, sets, seeds, plan, warm: int = 0) -> None:
+        """Every slot written (no NaN left from the poison in float outputs); PICKS calls after the ``warm`` ones,
+        chosen now, compared."""
         for i, call in enumerate(plan):
             for slot in call["outputs"]:
                 view = self.arena.view(slot)
                 if view.is_floating_point() and view.numel() and not torch.isfinite(view.float()).all():
                     raise GradeFailure("incorrect", f"timed call {i} of a batch, shape {shape}: output left unwritten or not finite")
-        for pick in sorted(self.rng.sample(range(len(plan)), min(PICKS, len(plan)))):
+        for pick in sorted(self.rng.sample(range(warm, len(plan)), min(PICKS, len(plan) - warm))):
             j = pick % len(sets)
             inputs = self.inputs(shape, seeds[j])
             for i in range(j, pick + 1, len(sets)):
@@ -550,7 +556,8 @@ class Referee:
             if self.device.type == "cuda" and isinstance(found, dict):
                 entry["profile"] = {"launches_per_call": number(found.get("launches_per_call")),
                                     "kernels": {str(k)[:200]: number(v) for k, v in list((found.get("kernels") or {}).items())[:200]},
-                                    "streams": [int(x) for x in found.get("streams") or [] if isinstance(x, int)]}
+                                    "streams": [int(x) for x in found.get("streams") or [] if isinstance(x, int)],
+                                    "methods": {str(k)[:40]: number(v) for k, v in list((found.get("methods") or {}).items())[:10]}}
 
 
 def time_baselines(request: Dict[str, Any], ref_model: Any, sets: List[List[Any]], deadline: float, timer: Callable) -> Dict[str, Any]:

@@ -30,6 +30,11 @@ CUDA_LIMIT_PERSISTING_L2 = 0x06
 SPIN_CYCLES_PER_US = 2000  # about the SM clock of a Hopper under load; a longer spin is harmless
 BATCH_ENQUEUE_US = 50_000  # host time to enqueue one back-to-back batch
 MAX_BATCH_SPIN_US = 100_000
+# Untimed calls that open every back-to-back batch of a call of WARM_FROM_US or more, for WARM_US of GPU work: the
+# chip's power controller then holds the clock it sustains under this load (a bf16 GEMM at 8192^3 on the H200 read
+# 1.39 ms at the 1980 MHz boost after the host gaps between batches, 1.52 ms at the ~1600 MHz its power cap holds
+# under do_bench or graph replay). Below WARM_FROM_US a batch's enqueue, not power, sets the pace.
+WARM_US, WARM_FROM_US, MAX_WARM_CALLS = 80_000, 100, 64
 CALL_RANGE = "kbsweep::call"  # the profiler annotation around each candidate call (its tag follows)
 
 
@@ -307,12 +312,13 @@ def batch_shape(warm: Dict[str, List[float]], latency: bool) -> Dict[str, float]
     where a spin much longer than the work would hand it the power headroom of an idle chip (a bf16 GEMM at
     8192^3 read 7-13% fast on the H200 behind a spin of twice the batch's enqueue time)."""
     if latency:
-        return {"per_batch": 8, "spin_us": 0.0, "mode": "isolated"}
+        return {"per_batch": 8, "warm_calls": 0, "spin_us": 0.0, "mode": "isolated"}
     enqueue_us = statistics.median(warm.get("enqueue_us") or [1.0])
     gpu_us = statistics.median(warm.get("ms") or [0.0]) * 1e3
     per_batch = int(max(2, min(32, BATCH_ENQUEUE_US / max(enqueue_us, gpu_us, 1.0))))
-    behind_us = per_batch * max(enqueue_us - gpu_us, 0.0)
-    return {"per_batch": per_batch, "spin_us": min(1.5 * behind_us + 1000, MAX_BATCH_SPIN_US), "mode": "back_to_back"}
+    warm_calls = min(MAX_WARM_CALLS, math.ceil(WARM_US / gpu_us)) if gpu_us >= WARM_FROM_US else 0
+    behind_us = (warm_calls + per_batch) * max(enqueue_us - gpu_us, 0.0)
+    return {"per_batch": per_batch, "warm_calls": warm_calls, "spin_us": min(1.5 * behind_us + 1000, MAX_BATCH_SPIN_US), "mode": "back_to_back"}
 
 
 def profiler_session(device: Any):
@@ -347,29 +353,40 @@ def session_evidence(prof: Any, calls: Dict[str, int]) -> Dict[str, Any]:
     return {"ops": ops, "flops": flops, "profiles": profiles}
 
 
+LAUNCH_APIS = ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchCooperativeKernel", "cuLaunchCooperativeKernel", "cudaGraphLaunch", "cuGraphLaunch")
+
+
 def kernel_profile(events: List[Any], ranges: List[tuple], calls: int) -> Dict[str, Any]:
     """Kernel names, launches per call and streams of the kernels launched from inside ``ranges`` (a candidate's
     calls; the flushes, canaries and output copies around them are not counted); a CUDA-graph replay counts its
-    kernels."""
+    kernels. ``methods``: the per-call count by each way of tying a kernel to its launch (kept side by side until
+    the lent GPUs' profiler has shown which holds there)."""
+    cpu, cuda = torch.autograd.DeviceType.CPU, torch.autograd.DeviceType.CUDA
+    inside = lambda t: any(start <= t <= end for start, end in ranges)  # noqa: E731
     # a kernel shares its correlation id with the runtime or driver call that launched it (aten ops number apart)
-    launched_at = {e.correlation_id(): e.start_ns() for e in events
-                   if e.device_type() == torch.autograd.DeviceType.CPU and e.name().startswith(("cuda", "cu"))}
-
-    def counted(event) -> bool:
-        at = launched_at.get(event.correlation_id())
-        # a launch with no runtime-API record (Triton's driver-API launches) is never the harness's own work: the
-        # flushes, canaries and copies around the calls all go through torch's runtime launches
-        return at is None or any(start <= at <= end for start, end in ranges)
-
-    gpu = [e for e in events if e.device_type() == torch.autograd.DeviceType.CUDA and not e.name().startswith(("Memcpy", "Memset")) and counted(e)]
+    launches = [e for e in events if e.device_type() == cpu and e.name().startswith(("cuda", "cu"))]
+    launched_at = {e.correlation_id(): e.start_ns() for e in launches}
+    kernels_all = [e for e in events if e.device_type() == cuda and not e.name().startswith(("Memcpy", "Memset"))
+                   and not e.name().startswith(CALL_RANGE)]
+    annotations = [(e.start_ns(), e.end_ns()) for e in events if e.device_type() == cuda and e.name().startswith(CALL_RANGE)]
+    by = {
+        "correlation": [k for k in kernels_all if launched_at.get(k.correlation_id()) is not None and inside(launched_at[k.correlation_id()])],
+        "linked": [k for k in kernels_all if launched_at.get(k.linked_correlation_id()) is not None and inside(launched_at[k.linked_correlation_id()])],
+        "annotation": [k for k in kernels_all if any(s <= k.start_ns() and k.end_ns() <= e for s, e in annotations)],
+    }
+    gpu = by["correlation"]
+    calls = max(calls, 1)
     kernels: Dict[str, int] = {}
     for event in gpu:
         kernels[event.name()] = kernels.get(event.name(), 0) + 1
-    calls = max(calls, 1)
+    methods = {name: len(found) / calls for name, found in by.items()}
+    methods["launch_calls"] = sum(1 for e in launches if e.name().startswith(LAUNCH_APIS) and inside(e.start_ns())) / calls
+    methods["unmatched_kernels"] = sum(1 for k in kernels_all if launched_at.get(k.correlation_id()) is None)
     return {
         "launches_per_call": len(gpu) / calls,
         "kernels": {name[:200]: count / calls for name, count in sorted(kernels.items())},
         "streams": sorted({e.device_resource_id() for e in gpu}),
+        "methods": methods,
     }
 
 

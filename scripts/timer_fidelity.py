@@ -128,6 +128,20 @@ def shape_rows(name: str, grades: dict, local: list) -> list:
     return rows
 
 
+def markdown(rows: list) -> str:
+    """The benchmarks table: scored ms per condition, the outside references, and the ratios the issue bounds."""
+    pct = lambda v: f"{(v - 1) * 100:+.1f}%" if v else "-"  # noqa: E731
+    lines = ["| case | shape | scored ms (timed first / cached / none) | spread | graph+flush ms | vs graph | do_bench read-flush ms | vs do_bench | SM MHz scored / graph |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        scored = " / ".join(f"{m:.4f}" if m else "-" for m in r["scored_ms"].values())
+        clocks = (r["scored_clocks"].get("no_baselines") or {}).get("sm_mhz", {}).get("median"), (r["outside"]["graph_flush"].get("clocks") or {}).get("sm_mhz", {}).get("median")
+        graph = f"{r['graph_flush_ms']:.4f}" if r["graph_flush_ms"] else "-"
+        lines.append(f"| {r['case']} | {','.join(f'{k}={v}' for k, v in r['shape'].items())} | {scored} | {(r['regrade_spread'] or 0) * 100:.1f}% | {graph} | "
+                     f"{pct(r['scored_over_graph'])} | {r['do_bench_read_flush_ms']:.4f} | {pct(r['scored_over_do_bench'])} | {clocks[0]} / {clocks[1]} |")
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("out", type=Path)
@@ -165,6 +179,8 @@ def main() -> None:
                 print(json.dumps({k: row[k] for k in ("case", "shape", "scored_ms", "graph_flush_ms", "graph_flush_after_load_ms",
                                                       "do_bench_read_flush_ms", "regrade_spread")}, default=str), flush=True)
             save()
+    (args.out / "timer_fidelity.md").write_text(markdown(report["rows"]))
+    print(markdown(report["rows"]), flush=True)
     print(f"done in {time.time() - began:.0f} s", flush=True)
 
 

@@ -493,9 +493,11 @@ class Referee:
         samples: List[float] = []
         began = time.perf_counter()
         with timing.ClockSampler(self.device) as clocks:
+            warm = int(shape_.get("warm_calls", 0))  # as the candidate's batches open
             while not timing.stop(samples, self.cfg, time.perf_counter() - began):
-                samples += timing.run_batch(steps(int(shape_["per_batch"])), mode, shape_["spin_us"], flush)["ms"]
-        return {**timing.summarize(samples, samples), "mode": mode, "per_batch": int(shape_["per_batch"]), "clocks": clocks.summary()}
+                samples += timing.run_batch(steps(warm + int(shape_["per_batch"])), mode, shape_["spin_us"], flush)["ms"][warm:]
+        return {**timing.summarize(samples, samples), "mode": mode, "per_batch": int(shape_["per_batch"]), "warm_calls": warm,
+                "clocks": clocks.summary()}
 
     # -- audit ------------------------------------------------------------------------
     def audit_probes(self) -> None:

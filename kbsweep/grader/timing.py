@@ -30,6 +30,7 @@ SPIN_CYCLES_PER_US = 2000  # about the SM clock of a Hopper under load; a longer
 BATCH_ENQUEUE_US = 50_000  # host time to enqueue one back-to-back batch
 MAX_BATCH_SPIN_US = 100_000
 CALL_RANGE = "kbsweep::call"  # the profiler annotation around each candidate call (its tag follows)
+COMM_PREFIXES = ("c10d::", "_c10d_functional::", "c10d_functional::", "nccl:", "gloo:")  # torch.distributed's ops, per backend
 
 
 @dataclass
@@ -274,7 +275,8 @@ def profiler_session(device: Any):
 
 def session_evidence(prof: Any, calls: Dict[str, int]) -> Dict[str, Any]:
     """From a finished session: the aten ops (and their FLOPs) run inside candidate calls but outside its own
-    kernel launches, and per call tag (``calls``: tag -> number of calls) the kernels of those calls."""
+    kernel launches, the torch.distributed ops and the GPU kernels of every candidate call, and per call tag
+    (``calls``: tag -> number of calls) the kernels of those calls."""
     events = list(prof.profiler.kineto_results.events())
     cpu = torch.autograd.DeviceType.CPU
     ranges: Dict[str, List[tuple]] = {}
@@ -285,14 +287,19 @@ def session_evidence(prof: Any, calls: Dict[str, int]) -> Dict[str, Any]:
     inside = lambda t, spans: any(start <= t <= end for start, end in spans)  # noqa: E731
     everywhere = [span for spans in ranges.values() for span in spans]
     ops: Dict[str, int] = {}
+    comm: Dict[str, int] = {}
     flops = 0
     for e in events:
-        if e.device_type() == cpu and "::" in e.name() and not e.name().startswith(("kbsweep::", "profiler::")) \
-                and inside(e.start_ns(), everywhere) and not inside(e.start_ns(), launches):
+        if e.device_type() != cpu or not inside(e.start_ns(), everywhere):
+            continue
+        if e.name().startswith(COMM_PREFIXES):
+            comm[e.name()] = comm.get(e.name(), 0) + 1
+        if "::" in e.name() and not e.name().startswith(("kbsweep::", "profiler::")) and not inside(e.start_ns(), launches):
             ops[e.name()] = ops.get(e.name(), 0) + 1
             flops += int(e.flops() or 0)
     profiles = {tag: kernel_profile(events, ranges.get(tag, []), count) for tag, count in calls.items() if ranges.get(tag)}
-    return {"ops": ops, "flops": flops, "profiles": profiles}
+    kernels = sorted(kernel_profile(events, everywhere, 1)["kernels"]) if everywhere else []
+    return {"ops": ops, "flops": flops, "comm_ops": comm, "kernels": kernels, "profiles": profiles}
 
 
 def kernel_profile(events: List[Any], ranges: List[tuple], calls: int) -> Dict[str, Any]:

@@ -5,11 +5,12 @@ every GPU the sweep may use; under Slurm, one task on one node with ``--gpus-per
 (:meth:`kbsweep.launch.SubmititLauncher.parameters`). Either way its grade does the same thing::
 
     with device_lock(gpu.device, count=n):            # n GPUs held machine-wide, pinned in CUDA_VISIBLE_DEVICES
-        run = run_torchrun(n, "kbsweep.grader.<worker>", [request_path], log_dir=..., timeout_s=..., env=...,
+        run = run_torchrun(n, "package.module", [args], log_dir=..., timeout_s=..., env=...,
                            sandbox=..., writable=[...], readonly=[...])   # torchrun and every rank in one sandbox
     run.timed_out, run.returncode, run.stdout()        # a hung rank or collective is killed with its group
 
-and the worker module, started once per rank, begins with::
+(a grade starts two such torchruns with :func:`spawn_torchrun` and watches them itself: the referee ranks and the
+candidate's runner ranks, :mod:`kbsweep.grader.distributed`), and the module, started once per rank, begins with::
 
     rank, world, device = init_distributed()          # NCCL when CUDA is available, gloo on CPU
 

@@ -248,11 +248,10 @@ def supervise_ranks(
         return {"ok": False, "outcome": BREACH_OUTCOMES[kind], "message": f"grading processes {text}"}
     else:
         done = [m for m in messages if m["ok"] and m["rank"] == 0]
-        if not done:
-            detail = "; ".join(f"rank {rank}: {line}" for rank, line in sorted(exits.items()))
-            if runner.returncode is not None and referee.returncode in (None, 0, -9) and exits:
-                return {"ok": False, "outcome": "runtime_error", "message": f"the candidate's processes ended before the grade did ({detail})"}
-            return {"ok": False, "outcome": "harness_error", "message": f"the referee ranks died (torchrun exit code {referee.returncode})"}
+        if not done:  # the candidate's processes failing show in a referee rank's message: this is the harness's
+            detail = "; ".join(f"runner rank {rank}: {line}" for rank, line in sorted(exits.items()))
+            return {"ok": False, "outcome": "harness_error",
+                    "message": f"the referee ranks ended without a result (torchrun exit code {referee.returncode}{'; ' + detail if detail else ''})"}
         message = done[0]
     for key in ("rank", "at"):
         message.pop(key, None)
@@ -267,6 +266,7 @@ class RankReferee(Referee):
     def __init__(self, request: Dict[str, Any], runner: Channel, rank: int, world: int, control: Any):
         super().__init__(request, runner)
         self.rank, self.world, self.control = rank, world, control
+        self.barrier = lambda: dist.barrier(group=control)
         self.per_rank: List[List[float]] = [[] for _ in range(world)]
         self.device_gate()
 
@@ -300,11 +300,8 @@ class RankReferee(Referee):
             self.per_rank[rank] += times
         return [max(call) for call in zip(*(times for times, _ in rows))], max(e for _, e in rows)
 
-    def align(self) -> None:
-        dist.barrier(group=self.control)
-
     def timed_go(self):
-        self.align()  # the runner ranks start the batch together
+        self.barrier()  # the runner ranks start the batch together
         return super().timed_go()
 
     def agreed(self, step: Callable[[], Any]) -> Any:

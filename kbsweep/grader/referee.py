@@ -111,6 +111,7 @@ class Referee:
         self.arena: Optional[Arena] = None
         self.work = {"calls": 0, "flops": 0.0, "bytes": 0.0}  # what the candidate's calls should cost, summed
         self.cfg = timing.TimingConfig(**request.get("timing", {}))
+        self.barrier: Optional[Callable[[], None]] = None  # ranks: across the referee ranks, as the runner ranks have theirs
 
     # -- the runner -------------------------------------------------------------------
     def ask(self, op: str, fds: Sequence[int] = (), **fields: Any) -> Dict[str, Any]:
@@ -207,9 +208,6 @@ class Referee:
     def slowest(self, ms: List[float], elapsed_s: float) -> tuple:
         """(each call's time, time spent): the slowest rank's."""
         return ms, elapsed_s
-
-    def align(self) -> None:
-        """Before each call of a synchronized batch (ranks: a barrier, as the runner ranks have)."""
 
     # -- the stages -----------------------------------------------------------------
     def run(self) -> Dict[str, Any]:
@@ -477,7 +475,7 @@ class Referee:
         local = clone(template)
         outputs = [torch.empty_like(t) for t in checks.as_tuple(expected)]
         flush = timing.L2Flush(self.req["l2_bytes"]) if mode != "host" else None
-        align = self.align if mode != "back_to_back" else (lambda: None)  # as the runner's batch
+        align = timing.call_barrier(self.barrier, mode)  # as the runner's batch
         steps = [(lambda swaps=prepared_swaps(self.canaries(sets[i % len(sets)]), self.device): (apply_swaps(local, swaps), align()),
                   lambda: expected,
                   lambda out: [o.copy_(t) for o, t in zip(outputs, checks.as_tuple(out))]) for i in range(calls)]
@@ -503,7 +501,7 @@ class Referee:
         """A trusted callable timed in this process by the same batches the candidate's runner uses."""
         mode = self.timing_mode()
         flush = timing.L2Flush(self.req["l2_bytes"]) if mode != "host" else None
-        align = self.align if mode != "back_to_back" else (lambda: None)
+        align = timing.call_barrier(self.barrier, mode)
         steps = lambda n: [(align, lambda i=i: fn(*sets[i % len(sets)]), lambda out: None) for i in range(n)]  # noqa: E731
         shape_ = self.agreed_batch(timing.calibrate_batch(lambda spin_us: timing.run_batch(steps(3), mode, spin_us, flush), mode != "back_to_back"))
         samples: List[float] = []

@@ -70,9 +70,9 @@ def decode(value: Any, arena: Arena) -> Any:
 class Runner:
     """Serves the referee's commands until ``exit``; an exception from candidate code answers with its outcome."""
 
-    def __init__(self, channel: Channel, request: Dict[str, Any], align: Optional[Callable[[], None]] = None):
+    def __init__(self, channel: Channel, request: Dict[str, Any], barrier: Optional[Callable[[], None]] = None):
         self.channel, self.request = channel, request
-        self.align = align  # ranks: a barrier before each call of a synchronized timed batch
+        self.barrier = barrier  # ranks: the harness's own barrier across the runner ranks
         self.device = torch.device(request["device"])
         self.folder = Path(request["workdir"])
         self.models: Dict[int, Any] = {}
@@ -206,8 +206,7 @@ class Runner:
         """A timed batch's plan (its inputs arrive after this answer): the calls' views, slots and canaries made
         ready outside the referee's clock."""
         model = self.models[int(message["model"])] if message["calls"] else None
-        # ranks start each call together where the host waits for it (a back-to-back batch aligns behind its spin)
-        align = self.align if self.align is not None and message["mode"] != "back_to_back" else (lambda: None)
+        align = timing.call_barrier(self.barrier, message["mode"])
         steps = []
         for call in message["calls"]:
             inputs, slots = decode(call["inputs"], self.arena), call["outputs"]
@@ -263,7 +262,7 @@ def poison_free_memory(device: torch.device, fill: int) -> None:
 
 def join_ranks() -> tuple:
     """Under torchrun: this rank's process group (the candidate's ``torch.distributed``) and a gloo group of the
-    harness's own for aligning timed calls, then the line to its referee rank. Returns (channel, align)."""
+    harness's own for aligning timed calls, then the line to its referee rank. Returns (channel, barrier)."""
     import torch.distributed as dist
 
     from kbsweep.grader.channel import connect_rank
@@ -276,10 +275,10 @@ def join_ranks() -> tuple:
 
 
 def main() -> None:
-    channel, align = join_ranks() if sys.argv[-2:-1] == ["ranks"] else (Channel.from_fd(int(sys.argv[-1])), None)
+    channel, barrier = join_ranks() if sys.argv[-2:-1] == ["ranks"] else (Channel.from_fd(int(sys.argv[-1])), None)
     os.set_inheritable(channel.sock.fileno(), False)
     message, _ = channel.receive()
-    runner = Runner(channel, message["request"], align)
+    runner = Runner(channel, message["request"], barrier)
     channel.send({"ok": True, "pid": os.getpid()})
     try:
         runner.serve()

@@ -239,6 +239,12 @@ def run_batch(steps: Sequence[tuple], mode: str, spin_us: float = 0.0, flush: Op
     return {"ms": [start.elapsed_time(end) for start, end in events], "enqueue_us": enqueue_us}
 
 
+def call_barrier(barrier: Optional[Callable[[], None]], mode: str) -> Callable[[], None]:
+    """What ranks run before each call of a batch: ``barrier`` where the host waits for every call (host,
+    isolated), so they start it together; nothing back to back, where the calls queue behind one spin."""
+    return barrier if barrier is not None and mode != "back_to_back" else (lambda: None)
+
+
 def calibrate_batch(run: Callable[[float], Dict[str, List[float]]], latency: bool) -> Dict[str, float]:
     """:func:`batch_shape` from two warm-up batches of ``run(spin_us)``: one without a spin for the host's
     enqueue time, one behind a spin covering that for the GPU time (without it, launch latency would be in it)."""

@@ -374,13 +374,15 @@ class Referee:
         slots = [self.output_slots(expected) for _ in range(per_batch)]
         overhead = self.overheads(model, template, sets, expected, mode, shape_["spin_us"], per_batch)
         samples: List[float] = []
-        ratios: List[float] = []  # this process's clock against its own runner's figures
+        ratios: List[float] = []
         began, elapsed = time.perf_counter(), 0.0
         while not timing.stop(samples, self.cfg, elapsed):
             batch = self.batch(ref_model, model, shape, sets, slots, mode, shape_["spin_us"])
-            ratios.append((batch["wall_ms"] - overhead["total_ms"]) / max(sum(batch["ms"]), 1e-9))
             ms, elapsed = self.slowest(batch["ms"], time.perf_counter() - began)
             samples += ms
+            # this process's clock against the figures; across ranks each call lasts as long as its slowest rank on
+            # every rank (they wait for each other), and one rank's low figures cannot lower that maximum
+            ratios.append((batch["wall_ms"] - overhead["total_ms"]) / max(sum(ms), 1e-9))
         timed = {**timing.summarize(samples, samples), "mode": mode, "per_batch": per_batch, "batches": len(ratios),
                  "spin_us": shape_["spin_us"], "input_sets": len(sets)}
         ratio = statistics.median(ratios)

@@ -5,11 +5,12 @@ every GPU the sweep may use; under Slurm, one task on one node with ``--gpus-per
 (:meth:`kbsweep.launch.SubmititLauncher.parameters`). Either way its grade does the same thing::
 
     with device_lock(gpu.device, count=n):            # n GPUs held machine-wide, pinned in CUDA_VISIBLE_DEVICES
-        run = run_torchrun(n, "kbsweep.grader.<worker>", [request_path], log_dir=..., timeout_s=..., env=...,
+        run = run_torchrun(n, "package.module", [args], log_dir=..., timeout_s=..., env=...,
                            sandbox=..., writable=[...], readonly=[...])   # torchrun and every rank in one sandbox
     run.timed_out, run.returncode, run.stdout()        # a hung rank or collective is killed with its group
 
-and the worker module, started once per rank, begins with::
+(a grade starts two such torchruns with :func:`spawn_torchrun` and watches them itself: the referee ranks and the
+candidate's runner ranks, :mod:`kbsweep.grader.distributed`), and the module, started once per rank, begins with::
 
     rank, world, device = init_distributed()          # NCCL when CUDA is available, gloo on CPU
 
@@ -52,9 +53,15 @@ def kill_tree(pid: int) -> None:
             pass
 
 
+def launcher(nproc: int) -> List[str]:
+    """``torchrun --standalone --nproc_per_node=N`` with this interpreter (a free port per run). The launcher runs
+    isolated (``-I``): its working folder (a candidate's, for runner ranks) never shadows a module it imports."""
+    return [sys.executable, "-I", "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
+
+
 def torchrun_command(nproc: int, module: str, args: Sequence[str] = ()) -> List[str]:
-    """``torchrun --standalone --nproc_per_node=N -m module args`` with this interpreter (a free port per run)."""
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "-m", module, *map(str, args)]
+    """:func:`launcher` running ``python -m module args`` per rank."""
+    return [*launcher(nproc), "-m", module, *map(str, args)]
 
 
 @dataclass
@@ -72,6 +79,36 @@ class TorchrunResult:
         return (self.log_dir / "torchrun_stderr.log").read_text(errors="replace")
 
 
+def spawn_torchrun(
+    command: Sequence[str],
+    *,
+    log_dir: Path,
+    name: str = "torchrun",
+    cwd: Optional[Path] = None,
+    env: Optional[Dict[str, str]] = None,
+    sandbox: Optional[Sandbox] = None,
+    writable: Sequence[Path] = (),
+    readonly: Sequence[Path] = (),
+) -> subprocess.Popen:
+    """Start a torchrun ``command`` (:func:`torchrun_command`, or :func:`launcher` plus ``--no-python`` and a rank
+    command line), its output in ``log_dir/<name>_{stdout,stderr}.log``; the caller watches it and ends it with
+    :func:`kill_tree`.
+
+    With a ``sandbox`` (:class:`kbsweep.sandbox.Sandbox`), torchrun and all its ranks run in it, seeing ``readonly``
+    and ``writable`` (same paths; ``cwd`` should be one of them) and exactly ``env``. The ranks rendezvous on the
+    sandbox's own loopback."""
+    log_dir = Path(log_dir)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ if env is None else env)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    with open(log_dir / f"{name}_stdout.log", "wb") as out, open(log_dir / f"{name}_stderr.log", "wb") as err:
+        streams = dict(stdout=out, stderr=err, stdin=subprocess.DEVNULL)
+        if sandbox is None:
+            return subprocess.Popen(list(command), cwd=cwd, env=env, start_new_session=True, **streams)
+        binds = [(Path(p), str(p)) for p in writable]
+        return sandbox.popen(list(command), cwd=str(cwd or writable[0]), env=env, writable=binds, readonly=readonly, **streams)
+
+
 def run_torchrun(
     nproc: int,
     module: str,
@@ -85,35 +122,21 @@ def run_torchrun(
     writable: Sequence[Path] = (),
     readonly: Sequence[Path] = (),
 ) -> TorchrunResult:
-    """Run :func:`torchrun_command` and wait; past ``timeout_s`` torchrun and every rank are killed.
-    Output goes to ``log_dir/torchrun_{stdout,stderr}.log``.
-
-    With a ``sandbox`` (:class:`kbsweep.sandbox.Sandbox`), torchrun and all its ranks run in it, seeing ``readonly``
-    and ``writable`` (same paths; ``cwd`` should be one of them) and exactly ``env``; the growth of ``writable`` is
-    held to the policy's disk quota. The ranks rendezvous on the sandbox's own loopback."""
-    log_dir = Path(log_dir)
-    log_dir.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ if env is None else env)
-    env.setdefault("OMP_NUM_THREADS", "1")
+    """Run :func:`torchrun_command` (:func:`spawn_torchrun`) and wait; past ``timeout_s`` torchrun and every rank
+    are killed. With a ``sandbox``, the growth of ``writable`` is held to the policy's disk quota."""
     started = time.monotonic()
-    command = torchrun_command(nproc, module, args)
-    with open(log_dir / "torchrun_stdout.log", "wb") as out, open(log_dir / "torchrun_stderr.log", "wb") as err:
-        streams = dict(stdout=out, stderr=err, stdin=subprocess.DEVNULL)
-        if sandbox is None:
-            proc = subprocess.Popen(command, cwd=cwd, env=env, start_new_session=True, **streams)
-        else:
-            binds = [(Path(p), str(p)) for p in writable]
-            proc = sandbox.popen(command, cwd=str(cwd or writable[0]), env=env, writable=binds, readonly=readonly, **streams)
-        watch = Watch(proc, timeout_s, None, sandbox.policy.disk_mib if sandbox else 0, list(writable) if sandbox else [])
-        stopped = None
-        try:  # not Watch.wait: it kills torchrun's group first, and ranks in groups of their own would then be orphans
-            while proc.poll() is None and not (stopped := watch.breach()):
-                time.sleep(POLL_S)
-        finally:
-            kill_tree(proc.pid)  # a hung launcher and its ranks (the sandbox's too); nothing once it has exited
-            proc.wait()
+    proc = spawn_torchrun(torchrun_command(nproc, module, args), log_dir=log_dir, cwd=cwd, env=env, sandbox=sandbox,
+                          writable=writable, readonly=readonly)
+    watch = Watch(proc, timeout_s, None, sandbox.policy.disk_mib if sandbox else 0, list(writable) if sandbox else [])
+    stopped = None
+    try:  # not Watch.wait: it kills torchrun's group first, and ranks in groups of their own would then be orphans
+        while proc.poll() is None and not (stopped := watch.breach()):
+            time.sleep(POLL_S)
+    finally:
+        kill_tree(proc.pid)  # a hung launcher and its ranks (the sandbox's too); nothing once it has exited
+        proc.wait()
     code = None if stopped else proc.returncode
-    return TorchrunResult(code, bool(stopped and stopped[0] == "wall"), time.monotonic() - started, log_dir, stopped)
+    return TorchrunResult(code, bool(stopped and stopped[0] == "wall"), time.monotonic() - started, Path(log_dir), stopped)
 
 
 def init_distributed() -> Tuple[int, int, str]:

@@ -231,7 +231,7 @@ def test_job_that_dies_is_node_failure_and_requeued_once(tmp_path, requeue, outc
 
 def test_torchrun_command_runs_a_module_under_this_interpreter():
     assert torchrun_command(4, "pkg.worker", ["a", 1]) == [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=4", "-m", "pkg.worker", "a", "1",
+        sys.executable, "-I", "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=4", "-m", "pkg.worker", "a", "1",
     ]
 
 

@@ -1,7 +1,8 @@
 """Audit cases: solution files whose docstring says what they are, graded and audited the way a cell would be.
 
 A case's docstring carries ``Key: value`` lines: ``Problem:`` (track/name), and for exploits ``Family:``,
-``Caught by:`` (static, dynamic, contamination, grader), optionally ``Mode:`` and ``Verdict:``. Modules named
+``Caught by:`` (static, dynamic, contamination, grader), optionally ``Mode:``, ``Verdict:`` and ``World:`` (ranks of a
+multi-track grade, 1 by default). Modules named
 ``_*.py`` beside a case that it imports are staged with it as workspace helpers. Used by the exploit and legit
 test suites (CPU) and by scripts/audit_gpu_check.py (GPU).
 """
@@ -79,7 +80,7 @@ def run_case(
         shutil.copy2(helper, workspace / helper.name)
     shutil.copy2(path, workspace / "solution.py")
     result = grade(problem, workspace / "solution.py", gpu, roofline, mode=mode or meta.get("mode", "check"), baselines=[],
-                   timeout_s=timeout_s, log_dir=folder / "grade", timing=timing, sandbox=sandbox)
+                   timeout_s=timeout_s, log_dir=folder / "grade", timing=timing, sandbox=sandbox, world_size=int(meta.get("world", 1)))
     helpers = workspace_helpers(workspace, problem.reference.read_text())
     return meta, result, audit(path.read_text(), problem.spec.forbidden, result, problem=problem, helpers=helpers)
 

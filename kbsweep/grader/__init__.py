@@ -188,8 +188,8 @@ def grade(
     """Grade one solution file. ``mode``: check (correctness only), bench or full (correctness + timing).
 
     A problem with a ``collective`` (the multi track), or ``world_size`` > 1, is graded at ``world_size`` ranks
-    under torchrun (:mod:`kbsweep.grader.distributed`); every other grade is one supervised process, confined by
-    ``sandbox`` (default: :class:`~kbsweep.sandbox.SandboxPolicy`'s defaults). The processes get a minimal
+    under torchrun (:mod:`kbsweep.grader.distributed`); every other grade is a referee and a runner, each confined
+    by ``sandbox`` (default: :class:`~kbsweep.sandbox.SandboxPolicy`'s defaults). The processes get a minimal
     environment (never ``hide_env`` nor *_API_KEY/_TOKEN/_SECRET)."""
     from kbsweep.grader import distributed  # not at import time: ``python -m kbsweep.grader.distributed`` imports this package
 
@@ -233,7 +233,7 @@ def grade(
     started = time.time()
     confined = Sandbox(sandbox or SandboxPolicy(), gpu=device == "cuda")
     view = grading_view(problem.root)  # bundled solutions stay out of reach
-    if multi:  # torchrun and every rank in one sandbox
+    if multi:  # referee ranks and runner ranks, each set under its own torchrun in its own sandbox
         message = distributed.supervise_ranks(request, log_dir, timeout_s, memory_mib, env, confined, view)
     else:
         message = supervise(request, log_dir, timeout_s, memory_mib, env, confined, view)

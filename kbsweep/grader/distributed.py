@@ -1,30 +1,31 @@
-"""Grading across ranks: a multi-GPU problem's candidate runs under torchrun, one grading process per rank.
+"""Grading across ranks: a multi-GPU problem's grade as N referee ranks and N runner ranks, each set under torchrun.
 
-Parent side (:func:`supervise_ranks`, called by :func:`kbsweep.grader.grade`): the request goes into a private
-folder made for this grade, torchrun starts ``python -m kbsweep.grader.distributed <request>`` once per rank
-(:func:`kbsweep.torchrun.run_torchrun`), and each rank may leave one result message in that folder. A pipe does
-not fit: torchrun's agent closes inherited descriptors before it starts the ranks. Every rank opens its own
-message file before the candidate is imported and the request file is deleted once all ranks have read it;
-each message carries the grade's nonce, so a candidate that writes into the folder (or into an open file) is
-caught as a forged result, as on the single-process path.
+The trust boundary of a single-process grade (docs/grading.md), per rank. The **referee ranks** (trusted, this
+module's :func:`main`, never importing candidate code) hold the request and the secret seed, run the NCCL
+reference among themselves (its inputs may ask ``torch.distributed`` for the world, and its forward is a
+collective, so it needs ranks of its own rather than an emulation in one process), compare, own the clock and
+write the result. The **runner ranks** (:mod:`kbsweep.grader.runner` under torchrun, isolated interpreters in a
+sandbox of their own) import the candidate and talk among themselves for its communication. Runner rank r dials
+referee rank r on a unix socket in the grade's rendezvous folder with the grade's token (torchrun's agent closes
+inherited descriptors, so no socket pair survives it); from there the referee rank drives it exactly as a
+single-process grade's referee drives its runner (arenas on the rank's device, JSON commands).
 
-Rank side (:class:`RankWorker`, the single-process :class:`~kbsweep.grader.worker.Worker` made rank-aware):
+What ranks add to a single-process grade (:class:`RankReferee`):
 
 * the device gate refuses ranks on different device models;
 * models and inputs are seeded with ``seed + rank * 1_000_003``: every rank gets its own inputs and weights;
-* ``torch.distributed`` (its module functions and ``ProcessGroup``'s methods) and every callable of the reference
-  join the worker's tamper guard before the candidate is imported; the guard is checked after the import and
-  after every correctness case, and a replaced callable disqualifies the candidate;
-* every correctness case ends with all ranks agreeing on its result (the all-rank maximum of failure);
-* timing: a barrier before every call, then CUDA events (host clock on CPU) per rank; a call's time is the
-  slowest rank's, and the stopping rule runs on those maxima, so every rank times the same number of calls;
-* a profiler pass per shape lists the c10d collectives and NCCL kernels the candidate's calls run;
-  either disqualifies (``c10d_collective``, ``nccl_kernel``). Point-to-point sends are not collectives;
-* the eager baseline is the NCCL reference, timed the same way.
+* every correctness case ends with the referee ranks agreeing on its result (the all-rank maximum of failure);
+* timing is the referee's batch protocol on every rank at once: the same calls per batch and spin, a barrier
+  before each go, a call's time is the slowest rank's, and the stopping rule runs on those maxima; each referee
+  rank corroborates its own runner's figures with its own clock;
+* the runner's profiler session lists the torch.distributed ops and GPU kernels of every candidate call: a c10d
+  collective or an NCCL kernel is a finding (``c10d_collective``, ``nccl_kernel``) that leaves the score empty;
+* the eager baseline is the NCCL reference, timed by the referee ranks with the same batches.
 
-A rank whose grade fails writes its own message and exits non-zero (torchrun then stops the others); the parent
-keeps the earliest failure, which is the cause, not a peer's broken connection. On success rank 0 gathers every
-rank's findings and evidence and writes the one message.
+A referee rank whose grade fails writes its own message (with the time it failed) and exits non-zero, which makes
+its torchrun stop the other referee ranks; the parent then ends the runner ranks, and keeps the earliest failure
+(the cause, not a peer's broken connection). On success referee rank 0 gathers every rank's findings and evidence
+and writes the one message. Results live in a folder the runner ranks never see.
 """
 from __future__ import annotations
 
@@ -36,15 +37,19 @@ import shutil
 import statistics
 import sys
 import tempfile
-import threading
 import time
-import traceback
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
-from kbsweep.grader.worker import HARNESS_STAGES, GradeFailure, TamperGuard, Worker, classify, one_line
-from kbsweep.sandbox import Sandbox
+import torch
+import torch.distributed as dist
+
+from kbsweep.grader import checks
+from kbsweep.grader.channel import Channel, ChannelError, accept_rank, listen
+from kbsweep.grader.failures import GradeFailure
+from kbsweep.grader.referee import Referee, referee_message
+from kbsweep.sandbox import POLL_S, Sandbox, Watch
 
 RANK_SEED_STRIDE = 1_000_003
 COMM_FINDINGS = ("c10d_collective", "nccl_kernel")  # dynamic findings that disqualify a multi-GPU candidate
@@ -52,6 +57,8 @@ COMM_FINDINGS = ("c10d_collective", "nccl_kernel")  # dynamic findings that disq
 COLLECTIVE_OP = re.compile(r"^(c10d|_c10d_functional|c10d_functional)::(?!(send|recv))|^(nccl|gloo):(?!(send|recv))")
 NCCL_KERNEL = re.compile(r"nccl", re.IGNORECASE)
 COMM_ENV_PREFIXES = ("NCCL_", "TORCH_SYMM_MEM_", "NVSHMEM_", "GLOO_")
+ACCEPT_TIMEOUT_S = 600.0  # for the runner rank to start (torch's import on a loaded host) and dial in
+RUNNER_GRACE_S = 5.0  # for the runner ranks' torchrun to end (and name a crashed rank) once the referee ranks have
 
 
 # -- the busbw convention ------------------------------------------------------------------------------------
@@ -118,46 +125,10 @@ def score_multi(worker: Dict[str, Any], spec: Any, roofline: Dict[str, Any], wor
 
 
 # -- parent side ---------------------------------------------------------------------------------------------
-def watch_memory(marker: str, memory_mib: float, stop: threading.Event, verdict: List[str]) -> None:
-    """Kill the torchrun tree (our child whose command line names ``marker``) when a rank's RSS passes the cap."""
-    import psutil
-
-    from kbsweep.torchrun import kill_tree
-
-    me = psutil.Process()
-    while not stop.wait(0.2):
-        for child in me.children():
-            try:
-                if marker not in " ".join(child.cmdline()):
-                    continue
-                procs = [child, *child.children(recursive=True)]
-                if max(p.memory_info().rss for p in procs) / 2**20 > memory_mib:
-                    verdict.append(f"a rank exceeded {memory_mib:.0f} MiB of host memory")
-                    kill_tree(child.pid)
-                    return
-            except psutil.Error:
-                continue
-
-
-def read_messages(folder: Path, nonce: str) -> tuple:
-    """(messages, forged): every rank's message; a line without the nonce, or a second line, is a forgery."""
-    messages, forged = [], False
-    for path in sorted(folder.glob("rank*.json")):
-        lines = [line for line in path.read_text(errors="replace").splitlines() if line.strip()]
-        try:
-            parsed = [json.loads(line) for line in lines]
-        except ValueError:
-            parsed = [{}]
-        if len(parsed) > 1 or any(m.get("nonce") != nonce for m in parsed):
-            forged = True
-        messages += [m for m in parsed[:1] if m.get("nonce") == nonce]
-    return messages, forged
-
-
-def rank_exits(log_dir: Path) -> Dict[int, str]:
+def rank_exits(stderr: Path) -> Dict[int, str]:
     """Non-zero exits of ranks from torchrun's failure summary: {rank: "exitcode : -11 (pid: ...) (SIGSEGV)"}."""
     exits, rank = {}, None
-    for line in (log_dir / "torchrun_stderr.log").read_text(errors="replace").splitlines():
+    for line in stderr.read_text(errors="replace").splitlines() if stderr.exists() else []:
         found = re.match(r"\s*rank\s*:\s*(\d+)", line)
         if found:
             rank = int(found.group(1))
@@ -171,6 +142,55 @@ def crashed(exits: Dict[int, str]) -> Dict[int, str]:
     return {rank: line for rank, line in exits.items() if re.search(r": -\d+", line) and not re.search(r": -(9|15)\b", line)}
 
 
+def rank_over(procs: Sequence[Any], memory_mib: float) -> Optional[str]:
+    """The cap is per rank: any one process of the torchrun trees past it."""
+    import psutil
+
+    for proc in procs:
+        try:
+            tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+        except psutil.Error:
+            continue
+        for member in tree:
+            try:
+                if member.memory_info().rss / 2**20 > memory_mib:
+                    return f"a rank exceeded {memory_mib:.0f} MiB of host memory"
+            except psutil.Error:
+                continue
+    return None
+
+
+def watch_ranks(referee, runner, timeout_s: float, memory_mib: float, disk_mib: float, folders: Sequence[Path]):
+    """Until the referee ranks' torchrun ends (then the runner ranks' gets RUNNER_GRACE_S to end on its own, so its
+    agent names a crashed rank) or either passes a limit; both trees are killed on the way out. A runner torchrun
+    that ends first leaves the referee ranks RUNNER_GRACE_S to report it. Returns the breach, if any."""
+    from kbsweep.torchrun import kill_tree
+
+    watches = [Watch(referee, timeout_s, None, 0, []), Watch(runner, timeout_s, None, disk_mib, folders)]
+    breach, runner_ended = None, None
+    try:
+        while referee.poll() is None:
+            for watch in watches:
+                breach = breach or (watch.breach() if watch.proc.poll() is None else None)
+            if memory_mib and not breach and (hog := rank_over((referee, runner), memory_mib)):
+                breach = ("memory", hog)
+            if breach:
+                return breach
+            if runner.poll() is not None:
+                runner_ended = runner_ended or time.monotonic()
+                if time.monotonic() - runner_ended > RUNNER_GRACE_S:
+                    return None
+            time.sleep(POLL_S)
+        ended = time.monotonic()
+        while runner.poll() is None and time.monotonic() - ended < RUNNER_GRACE_S:
+            time.sleep(POLL_S)
+        return None
+    finally:
+        for proc in (runner, referee):
+            kill_tree(proc.pid)
+            proc.wait()
+
+
 def supervise_ranks(
     request: Dict[str, Any],
     log_dir: Path,
@@ -180,249 +200,158 @@ def supervise_ranks(
     sandbox: Sandbox,
     readonly: Sequence[Path],
 ) -> Dict[str, Any]:
-    """Run one grade at ``request['world_size']`` ranks under torchrun, torchrun and every rank in ``sandbox`` (as
-    :func:`kbsweep.grader.supervise`: ``readonly`` seen, the workdir and the ranks' message folder writable), and
-    return its one result message."""
-    from kbsweep.torchrun import run_torchrun
+    """One grade at ``request['world_size']`` ranks: the referee ranks' torchrun (``readonly`` seen; its private
+    request/result folder and the rendezvous folder writable) and the runner ranks' torchrun (kbsweep's package and
+    the rendezvous folder read-only, the candidate's folder writable), each in a sandbox of its own like the two
+    processes of :func:`kbsweep.grader.supervise`; returns the one result message."""
+    from kbsweep import REPO_ROOT
+    from kbsweep.grader import BREACH_OUTCOMES, RUNNER_BOOT
+    from kbsweep.torchrun import launcher, spawn_torchrun, torchrun_command
 
-    folder = Path(tempfile.mkdtemp(prefix="kbsweep-ranks-"))  # mode 0700, outside the candidate's folder
-    nonce = secrets.token_hex(16)
-    request_path = folder / "request.json"
-    request_path.write_text(json.dumps({**request, "nonce": nonce, "results": str(folder)}))
-    stop, hog = threading.Event(), []
-    watcher = threading.Thread(target=watch_memory, args=(str(request_path), memory_mib, stop, hog), daemon=True)
-    if memory_mib:
-        watcher.start()
+    world, workdir = request["world_size"], Path(request["workdir"])
+    private = Path(tempfile.mkdtemp(prefix="kbsweep-referee-"))  # mode 0700: the request (secret seed) and the results
+    rendezvous = Path(tempfile.mkdtemp(prefix="kbsweep-ranks-"))  # only the referee ranks' sockets
+    token = secrets.token_hex(16)  # a process that can reach the sockets but was not started by this grade cannot pose as a rank
+    request_path = private / "request.json"
+    request_path.write_text(json.dumps({**request, "token": token, "rendezvous": str(rendezvous)}))
     # the host's communication-library settings reach the ranks whatever the grade's environment keeps
     # (NCCL_NVLS_ENABLE=0 and the like are operators' safety switches, not secrets)
     comm = {k: v for k, v in os.environ.items() if k.startswith(COMM_ENV_PREFIXES)}
     if sandbox.confined:  # its network namespace has loopback only: the host's interface names mean nothing there
         comm.update(GLOO_SOCKET_IFNAME="lo", NCCL_SOCKET_IFNAME="lo")
-    workdir = Path(request["workdir"])
+    runner_env = {**{k: v for k, v in env.items() if k != "PYTHONPATH"}, **comm, "KBSWEEP_RANK_TOKEN": token}
+    runner_command = [*launcher(world), "--no-python", sys.executable, "-I", "-B", "-c", RUNNER_BOOT.format(root=str(REPO_ROOT)),
+                      "ranks", str(rendezvous)]
     try:
-        run = run_torchrun(
-            request["world_size"], __name__, [request_path], log_dir=log_dir, timeout_s=timeout_s,
-            cwd=workdir, env={**comm, **env}, sandbox=sandbox, writable=[workdir, folder], readonly=readonly,
-        )
+        referee = spawn_torchrun(torchrun_command(world, __name__, [request_path]), log_dir=log_dir, name="referee", cwd=private,
+                                 env={**env, **comm}, sandbox=sandbox, writable=[private, rendezvous], readonly=readonly)
+        runner = spawn_torchrun(runner_command, log_dir=log_dir, name="torchrun", cwd=workdir, env=runner_env, sandbox=sandbox,
+                                writable=[workdir], readonly=[REPO_ROOT / "kbsweep", rendezvous])
+        breach = watch_ranks(referee, runner, timeout_s, memory_mib, sandbox.policy.disk_mib, [workdir, log_dir])
+        messages = [json.loads(path.read_text()) for path in sorted(private.glob("rank*.json"))]
     finally:
-        stop.set()
-        if memory_mib:
-            watcher.join()
-    messages, forged = read_messages(folder, nonce)
-    shutil.rmtree(folder, ignore_errors=True)
-    if forged:
-        return {"ok": False, "outcome": "runtime_error", "message": "forged or repeated result message on the grader channel", "forged": True}
+        shutil.rmtree(private, ignore_errors=True)
+        shutil.rmtree(rendezvous, ignore_errors=True)
     failures = sorted((m for m in messages if not m["ok"]), key=lambda m: m["at"])
-    exits = rank_exits(log_dir)
-    silent = {rank: line for rank, line in crashed(exits).items() if rank not in {m["rank"] for m in messages}}
-    if hog:
-        return {"ok": False, "outcome": "grade_oom", "message": hog[0]}
-    if silent:  # a rank that died by a signal is the cause; its peers only saw a broken connection
-        rank = min(silent)
-        return {"ok": False, "outcome": "runtime_error", "message": f"rank {rank}: grading process died ({silent[rank]})"}
+    exits = rank_exits(log_dir / "torchrun_stderr.log")
+    if breach and breach[0] == "memory":
+        return {"ok": False, "outcome": "grade_oom", "message": breach[1]}
+    if crashed(exits):  # a runner rank killed by a signal is the cause; its peers and referee only saw a broken line
+        rank = min(crashed(exits))
+        return {"ok": False, "outcome": "runtime_error", "message": f"rank {rank}: the candidate's process died ({exits[rank]})"}
     if failures:
         message = failures[0]  # the earliest: the cause, not a peer's broken connection
         if not re.search(r"\brank \d+:", message["message"]):
             message["message"] = f"rank {message['rank']}: {message['message']}"
-    elif run.timed_out:
-        return {"ok": False, "outcome": "grade_timeout", "message": f"grading exceeded {timeout_s:.0f} s"}
-    elif run.stopped:  # the disk quota of the writable folders
-        return {"ok": False, "outcome": "runtime_error", "message": f"grading processes {run.stopped[1]}"}
+    elif breach:
+        kind, text = breach
+        return {"ok": False, "outcome": BREACH_OUTCOMES[kind], "message": f"grading processes {text}"}
     else:
         done = [m for m in messages if m["ok"] and m["rank"] == 0]
-        if not done or run.returncode != 0:
-            detail = "; ".join(f"rank {rank}: {line}" for rank, line in sorted(exits.items())) or f"torchrun exit code {run.returncode}"
-            return {"ok": False, "outcome": "runtime_error", "message": f"grading process died ({detail})"}
+        if not done:  # the candidate's processes failing show in a referee rank's message: this is the harness's
+            detail = "; ".join(f"runner rank {rank}: {line}" for rank, line in sorted(exits.items()))
+            return {"ok": False, "outcome": "harness_error",
+                    "message": f"the referee ranks ended without a result (torchrun exit code {referee.returncode}{'; ' + detail if detail else ''})"}
         message = done[0]
-    for key in ("nonce", "rank", "at"):
+    for key in ("rank", "at"):
         message.pop(key, None)
     return message
 
 
-# -- rank side -----------------------------------------------------------------------------------------------
-def watch_comm(guard: TamperGuard, reference: Any) -> TamperGuard:
-    """Widen the worker's guard to ``torch.distributed``, ``ProcessGroup``'s methods and the reference's callables."""
-    import torch.distributed as dist
-    import torch.distributed.distributed_c10d as c10d
+# -- the referee ranks (trusted: no candidate code in here) --------------------------------------------------
+class RankReferee(Referee):
+    """One referee rank: the single-process referee's grade, its verdicts and timing agreed with its peers over a
+    gloo group of their own (no NCCL traffic, no GPU work), its reference run with them."""
 
-    extra = {}
-    for owner in (dist, c10d, dist.ProcessGroup, reference.Model, reference):
-        label = "reference" if owner is reference else getattr(owner, "__qualname__", owner.__name__)
-        for name, value in vars(owner).items():
-            mine = owner is not reference or getattr(value, "__module__", None) == reference.__name__
-            if callable(value) and not name.startswith("__") and mine:
-                extra[f"{label}.{name}"] = (owner, name)
-    guard.watched.update(extra)
-    guard.original.update({key: getattr(obj, attr) for key, (obj, attr) in extra.items()})
-    return guard
-
-
-class RankWorker(Worker):
-    """One rank's grade: the single-process worker's stages, with ranks agreeing on every verdict."""
-
-    def __init__(self, request: Dict[str, Any], rank: int, world: int, control: Any):
-        super().__init__(request)
-        import torch.distributed as dist
-
-        self.dist, self.rank, self.world, self.control = dist, rank, world, control
+    def __init__(self, request: Dict[str, Any], runner: Channel, rank: int, world: int, control: Any):
+        super().__init__(request, runner)
+        self.rank, self.world, self.control = rank, world, control
+        self.barrier = lambda: dist.barrier(group=control)
+        self.per_rank: List[List[float]] = [[] for _ in range(world)]
         self.device_gate()
 
-    # Worker.run() builds its TamperGuard after loading the reference, before importing the candidate; this
-    # setter widens it at that moment, so the snapshot of torch.distributed and the reference predates the candidate.
-    @property
-    def guard(self) -> TamperGuard:
-        return self._guard
-
-    @guard.setter
-    def guard(self, guard: TamperGuard) -> None:
-        self._guard = watch_comm(guard, self.ref)
-
     def gather(self, value: Any) -> List[Any]:
-        """Every rank's ``value``, in rank order (gloo control group: no NCCL traffic, no GPU work)."""
+        """Every rank's ``value``, in rank order."""
         out: List[Any] = [None] * self.world
-        self.dist.all_gather_object(out, value, group=self.control)
+        dist.all_gather_object(out, value, group=self.control)
         return out
 
-    def barrier(self) -> None:
-        self.dist.barrier(group=self.control)
-
-    def sync(self) -> None:
-        if self.device.type == "cuda":
-            self.torch.cuda.synchronize()
-
     def device_gate(self) -> None:
-        torch = self.torch
         name = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu"
         names = self.gather(name)
         self.evidence["devices"] = names
         if len(set(names)) > 1:
             raise GradeFailure("harness_error", f"device gate: ranks run on different devices {names}")
 
-    def seeded(self, seed: int) -> None:
-        self.torch.manual_seed(seed + self.rank * RANK_SEED_STRIDE)
+    def rank_seed(self, seed: int) -> int:
+        return seed + self.rank * RANK_SEED_STRIDE
 
-    # -- verdicts every rank agrees on ----------------------------------------------------------------------
-    def agree(self, failure: Optional[tuple]) -> None:
-        """All ranks exchange (kind, message) or None; any tamper disqualifies, any check failure fails."""
-        failures = [(rank, f) for rank, f in enumerate(self.gather(failure)) if f]
-        tampered = [f"rank {rank}: {msg}" for rank, (kind, msg) in failures if kind == "tamper"]
-        if tampered:
-            raise GradeFailure("disqualified", f"grader_tamper: {'; '.join(tampered)}")
-        if failures:
-            rank, (_, msg) = failures[0]
-            raise self.checks.CheckFailure(f"rank {rank}: {msg}")
+    # -- agreement ---------------------------------------------------------------------------------------------
+    def any_rank(self, flag: bool) -> bool:
+        return any(self.gather(flag))
+
+    def agreed_batch(self, shape_: Dict[str, float]) -> Dict[str, float]:
+        shapes = self.gather(shape_)
+        return {**shape_, "per_batch": min(s["per_batch"] for s in shapes), "spin_us": max(s["spin_us"] for s in shapes),
+                "warm_calls": max(s.get("warm_calls", 0) for s in shapes)}
+
+    def slowest(self, ms: List[float], elapsed_s: float) -> tuple:
+        rows = self.gather([ms, elapsed_s])
+        for rank, (times, _) in enumerate(rows):
+            self.per_rank[rank] += times
+        return [max(call) for call in zip(*(times for times, _ in rows))], max(e for _, e in rows)
+
+    def timed_go(self):
+        self.barrier()  # the runner ranks start the batch together
+        return super().timed_go()
 
     def agreed(self, step: Callable[[], Any]) -> Any:
+        """``step`` on every rank; a check that fails on any rank fails on all, naming the first such rank."""
         result, failure = None, None
         try:
             result = step()
-        except self.checks.CheckFailure as exc:
-            failure = ("check", str(exc))
-        before = len(self.findings)
-        self.guard.check(self.findings)
-        if len(self.findings) > before:
-            failure = ("tamper", ", ".join(f["detail"] for f in self.findings[before:]))
-        self.agree(failure)
+        except checks.CheckFailure as exc:
+            failure = str(exc)
+        failed = [(rank, text) for rank, text in enumerate(self.gather(failure)) if text]
+        if failed:
+            raise checks.CheckFailure(f"rank {failed[0][0]}: {failed[0][1]}")
         return result
 
-    def check_case(self, ref_model, cand_model, inputs, tolerance=None, fill: int = 0xFF):
-        return self.agreed(lambda: super(RankWorker, self).check_case(ref_model, cand_model, inputs, tolerance, fill))
+    def check_case(self, *args: Any, **kwargs: Any):
+        return self.agreed(lambda: super(RankReferee, self).check_case(*args, **kwargs))
 
-    def pointer_cache_probe(self, ref_model, cand_model, shape, seed) -> None:
-        self.agreed(lambda: super(RankWorker, self).pointer_cache_probe(ref_model, cand_model, shape, seed))
+    def pointer_cache_probe(self, *args: Any) -> None:
+        self.agreed(lambda: super(RankReferee, self).pointer_cache_probe(*args))
 
-    def correctness(self) -> Dict[str, Any]:
-        self.agreed(lambda: None)  # a candidate that patched something at import is caught before any check
-        result = super().correctness()
-        for shape in self.req["shapes"]:
-            model = self.build(self.cand.ModelNew, shape, 42)
-            model.load_state_dict(self.build(self.ref.Model, shape, 42).state_dict(), strict=True)
-            self.evidence.setdefault("profile", []).append({"shape": shape, **self.profile(model, self.inputs(shape, 2026))})
-        return result
+    # -- stages ------------------------------------------------------------------------------------------------
+    def time_shape(self, shape: Dict[str, Any]) -> Dict[str, Any]:
+        self.per_rank = [[] for _ in range(self.world)]
+        entry = super().time_shape(shape)
+        medians = [statistics.median(samples) for samples in self.per_rank]
+        entry["candidate"].update(per_rank_median_ms=medians, slowest_rank=medians.index(max(medians)))
+        return entry
 
-    # -- timing -----------------------------------------------------------------------------------------------
-    def timer(self, fn: Callable, input_sets, recheck=None) -> Dict[str, Any]:
-        """Barrier, then one call timed on every rank; the call's time is the slowest rank's."""
-        from dataclasses import replace
+    def audit_probes(self) -> None:
+        if self.world == 1:
+            super().audit_probes()
+        # no ghost replays across ranks: a rank whose output breaks without its kernels may never reach the
+        # exchange its peers wait in
 
-        from kbsweep.grader import timing
-
-        torch, cuda = self.torch, self.device.type == "cuda"
-        cfg = timing.TimingConfig(**self.req.get("timing", {}))
-        cfg = cfg if cuda else replace(cfg, max_time_s=min(cfg.max_time_s, 2.0))  # the CPU path's bound
-        enqueue_us = []
-        for i in range(cfg.warmup_runs):
-            self.sync()
-            self.barrier()
-            t0 = time.perf_counter()
-            fn(*input_sets[i % len(input_sets)])
-            enqueue_us.append((time.perf_counter() - t0) * 1e6)
-        self.sync()
-        hide = cuda and self.spec.get("regime") != "latency"
-        spin_us = max(self.gather(min(2 * statistics.median(enqueue_us) + 20, 5000))) if hide else 0
-        result: Dict[str, Any] = {"spin_us": spin_us}
-        if cuda:
-            flush = timing.L2Flush(self.req["l2_bytes"])
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            result.update(l2_flush_bytes=flush.nbytes, persisting_l2_reset=timing.reset_persisting_l2())
-        per_rank: List[List[float]] = [[] for _ in range(self.world)]
-        slowest, wall, rechecked, elapsed = [], [], 0, 0.0
-        gen = torch.Generator().manual_seed(1234)  # the same draws on every rank
-        began = time.perf_counter()
-        while not timing.stop(slowest, cfg, elapsed):
-            inputs = input_sets[len(slowest) % len(input_sets)]
-            if cuda:
-                flush()
-            self.sync()
-            self.barrier()
-            t0 = time.perf_counter()
-            if spin_us:
-                torch.cuda._sleep(int(spin_us * timing.SPIN_CYCLES_PER_US))
-            if cuda:
-                start.record()
-            out = fn(*inputs)
-            if cuda:
-                end.record()
-            self.sync()
-            host_ms = (time.perf_counter() - t0) * 1e3 - spin_us / 1e3
-            mine = torch.tensor([start.elapsed_time(end) if cuda else host_ms, host_ms, time.perf_counter() - began], dtype=torch.float64)
-            rows = torch.empty(self.world * 3, dtype=torch.float64)
-            self.dist.all_gather_into_tensor(rows, mine, group=self.control)
-            rows = rows.view(self.world, 3)
-            for rank, ms in enumerate(rows[:, 0].tolist()):
-                per_rank[rank].append(ms)
-            slowest.append(rows[:, 0].max().item())
-            wall.append(rows[:, 1].max().item())
-            elapsed = rows[:, 2].max().item()
-            if recheck is not None and (len(slowest) == 1 or torch.rand((), generator=gen).item() < cfg.recheck_fraction):
-                recheck(inputs, out)
-                rechecked += 1
-        medians = [statistics.median(samples) for samples in per_rank]
-        result.update(timing.summarize(slowest, wall))
-        result.update(rechecked=rechecked, per_rank_median_ms=medians, slowest_rank=medians.index(max(medians)))
-        return result
-
-    def profile(self, model, inputs, calls: int = 3) -> Dict[str, Any]:
-        """The worker's GPU profile (kernels, streams) plus the c10d ops of ``calls`` candidate calls (CPU side);
-        a c10d collective, or an NCCL kernel, is a finding."""
-        from torch.profiler import ProfilerActivity, profile
-
-        profiled = super().profile(model, inputs, calls) if self.device.type == "cuda" else {}
-        with profile(activities=[ProfilerActivity.CPU]) as prof:
-            for _ in range(calls):
-                self.run_candidate(model, inputs)
-        profiled["collectives"] = sorted({event.name for event in prof.events() if COLLECTIVE_OP.match(event.name)})
-        nccl = sorted(name for name in profiled.get("kernels", {}) if NCCL_KERNEL.search(name))
-        for kind, names in (("c10d_collective", profiled["collectives"]), ("nccl_kernel", nccl)):
+    def collect_evidence(self, timings: Sequence[Dict[str, Any]] = ()) -> None:
+        """The runner's evidence, and from its profiler session the gate: a c10d collective or an NCCL kernel in
+        any candidate call."""
+        super().collect_evidence(timings)
+        probe = self.evidence.get("probe") or {}
+        gate = {"collectives": sorted(name for name in probe.get("comm_ops", {}) if COLLECTIVE_OP.match(name)),
+                "nccl_kernels": sorted(name for name in probe.get("gpu_kernels", []) if NCCL_KERNEL.search(name))}
+        self.evidence["communication"] = gate
+        for kind, names in (("c10d_collective", gate["collectives"]), ("nccl_kernel", gate["nccl_kernels"])):
             if names and not any(f["kind"] == kind for f in self.findings):
                 self.findings.append({"kind": kind, "detail": ", ".join(names)})
-        return profiled
 
-    # -- the whole grade --------------------------------------------------------------------------------------
     def run(self) -> Optional[Dict[str, Any]]:
-        """Worker.run on every rank; rank 0 returns the result with every rank's findings (tagged) and evidence."""
+        """The referee's grade on every rank; rank 0 returns it with every rank's findings (tagged) and evidence."""
         result = super().run()
-        self.monitor.close()  # flags undone, files re-hashed: before the evidence travels
         ranks = self.gather({"findings": self.findings, "evidence": self.evidence, "worst": result["correctness"]["worst"]})
         if self.rank != 0:
             return None
@@ -435,43 +364,28 @@ class RankWorker(Worker):
 
 
 def main() -> None:
-    import torch.distributed as dist
-
+    """One referee rank: join the reference's process group, wait for runner rank r, grade, report."""
     from kbsweep.torchrun import init_distributed
 
     request_path = Path(sys.argv[1])
-    rank, world, device = init_distributed()
+    rank, world, device = init_distributed()  # NCCL on GPUs (the reference's collectives), gloo on CPU
     request = json.loads(request_path.read_text())
-    nonce = request.pop("nonce")
-    fd = os.open(Path(request.pop("results")) / f"rank{rank}.json", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    channel = os.fdopen(fd, "w")
     control = dist.new_group(backend="gloo")
-    dist.barrier(group=control)
-    if rank == 0:
-        request_path.unlink()  # every rank has read it: the nonce now lives in memory only
+    listener = listen(Path(request.pop("rendezvous")), rank)
+    token = request.pop("token")
     request["device"] = device
-    worker, message = None, None
     try:
-        worker = RankWorker(request, rank, world, control)
-        result = worker.run()
-        message = {"ok": True, "result": result} if rank == 0 else None
-    except GradeFailure as exc:
-        message = {"ok": False, "outcome": exc.outcome, "message": str(exc)}
-    except BaseException as exc:  # noqa: BLE001 - report everything, classify by stage
-        stage = worker.stage if worker else "load_reference"
-        outcome = "harness_error" if stage in HARNESS_STAGES else classify(exc)
-        message = {"ok": False, "outcome": outcome, "message": f"{stage}: {one_line(exc)}"}
-        traceback.print_exc()
-    if worker is not None and message and not message["ok"]:
-        if worker.monitor is not None:
-            worker.monitor.close()  # flags undone, files re-hashed, as in the single-process worker
-        message.update(stage=worker.stage, findings=worker.findings, evidence=worker.evidence)
-    if message:
-        channel.write(json.dumps({**message, "nonce": nonce, "rank": rank, "at": time.time()}, default=str) + "\n")
-        channel.flush()
+        runner = accept_rank(listener, token, rank, ACCEPT_TIMEOUT_S)
+        message = referee_message(request, runner, lambda req, channel: RankReferee(req, channel, rank, world, control))
+    except ChannelError as exc:
+        message = {"ok": False, "outcome": "harness_error", "message": f"the candidate's process never dialled in ({exc})", "at": time.time()}
+    if rank == 0 or not message["ok"]:
+        partial = request_path.with_name(f".rank{rank}.json")
+        partial.write_text(json.dumps({**message, "rank": rank}, default=str))
+        partial.rename(request_path.with_name(f"rank{rank}.json"))  # whole, or not there
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(0 if message is None or message["ok"] else 1)  # a failing rank makes torchrun stop the others
+    os._exit(0 if message["ok"] else 1)  # a failing rank makes torchrun stop the others
 
 
 if __name__ == "__main__":

@@ -111,6 +111,7 @@ class Referee:
         self.arena: Optional[Arena] = None
         self.work = {"calls": 0, "flops": 0.0, "bytes": 0.0}  # what the candidate's calls should cost, summed
         self.cfg = timing.TimingConfig(**request.get("timing", {}))
+        self.barrier: Optional[Callable[[], None]] = None  # ranks: across the referee ranks, as the runner ranks have theirs
 
     # -- the runner -------------------------------------------------------------------
     def ask(self, op: str, fds: Sequence[int] = (), **fields: Any) -> Dict[str, Any]:
@@ -152,7 +153,7 @@ class Referee:
         model = next(self.model_ids)
         state = {name: self.arena.put(t) for name, t in ref_model.state_dict().items()}
         init = encode(list(self.ref.get_init_inputs(dict(shape))), self.arena)
-        self.ask("build", model=model, seed=seed, init=init, state=state)
+        self.ask("build", model=model, seed=self.rank_seed(seed), init=init, state=state)
         return model
 
     def output_slots(self, expected: Any) -> List[Dict[str, Any]]:
@@ -174,12 +175,16 @@ class Referee:
             self.work[key] += calls * float(evaluate(self.spec.get(key), shape, key) or 0.0)
 
     # -- building models and inputs -------------------------------------------------
+    def rank_seed(self, seed: int) -> int:
+        """The seed torch's global RNG gets for ``seed`` (ranks: a stream of their own)."""
+        return seed
+
     def build(self, shape: Dict[str, Any], seed: int):
-        torch.manual_seed(seed)
+        torch.manual_seed(self.rank_seed(seed))
         return self.ref.Model(*self.ref.get_init_inputs(dict(shape))).to(self.device).eval()
 
     def inputs(self, shape: Dict[str, Any], seed: int, scale: float = 1.0) -> List[Any]:
-        torch.manual_seed(seed + 7919)
+        torch.manual_seed(self.rank_seed(seed + 7919))
         values = list(self.ref.get_inputs(dict(shape), self.device))
         return [v * scale if is_float(v) and scale != 1.0 else v for v in values]
 
@@ -191,6 +196,18 @@ class Referee:
 
     def calls_cap(self, out_bytes: int) -> int:
         return max(2, min(32, OUTPUT_BUDGET[self.device.type] // max(out_bytes, 1)))
+
+    # -- what ranks agree on (one process: itself) ----------------------------------
+    def any_rank(self, flag: bool) -> bool:
+        return flag
+
+    def agreed_batch(self, shape_: Dict[str, float]) -> Dict[str, float]:
+        """Calls per batch and spin, the same on every rank."""
+        return shape_
+
+    def slowest(self, ms: List[float], elapsed_s: float) -> tuple:
+        """(each call's time, time spent): the slowest rank's."""
+        return ms, elapsed_s
 
     # -- the stages -----------------------------------------------------------------
     def run(self) -> Dict[str, Any]:
@@ -351,21 +368,24 @@ class Referee:
         mode = self.timing_mode()
         calls = self.calls_cap(sum(nbytes(t) for t in checks.as_tuple(expected)))
         warm_slots = [self.output_slots(expected) for _ in range(3)]
-        shape_ = timing.calibrate_batch(lambda spin_us: self.batch(ref_model, model, shape, sets, warm_slots, mode, spin_us, check=False),
-                                        mode != "back_to_back")
+        shape_ = self.agreed_batch(timing.calibrate_batch(
+            lambda spin_us: self.batch(ref_model, model, shape, sets, warm_slots, mode, spin_us, check=False), mode != "back_to_back"))
         per_batch, warm = min(int(shape_["per_batch"]), calls), int(shape_.get("warm_calls", 0))
         slots = [warm_slots[i % len(warm_slots)] for i in range(warm)] + [self.output_slots(expected) for _ in range(per_batch)]
         overhead = self.overheads(model, template, sets, expected, mode, shape_["spin_us"], warm + per_batch)
         samples: List[float] = []
         ratios: List[float] = []
         shares: List[float] = []  # of the batch's wall time, what the calls claim: how much of it the ratio can see
-        began = time.perf_counter()
+        began, elapsed = time.perf_counter(), 0.0
         with timing.ClockSampler(self.device) as clocks:
-            while not timing.stop(samples, self.cfg, time.perf_counter() - began):
+            while not timing.stop(samples, self.cfg, elapsed):
                 batch = self.batch(ref_model, model, shape, sets, slots, mode, shape_["spin_us"], warm=warm)
-                samples += batch["ms"][warm:]
-                ratios.append((batch["wall_ms"] - overhead["total_ms"]) / max(sum(batch["ms"]), 1e-9))
-                shares.append(sum(batch["ms"]) / max(batch["wall_ms"], 1e-9))
+                ms, elapsed = self.slowest(batch["ms"], time.perf_counter() - began)
+                samples += ms[warm:]
+                # this process's clock against the figures; across ranks each call lasts as long as its slowest rank
+                # on every rank (they wait for each other), and one rank's low figures cannot lower that maximum
+                ratios.append((batch["wall_ms"] - overhead["total_ms"]) / max(sum(ms), 1e-9))
+                shares.append(sum(ms) / max(batch["wall_ms"], 1e-9))
         timed = {**timing.summarize(samples, samples), "mode": mode, "per_batch": per_batch, "warm_calls": warm, "batches": len(ratios),
                  "spin_us": shape_["spin_us"], "input_sets": len(sets), "clocks": clocks.summary()}
         ratio = statistics.median(ratios)
@@ -375,7 +395,8 @@ class Referee:
             self.findings.append({"kind": "time_disagreement", "shape": shape,
                                   "detail": f"{shape}: the referee's clock saw {ratio:.2f}x the time the candidate's process reported"})
         entry: Dict[str, Any] = {"shape": shape, "input_sets": len(sets), "candidate": timed, "baselines": {}}
-        if mode != "host" and (mode == "isolated" or timed["median_ms"] < 0.05):
+        # no graph figure across ranks: a rank whose capture fails would strand its peers in a captured collective
+        if mode != "host" and (mode == "isolated" or timed["median_ms"] < 0.05) and self.req.get("world_size", 1) == 1:
             graph = self.ask("graph", model=model, inputs=sets[0]).get("graph_ms")
             timed["graph_ms"] = float(graph) if isinstance(graph, (int, float)) else None
         return entry
@@ -463,7 +484,8 @@ class Referee:
         local = clone(template)
         outputs = [torch.empty_like(t) for t in checks.as_tuple(expected)]
         flush = timing.L2Flush(self.req["l2_bytes"]) if mode != "host" else None
-        steps = [(lambda swaps=prepared_swaps(self.canaries(sets[i % len(sets)]), self.device): apply_swaps(local, swaps),
+        align = timing.call_barrier(self.barrier, mode)  # as the runner's batch
+        steps = [(lambda swaps=prepared_swaps(self.canaries(sets[i % len(sets)]), self.device): (apply_swaps(local, swaps), align()),
                   lambda: expected,
                   lambda out: [o.copy_(t) for o, t in zip(outputs, checks.as_tuple(out))]) for i in range(calls)]
         walls = []
@@ -482,20 +504,23 @@ class Referee:
         ref_model = self.build(shape, 42)
         first = self.inputs(shape, 2026)
         sets = [first] + [self.inputs(shape, 2026 + i) for i in range(1, self.set_count(first))]
-        return time_baselines(self.req, ref_model, sets, deadline, self.time_here)
+        return time_baselines(self.req, ref_model, sets, lambda: self.any_rank(time.perf_counter() > deadline), self.time_here)
 
     def time_here(self, fn: Callable, sets: List[List[Any]]) -> Dict[str, Any]:
         """A trusted callable timed in this process by the same batches the candidate's runner uses."""
         mode = self.timing_mode()
         flush = timing.L2Flush(self.req["l2_bytes"]) if mode != "host" else None
-        steps = lambda n: [(lambda: None, lambda i=i: fn(*sets[i % len(sets)]), lambda out: None) for i in range(n)]  # noqa: E731
-        shape_ = timing.calibrate_batch(lambda spin_us: timing.run_batch(steps(3), mode, spin_us, flush), mode != "back_to_back")
+        align = timing.call_barrier(self.barrier, mode)
+        steps = lambda n: [(align, lambda i=i: fn(*sets[i % len(sets)]), lambda out: None) for i in range(n)]  # noqa: E731
+        shape_ = self.agreed_batch(timing.calibrate_batch(lambda spin_us: timing.run_batch(steps(3), mode, spin_us, flush), mode != "back_to_back"))
         samples: List[float] = []
-        began = time.perf_counter()
+        warm = int(shape_.get("warm_calls", 0))  # as the candidate's batches open
+        began, elapsed = time.perf_counter(), 0.0
         with timing.ClockSampler(self.device) as clocks:
-            warm = int(shape_.get("warm_calls", 0))  # as the candidate's batches open
-            while not timing.stop(samples, self.cfg, time.perf_counter() - began):
-                samples += timing.run_batch(steps(warm + int(shape_["per_batch"])), mode, shape_["spin_us"], flush)["ms"][warm:]
+            while not timing.stop(samples, self.cfg, elapsed):
+                ms, elapsed = self.slowest(timing.run_batch(steps(warm + int(shape_["per_batch"])), mode, shape_["spin_us"], flush)["ms"],
+                                           time.perf_counter() - began)
+                samples += ms[warm:]
         return {**timing.summarize(samples, samples), "mode": mode, "per_batch": int(shape_["per_batch"]), "warm_calls": warm,
                 "clocks": clocks.summary()}
 
@@ -542,6 +567,8 @@ class Referee:
             "kernels": [str(k)[:200] for k in (reply.get("kernels") or [])][:100],
             "aten_ops": counts(ops.get("aten_ops")),
             "profiled_ops": counts(profiled.get("ops")),
+            "comm_ops": counts(profiled.get("comm_ops")),  # torch.distributed's, per backend (the multi track's gate)
+            "gpu_kernels": [str(k)[:200] for k in (profiled.get("kernels") or [])][:200],
             "own_ops": counts(ops.get("own_ops")),
             "torch_flops": max(number(ops.get("torch_flops")), number(profiled.get("flops"))),
             "torch_bytes": number(ops.get("torch_bytes")),
@@ -562,10 +589,10 @@ class Referee:
                                     "methods": {str(k)[:40]: number(v) for k, v in list((found.get("methods") or {}).items())[:10]}}
 
 
-def time_baselines(request: Dict[str, Any], ref_model: Any, sets: List[List[Any]], deadline: float, timer: Callable) -> Dict[str, Any]:
-    """Eager, torch.compile, SOTA... of ``request`` timed by ``timer(fn, sets)``; one that would start past
-    ``deadline`` (the grade's baseline budget: a slow compile must not cost the candidate its grade) is left for a
-    later grade. Each but eager is first compared with the reference: one outside the tolerance is timed all the
+def time_baselines(request: Dict[str, Any], ref_model: Any, sets: List[List[Any]], spent: Callable[[], bool], timer: Callable) -> Dict[str, Any]:
+    """Eager, torch.compile, SOTA... of ``request`` timed by ``timer(fn, sets)``; one that would start once
+    ``spent()`` says the grade's baseline budget is gone (a slow compile must not cost the candidate its grade) is
+    left for a later grade. Each but eager is first compared with the reference: one outside the tolerance is timed all the
     same (a library's own precision) and carries ``outside_tolerance``."""
     spec, out = request["spec"], {}
     expected = None  # the reference's output on the first timing inputs, once for every baseline checked against it
@@ -573,7 +600,7 @@ def time_baselines(request: Dict[str, Any], ref_model: Any, sets: List[List[Any]
         if name in spec.get("skip_baselines", {}):
             out[name] = {"skipped": spec["skip_baselines"][name]}
             continue
-        if time.perf_counter() > deadline:
+        if spent():
             out[name] = {"error": "not timed: the grade's baseline budget was spent", "retry": True}
             continue
         try:
@@ -625,10 +652,9 @@ def profiled(device: torch.device):
         yield
 
 
-def main() -> None:
-    channel = os.fdopen(int(sys.argv[1]), "w")
-    runner = Channel.from_fd(int(sys.argv[2]))
-    request = json.loads(sys.stdin.read())
+def referee_message(request: Dict[str, Any], runner: Channel, make: Callable[[Dict[str, Any], Channel], Referee]) -> Dict[str, Any]:
+    """The grade of ``make(request, runner)``, as the one message the referee writes: its result, or its outcome
+    with the stage, findings and the runner's evidence; the runner is told to exit either way."""
     referee = None
     try:
         try:
@@ -636,7 +662,7 @@ def main() -> None:
             runner.receive()
         except ChannelError as exc:  # nothing of the candidate has run yet
             raise GradeFailure("harness_error", f"the candidate's process died before it took the request ({exc})") from None
-        referee = Referee(request, runner)
+        referee = make(request, runner)
         message = {"ok": True, "result": referee.run()}
     except GradeFailure as exc:
         message = {"ok": False, "outcome": exc.outcome, "message": str(exc)}
@@ -644,7 +670,10 @@ def main() -> None:
         stage = referee.stage if referee else "load_reference"
         message = {"ok": False, "outcome": "harness_error", "message": f"referee, {stage}: {one_line(exc)}"}
         traceback.print_exc()
+    if not message["ok"]:
+        message["at"] = time.time()  # when it failed: of several ranks' failures, the earliest is the cause
     if referee is not None and not message["ok"]:
+        runner.sock.settimeout(30)  # a runner rank stuck in a collective with a failed peer never answers
         try:  # a failed grade keeps the runner's evidence too, when the runner is still there to give it
             referee.collect_evidence()
         except (GradeFailure, ChannelError):
@@ -654,6 +683,13 @@ def main() -> None:
         runner.send({"op": "exit"})
     except ChannelError:
         pass
+    return message
+
+
+def main() -> None:
+    channel = os.fdopen(int(sys.argv[1]), "w")
+    request = json.loads(sys.stdin.read())
+    message = referee_message(request, Channel.from_fd(int(sys.argv[2])), Referee)
     channel.write(json.dumps(message, default=str) + "\n")
     channel.flush()
     os._exit(0)

@@ -5,7 +5,9 @@ module included. It exists so that honest candidates are easy to run and dishone
 referee (:mod:`kbsweep.grader.referee`) decides correctness from the outputs it reads back from shared memory
 and corroborates every reported time with its own clock.
 
-Started by :func:`kbsweep.grader.supervise` as ``python -I -c <bootstrap> <channel fd>``: isolated mode (no
+Started by :func:`kbsweep.grader.supervise` as ``python -I -c <bootstrap> <channel fd>``, or once per rank under
+torchrun by :func:`kbsweep.grader.distributed.supervise_ranks` as ``... ranks <rendezvous folder>`` (it joins the
+ranks' process group, then dials its referee rank): isolated mode (no
 PYTHON* variables, no user site, no script folder on ``sys.path``); kbsweep's root is appended *after* the
 standard paths, every harness module is imported before any candidate path exists, and the candidate's folder is
 reachable only through :class:`CandidateFinder` (last on ``sys.meta_path``: a helper named like a standard or
@@ -20,7 +22,7 @@ import importlib.util
 import os
 import sys
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import torch
 import torch.profiler
@@ -68,8 +70,9 @@ def decode(value: Any, arena: Arena) -> Any:
 class Runner:
     """Serves the referee's commands until ``exit``; an exception from candidate code answers with its outcome."""
 
-    def __init__(self, channel: Channel, request: Dict[str, Any]):
+    def __init__(self, channel: Channel, request: Dict[str, Any], barrier: Optional[Callable[[], None]] = None):
         self.channel, self.request = channel, request
+        self.barrier = barrier  # ranks: the harness's own barrier across the runner ranks
         self.device = torch.device(request["device"])
         self.folder = Path(request["workdir"])
         self.models: Dict[int, Any] = {}
@@ -203,12 +206,13 @@ class Runner:
         """A timed batch's plan (its inputs arrive after this answer): the calls' views, slots and canaries made
         ready outside the referee's clock."""
         model = self.models[int(message["model"])] if message["calls"] else None
+        align = timing.call_barrier(self.barrier, message["mode"])
         steps = []
         for call in message["calls"]:
             inputs, slots = decode(call["inputs"], self.arena), call["outputs"]
             swaps = prepared_swaps(call.get("swaps") or [], self.device)
             steps.append((
-                lambda inputs=inputs, swaps=swaps: apply_swaps(inputs, swaps),
+                lambda inputs=inputs, swaps=swaps: (apply_swaps(inputs, swaps), align()),
                 lambda inputs=inputs: self.invoke(model, inputs),
                 lambda out, inputs=inputs, slots=slots: self.deliver(out, slots, inputs),
             ))
@@ -256,11 +260,25 @@ def poison_free_memory(device: torch.device, fill: int) -> None:
         del block
 
 
+def join_ranks() -> tuple:
+    """Under torchrun: this rank's process group (the candidate's ``torch.distributed``) and a gloo group of the
+    harness's own for aligning timed calls, then the line to its referee rank. Returns (channel, barrier)."""
+    import torch.distributed as dist
+
+    from kbsweep.grader.channel import connect_rank
+    from kbsweep.torchrun import init_distributed
+
+    rank, _, _ = init_distributed()
+    control = dist.new_group(backend="gloo")
+    token = os.environ.pop("KBSWEEP_RANK_TOKEN", "")
+    return connect_rank(Path(sys.argv[-1]), rank, token), lambda: dist.barrier(group=control)
+
+
 def main() -> None:
-    channel = Channel.from_fd(int(sys.argv[-1]))
+    channel, barrier = join_ranks() if sys.argv[-2:-1] == ["ranks"] else (Channel.from_fd(int(sys.argv[-1])), None)
     os.set_inheritable(channel.sock.fileno(), False)
     message, _ = channel.receive()
-    runner = Runner(channel, message["request"])
+    runner = Runner(channel, message["request"], barrier)
     channel.send({"ok": True, "pid": os.getpid()})
     try:
         runner.serve()

@@ -36,6 +36,7 @@ MAX_BATCH_SPIN_US = 100_000
 # under do_bench or graph replay). Below WARM_FROM_US a batch's enqueue, not power, sets the pace.
 WARM_US, WARM_FROM_US, MAX_WARM_CALLS = 80_000, 100, 64
 CALL_RANGE = "kbsweep::call"  # the profiler annotation around each candidate call (its tag follows)
+COMM_PREFIXES = ("c10d::", "_c10d_functional::", "c10d_functional::", "nccl:", "gloo:")  # torch.distributed's ops, per backend
 
 
 @dataclass
@@ -295,6 +296,12 @@ def run_batch(steps: Sequence[tuple], mode: str, spin_us: float = 0.0, flush: Op
     return {"ms": [start.elapsed_time(end) for start, end in events], "enqueue_us": enqueue_us}
 
 
+def call_barrier(barrier: Optional[Callable[[], None]], mode: str) -> Callable[[], None]:
+    """What ranks run before each call of a batch: ``barrier`` where the host waits for every call (host,
+    isolated), so they start it together; nothing back to back, where the calls queue behind one spin."""
+    return barrier if barrier is not None and mode != "back_to_back" else (lambda: None)
+
+
 def calibrate_batch(run: Callable[[float], Dict[str, List[float]]], latency: bool) -> Dict[str, float]:
     """:func:`batch_shape` from two warm-up batches of ``run(spin_us)``: one without a spin for the host's
     enqueue time, one behind a spin covering that for the GPU time (without it, launch latency would be in it)."""
@@ -332,7 +339,8 @@ def profiler_session(device: Any):
 
 def session_evidence(prof: Any, calls: Dict[str, int]) -> Dict[str, Any]:
     """From a finished session: the aten ops (and their FLOPs) run inside candidate calls but outside its own
-    kernel launches, and per call tag (``calls``: tag -> number of calls) the kernels of those calls."""
+    kernel launches, the torch.distributed ops and the GPU kernels of every candidate call, and per call tag
+    (``calls``: tag -> number of calls) the kernels of those calls."""
     events = list(prof.profiler.kineto_results.events())
     cpu = torch.autograd.DeviceType.CPU
     ranges: Dict[str, List[tuple]] = {}
@@ -343,14 +351,19 @@ def session_evidence(prof: Any, calls: Dict[str, int]) -> Dict[str, Any]:
     inside = lambda t, spans: any(start <= t <= end for start, end in spans)  # noqa: E731
     everywhere = [span for spans in ranges.values() for span in spans]
     ops: Dict[str, int] = {}
+    comm: Dict[str, int] = {}
     flops = 0
     for e in events:
-        if e.device_type() == cpu and "::" in e.name() and not e.name().startswith(("kbsweep::", "profiler::")) \
-                and inside(e.start_ns(), everywhere) and not inside(e.start_ns(), launches):
+        if e.device_type() != cpu or not inside(e.start_ns(), everywhere):
+            continue
+        if e.name().startswith(COMM_PREFIXES):
+            comm[e.name()] = comm.get(e.name(), 0) + 1
+        if "::" in e.name() and not e.name().startswith(("kbsweep::", "profiler::")) and not inside(e.start_ns(), launches):
             ops[e.name()] = ops.get(e.name(), 0) + 1
             flops += int(e.flops() or 0)
     profiles = {tag: kernel_profile(events, ranges.get(tag, []), count) for tag, count in calls.items() if ranges.get(tag)}
-    return {"ops": ops, "flops": flops, "profiles": profiles}
+    kernels = sorted(kernel_profile(events, everywhere, 1)["kernels"]) if everywhere else []
+    return {"ops": ops, "flops": flops, "comm_ops": comm, "kernels": kernels, "profiles": profiles}
 
 
 LAUNCH_APIS = ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchCooperativeKernel", "cuLaunchCooperativeKernel", "cudaGraphLaunch", "cuGraphLaunch")

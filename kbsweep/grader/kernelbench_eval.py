@@ -102,11 +102,11 @@ def not_compiled(sem: Semantics, message: str) -> Dict[str, Any]:
 
 
 def call(referee: "Referee", model: int, inputs: List[Any], expected: torch.Tensor) -> torch.Tensor:
-    """One call of the candidate, no poison, its output allowed to alias an input (KernelBench does not check)."""
+    """One call of the candidate, no poison, its output one tensor that may alias an input (as KernelBench takes it)."""
     from kbsweep.grader.referee import encode
 
     slots = referee.output_slots(expected)
-    referee.ask("call", model=model, inputs=encode(inputs, referee.arena), outputs=slots, aliasing=True)
+    referee.ask("call", model=model, inputs=encode(inputs, referee.arena), outputs=slots, kernelbench=True)
     referee.count_work(referee.shape, 1)
     return referee.read(slots, expected)
 

@@ -116,3 +116,17 @@ def test_smoke_sizes_fit_the_budget(tmp_path):
     assert fitted["sizes"]["batch_size"] < 4096 and "features" not in fitted["sizes"] or fitted["sizes"]["features"] >= 8
     rewritten = with_sizes(source + "\nbias_shape = (features, height)\n", {"height": 8})
     assert "height = 8" in rewritten and "width = 16" in rewritten and "bias_shape = (features, height)" in rewritten
+
+
+def test_fast_p_and_geomean_follow_kernelbenchs_verdict():
+    from kbsweep.report import kernelbench_metrics
+
+    def row(kb, kbsweep, eager=None, compile_=None):
+        return {"model": "m", "params": {"track.problems_dir": "/x/level1"}, "verdict.kernelbench": kb, "verdict.kbsweep": kbsweep,
+                "speedup_eager": eager, "speedup_compile": compile_}
+
+    rows = [row("correct", "pass", 2.5, 1.0), row("correct", "pass", 1.2, 0.25), row("correct", "incorrect"), row("incorrect", "incorrect")]
+    (entry,) = kernelbench_metrics(rows)
+    assert entry["level"] == "level1" and entry["cells"] == 4 and entry["correct"] == 3 and entry["kbsweep_passed"] == 2
+    assert (entry["fast_0"], entry["fast_1"], entry["fast_1.5"], entry["fast_2"]) == (0.75, 0.5, 0.25, 0.25)
+    assert entry["geomean_eager"] == pytest.approx(3.0 ** 0.5) and entry["geomean_compile"] == pytest.approx(0.5)

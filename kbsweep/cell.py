@@ -260,4 +260,5 @@ def work_cell(cell: Cell, folder: Path, redactor: Redactor) -> Dict[str, Any]:
         "grade_s": (graded or {}).get("grade_s"),
         "steps": agent.steps,
         "env": (graded or {}).get("env"),
+        **({"verdicts": graded["verdicts"], "kernelbench": graded["kernelbench"]} if graded and "verdicts" in graded else {}),
     }

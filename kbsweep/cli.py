@@ -163,7 +163,7 @@ def grade_verb(cfgs: List[DictConfig]) -> int:
     if not solution.is_file():
         raise KbsweepError(f"solution file {solution} does not exist")
     folder, fmt = (cfg.track.problems_dir, cfg.track.format) if track == cfg.track.name else (track, "kbsweep")
-    problem = load_problem(find_problem_dir(list(cfg.paths.problems), folder, name, fmt), track)
+    problem = load_problem(find_problem_dir(list(cfg.paths.problems), folder, name, fmt, cfg.track.kernelbench_version), track)
     roofline = load_roofline(list(cfg.paths.roofline_specs), cfg.gpu.roofline)
     check_problem(problem, cfg.gpu.shape_set, roofline, cfg.gpu.roofline)
     check_references([reference_probe(problem)])

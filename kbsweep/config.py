@@ -94,6 +94,7 @@ class TrackConf:
     problems_dir: str = MISSING  # folder under a problems root
     problems: List[str] = field(default_factory=list)  # empty: every problem in the folder
     format: str = "kbsweep"  # kbsweep | kernelbench
+    kernelbench_version: str = "0.2"  # format kernelbench: whose eval semantics grade it (kbsweep.grader.kernelbench_eval)
     time_cap_s: float = 10_800.0
     world_size: int = 1
     allow_shell: bool = True

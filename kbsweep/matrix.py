@@ -84,7 +84,8 @@ def cells_of(cfg: DictConfig) -> List[Cell]:
     judge = judge_conf(cfg)
     cells = []
     for name in selected_problems(cfg):
-        folder = find_problem_dir(list(cfg.paths.problems), cfg.track.problems_dir, name, cfg.track.format)
+        folder = find_problem_dir(list(cfg.paths.problems), cfg.track.problems_dir, name, cfg.track.format,
+                                  cfg.track.kernelbench_version)
         problem = load_problem(folder, cfg.track.name)
         deck = problem.deck_hash()
         key = cell_key(container["model"], container["gpu"], container["track"], problem.id, deck, cfg.repeat, container["harness"])

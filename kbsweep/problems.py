@@ -53,6 +53,7 @@ class ProblemSpec:
     constraints: Dict[str, Any] = field(default_factory=dict)
     score: str = "roofline"  # roofline | speedup (speedup over the eager reference or baseline.py)
     skip_baselines: Dict[str, str] = field(default_factory=dict)  # baseline name -> why it is not timed
+    kernelbench: Dict[str, Any] = field(default_factory=dict)  # {version, precision}: graded by KernelBench's eval too
 
 
 @dataclass
@@ -169,12 +170,13 @@ def load_problem(root: Path, track: str) -> Problem:
     return problem
 
 
-def find_problem_dir(roots: List[str], problems_dir: str, name: str, fmt: str = "kbsweep") -> Path:
+def find_problem_dir(roots: List[str], problems_dir: str, name: str, fmt: str = "kbsweep",
+                     kernelbench_version: Optional[str] = None) -> Path:
     """The folder of one problem; later roots override earlier ones."""
     if fmt == "kernelbench":
         from kbsweep.kernelbench import materialize
 
-        return materialize(kernelbench_folder(roots, problems_dir), name)
+        return materialize(kernelbench_folder(roots, problems_dir), name, kernelbench_version)
     for root in reversed(roots):
         candidate = Path(root) / problems_dir / name
         if candidate.is_dir():

@@ -22,6 +22,8 @@ from typing import Any, Dict, List, Optional, Tuple
 from kbsweep.outcomes import Outcome
 
 VALID_VERDICTS = ("clean", "override_clean")
+FAST_P = (0.0, 1.0, 1.5, 2.0)  # KernelBench's fast_p thresholds
+MAX_PROBLEM_COLUMNS = 12  # a larger deck shows per-level aggregates in the terminal, per-problem cells in report.html
 Point = Tuple[float, float]
 
 
@@ -176,24 +178,65 @@ def build_boards(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
         ]
         experiments = sorted({row["experiment"] for row in board_rows})
         boards.append(
-            {"track": track, "gpu": gpu, "deck": deck, "k": k, "models": models, "cells": cells, "shapes": shapes, "rooflines": rooflines, "experiments": experiments}
+            {"track": track, "gpu": gpu, "deck": deck, "k": k, "models": models, "cells": cells, "shapes": shapes, "rooflines": rooflines,
+             "experiments": experiments, "kernelbench": kernelbench_metrics(board_rows)}
         )
     return boards
+
+
+def level_of(row: Dict[str, Any]) -> str:
+    """A KernelBench cell's level: the name of the folder its problems came from (level1, level2, ...)."""
+    return Path(str((row.get("params") or {}).get("track.problems_dir", "?"))).name
+
+
+def kernelbench_metrics(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """KernelBench's metrics per model and level, its verdict deciding correctness: fast_p (the share of all cells
+    correct and faster than eager by more than p; n counts every cell) and the geometric mean speedup over eager
+    and torch.compile of the correct, timed cells. A cell KernelBench calls correct that kbsweep's checks failed was
+    never timed: it counts for fast_0 only."""
+    from kbsweep.score import geomean
+
+    groups: Dict[Tuple[str, str], List[Dict[str, Any]]] = defaultdict(list)
+    for row in rows:
+        if row.get("verdict.kernelbench") is not None:
+            groups[(entrant(row), level_of(row))].append(row)
+    table = []
+    for (model, level), cells in sorted(groups.items()):
+        correct = [r for r in cells if r["verdict.kernelbench"] == "correct"]
+        entry = {"model": model, "level": level, "cells": len(cells), "correct": len(correct),
+                 "kbsweep_passed": sum(1 for r in cells if r.get("verdict.kbsweep") == Outcome.PASS.value)}
+        for p in FAST_P:
+            entry[f"fast_{p:g}"] = sum(1 for r in correct if p == 0.0 or (r.get("speedup_eager") or 0.0) > p) / len(cells)
+        for name in ("eager", "compile"):
+            speedups = [r[f"speedup_{name}"] for r in correct if r.get(f"speedup_{name}")]
+            entry[f"geomean_{name}"] = geomean(speedups) if speedups else None
+        table.append(entry)
+    return table
+
+
+def kernelbench_table(board: Dict[str, Any]) -> Tuple[List[str], List[List[str]]]:
+    header = ["model", "level", "cells", "KB correct", "kbsweep pass", *[f"fast_{p:g}" for p in FAST_P], "geomean eager", "geomean compile"]
+    rows = [[e["model"], e["level"], str(e["cells"]), str(e["correct"]), str(e["kbsweep_passed"]),
+             *[fmt(e[f"fast_{p:g}"], ".2f") for p in FAST_P], fmt(e["geomean_eager"]), fmt(e["geomean_compile"])]
+            for e in board.get("kernelbench") or []]
+    return header, rows
 
 
 def fmt(value: Optional[float], spec: str = ".3g") -> str:
     return "–" if value is None else format(value, spec)
 
 
-def board_table(board: Dict[str, Any]) -> Tuple[List[str], List[List[str]]]:
-    """Header and rows of a board, shared by every renderer. A flagged best shows as ``DQ(score)``, counted 0."""
+def board_table(board: Dict[str, Any], per_problem: bool = True) -> Tuple[List[str], List[List[str]]]:
+    """Header and rows of a board, shared by every renderer. A flagged best shows as ``DQ(score)``, counted 0.
+    ``per_problem`` False: no column per problem (the terminal's choice for a deck over MAX_PROBLEM_COLUMNS)."""
     k = board["k"]
-    header = ["rank", "model", *[p.split("/")[-1] for p in board["deck"]], "deck mean", "repeats: mean ± CI95", "pass@1"]
+    deck = board["deck"] if per_problem else []
+    header = ["rank", "model", *[p.split("/")[-1] for p in deck], "deck mean", "repeats: mean ± CI95", "pass@1"]
     header += [f"pass@{k}"] * (k > 1) + ["passed/cells", "flagged", "out tokens", "$", "$/pass", "out tok/pass"]
     rows = []
     for e in board["models"]:
         scores = []
-        for p in board["deck"]:
+        for p in deck:
             if p in e["best"]:
                 scores.append(fmt(e["best"][p]))
             elif p in e["flagged"]:
@@ -233,7 +276,10 @@ def render_terminal(boards: List[Dict[str, Any]], width: int = 160) -> str:
     if not boards:
         console.print("no finished cells in the tracking store")
     for board in boards:
-        for title, (header, rows) in ((f"kbsweep leaderboard — {board_title(board)}", board_table(board)), (f"audit-flagged — {board_title(board)}", flagged_table(board))):
+        tables = ((f"kbsweep leaderboard — {board_title(board)}", board_table(board, len(board["deck"]) <= MAX_PROBLEM_COLUMNS)),
+                  (f"KernelBench metrics — {board_title(board)}", kernelbench_table(board)),
+                  (f"audit-flagged — {board_title(board)}", flagged_table(board)))
+        for title, (header, rows) in tables:
             if not rows:
                 continue
             table = Table(title=title)
@@ -253,7 +299,10 @@ def markdown_table(header: List[str], rows: List[List[str]]) -> str:
 def render_markdown(boards: List[Dict[str, Any]]) -> str:
     parts = ["# kbsweep report", ""]
     for board in boards:
-        parts += [f"## {board_title(board)}", "", markdown_table(*board_table(board)), ""]
+        parts += [f"## {board_title(board)}", "", markdown_table(*board_table(board, len(board["deck"]) <= MAX_PROBLEM_COLUMNS)), ""]
+        header, rows = kernelbench_table(board)
+        if rows:
+            parts += ["### KernelBench metrics (its verdict, fast_p, geomean speedups)", "", markdown_table(header, rows), ""]
         header, rows = flagged_table(board)
         if rows:
             parts += ["### Audit-flagged passes (not ranked)", "", markdown_table(header, rows), ""]
@@ -271,6 +320,9 @@ def render_html(boards: List[Dict[str, Any]], plots: Dict[str, Dict[str, bytes]]
     parts = []
     for board in boards:
         parts.append(f"<h2>{html.escape(board_title(board))}</h2>{html_table(*board_table(board))}")
+        header, rows = kernelbench_table(board)
+        if rows:
+            parts.append(f"<h3>KernelBench metrics</h3>{html_table(header, rows)}")
         header, rows = flagged_table(board)
         if rows:
             parts.append(f"<h3>Audit-flagged passes (not ranked)</h3>{html_table(header, rows)}")

@@ -142,6 +142,8 @@ def cell_metrics(result: Dict[str, Any]) -> Dict[str, float]:
     if result.get("score") is not None:
         metrics["score"] = result["score"]
     metrics["passed"] = 1.0 if result.get("outcome") == Outcome.PASS.value else 0.0
+    if result.get("verdicts"):  # a KernelBench problem: its own eval's verdict beside kbsweep's
+        metrics["kernelbench_correct"] = 1.0 if result["verdicts"]["kernelbench"] == "correct" else 0.0
     for prefix, usage in (("tokens", result.get("usage")), ("judge_tokens", result.get("judge_usage"))):
         for key, value in (usage or {}).items():
             metrics[f"{prefix}_{key.replace('_tokens', '')}"] = value
@@ -321,6 +323,7 @@ class Tracker:
             "outcome_class": outcome_class(result["outcome"]),
             "verdict": str(result.get("verdict")),
             "stop_reason": str(result.get("stop_reason")),
+            **{f"verdict.{name}": str(v) for name, v in (result.get("verdicts") or {}).items()},
         }
         if result.get("message"):
             tags["message"] = str(result["message"])

@@ -91,8 +91,9 @@ class ScriptedModel:
     """A deterministic fake model playing a script of tool calls through the real loop.
 
     Each step is ``{tool, args, say, solution}``; ``solution: <name>`` writes the problem's bundled
-    ``solutions/<name>.py`` as the file content (the scripted model is allowed to know them). After the last
-    step it answers with plain text, which ends the loop.
+    ``solutions/<name>.py`` as the file content (the scripted model is allowed to know them), or, where the problem
+    has no such file, its ``solutions/reference.py`` (generated for every KernelBench problem). After the last step
+    it answers with plain text, which ends the loop.
     """
 
     def __init__(self, cfg: Any, solutions: Dict[str, Path]):
@@ -109,7 +110,7 @@ class ScriptedModel:
         self.position += 1
         arguments = dict(step.get("args") or {})
         if step.get("solution"):
-            source = self.solutions.get(step["solution"])
+            source = self.solutions.get(step["solution"]) or self.solutions.get("reference")
             arguments["content"] = source.read_text() if source else f"# no bundled solution '{step['solution']}'\n"
         reply = {
             "role": "assistant",

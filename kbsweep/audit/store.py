@@ -44,7 +44,8 @@ def download(client, run_id: str, folder: Path) -> Dict[str, Path]:
 def problem_of(row: Dict[str, Any], roots: List[str]):
     params = row.get("params") or {}
     track, _, name = row["problem"].partition("/")
-    folder = find_problem_dir(roots, params.get("track.problems_dir", track), name, params.get("track.format", "kbsweep"))
+    folder = find_problem_dir(roots, params.get("track.problems_dir", track), name, params.get("track.format", "kbsweep"),
+                              params.get("track.kernelbench_version"))
     return load_problem(folder, track)
 
 

@@ -259,7 +259,7 @@ def grade(
             evidence=message.get("evidence", {}),
             score=None,
         )
-        return result
+        return with_verdicts(result, message.get("kernelbench"))
     worker = message["result"]
     fresh = {}
     for index, entry in enumerate(worker["timings"]):
@@ -288,5 +288,14 @@ def grade(
     )
     if any(f["kind"] in UNSCORED_FINDINGS + distributed.COMM_FINDINGS for f in result["findings"]):
         result["score"] = None
+    return with_verdicts(result, worker.get("kernelbench"))
+
+
+def with_verdicts(result: Dict[str, Any], kernelbench: Optional[Dict[str, Any]]) -> Dict[str, Any]:
+    """A KernelBench problem's grade carries both verdicts: KernelBench's eval (``kernelbench``, its fields) and
+    kbsweep's own (the ``outcome``: its stricter checks too); neither changes the other."""
+    if kernelbench is not None:
+        verdict = "correct" if kernelbench["correctness"] else "incorrect" if kernelbench["compiled"] else "compile_error"
+        result.update(kernelbench=kernelbench, verdicts={"kernelbench": verdict, "kbsweep": result["outcome"]})
     return result
 

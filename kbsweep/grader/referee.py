@@ -27,7 +27,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch
 
-from kbsweep.grader import checks, timing
+from kbsweep.grader import checks, kernelbench_eval, timing
 from kbsweep.grader.arena import Arena, apply_swaps, nbytes, padded, prepared_swaps
 from kbsweep.grader.channel import Channel, ChannelError
 from kbsweep.grader.failures import GradeFailure, one_line
@@ -112,6 +112,9 @@ class Referee:
         self.work = {"calls": 0, "flops": 0.0, "bytes": 0.0}  # what the candidate's calls should cost, summed
         self.cfg = timing.TimingConfig(**request.get("timing", {}))
         self.barrier: Optional[Callable[[], None]] = None  # ranks: across the referee ranks, as the runner ranks have theirs
+        # A KernelBench problem: both models in training mode, built from the same seed, weights never copied
+        self.kernelbench = kernelbench_eval.from_spec(self.spec)
+        self.kernelbench_verdict: Optional[Dict[str, Any]] = None
 
     # -- the runner -------------------------------------------------------------------
     def ask(self, op: str, fds: Sequence[int] = (), **fields: Any) -> Dict[str, Any]:
@@ -149,11 +152,12 @@ class Referee:
         return 2 * state + max(self.set_count(first), 4) * ins + (self.calls_cap(outs) + 4) * outs + (1 << 20)
 
     def send_model(self, ref_model: Any, shape: Dict[str, Any], seed: int) -> int:
-        """The candidate's ModelNew built there under ``seed``, loaded with a copy of the reference's weights."""
+        """The candidate's ModelNew built there under ``seed``, loaded with a copy of the reference's weights (a
+        KernelBench problem's is not: its weights come from the seed alone, as in KernelBench)."""
         model = next(self.model_ids)
-        state = {name: self.arena.put(t) for name, t in ref_model.state_dict().items()}
+        state = None if self.kernelbench else {name: self.arena.put(t) for name, t in ref_model.state_dict().items()}
         init = encode(list(self.ref.get_init_inputs(dict(shape))), self.arena)
-        self.ask("build", model=model, seed=self.rank_seed(seed), init=init, state=state)
+        self.ask("build", model=model, seed=self.rank_seed(seed), init=init, state=state, train=bool(self.kernelbench))
         return model
 
     def output_slots(self, expected: Any) -> List[Dict[str, Any]]:
@@ -180,8 +184,10 @@ class Referee:
         return seed
 
     def build(self, shape: Dict[str, Any], seed: int):
-        torch.manual_seed(self.rank_seed(seed))
-        return self.ref.Model(*self.ref.get_init_inputs(dict(shape))).to(self.device).eval()
+        init = self.ref.get_init_inputs(dict(shape))
+        torch.manual_seed(self.rank_seed(seed))  # after the init inputs, as the runner seeds before ModelNew(*init)
+        model = self.ref.Model(*init).to(self.device)
+        return model.train() if self.kernelbench else model.eval()
 
     def inputs(self, shape: Dict[str, Any], seed: int, scale: float = 1.0) -> List[Any]:
         torch.manual_seed(self.rank_seed(seed + 7919))
@@ -230,6 +236,9 @@ class Referee:
         self.stage, self.tag = "import_candidate", "/import"
         self.ask("import")
         with torch.no_grad():
+            if self.kernelbench:  # KernelBench's verdict first, whatever kbsweep's own checks then find
+                self.stage = "kernelbench_correctness"
+                self.kernelbench_verdict = kernelbench_eval.run(self, self.kernelbench)
             self.stage, self.tag = "correctness", "/correctness"
             correctness = self.correctness()
             timings = []
@@ -246,7 +255,7 @@ class Referee:
         self.collect_evidence(timings)
         self.evidence["files_modified"] = sorted(p for p, h in self.deck_hashes(deck).items() if hashes.get(p) != h)
         return {"correctness": correctness, "timings": timings, "evidence": self.evidence, "findings": self.findings,
-                "worker_s": time.perf_counter() - t0}
+                "kernelbench": self.kernelbench_verdict, "worker_s": time.perf_counter() - t0}
 
     @staticmethod
     def deck_hashes(deck: Path) -> Dict[str, str]:
@@ -678,7 +687,10 @@ def referee_message(request: Dict[str, Any], runner: Channel, make: Callable[[Di
             referee.collect_evidence()
         except (GradeFailure, ChannelError):
             pass
-        message.update(stage=referee.stage, findings=referee.findings, evidence=referee.evidence)
+        message.update(stage=referee.stage, findings=referee.findings, evidence=referee.evidence,
+                       kernelbench=referee.kernelbench_verdict)
+        if referee.kernelbench and referee.kernelbench_verdict is None and referee.stage == "import_candidate":
+            message["kernelbench"] = kernelbench_eval.not_compiled(referee.kernelbench, message["message"])
     try:
         runner.send({"op": "exit"})
     except ChannelError:

@@ -1,0 +1,132 @@
+"""KernelBench problems carry two verdicts: KernelBench's own eval (pinned semantics) and kbsweep's stricter checks.
+
+The cases are KernelBench-format files written for these tests (tests/kernelbench_cases). Each expected
+``kernelbench`` verdict is what KernelBench's ``eval_kernel_against_ref`` (v0.2, commit 423217d) decides:
+measured by running its ``run_and_check_correctness`` on CPU over these files (docs/kernelbench.md, "Agreement").
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from kbsweep.grader import grade, kernelbench_eval
+from kbsweep.kernelbench import cache_key, fit, kernelbench_names, materialize, with_sizes
+from kbsweep.problems import load_problem
+from kbsweep.score import load_roofline
+
+REPO = Path(__file__).resolve().parent.parent
+CASES = Path(__file__).parent / "kernelbench_cases"
+CPU = SimpleNamespace(name="cpu", device="cpu", shape_set="smoke_shapes")
+
+# (problem/solution, KernelBench's verdict, kbsweep's outcome): the disagreement classes of issue 20 first
+EXPECTED = [
+    ("1_matmul/fp16", "incorrect", "incorrect"),  # 1e-3 relative error: inside 1e-2 (v0.1), outside 1e-4 (v0.2)
+    ("2_variance/biased", "incorrect", "incorrect"),  # divides by n, not n - 1
+    ("5_linear_relu/half_weight_cache", "incorrect", "incorrect"),  # a lossy cache made on the first call
+    ("3_softmax/zeros", "incorrect", "incorrect"),  # within 1e-2 of every probability, not within 1e-4
+    ("4_batchnorm/batch_statistics", "correct", "pass"),  # training mode: batch statistics are right
+    ("4_batchnorm/running_statistics", "incorrect", "incorrect"),  # eval-mode BatchNorm is not the problem
+    ("4_batchnorm/affine_renamed", "correct", "pass"),
+    ("5_linear_relu/renamed", "correct", "pass"),  # same seed, same weights, other names: no state-dict copy
+    ("5_linear_relu/own_init", "incorrect", "incorrect"),  # other weights than the seed's
+    ("6_relu/in_place", "correct", "incorrect"),  # aliases its input: kbsweep's own finding only
+    ("6_relu/tuple", "incorrect", "pass"),  # KernelBench reads output.shape; kbsweep takes a 1-tuple's tensor
+    ("5_linear_relu/first_call_cache", "incorrect", "incorrect"),
+    ("1_matmul/exact", "correct", "pass"),
+    ("2_variance/unbiased", "correct", "pass"),
+    ("2_variance/off_by_one_row", "incorrect", "incorrect"),
+    ("3_softmax/exact", "correct", "pass"),
+    ("3_softmax/log_softmax", "incorrect", "incorrect"),
+    ("6_relu/exact", "correct", "pass"),
+    ("6_relu/transposed_view", "correct", "pass"),
+    ("6_relu/double", "incorrect", "incorrect"),
+    ("6_relu/leaky", "incorrect", "incorrect"),
+    ("6_relu/nan", "incorrect", "incorrect"),
+    ("6_relu/wrong_shape", "incorrect", "incorrect"),
+    ("6_relu/raises", "incorrect", "runtime_error"),
+    ("6_relu/syntax_error", "compile_error", "compile_error"),
+    ("6_relu/no_model_new", "compile_error", "compile_error"),
+]
+
+
+@pytest.fixture(scope="module")
+def roofline():
+    return load_roofline([str(REPO / "roofline_specs")], "cpu")
+
+
+@pytest.mark.parametrize("case, kernelbench, kbsweep", EXPECTED, ids=[case for case, _, _ in EXPECTED])
+def test_both_verdicts(roofline, tmp_path, case, kernelbench, kbsweep):
+    name, solution = case.split("/")
+    problem = load_problem(materialize(CASES, name), "kernelbench")
+    result = grade(problem, CASES / "solutions" / name / f"{solution}.py", CPU, roofline, mode="check", timeout_s=300,
+                   log_dir=tmp_path)
+    assert result["verdicts"] == {"kernelbench": kernelbench, "kbsweep": kbsweep}, json.dumps(result, default=str)[:2000]
+    assert result["kernelbench"]["semantics"]["version"] == "0.2"
+
+
+def test_in_place_aliasing_is_named_in_kbsweeps_verdict(roofline, tmp_path):
+    problem = load_problem(materialize(CASES, "6_relu"), "kernelbench")
+    result = grade(problem, CASES / "solutions/6_relu/in_place.py", CPU, roofline, mode="check", timeout_s=300, log_dir=tmp_path)
+    assert "aliases an input" in result["message"] and result["kernelbench"]["trials"] == "(5 / 5)"
+
+
+def test_version_pins_the_tolerance(roofline, tmp_path):
+    """Under 0.1 (atol = rtol = 1e-2) the fp16 matmul passes both verdicts; under 0.2 it fails both."""
+    problem = load_problem(materialize(CASES, "1_matmul", "0.1"), "kernelbench")
+    result = grade(problem, CASES / "solutions/1_matmul/fp16.py", CPU, roofline, mode="check", timeout_s=300, log_dir=tmp_path)
+    assert result["verdicts"] == {"kernelbench": "correct", "kbsweep": "pass"}
+    assert result["kernelbench"]["semantics"]["atol"] == 1e-2
+
+
+def test_trial_seeds_are_kernelbenchs():
+    """KernelBench seeds the global generator with its seed and draws one randint(0, 2**32 - 1) per trial."""
+    torch.manual_seed(42)
+    drawn = [torch.randint(0, 2**32 - 1, (1,)).item() for _ in range(5)]
+    assert kernelbench_eval.trial_seeds(42, 5) == drawn
+
+
+def test_unknown_version_is_one_line():
+    with pytest.raises(Exception, match="track.kernelbench_version: unknown KernelBench version '9.9'"):
+        materialize(CASES, "6_relu", "9.9")
+
+
+def test_numeric_order():
+    assert kernelbench_names(CASES) == ["1_matmul", "2_variance", "3_softmax", "4_batchnorm", "5_linear_relu", "6_relu"]
+
+
+def test_cache_follows_solutions(tmp_path):
+    (tmp_path / "10_relu.py").write_text((CASES / "6_relu.py").read_text())
+    before = cache_key(tmp_path / "10_relu.py", tmp_path / "solutions/10_relu", "0.2", "fp32")
+    (tmp_path / "solutions/10_relu").mkdir(parents=True)
+    (tmp_path / "solutions/10_relu/exact.py").write_text((CASES / "solutions/6_relu/exact.py").read_text())
+    assert cache_key(tmp_path / "10_relu.py", tmp_path / "solutions/10_relu", "0.2", "fp32") != before
+    assert "exact" in load_problem(materialize(tmp_path, "10_relu"), "kernelbench").solutions()
+
+
+def test_smoke_sizes_fit_the_budget(tmp_path):
+    """Module-level sizes halved, largest first, until parameters + inputs + output fit; derived constants follow."""
+    source = (CASES / "4_batchnorm.py").read_text().replace("batch_size = 8", "batch_size = 2048 * 2")
+    (tmp_path / "9_big_bn.py").write_text(source + "\nbias_shape = (features, height)\n")
+    fitted = fit(tmp_path / "9_big_bn.py", budget=1 << 20)
+    assert fitted["fits"] and fitted["bytes"] <= 1 << 20 < fitted["full_bytes"]
+    assert fitted["sizes"]["batch_size"] < 4096 and "features" not in fitted["sizes"] or fitted["sizes"]["features"] >= 8
+    rewritten = with_sizes(source + "\nbias_shape = (features, height)\n", {"height": 8})
+    assert "height = 8" in rewritten and "width = 16" in rewritten and "bias_shape = (features, height)" in rewritten
+
+
+def test_fast_p_and_geomean_follow_kernelbenchs_verdict():
+    from kbsweep.report import kernelbench_metrics
+
+    def row(kb, kbsweep, eager=None, compile_=None):
+        return {"model": "m", "params": {"track.problems_dir": "/x/level1"}, "verdict.kernelbench": kb, "verdict.kbsweep": kbsweep,
+                "speedup_eager": eager, "speedup_compile": compile_}
+
+    rows = [row("correct", "pass", 2.5, 1.0), row("correct", "pass", 1.2, 0.25), row("correct", "incorrect"), row("incorrect", "incorrect")]
+    (entry,) = kernelbench_metrics(rows)
+    assert entry["level"] == "level1" and entry["cells"] == 4 and entry["correct"] == 3 and entry["kbsweep_passed"] == 2
+    assert (entry["fast_0"], entry["fast_1"], entry["fast_1.5"], entry["fast_2"]) == (0.75, 0.5, 0.25, 0.25)
+    assert entry["geomean_eager"] == pytest.approx(3.0 ** 0.5) and entry["geomean_compile"] == pytest.approx(0.5)

@@ -38,7 +38,7 @@ def smoke_row(pid: str, result: dict) -> dict:
         timed = entry.get("candidate") or {}
         shapes.append({"shape": entry["shape"], "median_ms": timed.get("median_ms"), "mode": timed.get("mode"),
                        "corroboration": timed.get("corroboration"), "launches": (entry.get("profile") or {}).get("launches_per_call"),
-                       "methods": (entry.get("profile") or {}).get("methods"), "kernels": (entry.get("profile") or {}).get("kernels")})
+                       "median_launches": (entry.get("profile") or {}).get("median_launches"), "kernels": (entry.get("profile") or {}).get("kernels")})
     return {"case": pid, "outcome": result["outcome"], "message": (result.get("message") or "")[:300], "score": result.get("score"),
             "findings": sorted({f["kind"] for f in result.get("findings") or []}), "shapes": shapes, "grade_s": result.get("grade_s")}
 

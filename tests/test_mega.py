@@ -173,3 +173,49 @@ def test_matches_the_reference_in_process(name, file):
             expected, out = model(*inputs), step(*inputs)
         checks.check_structure(expected, out, inputs)
         checks.compare(expected, out, prob.spec.tolerance)
+
+
+class ProfiledEvent:
+    """A profiler record as torch's kineto results give it (the fields kernel_profile reads)."""
+
+    def __init__(self, name, gpu, correlation, start, end=None, stream=7):
+        self._name, self._gpu, self._corr, self._start, self._end, self._stream = name, gpu, correlation, start, end or start + 1, stream
+
+    def name(self):
+        return self._name
+
+    def device_type(self):
+        return torch.autograd.DeviceType.CUDA if self._gpu else torch.autograd.DeviceType.CPU
+
+    def correlation_id(self):
+        return self._corr
+
+    def start_ns(self):
+        return self._start
+
+    def end_ns(self):
+        return self._end
+
+    def device_resource_id(self):
+        return self._stream
+
+
+def test_kernel_profile_counts_a_calls_own_launches_and_gates_on_the_median_call():
+    """Shaped as the H200's profiler reported a Triton megakernel: its driver launch (cuLaunchKernelEx) inside the
+    call's host span, the flush's runtime launch outside it, the span repeated on the GPU's timeline. One call
+    that also launched a warm-up kernel (a graph capture's) moves the mean, not the gate."""
+    from kbsweep.grader.timing import kernel_profile
+
+    events, ranges = [], []
+    for call in range(10):
+        t = call * 1000
+        ranges.append((t, t + 100))
+        events += [ProfiledEvent("cuLaunchKernelEx", False, 10 * call, t + 10), ProfiledEvent("_decode_step", True, 10 * call, t + 20, t + 90),
+                   ProfiledEvent("kbsweep::call/timing/0", True, 0, t + 20, t + 90),
+                   ProfiledEvent("cudaLaunchKernel", False, 10 * call + 1, t + 200), ProfiledEvent("reduce_kernel", True, 10 * call + 1, t + 210)]
+    events += [ProfiledEvent("cudaLaunchKernel", False, 999, 50), ProfiledEvent("setup_kernel", True, 999, 60)]
+    profile = kernel_profile(events, ranges, calls=10)
+    assert profile["kernels"] == {"_decode_step": 1.0, "setup_kernel": 0.1}
+    assert profile["launches_per_call"] == 1.1 and profile["median_launches"] == 1
+    evidence, findings = launch_gate([{"shape": {}, "profile": profile}])
+    assert evidence[0]["passed"] and not findings

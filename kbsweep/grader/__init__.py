@@ -160,8 +160,8 @@ def launch_gate(timings: List[Dict[str, Any]]) -> Tuple[List[Dict[str, Any]], Li
         if profile is None:
             findings.append({"kind": "launch_count_unverified", "shape": entry["shape"], "detail": "no GPU profile (CPU grade)"})
             continue
-        launches, kernels = profile["launches_per_call"], profile["kernels"]
-        evidence.append({"shape": entry["shape"], "launches": launches, "kernels": kernels, "passed": launches == 1})
+        launches, kernels = profile.get("median_launches", profile["launches_per_call"]), profile["kernels"]
+        evidence.append({"shape": entry["shape"], "launches": launches, "mean_launches": profile["launches_per_call"], "kernels": kernels, "passed": launches == 1})
         if launches != 1:
             findings.append({"kind": "launch_count_gate", "shape": entry["shape"], "launches": launches, "kernels": kernels})
     return evidence, findings

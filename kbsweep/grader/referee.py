@@ -595,7 +595,7 @@ class Referee:
                 entry["profile"] = {"launches_per_call": number(found.get("launches_per_call")),
                                     "kernels": {str(k)[:200]: number(v) for k, v in list((found.get("kernels") or {}).items())[:200]},
                                     "streams": [int(x) for x in found.get("streams") or [] if isinstance(x, int)],
-                                    "methods": {str(k)[:40]: number(v) for k, v in list((found.get("methods") or {}).items())[:10]}}
+                                    "median_launches": number(found.get("median_launches"))}
 
 
 def time_baselines(request: Dict[str, Any], ref_model: Any, sets: List[List[Any]], spent: Callable[[], bool], timer: Callable) -> Dict[str, Any]:

@@ -366,40 +366,34 @@ def session_evidence(prof: Any, calls: Dict[str, int]) -> Dict[str, Any]:
     return {"ops": ops, "flops": flops, "comm_ops": comm, "kernels": kernels, "profiles": profiles}
 
 
-LAUNCH_APIS = ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchCooperativeKernel", "cuLaunchCooperativeKernel", "cudaGraphLaunch", "cuGraphLaunch")
-
-
 def kernel_profile(events: List[Any], ranges: List[tuple], calls: int) -> Dict[str, Any]:
     """Kernel names, launches per call and streams of the kernels launched from inside ``ranges`` (a candidate's
     calls; the flushes, canaries and output copies around them are not counted); a CUDA-graph replay counts its
-    kernels. ``methods``: the per-call count by each way of tying a kernel to its launch (kept side by side until
-    the lent GPUs' profiler has shown which holds there)."""
+    kernels. A kernel is tied to its launch by correlation id (the runtime or driver call that launched it: a
+    Triton kernel's ``cuLaunchKernelEx``, a library's ``cudaLaunchKernel``); the profiler's annotations on the
+    GPU's timeline are not kernels. ``median_launches``: the launches of the median call (a one-off launch, say a
+    CUDA-graph capture's warm-up, moves the mean only)."""
     cpu, cuda = torch.autograd.DeviceType.CPU, torch.autograd.DeviceType.CUDA
-    inside = lambda t: any(start <= t <= end for start, end in ranges)  # noqa: E731
-    # a kernel shares its correlation id with the runtime or driver call that launched it (aten ops number apart)
-    launches = [e for e in events if e.device_type() == cpu and e.name().startswith(("cuda", "cu"))]
-    launched_at = {e.correlation_id(): e.start_ns() for e in launches}
-    kernels_all = [e for e in events if e.device_type() == cuda and not e.name().startswith(("Memcpy", "Memset"))
-                   and not e.name().startswith(CALL_RANGE)]
-    annotations = [(e.start_ns(), e.end_ns()) for e in events if e.device_type() == cuda and e.name().startswith(CALL_RANGE)]
-    by = {
-        "correlation": [k for k in kernels_all if launched_at.get(k.correlation_id()) is not None and inside(launched_at[k.correlation_id()])],
-        "linked": [k for k in kernels_all if launched_at.get(k.linked_correlation_id()) is not None and inside(launched_at[k.linked_correlation_id()])],
-        "annotation": [k for k in kernels_all if any(s <= k.start_ns() and k.end_ns() <= e for s, e in annotations)],
-    }
-    gpu = by["correlation"]
-    calls = max(calls, 1)
+    launched_at = {e.correlation_id(): e.start_ns() for e in events if e.device_type() == cpu and e.name().startswith(("cuda", "cu"))}
+    per_range = [0] * len(ranges)
+    gpu = []
+    for event in events:
+        if event.device_type() != cuda or event.name().startswith(("Memcpy", "Memset", "kbsweep::")):
+            continue
+        at = launched_at.get(event.correlation_id())
+        where = next((i for i, (start, end) in enumerate(ranges) if at is not None and start <= at <= end), None)
+        if where is not None:
+            per_range[where] += 1
+            gpu.append(event)
     kernels: Dict[str, int] = {}
     for event in gpu:
         kernels[event.name()] = kernels.get(event.name(), 0) + 1
-    methods = {name: len(found) / calls for name, found in by.items()}
-    methods["launch_calls"] = sum(1 for e in launches if e.name().startswith(LAUNCH_APIS) and inside(e.start_ns())) / calls
-    methods["unmatched_kernels"] = sum(1 for k in kernels_all if launched_at.get(k.correlation_id()) is None)
+    calls = max(calls, 1)
     return {
         "launches_per_call": len(gpu) / calls,
+        "median_launches": statistics.median(per_range) if per_range else 0.0,
         "kernels": {name[:200]: count / calls for name, count in sorted(kernels.items())},
         "streams": sorted({e.device_resource_id() for e in gpu}),
-        "methods": methods,
     }
 
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Sets up everything the tests need on a fresh Debian machine (as root: venv, packages, a real single-node
-# Slurm, Chromium for the MLflow UI test, the CLI harnesses from npm) and runs them. Extra arguments go to pytest.
+# Slurm, Chromium for the MLflow UI test, the CLI harnesses from npm) and runs them. Extra arguments go to pytest
+# (`-n 0`: one process, no xdist workers).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export LITELLM_LOCAL_MODEL_COST_MAP=True PIP_DISABLE_PIP_VERSION_CHECK=1 DEBIAN_FRONTEND=noninteractive
@@ -12,4 +13,6 @@ fi
 . .venv/bin/activate
 python -m kbsweep.harness.install >/dev/null   # the CLI harnesses' pinned npm packages, into .harnesses/
 bash scripts/slurm_up.sh >/dev/null
-python -m pytest -q "$@"
+# two workers (CI has two cores; KBSWEEP_TEST_WORKERS=0 runs in one process); tests/conftest.py keeps the tests that
+# share a resource (Slurm, an MLflow server, a module fixture) on one worker
+python -m pytest -q -n "${KBSWEEP_TEST_WORKERS:-2}" --dist loadgroup "$@"

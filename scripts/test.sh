@@ -14,5 +14,14 @@ fi
 python -m kbsweep.harness.install >/dev/null   # the CLI harnesses' pinned npm packages, into .harnesses/
 bash scripts/slurm_up.sh >/dev/null
 # two workers (CI has two cores; KBSWEEP_TEST_WORKERS=0 runs in one process); tests/conftest.py keeps the tests that
-# share a resource (Slurm, an MLflow server, a module fixture) on one worker
-python -m pytest -q -n "${KBSWEEP_TEST_WORKERS:-2}" --dist loadgroup "$@"
+# share a resource (Slurm, an MLflow server, a module fixture) on one worker. The fork-bomb and escape tests run
+# first, in this process: under an xdist worker the adversarial sweep took the worker down (a segfault in the
+# worker, seen twice on a full run, never on the file alone; not yet understood).
+workers=(-n "${KBSWEEP_TEST_WORKERS:-2}" --dist loadgroup)
+if [ "$#" -gt 0 ]; then
+  python -m pytest -q "${workers[@]}" "$@"
+else
+  confined=(tests/test_adversarial_agent.py tests/test_sandbox.py)
+  python -m pytest -q -n 0 "${confined[@]}"
+  python -m pytest -q "${workers[@]}" "${confined[@]/#/--ignore=}"
+fi

@@ -13,15 +13,16 @@ fi
 . .venv/bin/activate
 python -m kbsweep.harness.install >/dev/null   # the CLI harnesses' pinned npm packages, into .harnesses/
 bash scripts/slurm_up.sh >/dev/null
-# two workers (CI has two cores; KBSWEEP_TEST_WORKERS=0 runs in one process); tests/conftest.py keeps the tests that
-# share a resource (Slurm, an MLflow server, a module fixture) on one worker. The fork-bomb and escape tests run
-# first, in this process: under an xdist worker the adversarial sweep took the worker down (a segfault in the
-# worker, seen twice on a full run, never on the file alone; not yet understood).
-workers=(-n "${KBSWEEP_TEST_WORKERS:-2}" --dist loadgroup)
+# Two xdist workers (CI has two cores; KBSWEEP_TEST_WORKERS=0 runs in one process), a test file per worker at a
+# time (module fixtures are built once). Files that share something across files run first, in this process: one
+# Slurm (a preempting job must find only its own test's jobs), the machine's `kbsweep-bomb` processes, one MLflow
+# server. A grouping scheduler of our own crashed xdist workers on full runs (the worker left its first test).
+workers=(-n "${KBSWEEP_TEST_WORKERS:-2}" --dist loadfile)
 if [ "$#" -gt 0 ]; then
   python -m pytest -q "${workers[@]}" "$@"
 else
-  confined=(tests/test_adversarial_agent.py tests/test_sandbox.py)
-  python -m pytest -q -n 0 "${confined[@]}"
-  python -m pytest -q "${workers[@]}" "${confined[@]/#/--ignore=}"
+  shared=(tests/test_slurm.py tests/test_malformed.py tests/test_sandbox.py tests/test_adversarial_agent.py
+          tests/test_tracking_server.py tests/test_browser_mlflow_ui.py)
+  python -m pytest -q -n 0 "${shared[@]}"
+  python -m pytest -q "${workers[@]}" "${shared[@]/#/--ignore=}"
 fi

@@ -1,12 +1,16 @@
 """Runs on the lent H200: the scored figure beside outside references of the same call ([timer], docs/benchmarks.md).
 
     python3 scripts/timer_fidelity.py OUT_DIR [--cases bf16,scale_shift,fp8,w4a16,paged] [--budget-s 540]
+                                              [--conditions no_baselines,...] [--probe]
 
 Per problem, three full grades of its example solution: baselines (eager, compile) timed first into a fresh cache,
 then served from that cache, then none. Then, per shape, the same call in this process with the same weights,
 inputs and read flush between calls: CUDA-graph-amortized time (a graph of flush+call pairs less a graph of the
 flushes alone), and triton's do_bench with its zeroing flush swapped for the read, each beside NVML clock
-samples. Rewrites OUT_DIR/timer_fidelity.json after every step.
+samples, each in three interleaved rounds (their median is the reference). ``--probe`` adds the figures that tell a gap's cause apart: the graph over the grader's rotation of input
+sets, the graph behind stronger flushes (a buffer of 8x the L2, the 2x buffer read twice), and the grader's own
+back-to-back batches run in this process on one set and on the rotation. Rewrites OUT_DIR/timer_fidelity.json
+after every step.
 """
 from __future__ import annotations
 
@@ -24,6 +28,7 @@ from kbsweep.audit.cases import private_deck
 from kbsweep.grader import grade, software_versions
 from kbsweep.grader.baselines import BaselineCache
 from kbsweep.grader.referee import load_module
+from kbsweep.grader import timing
 from kbsweep.grader.timing import ClockSampler, L2Flush
 
 CASES = {  # name: (problem, example solution, shapes kept)
@@ -35,12 +40,15 @@ CASES = {  # name: (problem, example solution, shapes kept)
 }
 CONDITIONS = (("baselines_timed_first", ["eager", "compile"]), ("baselines_cached", ["eager", "compile"]), ("no_baselines", []))
 GRAPH_TARGET_MS = 20.0  # one replay of the flush+call graph
+ROUNDS = 3  # of each outside reference, interleaved
 
 
-def graph_flush_ms(fn, flush) -> dict:
+def graph_flush_ms(fn, flush, rotation=None) -> dict:
     """Per-call time of ``fn`` replayed in a CUDA graph as flush, call, flush, call ...; the flushes' own graph is
-    timed alternately and subtracted. None when the call cannot be captured (a host sync inside it)."""
+    timed alternately and subtracted. ``rotation``: callables the pairs cycle through instead of ``fn``. None
+    when the call cannot be captured (a host sync inside it)."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    calls = rotation or [fn]
 
     def timed(run) -> float:
         start.record()
@@ -53,11 +61,13 @@ def graph_flush_ms(fn, flush) -> dict:
     pairs = int(max(4, min(200, GRAPH_TARGET_MS / max(estimate, 1e-3))))
     graphs = []
     try:
-        for body in ((lambda: [flush(), fn()]), flush):
+        for pair in (True, False):
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
-                for _ in range(pairs):
-                    body()
+                for i in range(pairs):
+                    flush()
+                    if pair:
+                        calls[i % len(calls)]()
             graphs.append(graph)
     except Exception as exc:  # noqa: BLE001 - recorded: a call a graph cannot hold has no graph figure
         torch.cuda.synchronize()
@@ -88,7 +98,30 @@ def do_bench_read_flush(fn, flush) -> dict:
     return {"ms": ms, "clocks": clocks.summary()}
 
 
-def outside(problem, solution: Path, shape: dict) -> dict:
+def back_to_back_ms(calls, flush) -> dict:
+    """The grader's scored batches (spin, warm calls, events per call) run in this process over ``calls``."""
+    steps = lambda n: [(lambda: None, calls[i % len(calls)], lambda out: None) for i in range(n)]  # noqa: E731
+    shape_ = timing.calibrate_batch(lambda spin_us: timing.run_batch(steps(3), "back_to_back", spin_us, flush), False)
+    warm, samples = int(shape_["warm_calls"]), []
+    with ClockSampler(torch.device("cuda")) as clocks:
+        for _ in range(8):
+            samples += timing.run_batch(steps(warm + int(shape_["per_batch"])), "back_to_back", shape_["spin_us"], flush)["ms"][warm:]
+    return {"ms": statistics.median(samples), "batch": shape_, "clocks": clocks.summary()}
+
+
+def probes(call, rotation, flush, l2_bytes: int) -> dict:
+    """What separates the scored figure from the references: input rotation, flush strength, the process."""
+    deep = L2Flush(4 * l2_bytes)
+    return {"sets": len(rotation),
+            "graph_flush_rotated": graph_flush_ms(call, flush, rotation),
+            "graph_flush8x": graph_flush_ms(call, deep),
+            "graph_flush8x_rotated": graph_flush_ms(call, deep, rotation),
+            "graph_flush_read_twice": graph_flush_ms(call, lambda: (flush(), flush())),
+            "back_to_back_one_set": back_to_back_ms([call], flush),
+            "back_to_back_rotated": back_to_back_ms(rotation, flush)}
+
+
+def outside(problem, solution: Path, shape: dict, probe: bool = False) -> dict:
     """The example solution built as the grader builds it (reference weights, seeded inputs), timed here."""
     ref = load_module("fidelity_reference", problem.grader_reference)
     sol = load_module("fidelity_solution", solution)
@@ -98,47 +131,62 @@ def outside(problem, solution: Path, shape: dict) -> dict:
     model.load_state_dict(ref_model.state_dict())
     torch.manual_seed(2026 + 7919)
     inputs = list(ref.get_inputs(dict(shape), torch.device("cuda")))
-    flush = L2Flush(int(float(ROOFLINE.get("l2_mib") or 50) * 2**20))
+    l2_bytes = int(float(ROOFLINE.get("l2_mib") or 50) * 2**20)
+    flush = L2Flush(l2_bytes)
     with torch.no_grad():
         call = lambda: model(*inputs)  # noqa: E731
-        first = graph_flush_ms(call, flush)
-        bench = do_bench_read_flush(call, flush)
-        loaded = graph_flush_ms(call, flush)  # right after do_bench's 100+ ms of load
-    return {"graph_flush": first, "do_bench_read_flush": bench, "graph_flush_after_load": loaded}
+        # interleaved rounds: under the power cap a large GEMM's reference moves by several % from one
+        # measurement to the next (the clock follows the load before it), so each reference is a median
+        rounds = [(graph_flush_ms(call, flush), do_bench_read_flush(call, flush)) for _ in range(ROUNDS)]
+        found = {"graph_flush": [g for g, _ in rounds], "do_bench_read_flush": [d for _, d in rounds]}
+        if probe:
+            count = timing.input_set_count(sum(t.numel() * t.element_size() for t in inputs if isinstance(t, torch.Tensor)), l2_bytes)
+            sets = [inputs] + [list(ref.get_inputs(dict(shape), torch.device("cuda"))) for _ in range(count - 1)]
+            found["probe"] = probes(call, [lambda s=s: model(*s) for s in sets], flush, l2_bytes)
+    return found
 
 
-def shape_rows(name: str, grades: dict, local: list) -> list:
+def median_ms(figures: list):
+    valid = [f["ms"] for f in figures if f.get("ms")]
+    return statistics.median(valid) if valid else None
+
+
+def shape_rows(name: str, pid: str, grades: dict, local: list, host: dict) -> list:
+    """One object per kernel and shape, with the fields issue [timer] names (scored_ms: the median of the grades)."""
     rows = []
     for index, here in enumerate(local):
         timed = {cond: (g["timings"][index]["candidate"] if g.get("outcome") == "pass" else {}) for cond, g in grades.items()}
-        ms = {cond: t.get("median_ms") for cond, t in timed.items()}
-        valid = [m for m in ms.values() if m]
-        scored = ms.get("no_baselines") or (valid[0] if valid else None)
-        graph = here["graph_flush"].get("ms")
+        regrade = [t.get("median_ms") for t in timed.values()]
+        valid = [m for m in regrade if m]
+        scored = statistics.median(valid) if valid else None
+        graph, bench = median_ms(here["graph_flush"]), median_ms(here["do_bench_read_flush"])
         rows.append({
-            "case": name, "shape": here["shape"], "scored_ms": ms,
+            "kernel": f"{name} ({pid})", "shape": here["shape"], "scored_ms": scored,
+            "graph_ms": graph, "do_bench_ms": bench, "regrade_ms": regrade,
+            **{f"score_{cond.replace('baselines_timed_first', 'baselines_first').replace('baselines_cached', 'cached')}": g.get("score")
+               for cond, g in grades.items()},
             "regrade_spread": (max(valid) - min(valid)) / statistics.mean(valid) if len(valid) > 1 else None,
-            "graph_flush_ms": graph, "graph_flush_after_load_ms": here["graph_flush_after_load"].get("ms"),
-            "do_bench_read_flush_ms": here["do_bench_read_flush"]["ms"],
             "scored_over_graph": scored / graph if scored and graph else None,
-            "scored_over_do_bench": scored / here["do_bench_read_flush"]["ms"] if scored else None,
+            "scored_over_do_bench": scored / bench if scored and bench else None,
+            "graph_rounds_ms": [f.get("ms") for f in here["graph_flush"]], "do_bench_rounds_ms": [f.get("ms") for f in here["do_bench_read_flush"]],
             "scored_clocks": {cond: t.get("clocks") for cond, t in timed.items()}, "outside": here,
-            "mode": next((t.get("mode") for t in timed.values() if t), None),
+            "mode": next((t.get("mode") for t in timed.values() if t), None), "host": host,
         })
     return rows
 
 
 def markdown(rows: list) -> str:
-    """The benchmarks table: scored ms per condition, the outside references, and the ratios the issue bounds."""
+    """The benchmarks table: scored ms per grade, the outside references (median of rounds), the ratios the issue bounds."""
     pct = lambda v: f"{(v - 1) * 100:+.1f}%" if v else "-"  # noqa: E731
-    lines = ["| case | shape | scored ms (timed first / cached / none) | spread | graph+flush ms | vs graph | do_bench read-flush ms | vs do_bench | SM MHz scored / graph |",
+    num = lambda v: f"{v:.4f}" if v else "-"  # noqa: E731
+    lines = ["| kernel | shape | scored ms (timed first / cached / none) | spread | graph+flush ms (rounds) | vs graph | do_bench read-flush ms (rounds) | vs do_bench | scores (first / cached / none) |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        scored = " / ".join(f"{m:.4f}" if m else "-" for m in r["scored_ms"].values())
-        clocks = (r["scored_clocks"].get("no_baselines") or {}).get("sm_mhz", {}).get("median"), (r["outside"]["graph_flush"].get("clocks") or {}).get("sm_mhz", {}).get("median")
-        graph = f"{r['graph_flush_ms']:.4f}" if r["graph_flush_ms"] else "-"
-        lines.append(f"| {r['case']} | {','.join(f'{k}={v}' for k, v in r['shape'].items())} | {scored} | {(r['regrade_spread'] or 0) * 100:.1f}% | {graph} | "
-                     f"{pct(r['scored_over_graph'])} | {r['do_bench_read_flush_ms']:.4f} | {pct(r['scored_over_do_bench'])} | {clocks[0]} / {clocks[1]} |")
+        rounds = lambda key: ", ".join(num(v) for v in r[key])  # noqa: E731
+        scores = " / ".join(f"{r[k]:.4g}" if r.get(k) else "-" for k in ("score_baselines_first", "score_cached", "score_no_baselines"))
+        lines.append(f"| {r['kernel']} | {','.join(f'{k}={v}' for k, v in r['shape'].items())} | {' / '.join(num(m) for m in r['regrade_ms'])} | "
+                     f"{(r['regrade_spread'] or 0) * 100:.1f}% | {num(r['graph_ms'])} ({rounds('graph_rounds_ms')}) | {pct(r['scored_over_graph'])} | "
+                     f"{num(r['do_bench_ms'])} ({rounds('do_bench_rounds_ms')}) | {pct(r['scored_over_do_bench'])} | {scores} |")
     return "\n".join(lines) + "\n"
 
 
@@ -147,13 +195,17 @@ def main() -> None:
     parser.add_argument("out", type=Path)
     parser.add_argument("--cases", default=",".join(CASES))
     parser.add_argument("--budget-s", type=float, default=540)
+    parser.add_argument("--conditions", default=",".join(c for c, _ in CONDITIONS), help="which of the three grades to run")
+    parser.add_argument("--probe", action="store_true", help="add the cause-finding figures (see the module's docstring)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     began = time.time()
-    report = {"host": {**software_versions(), "gpu": torch.cuda.get_device_name(), "sandbox": SANDBOX_NOTE}, "rows": [], "grades": {}}
+    host = {**software_versions(), "gpu": torch.cuda.get_device_name(), "sandbox": SANDBOX_NOTE}
+    report = {"host": host, "grades": {}, "rows": []}
 
     def save() -> None:
-        (args.out / "timer_fidelity.json").write_text(json.dumps(report, indent=1, default=str))
+        (args.out / "timer_fidelity.json").write_text(json.dumps(report["rows"], indent=1, default=str))
+        (args.out / "grades.json").write_text(json.dumps({"host": host, "grades": report["grades"]}, indent=1, default=str))
 
     for name in args.cases.split(","):
         pid, solution_name, keep = CASES[name]
@@ -165,7 +217,7 @@ def main() -> None:
             solution = REPO / "problems" / pid / "solutions" / f"{solution_name}.py"
             cache = BaselineCache(Path(folder) / "baselines.json")
             grades = {}
-            for cond, baselines in CONDITIONS:
+            for cond, baselines in (c for c in CONDITIONS if c[0] in args.conditions.split(",")):
                 result = grade(problem, solution, H200, ROOFLINE, baselines=baselines, baseline_cache=cache, compile_mode="default",
                                timeout_s=min(300, args.budget_s - (time.time() - began)), log_dir=Path(folder) / cond, sandbox=SANDBOX)
                 grades[cond] = result
@@ -173,11 +225,12 @@ def main() -> None:
                 print(f"[{time.time() - began:4.0f} s] {name} {cond}: {result['outcome']} score={result.get('score')} "
                       f"{[t['candidate'].get('median_ms') for t in result.get('timings') or []]} {result.get('message') or ''}", flush=True)
                 save()
-            local = [{"shape": shape, **outside(problem, solution, shape)} for shape in problem.shapes("shapes")]
-            report["rows"] += shape_rows(name, grades, local)
+            local = [{"shape": shape, **outside(problem, solution, shape, args.probe)} for shape in problem.shapes("shapes")]
+            report["rows"] += shape_rows(name, pid, grades, local, host)
             for row in report["rows"][-len(local):]:
-                print(json.dumps({k: row[k] for k in ("case", "shape", "scored_ms", "graph_flush_ms", "graph_flush_after_load_ms",
-                                                      "do_bench_read_flush_ms", "regrade_spread")}, default=str), flush=True)
+                print(json.dumps({k: row[k] for k in ("kernel", "shape", "regrade_ms", "graph_rounds_ms", "do_bench_rounds_ms")}, default=str), flush=True)
+                for label, figure in (row["outside"].get("probe") or {}).items():
+                    print(f"  probe {label}: {figure if label == 'sets' else figure.get('ms')}", flush=True)
             save()
     (args.out / "timer_fidelity.md").write_text(markdown(report["rows"]))
     print(markdown(report["rows"]), flush=True)

@@ -93,3 +93,17 @@ def check_informative(problem):
                 for w, old in zip(weights, saved):
                     w.copy_(old)
                 assert moved > 1e-3, f"{shape}: output insensitive to the weights ({moved:.2e})"
+
+
+@pytest.mark.parametrize("batch", [1, 4, 8, 32])
+def test_paged_attention_draws_the_same_lengths_every_seed(batch):
+    """Timed calls run on freshly drawn inputs and the longest sequence sets a decode kernel's time: every seed
+    must draw the same multiset of lengths (only their order differs), summing to batch x seq_len."""
+    module = reference(load_problem(REPO / "problems/hard/paged_attention", "hard"))
+    shape = {"batch": batch, "num_heads": 4, "num_kv_heads": 2, "head_dim": 16, "seq_len": 256, "page_size": 16}
+    drawn = []
+    for seed in (1, 2, 3):
+        torch.manual_seed(seed)
+        drawn.append(module.get_inputs(shape, torch.device("cpu"))[-1].tolist())
+    assert all(sorted(d) == sorted(drawn[0]) and sum(d) == batch * 256 for d in drawn)
+    assert batch < 4 or len({tuple(d) for d in drawn}) > 1  # the order is still drawn

@@ -195,10 +195,8 @@ class Referee:
         return [v * scale if is_float(v) and scale != 1.0 else v for v in values]
 
     def set_count(self, first: Sequence[Any]) -> int:
-        """Distinct input sets per timed batch: enough to exceed 3x the L2 on a GPU."""
         size = sum(nbytes(t) for t in first if isinstance(t, torch.Tensor))
-        wanted = math.ceil(3 * self.req["l2_bytes"] / max(size, 1)) if self.device.type == "cuda" else 1
-        return max(1, min(wanted, 32, int(self.req.get("max_input_bytes", 8 << 30) // max(size, 1))))
+        return timing.input_set_count(size, self.req["l2_bytes"] if self.device.type == "cuda" else 0, self.req.get("max_input_bytes", 8 << 30))
 
     def calls_cap(self, out_bytes: int) -> int:
         return max(2, min(32, OUTPUT_BUDGET[self.device.type] // max(out_bytes, 1)))

@@ -110,6 +110,12 @@ class L2Flush:
         return self.buffer.numel() * 4
 
 
+def input_set_count(set_bytes: int, l2_bytes: int, max_bytes: int = 8 << 30) -> int:
+    """Distinct input sets a timed batch rotates over: enough to exceed 3x the L2 (none on CPU: ``l2_bytes`` 0)."""
+    wanted = math.ceil(3 * l2_bytes / max(set_bytes, 1))
+    return max(1, min(wanted, 32, int(max_bytes // max(set_bytes, 1))))
+
+
 def time_isolated(fn, input_sets, cfg, flush: L2Flush, spin_us: float, recheck=None) -> Dict[str, Any]:
     """One call at a time: flush, full sync, GPU spin (hides host launch latency), events, full sync.
     The host wall clock of the same call is kept beside the events (work escaping the events shows there)."""

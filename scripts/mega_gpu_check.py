@@ -25,7 +25,7 @@ from gpu_common import H200, REPO, ROOFLINE, SANDBOX, SANDBOX_NOTE
 from kbsweep.grader import grade
 from kbsweep.problems import load_problem
 
-TIMING = {"min_runs": 5, "max_runs": 50, "rel_err": 0.005, "max_time_s": 1.5, "warmup_runs": 3}
+TIMING = {"min_runs": 5, "max_runs": 50, "rel_err": 0.005, "max_time_s": 1.5}
 PLANS = {
     "dense": [("dense_decode", "triton", True), ("dense_decode", "graph", False), ("dense_decode", "reference", False)],
     "kimi": [("kimi_linear_decode", "triton", False)],

@@ -22,7 +22,7 @@ from kbsweep.grader import grade
 from kbsweep.problems import load_problem
 
 PROBLEMS = ["allreduce_residual", "gemm_allreduce", "allgather_gemm", "ring_attention", "moe_dispatch_combine"]
-TIMING = {"min_runs": 5, "max_runs": 30, "rel_err": 0.01, "max_time_s": 0.5, "warmup_runs": 3}
+TIMING = {"min_runs": 5, "max_runs": 30, "rel_err": 0.01, "max_time_s": 0.5}
 EXPECT = {"p2p": "pass, no collective", "reference": "pass + c10d_collective", "wrong": "incorrect"}
 
 

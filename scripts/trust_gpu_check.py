@@ -6,7 +6,8 @@ suites graded there (docs/grading.md's threat model; results for docs/benchmarks
 smoke: a copy-bound and a GEMM-bound solution, the fp8 deck example and a latency-regime megakernel, each graded in
 bench mode: outcome, scored time, the referee's corroboration of it, profiled launches. suites: every file of
 tests/exploits and tests/legit graded on its problem's first real shape and audited: an exploit must not end
-`pass` + `clean`, a legit solution must. Rewrites OUT_DIR/trust_gpu.json and trust_gpu.md after every case.
+`pass` + `clean`, a legit solution must; a multi-rank case runs at as many ranks as GPUs are visible, at most its
+own (its row says how many). Rewrites OUT_DIR/trust_gpu.json and trust_gpu.md after every case.
 """
 from __future__ import annotations
 
@@ -109,8 +110,8 @@ def main() -> None:
                 continue
             with tempfile.TemporaryDirectory() as folder:
                 _, result, audited = run_case(path, Path(folder), H200, ROOFLINE, REPO / "problems", timing=TIMING,
-                                              max_shapes=1, timeout_s=min(left(), 120), sandbox=SANDBOX)
-            record(suite_row(path, result, audited))
+                                              max_shapes=1, timeout_s=min(left(), 120), sandbox=SANDBOX, max_world=torch.cuda.device_count())
+            record({**suite_row(path, result, audited), "world": result.get("world_size")})
     print(markdown(rows), flush=True)
 
 

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from kbsweep.grader import grade
+from kbsweep.grader import grade, timing
 from kbsweep.grader.baselines import BaselineCache
 from kbsweep.problems import load_problem
 from kbsweep.score import load_roofline
@@ -85,6 +85,10 @@ def test_good_solution_passes_with_scores_and_cached_baselines(problem, roofline
         assert shape["speedup"]["eager"] > 0
     assert first["evidence"]["poison_deterministic"] is True
     assert first["evidence"]["pointer_cache_probe"] == "passed"
+    # host figures check the plumbing: the default rule (100 runs, 0.1%) is capped on CPU, the GPU's is not
+    assert all(t["candidate"]["runs"] <= timing.HOST_MAX_RUNS and t["baselines"]["eager"]["runs"] <= timing.HOST_MAX_RUNS
+               for t in first["timings"])
+    assert timing.for_device(timing.TimingConfig(), "cuda") == timing.TimingConfig()
     cached = json.loads((tmp_path / "baselines.json").read_text())
     assert len(cached) == len(problem.spec.smoke_shapes)
     # a second grade reuses the cached eager timings instead of timing them again

@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parent.parent
 PROBLEMS = ["allreduce_residual", "gemm_allreduce", "allgather_gemm", "ring_attention", "moe_dispatch_combine"]
 CPU = SimpleNamespace(name="cpu", device="cpu", shape_set="smoke_shapes")
 ROOFLINE = load_roofline([str(REPO / "roofline_specs")], "cpu")
-SHORT_TIMING = {"min_runs": 3, "max_runs": 8, "max_time_s": 1.0, "warmup_runs": 1}
+SHORT_TIMING = {"min_runs": 3, "max_runs": 8, "max_time_s": 1.0}
 
 
 def problem(name: str):

@@ -68,10 +68,12 @@ def run_case(
     max_shapes: Optional[int] = None,
     timeout_s: float = 600,
     sandbox: Any = None,
+    max_world: Optional[int] = None,
 ) -> Tuple[Dict[str, str], Dict[str, Any], Dict[str, Any]]:
     """Stage ``path`` as solution.py (with its helpers) in ``folder`` against a private copy of its problem (the
     docstring's, else ``problem_id``), grade it (``mode``: the docstring's, else check; ``sandbox``: the grader's
-    SandboxPolicy, default its own) and audit it. Returns (header, grade, audit)."""
+    SandboxPolicy, default its own; at the docstring's ``World:``, at most ``max_world`` ranks) and audit it.
+    Returns (header, grade, audit)."""
     meta = header(path)
     problem = private_deck(problems, meta.get("problem", problem_id), folder, max_shapes)
     workspace = folder / "workspace"
@@ -80,7 +82,8 @@ def run_case(
         shutil.copy2(helper, workspace / helper.name)
     shutil.copy2(path, workspace / "solution.py")
     result = grade(problem, workspace / "solution.py", gpu, roofline, mode=mode or meta.get("mode", "check"), baselines=[],
-                   timeout_s=timeout_s, log_dir=folder / "grade", timing=timing, sandbox=sandbox, world_size=int(meta.get("world", 1)))
+                   timeout_s=timeout_s, log_dir=folder / "grade", timing=timing, sandbox=sandbox,
+                   world_size=min(int(meta.get("world", 1)), max_world or int(meta.get("world", 1))))
     helpers = workspace_helpers(workspace, problem.reference.read_text())
     return meta, result, audit(path.read_text(), problem.spec.forbidden, result, problem=problem, helpers=helpers)
 

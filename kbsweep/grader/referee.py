@@ -110,7 +110,7 @@ class Referee:
         self.model_ids = itertools.count()
         self.arena: Optional[Arena] = None
         self.work = {"calls": 0, "flops": 0.0, "bytes": 0.0}  # what the candidate's calls should cost, summed
-        self.cfg = timing.TimingConfig(**request.get("timing", {}))
+        self.cfg = timing.for_device(timing.TimingConfig(**request.get("timing", {})), self.device.type)
         self.barrier: Optional[Callable[[], None]] = None  # ranks: across the referee ranks, as the runner ranks have theirs
         # A KernelBench problem: both models in training mode, built from the same seed, weights never copied
         self.kernelbench = kernelbench_eval.from_spec(self.spec)

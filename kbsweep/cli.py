@@ -178,17 +178,25 @@ def grade_verb(cfgs: List[DictConfig]) -> int:
 @verb("report")
 def report_verb(cfgs: List[DictConfig]) -> int:
     """Leaderboards per (track, GPU) from the tracking store; Markdown, JSON and HTML with plots in outputs/reports."""
+    from kbsweep import snapshot
     from kbsweep.report import build_boards, render_terminal, write_report
     from kbsweep.tracking import log_report, runs_frame
 
     cfg = cfgs[0]
+    folder = Path(cfg.paths.outputs) / "reports"
+    saved = snapshot.load(folder / ".boards.json", cfg.tracking.uri)  # nothing logged since it was written: reused
+    if saved is not None:
+        print(render_terminal(saved["boards"]))
+        print(f"[kbsweep] report: {folder / 'report.html'} (unchanged: nothing was logged since it was written)", file=sys.stderr)
+        return 0
+    taken = snapshot.stamp(cfg.tracking.uri)
     boards = build_boards(runs_frame(cfg.tracking.uri))
     print(render_terminal(boards))
     if boards:
-        folder = Path(cfg.paths.outputs) / "reports"
         paths = write_report(boards, folder)
         log_report(cfg.tracking.uri, sorted({name for board in boards for name in board["experiments"]}), folder)
         print(f"[kbsweep] report: {paths['html']} (also report.md, report.json; logged to each sweep's latest run)", file=sys.stderr)
+    snapshot.save(folder / ".boards.json", cfg.tracking.uri, taken, {"boards": json.loads(json.dumps(boards, default=str))})
     return 0
 
 

@@ -179,7 +179,7 @@ def grade_verb(cfgs: List[DictConfig]) -> int:
 def report_verb(cfgs: List[DictConfig]) -> int:
     """Leaderboards per (track, GPU) from the tracking store; Markdown, JSON and HTML with plots in outputs/reports."""
     from kbsweep import snapshot
-    from kbsweep.report import build_boards, render_terminal, write_report
+    from kbsweep.report import attach_regrades, build_boards, render_terminal, write_report
     from kbsweep.tracking import log_report, runs_frame
 
     cfg = cfgs[0]
@@ -190,13 +190,25 @@ def report_verb(cfgs: List[DictConfig]) -> int:
         print(f"[kbsweep] report: {folder / 'report.html'} (unchanged: nothing was logged since it was written)", file=sys.stderr)
         return 0
     taken = snapshot.stamp(cfg.tracking.uri)
-    boards = build_boards(runs_frame(cfg.tracking.uri))
+    boards = attach_regrades(build_boards(runs_frame(cfg.tracking.uri)), runs_frame(cfg.tracking.uri, kind="regrade"))
     print(render_terminal(boards))
     if boards:
         paths = write_report(boards, folder)
         log_report(cfg.tracking.uri, sorted({name for board in boards for name in board["experiments"]}), folder)
         print(f"[kbsweep] report: {paths['html']} (also report.md, report.json; logged to each sweep's latest run)", file=sys.stderr)
     snapshot.save(folder / ".boards.json", cfg.tracking.uri, taken, {"boards": json.loads(json.dumps(boards, default=str))})
+    return 0
+
+
+@verb("regrade")
+def regrade_verb(cfgs: List[DictConfig]) -> int:
+    """Grade a sweep's stored final solutions again under gpu= and track= (sweep.name=; --force: regraded ones too)."""
+    from kbsweep.regrade import regrade_sweep
+
+    cfg = cfgs[0]
+    done = regrade_sweep(OmegaConf.to_container(cfg, resolve=True), bool(cfg.sweep.force))
+    print(f"[kbsweep] {len(done)} solutions of sweep '{cfg.sweep.name}' regraded on {cfg.gpu.name}", file=sys.stderr)
+    report_verb(cfgs)
     return 0
 
 

@@ -234,11 +234,12 @@ def calibrate_verb(cfgs: List[DictConfig]) -> int:
 
 @verb("export")
 def export_verb(cfgs: List[DictConfig]) -> int:
-    """Write a Hugging Face dataset folder (a trace-viewer JSONL per run, index.jsonl) to outputs/export or +out=DIR."""
+    """Write a Hugging Face dataset folder (a trace-viewer JSONL per run, index.jsonl) to outputs/export or +out=DIR
+    (a relative DIR under outputs/)."""
     from kbsweep.export import export_dataset
 
     cfg = cfgs[0]
-    out = Path(cfg.get("out") or Path(cfg.paths.outputs) / "export")
+    out = Path(cfg.paths.outputs) / str(cfg.get("out") or "export")  # an absolute out stands as given
     summary = export_dataset(cfg.tracking.uri, out)
     print(f"exported {summary['runs']} runs ({summary['traces']} traces) to {summary['out']}")
     return 0

@@ -217,6 +217,7 @@ def create_sqlite_store(path: Path) -> None:
 def make_client(uri: str):
     """The process's one MLflow client of ``uri`` (creating an SQLite store on first use)."""
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # a bar per downloaded artifact floods export and regrade
     from mlflow.tracking import MlflowClient
 
     if uri.startswith("sqlite:///"):

@@ -143,10 +143,11 @@ def test_report_verb_writes_files_and_logs_them_to_the_sweep_run(logged_store):
 
 def test_export_verb_writes_a_redacted_dataset_folder(logged_store, tmp_path):
     outputs, tracker = logged_store
-    out = tmp_path / "dataset"
-    proc = cli(outputs, "export", f"+out={out}", KBSWEEP_EXPORT_TOKEN="tok-9f8e7d6c5b4a")
+    out = outputs / "dataset"  # a relative out= lands under outputs/, never in the working folder
+    proc = cli(outputs, "export", "+out=dataset", KBSWEEP_EXPORT_TOKEN="tok-9f8e7d6c5b4a")
     assert proc.returncode == 0, proc.stderr
-    assert "exported 2 runs (2 traces)" in proc.stdout
+    assert "exported 2 runs (2 traces)" in proc.stdout and "Downloading artifacts" not in proc.stderr  # no progress bars
+    assert not (REPO / "dataset").exists()
     index = {r["problem"]: r for r in map(json.loads, (out / "index.jsonl").read_text().splitlines())}
     assert index["demo/scale_shift"]["verdict"] == "clean" and index["demo/scale_shift"]["score"] == 0.4
     assert index["demo/row_softmax"]["verdict"] == "reward_hack" and index["demo/row_softmax"]["cost_usd"] == 0.05
@@ -159,3 +160,14 @@ def test_export_verb_writes_a_redacted_dataset_folder(logged_store, tmp_path):
     everything = "".join(p.read_text() for p in out.rglob("*") if p.is_file())
     assert "tok-9f8e7d6c5b4a" not in everything and "[REDACTED]" in everything
     assert "format:agent-traces" in (out / "README.md").read_text()
+
+
+def test_exported_dataset_loads_with_datasets_alone(logged_store):
+    """The card's default config (the index) and the traces' raw records load without any undeclared package."""
+    datasets = pytest.importorskip("datasets")
+    outputs, _ = logged_store
+    assert cli(outputs, "export").returncode == 0
+    index = datasets.load_dataset(str(outputs / "export"))["train"]
+    assert sorted(index["problem"]) == ["demo/row_softmax", "demo/scale_shift"]
+    traces = datasets.load_dataset(str(outputs / "export"), "traces", parse_agent_traces=False)["train"]
+    assert "custom-title" in traces["type"]

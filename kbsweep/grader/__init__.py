@@ -117,12 +117,15 @@ def supervise(
         except BrokenPipeError:  # the referee died at once: its log says why
             pass
         breach = watch_both(referee, runner, timeout_s, memory_mib, sandbox.policy.disk_mib, [workdir, log_dir])
-    if warm is not None:  # a zygote is reused only after a grade whose processes both ended as they should
-        if breach or referee.returncode != 0 or runner.wait() != 0:
-            zygote.discard(warm, judge)
-        else:
-            zygote.keep(judge)
-            zygote.keep(warm)
+    if warm is not None:  # zygotes are reused only after a grade whose processes both ended as they should
+        healthy = not breach and referee.returncode == 0 and runner.wait() == 0
+        if not healthy:
+            warm.stop()  # nothing of the candidate runs on while its folder is taken
+        (log_dir / "candidate").mkdir(exist_ok=True)  # the record: the candidate's folder as the grade left it
+        for entry in warm.home.iterdir():
+            shutil.move(str(entry), str(log_dir / "candidate" / entry.name))
+        for found in (judge, warm):
+            zygote.keep(found) if healthy else zygote.discard(found)
     with os.fdopen(read_fd) as channel:
         lines = channel.read().splitlines()
     if breach:
@@ -300,10 +303,6 @@ def grade(
         message = distributed.supervise_ranks(request, log_dir, timeout_s, memory_mib, env, confined, view)
     else:
         message = supervise(request, log_dir, timeout_s, memory_mib, env, confined, view, warm)
-    if warm:  # the record keeps the candidate's folder as the grade left it; the zygote's home is emptied
-        (log_dir / "candidate").mkdir(exist_ok=True)
-        for entry in warm.home.iterdir():
-            shutil.move(str(entry), str(log_dir / "candidate" / entry.name))
     result: Dict[str, Any] = {
         "problem": problem.id,
         "deck_version": deck_version,

@@ -215,12 +215,16 @@ class Zygote:
             return -signal.SIGKILL
         return None if reply is None else int(reply["status"])
 
-    def close(self) -> None:
+    def stop(self) -> None:
+        """End the zygote's sandbox, every process in it; its home stays (see :meth:`close`)."""
         from kbsweep.sandbox import kill
 
         self.control.close()
         if self.alive():
             kill(self.proc, settle_s=2.0)
+
+    def close(self) -> None:
+        self.stop()
         shutil.rmtree(self.home, ignore_errors=True)
         self.home.with_suffix(".log").unlink(missing_ok=True)
 

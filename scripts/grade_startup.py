@@ -18,6 +18,8 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
+import torch  # noqa: F401 - the orchestrator's own import is not a grading process's start-up
+
 from kbsweep import REPO_ROOT
 from kbsweep.grader import grade, zygote
 from kbsweep.problems import load_problem

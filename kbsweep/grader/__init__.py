@@ -261,6 +261,7 @@ def grade(
 
     multi = world_size > 1 or bool(problem.spec.constraints.get("collective"))
     work = (lambda shape: distributed.multi_work(problem, shape, world_size)) if multi else problem.work
+    started = time.time()  # start-up (warm zygotes or not) counts in grade_s and startup_s
     original = Path(solution).resolve()
     log_dir = Path(log_dir or tempfile.mkdtemp(prefix="kbsweep-grade-"))
     spec = asdict_spec(problem.spec)
@@ -298,7 +299,6 @@ def grade(
         "secret_seed": secrets.randbits(31),
         "world_size": world_size,
     }
-    started = time.time()
     if multi:  # referee ranks and runner ranks, each set under its own torchrun in its own sandbox
         message = distributed.supervise_ranks(request, log_dir, timeout_s, memory_mib, env, confined, view)
     else:

@@ -23,7 +23,7 @@ from kbsweep.agent.models import Usage
 from kbsweep.agent.tools import Toolbox
 from kbsweep.agent.transcript import Redactor, Transcript
 from kbsweep.audit.judge import LazyModel
-from kbsweep.grader import grade
+from kbsweep.grader import grade, prewarm
 from kbsweep.grader.baselines import BaselineCache
 from kbsweep.harness import AgentJob, runner_for
 from kbsweep.locks import device_lock
@@ -67,6 +67,7 @@ def configured_grader(problem, roofline: Dict[str, Any], folder: Path, gpu_conf:
     )
     world_size = int(track.get("world_size", 1))
     policy = SandboxPolicy.of(track)
+    prewarm(problem, gpu.device, world_size, hidden, policy, folder / "grades")
 
     def run(mode: str, solution: Path, log_name: str) -> Dict[str, Any]:
         with device_lock(gpu.device, count=world_size):

@@ -178,17 +178,37 @@ def grade_verb(cfgs: List[DictConfig]) -> int:
 @verb("report")
 def report_verb(cfgs: List[DictConfig]) -> int:
     """Leaderboards per (track, GPU) from the tracking store; Markdown, JSON and HTML with plots in outputs/reports."""
-    from kbsweep.report import build_boards, render_terminal, write_report
+    from kbsweep import snapshot
+    from kbsweep.report import attach_regrades, build_boards, render_terminal, write_report
     from kbsweep.tracking import log_report, runs_frame
 
     cfg = cfgs[0]
-    boards = build_boards(runs_frame(cfg.tracking.uri))
+    folder = Path(cfg.paths.outputs) / "reports"
+    saved = snapshot.load(folder / ".boards.json", cfg.tracking.uri)  # nothing logged since it was written: reused
+    if saved is not None:
+        print(render_terminal(saved["boards"]))
+        print(f"[kbsweep] report: {folder / 'report.html'} (unchanged: nothing was logged since it was written)", file=sys.stderr)
+        return 0
+    taken = snapshot.stamp(cfg.tracking.uri)
+    boards = attach_regrades(build_boards(runs_frame(cfg.tracking.uri)), runs_frame(cfg.tracking.uri, kind="regrade"))
     print(render_terminal(boards))
     if boards:
-        folder = Path(cfg.paths.outputs) / "reports"
         paths = write_report(boards, folder)
         log_report(cfg.tracking.uri, sorted({name for board in boards for name in board["experiments"]}), folder)
         print(f"[kbsweep] report: {paths['html']} (also report.md, report.json; logged to each sweep's latest run)", file=sys.stderr)
+    snapshot.save(folder / ".boards.json", cfg.tracking.uri, taken, {"boards": json.loads(json.dumps(boards, default=str))})
+    return 0
+
+
+@verb("regrade")
+def regrade_verb(cfgs: List[DictConfig]) -> int:
+    """Grade a sweep's stored final solutions again under gpu= and track= (sweep.name=; --force: regraded ones too)."""
+    from kbsweep.regrade import regrade_sweep
+
+    cfg = cfgs[0]
+    done = regrade_sweep(OmegaConf.to_container(cfg, resolve=True), bool(cfg.sweep.force))
+    print(f"[kbsweep] {len(done)} solutions of sweep '{cfg.sweep.name}' regraded on {cfg.gpu.name}", file=sys.stderr)
+    report_verb(cfgs)
     return 0
 
 
@@ -214,11 +234,12 @@ def calibrate_verb(cfgs: List[DictConfig]) -> int:
 
 @verb("export")
 def export_verb(cfgs: List[DictConfig]) -> int:
-    """Write a Hugging Face dataset folder (a trace-viewer JSONL per run, index.jsonl) to outputs/export or +out=DIR."""
+    """Write a Hugging Face dataset folder (a trace-viewer JSONL per run, index.jsonl) to outputs/export or +out=DIR
+    (a relative DIR under outputs/)."""
     from kbsweep.export import export_dataset
 
     cfg = cfgs[0]
-    out = Path(cfg.get("out") or Path(cfg.paths.outputs) / "export")
+    out = Path(cfg.paths.outputs) / str(cfg.get("out") or "export")  # an absolute out stands as given
     summary = export_dataset(cfg.tracking.uri, out)
     print(f"exported {summary['runs']} runs ({summary['traces']} traces) to {summary['out']}")
     return 0

@@ -26,11 +26,11 @@ CARD = """---
 pretty_name: {title}
 tags: [agent-traces, format:agent-traces, gpu-kernels, benchmark]
 configs:
-  - config_name: traces
-    default: true
-    data_files: "traces/*.jsonl"
   - config_name: index
+    default: true
     data_files: index.jsonl
+  - config_name: traces
+    data_files: "traces/*.jsonl"
 ---
 # {title}
 
@@ -42,6 +42,10 @@ configs:
   (roofline fraction geomean or speedup), speedups, tokens, dollars and wall times.
 
 Runs whose audit verdict is not `clean` are included with their verdict; they never rank on kbsweep boards.
+
+`datasets.load_dataset(path)` loads the index (the default config). The traces config is what the Hub's trace
+viewer reads; `datasets` decodes agent traces only with the package `teich` installed, and without it loads
+their raw records with `load_dataset(path, "traces", parse_agent_traces=False)`.
 """
 
 

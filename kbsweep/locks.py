@@ -72,3 +72,14 @@ def device_lock(device: str, count: int = 1) -> Iterator[List[str]]:
             os.environ["CUDA_VISIBLE_DEVICES"] = before
         for _, handle in held:
             handle.close()
+
+
+@contextmanager
+def exclusive(name: str) -> Iterator[None]:
+    """Hold the machine-wide lock ``name`` for the block, waiting while another process holds it (``kbsweep
+    regrade``: one regrade per GPU model at a time, beside the per-grade GPU lock)."""
+    folder = lock_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / f"{name.replace('/', '_')}.lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield

@@ -1,7 +1,7 @@
 """The report stage: boards per (track, GPU) from the tracking store, and the plots that explain them.
 
-A board ranks models by the mean over the full deck of their best valid score per problem (a failure, a
-missing cell or an audit-flagged pass counts 0). Only a pass with a clean verdict (or a human's
+A board per sweep and (track, GPU) ranks models by the mean over the full deck and over repeats of their
+valid scores (a failure, a missing cell or an audit-flagged pass counts 0). Only a pass with a clean verdict (or a human's
 override_clean) is valid; flagged passes are listed with their verdict but never ranked. Repeats give a
 mean with a 95% confidence interval (Student t over per-repeat deck scores) and pass@1 / pass@k
 (the unbiased estimator over the repeats). Output: a rich terminal table, Markdown, JSON and one static
@@ -114,12 +114,15 @@ def model_entry(model: str, rows: List[Dict[str, Any]], deck: List[str], k: int)
             flagged[problem] = {"score": row.get("score"), "verdict": row.get("verdict"), "run_id": row["run_id"]}
     repeats = sorted({row.get("repeat") for row in rows}, key=str)
     mean, ci = mean_ci95([sum(per_repeat[r].get(p, 0.0) for p in deck) / len(deck) for r in repeats])
+    means = {p: sum(per_repeat[r].get(p, 0.0) for r in repeats) / len(repeats) for p in deck}
     passed = sum(1 for row in rows if is_valid_pass(row))
     usd = sum(row.get("cost_usd", 0.0) for row in rows)
     out_tokens = sum(row.get("tokens_output", 0.0) for row in rows)
     return {
         "model": model,
-        "deck_mean": sum(best.get(p, 0.0) for p in deck) / len(deck),
+        "deck_mean": mean,  # over repeats of their deck means: the mean of ``means``
+        "deck_ci95": ci,
+        "means": means,
         "best": best,
         "best_run": best_run,
         "flagged": {p: f for p, f in flagged.items() if p not in best},
@@ -127,8 +130,6 @@ def model_entry(model: str, rows: List[Dict[str, Any]], deck: List[str], k: int)
         "passed": passed,
         "flagged_cells": sum(1 for row in rows if is_flagged(row)),
         "repeats": len(repeats),
-        "repeat_mean": mean,
-        "repeat_ci95": ci,
         "pass_at_1": sum(pass_at_k(len(tries[p]), sum(tries[p]), 1) for p in deck) / len(deck),
         "pass_at_k": sum(pass_at_k(len(tries[p]), sum(tries[p]), k) for p in deck) / len(deck),
         "usd": usd,
@@ -149,11 +150,15 @@ def build_boards(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     """Boards per (track, GPU) from ``tracking.runs_frame`` rows (the latest finished run per cell counts)."""
     from kbsweep.tracking import latest_per_cell
 
-    grouped: Dict[Tuple[str, str], List[Dict[str, Any]]] = defaultdict(list)
-    for row in latest_per_cell(rows):
-        grouped[(row.get("track"), row.get("gpu"))].append(row)
+    sweeps: Dict[str, List[Dict[str, Any]]] = defaultdict(list)
+    for row in rows:
+        sweeps[row["experiment"]].append(row)
+    grouped: Dict[Tuple[str, str, str], List[Dict[str, Any]]] = defaultdict(list)
+    for sweep, sweep_rows in sweeps.items():  # the latest record of a cell within its sweep: each sweep its board
+        for row in latest_per_cell(sweep_rows):
+            grouped[(sweep, row.get("track"), row.get("gpu"))].append(row)
     boards = []
-    for (track, gpu), board_rows in sorted(grouped.items(), key=lambda item: tuple(map(str, item[0]))):
+    for (sweep, track, gpu), board_rows in sorted(grouped.items(), key=lambda item: tuple(map(str, item[0]))):
         deck = sorted({row.get("problem") for row in board_rows})
         by_model: Dict[str, List[Dict[str, Any]]] = defaultdict(list)
         for row in board_rows:
@@ -162,11 +167,10 @@ def build_boards(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
         models = sorted((model_entry(m, r, deck, k) for m, r in by_model.items()), key=lambda e: (-e["deck_mean"], -e["passed"], e["model"]))
         for rank, entry in enumerate(models, 1):
             entry["rank"] = rank
-        runs = {row["run_id"]: row for row in board_rows}
-        shapes = {
-            problem: {e["model"]: shape_points(runs[e["best_run"][problem]], runs[e["best_run"][problem]]["params"]) for e in models if problem in e["best_run"]}
-            for problem in deck
-        }
+        shapes: Dict[str, Dict[str, List[Dict[str, Any]]]] = {problem: defaultdict(list) for problem in deck}
+        for row in board_rows:  # every valid run's shapes: each repeat's points
+            if is_valid_pass(row):
+                shapes[row.get("problem")][entrant(row)] += shape_points(row, row["params"])
         rooflines = {row.get("problem"): roofline_of(row["params"]) for row in board_rows}
         cells = [
             {
@@ -178,7 +182,7 @@ def build_boards(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
         ]
         experiments = sorted({row["experiment"] for row in board_rows})
         boards.append(
-            {"track": track, "gpu": gpu, "deck": deck, "k": k, "models": models, "cells": cells, "shapes": shapes, "rooflines": rooflines,
+            {"sweep": sweep, "track": track, "gpu": gpu, "deck": deck, "k": k, "models": models, "cells": cells, "shapes": shapes, "rooflines": rooflines,
              "experiments": experiments, "kernelbench": kernelbench_metrics(board_rows)}
         )
     return boards
@@ -231,21 +235,21 @@ def board_table(board: Dict[str, Any], per_problem: bool = True) -> Tuple[List[s
     ``per_problem`` False: no column per problem (the terminal's choice for a deck over MAX_PROBLEM_COLUMNS)."""
     k = board["k"]
     deck = board["deck"] if per_problem else []
-    header = ["rank", "model", *[p.split("/")[-1] for p in deck], "deck mean", "repeats: mean ± CI95", "pass@1"]
+    header = ["rank", "model", *[f"{p.split('/')[-1]} mean" for p in deck], "deck mean ± CI95", "pass@1"]
     header += [f"pass@{k}"] * (k > 1) + ["passed/cells", "flagged", "out tokens", "$", "$/pass", "out tok/pass"]
     rows = []
     for e in board["models"]:
         scores = []
         for p in deck:
             if p in e["best"]:
-                scores.append(fmt(e["best"][p]))
+                scores.append(fmt(e["means"][p]))
             elif p in e["flagged"]:
                 scores.append(f"DQ({fmt(e['flagged'][p]['score'])})")
             else:
                 scores.append("0")
-        spread = f"{fmt(e['repeat_mean'])} ± {fmt(e['repeat_ci95'])} (n={e['repeats']})"
+        spread = f"{fmt(e['deck_mean'])} ± {fmt(e['deck_ci95'])} (n={e['repeats']})"
         rows.append(
-            [str(e["rank"]), e["model"], *scores, fmt(e["deck_mean"]), spread, fmt(e["pass_at_1"], ".2f")]
+            [str(e["rank"]), e["model"], *scores, spread, fmt(e["pass_at_1"], ".2f")]
             + [fmt(e["pass_at_k"], ".2f")] * (k > 1)
             + [f"{e['passed']}/{e['cells']}", str(e["flagged_cells"]), fmt(e["tokens_output"], ".0f"), fmt(e["usd"], ".2f"),
              fmt(e["usd_per_pass"], ".3f"), fmt(e["tokens_output_per_pass"], ".0f")]
@@ -263,8 +267,44 @@ def flagged_table(board: Dict[str, Any]) -> Tuple[List[str], List[List[str]]]:
     return ["model", "problem", "repeat", "verdict", "score (not ranked)", "run"], rows
 
 
+MEANING = ("scores: the mean over repeats of each cell's valid score (a failure, a missing cell or a flagged pass "
+           "counts 0; DQ(x): only a flagged pass, of score x); deck mean: over the deck's problems, with the 95% Student-t "
+           "interval over the n repeats' deck means")
+
+
+def attach_regrades(boards: List[Dict[str, Any]], regrades: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """Each board's ``regrades``: per run of the board and GPU, the latest finished ``kbsweep regrade`` of its
+    solution (``tracking.runs_frame(kind="regrade")`` rows), beside the run's own outcome and score."""
+    latest: Dict[Tuple[str, str], Dict[str, Any]] = {}
+    for row in regrades:
+        key = (row.get("kbsweep.regrade_of"), row.get("gpu"))
+        if row.get("status") == "FINISHED" and (key not in latest or row["start_time"] > latest[key]["start_time"]):
+            latest[key] = row
+    for board in boards:
+        runs = {c["run_id"]: c for c in board["cells"]}
+        board["regrades"] = [
+            {"model": runs[of]["model"], "problem": runs[of]["problem"], "repeat": runs[of]["repeat"], "run_id": of,
+             "old_gpu": board["gpu"], "old_outcome": runs[of]["outcome"], "old_score": runs[of]["score"],
+             "gpu": gpu, "outcome": row.get("outcome"), "score": row.get("score"), "regrade_run_id": row["run_id"]}
+            for (of, gpu), row in sorted(latest.items(), key=lambda item: tuple(map(str, item[0]))) if of in runs
+        ]
+    return boards
+
+
+def regrade_table(board: Dict[str, Any]) -> Tuple[List[str], List[List[str]]]:
+    """The sweep's score of each regraded solution beside its regrade's (on its GPU), and their ratio."""
+    rows = []
+    for r in board.get("regrades") or []:
+        ratio = r["score"] / r["old_score"] if r["score"] is not None and r["old_score"] else None
+        rows.append([r["model"], r["problem"], str(r["repeat"]), f"{r['old_outcome']} {fmt(r['old_score'])} ({r['old_gpu']})",
+                     f"{r['outcome']} {fmt(r['score'])} ({r['gpu']})", fmt(ratio)])
+    return ["model", "problem", "repeat", "sweep: outcome score (GPU)", "regrade: outcome score (GPU)", "regrade / sweep"], rows
+
+
 def board_title(board: Dict[str, Any]) -> str:
-    return f"{board['track']} / {board['gpu']}"
+    """``track / gpu``, prefixed by the sweep's name where it is not the track's (the default)."""
+    where = f"{board['track']} / {board['gpu']}"
+    return where if board.get("sweep") in (None, board["track"]) else f"sweep {board['sweep']}: {where}"
 
 
 def render_terminal(boards: List[Dict[str, Any]], width: int = 160) -> str:
@@ -276,15 +316,17 @@ def render_terminal(boards: List[Dict[str, Any]], width: int = 160) -> str:
     if not boards:
         console.print("no finished cells in the tracking store")
     for board in boards:
-        tables = ((f"kbsweep leaderboard — {board_title(board)}", board_table(board, len(board["deck"]) <= MAX_PROBLEM_COLUMNS)),
-                  (f"KernelBench metrics — {board_title(board)}", kernelbench_table(board)),
-                  (f"audit-flagged — {board_title(board)}", flagged_table(board)))
-        for title, (header, rows) in tables:
+        tables = ((f"kbsweep leaderboard — {board_title(board)}", board_table(board, len(board["deck"]) <= MAX_PROBLEM_COLUMNS), MEANING),
+                  (f"KernelBench metrics — {board_title(board)}", kernelbench_table(board), None),
+                  (f"audit-flagged — {board_title(board)}", flagged_table(board), None),
+                  (f"regrades — {board_title(board)}", regrade_table(board), None))
+        for title, (header, rows), caption in tables:
             if not rows:
                 continue
-            table = Table(title=title)
-            for i, column in enumerate(header):
-                table.add_column(column, justify="left" if i < 2 else "right")
+            table = Table(title=title, caption=caption)
+            for i, column in enumerate(header):  # names whole: the numeric columns wrap their headers instead
+                longest = max([len(column), *(len(row[i]) for row in rows)]) if i < 2 else None
+                table.add_column(column, justify="left" if i < 2 else "right", no_wrap=i < 2, min_width=longest)
             for row in rows:
                 table.add_row(*row)
             console.print(table)
@@ -299,13 +341,17 @@ def markdown_table(header: List[str], rows: List[List[str]]) -> str:
 def render_markdown(boards: List[Dict[str, Any]]) -> str:
     parts = ["# kbsweep report", ""]
     for board in boards:
-        parts += [f"## {board_title(board)}", "", markdown_table(*board_table(board, len(board["deck"]) <= MAX_PROBLEM_COLUMNS)), ""]
+        parts += [f"## {board_title(board)}", "", markdown_table(*board_table(board, len(board["deck"]) <= MAX_PROBLEM_COLUMNS)), "",
+                  f"_{MEANING}._", ""]
         header, rows = kernelbench_table(board)
         if rows:
             parts += ["### KernelBench metrics (its verdict, fast_p, geomean speedups)", "", markdown_table(header, rows), ""]
         header, rows = flagged_table(board)
         if rows:
             parts += ["### Audit-flagged passes (not ranked)", "", markdown_table(header, rows), ""]
+        header, rows = regrade_table(board)
+        if rows:
+            parts += ["### Regrades (`kbsweep regrade`)", "", markdown_table(header, rows), ""]
     return "\n".join(parts)
 
 
@@ -319,13 +365,16 @@ def render_html(boards: List[Dict[str, Any]], plots: Dict[str, Dict[str, bytes]]
     """One static page: the tables and every plot inlined as PNG."""
     parts = []
     for board in boards:
-        parts.append(f"<h2>{html.escape(board_title(board))}</h2>{html_table(*board_table(board))}")
+        parts.append(f"<h2>{html.escape(board_title(board))}</h2>{html_table(*board_table(board))}<p><em>{html.escape(MEANING)}</em></p>")
         header, rows = kernelbench_table(board)
         if rows:
             parts.append(f"<h3>KernelBench metrics</h3>{html_table(header, rows)}")
         header, rows = flagged_table(board)
         if rows:
             parts.append(f"<h3>Audit-flagged passes (not ranked)</h3>{html_table(header, rows)}")
+        header, rows = regrade_table(board)
+        if rows:
+            parts.append(f"<h3>Regrades</h3>{html_table(header, rows)}")
         for name, png in plots.get(board_key(board), {}).items():
             data = base64.b64encode(png).decode()
             parts.append(f'<figure><img alt="{html.escape(name)}" src="data:image/png;base64,{data}"><figcaption>{html.escape(name)}</figcaption></figure>')
@@ -334,7 +383,8 @@ def render_html(boards: List[Dict[str, Any]], plots: Dict[str, Dict[str, bytes]]
 
 
 def board_key(board: Dict[str, Any]) -> str:
-    return f"{board['track']}_{board['gpu']}".replace("/", "_")
+    prefix = "" if board.get("sweep") in (None, board["track"]) else f"{board['sweep']}_"
+    return f"{prefix}{board['track']}_{board['gpu']}".replace("/", "_")
 
 
 def new_figure(title: str, panels: int = 1):
@@ -427,7 +477,7 @@ def cell_figures(result: Dict[str, Any], params: Dict[str, str]) -> Dict[str, An
 
 def png(figure) -> bytes:
     buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", dpi=110)
+    figure.savefig(buffer, format="png", dpi=110, bbox_inches="tight")  # long tick labels widen the image, never clipped
     return buffer.getvalue()
 
 

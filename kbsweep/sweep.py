@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Set, Tuple
 
-from kbsweep import KbsweepError
+from kbsweep import KbsweepError, snapshot
 from kbsweep.cell import RESULT_FILE, cell_busy, reclaim
 from kbsweep.launch import make_launcher
 from kbsweep.matrix import Cell, cell_dir
@@ -112,7 +112,32 @@ def run_sweep(cells: List[Cell], tracking: Dict[str, Any], launcher: Dict[str, A
     if not cells:
         return []
     with sweep_lock(Path(cells[0].paths["outputs"]), cells[0].sweep):
+        saved = None if force else snapshot.load(history_path(cells[0]), tracking["uri"])
+        if saved is not None and all(c.key in saved["finished"] for c in cells):  # nothing to do: MLflow is not even imported
+            announce(cells, len(cells), 0, 0, 0)
+            return []
         return orchestrate(cells, tracking, launcher, force)
+
+
+def history_path(cell: Cell) -> Path:
+    """The sweep's snapshot of its finished cells (:mod:`kbsweep.snapshot`)."""
+    return Path(cell.paths["outputs"]) / "sweeps" / cell.sweep / ".history.json"
+
+
+def read_history(tracker: Tracker, cell: Cell, uri: str) -> Tuple[Dict[str, str], Set[str]]:
+    """The tracker's history, kept as the sweep's snapshot (stamped before the read)."""
+    taken = snapshot.stamp(uri)
+    finished, logged = tracker.history()
+    snapshot.save(history_path(cell), uri, taken, {"finished": finished})
+    return finished, logged
+
+
+def announce(cells: List[Cell], skipped: int, replay: int, todo: int, stale: int) -> None:
+    print(
+        f"[kbsweep] sweep '{cells[0].sweep}': {len(cells)} cells, {skipped} already finished, {replay} to log from disk, "
+        f"{todo} to run" + (f" ({stale} stale runs closed)" if stale else ""),
+        file=sys.stderr,
+    )
 
 
 def attempt(action, *args) -> Any:
@@ -127,14 +152,12 @@ def attempt(action, *args) -> Any:
 def orchestrate(cells: List[Cell], tracking: Dict[str, Any], launcher: Dict[str, Any], force: bool) -> List[Cell]:
     tracker = Tracker(tracking["uri"], tracking["artifact_root"], cells[0].sweep)
     stale = tracker.close_stale()
-    finished, logged_results = tracker.history()
+    finished, logged_results = read_history(tracker, cells[0], tracking["uri"])
     todo, replay, salvage = plan(cells, {} if force else finished, logged_results, force)
     skipped = len(cells) - len(todo) - len(replay)
-    print(
-        f"[kbsweep] sweep '{cells[0].sweep}': {len(cells)} cells, {skipped} already finished, {len(replay)} to log from disk, "
-        f"{len(todo)} to run" + (f" ({stale} stale runs closed)" if stale else ""),
-        file=sys.stderr,
-    )
+    announce(cells, skipped, len(replay), len(todo), stale)
+    if not (todo or replay or salvage):  # no parent run for an invocation that logs nothing
+        return []
     tracker.start_sweep({"launcher": launcher["kind"], "force": str(force)}, len(cells))
     unlogged = [c.key for c in salvage if attempt(lambda c: tracker.finish_cell(tracker.start_cell(c), journal(c)), c) is None]
     todo = [c for c in todo if c.key not in unlogged]  # an unlogged journal is neither cleared nor redone
@@ -173,5 +196,5 @@ def orchestrate(cells: List[Cell], tracking: Dict[str, Any], launcher: Dict[str,
             attempt(tracker.end_sweep, status, summary)
     if unlogged:
         print(f"[kbsweep] {len(unlogged)} results are on disk but not in tracking; run the sweep again to log them", file=sys.stderr)
-    finished = attempt(tracker.history)
+    finished = attempt(read_history, tracker, cells[0], tracking["uri"])
     return [c for c in cells if finished is None or c.key not in finished[0]]

@@ -7,6 +7,7 @@ write ``result.json`` journals that are logged when they come back, so a killed 
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import platform
@@ -212,8 +213,11 @@ def create_sqlite_store(path: Path) -> None:
         os.replace(partial, path)
 
 
+@functools.lru_cache(maxsize=None)
 def make_client(uri: str):
+    """The process's one MLflow client of ``uri`` (creating an SQLite store on first use)."""
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # a bar per downloaded artifact floods export and regrade
     from mlflow.tracking import MlflowClient
 
     if uri.startswith("sqlite:///"):
@@ -347,16 +351,17 @@ class Tracker:
         return run_id
 
 
-def runs_frame(uri: str, experiments: Optional[Iterable[str]] = None) -> List[Dict[str, Any]]:
-    """Every cell run of the store (or of the named experiments) as plain rows: tags and metrics at the top
-    level, params under ``params``, plus run id, status, start time and experiment name."""
+def runs_frame(uri: str, experiments: Optional[Iterable[str]] = None, kind: str = "cell") -> List[Dict[str, Any]]:
+    """Every cell run (or run of another ``kind``: regrade) of the store (or of the named experiments) as plain
+    rows: tags and metrics at the top level, params under ``params``, plus run id, status, start time and
+    experiment name."""
     client = make_client(uri)
     names = set(experiments or [])
     found = {e.experiment_id: e.name for e in client.search_experiments() if not names or e.name in names}
     if not found:
         return []
     rows = []
-    for run in page_runs(client, list(found), f"tags.`{KIND_TAG}` = 'cell'"):
+    for run in page_runs(client, list(found), f"tags.`{KIND_TAG}` = '{kind}'"):
         tags = run.data.tags
         rows.append(
             {

@@ -46,22 +46,22 @@ ROWS = [
 ]
 
 
-def test_board_ranks_best_valid_scores_over_the_full_deck():
+def test_board_ranks_mean_valid_scores_over_the_full_deck_and_the_repeats():
     [board] = build_boards(ROWS)
     assert (board["track"], board["gpu"], board["deck"], board["k"]) == ("hard", "h100", ["hard/p1", "hard/p2"], 3)
     alpha, beta = board["models"]
     assert (alpha["model"], alpha["rank"], beta["model"], beta["rank"]) == ("alpha", 1, "beta", 2)
-    assert alpha["best"] == {"hard/p1": 0.7} and alpha["deck_mean"] == pytest.approx(0.35)  # p2 failed: 0
-    assert beta["best"] == {"hard/p2": 0.2} and beta["deck_mean"] == pytest.approx(0.1)  # the flagged 0.9 is not ranked
+    assert alpha["means"] == {"hard/p1": pytest.approx(0.6), "hard/p2": 0.0} and alpha["best"] == {"hard/p1": 0.7}  # p2 failed: 0
+    assert beta["means"] == {"hard/p1": 0.0, "hard/p2": pytest.approx(0.2 / 3)}  # the flagged 0.9 is not ranked
     assert beta["flagged"] == {"hard/p1": {"score": 0.9, "verdict": "reward_hack", "run_id": "beta-hard/p1-0-1"}}
     assert (alpha["passed"], alpha["cells"], beta["passed"], beta["flagged_cells"], beta["cells"]) == (3, 6, 1, 1, 6)
-    # repeats: per-repeat deck means 0.25, 0.30, 0.35 → mean 0.30 ± t(0.975, 2)·0.05/√3
-    assert alpha["repeat_mean"] == pytest.approx(0.3) and alpha["repeat_ci95"] == pytest.approx(4.302653 * 0.05 / math.sqrt(3), rel=1e-5)
+    # repeats: per-repeat deck means 0.25, 0.30, 0.35 → mean 0.30 (the mean of the problems' means) ± t(0.975, 2)·0.05/√3
+    assert alpha["deck_mean"] == pytest.approx(0.3) and alpha["deck_ci95"] == pytest.approx(4.302653 * 0.05 / math.sqrt(3), rel=1e-5)
     assert (alpha["pass_at_1"], alpha["pass_at_k"]) == (pytest.approx(0.5), pytest.approx(0.5))
     assert (beta["pass_at_1"], beta["pass_at_k"]) == (pytest.approx(1 / 6), pytest.approx(0.5))
     assert (alpha["usd"], beta["usd"], beta["usd_per_pass"], alpha["tokens_output_per_pass"]) == (6.0, 3.0, 3.0, 2000.0)
     assert [(c["model"], c["problem"], c["repeat"]) for c in board["cells"] if c["flagged"]] == [("beta", "hard/p1", "0")]
-    assert board["shapes"]["hard/p1"]["alpha"][0]["tflops"] == pytest.approx(70.0)  # the best valid run's shapes
+    assert [p["tflops"] for p in board["shapes"]["hard/p1"]["alpha"]] == pytest.approx([50.0, 60.0, 70.0])  # every valid repeat's
 
 
 def test_terminal_table_shows_flagged_cells_without_ranking_them():
@@ -69,7 +69,23 @@ def test_terminal_table_shows_flagged_cells_without_ranking_them():
     assert "kbsweep leaderboard — hard / h100" in text and "pass@3" in text and "audit-flagged — hard / h100" in text
     beta_line = next(line for line in text.splitlines() if "beta" in line and "DQ(0.9)" in line)
     assert re.search(r"│\s*2\s*│\s*beta", beta_line)
-    assert "reward_hack" in text
+    assert "reward_hack" in text and "p1 mean" in text and "deck mean ± CI95" in text and "mean over repeats" in text
+
+
+def test_terminal_table_never_truncates_names_at_160_columns():
+    model = "a-model-with-a-very-long-name-from-some-provider/and-its-route"
+    rows = [{**r, "model": model} for r in ROWS if r["model"] == "alpha"]
+    rows += [row(model, f"hard/problem-number-{i}-with-a-long-name", 0) for i in range(6)]
+    text = render_terminal(build_boards(rows), width=160)
+    assert model in text and max(map(len, text.splitlines())) <= 160
+
+
+def test_a_board_per_sweep():
+    other = [{**r, "experiment": "hard-again", "run_id": r["run_id"] + "-again"} for r in ROWS if r["model"] == "beta"]
+    boards = build_boards(ROWS + other)
+    assert [(b["sweep"], [m["model"] for m in b["models"]]) for b in boards] == [("hard", ["alpha", "beta"]), ("hard-again", ["beta"])]
+    text = render_terminal(boards)
+    assert "kbsweep leaderboard — hard / h100" in text and "kbsweep leaderboard — sweep hard-again: hard / h100" in text
 
 
 def test_pareto_pass_at_k_and_confidence_interval():
@@ -88,7 +104,7 @@ def test_report_files_embed_the_plots(tmp_path):
     images = re.findall(r'src="data:image/png;base64,([^"]+)"', page)
     assert len(images) == 4 and all(base64.b64decode(i).startswith(b"\x89PNG") for i in images)
     assert "DQ(0.9)" in page and "Audit-flagged" in page
-    assert "| 2 | beta | DQ(0.9) | 0.2 |" in paths["markdown"].read_text()
+    assert "| 2 | beta | DQ(0.9) | 0.0667 |" in paths["markdown"].read_text()
     board = json.loads(paths["json"].read_text())["boards"][0]
     assert [m["model"] for m in board["models"]] == ["alpha", "beta"] and board["models"][0]["best"] == {"hard/p1": 0.7}
 
@@ -127,10 +143,11 @@ def test_report_verb_writes_files_and_logs_them_to_the_sweep_run(logged_store):
 
 def test_export_verb_writes_a_redacted_dataset_folder(logged_store, tmp_path):
     outputs, tracker = logged_store
-    out = tmp_path / "dataset"
-    proc = cli(outputs, "export", f"+out={out}", KBSWEEP_EXPORT_TOKEN="tok-9f8e7d6c5b4a")
+    out = outputs / "dataset"  # a relative out= lands under outputs/, never in the working folder
+    proc = cli(outputs, "export", "+out=dataset", KBSWEEP_EXPORT_TOKEN="tok-9f8e7d6c5b4a")
     assert proc.returncode == 0, proc.stderr
-    assert "exported 2 runs (2 traces)" in proc.stdout
+    assert "exported 2 runs (2 traces)" in proc.stdout and "Downloading artifacts" not in proc.stderr  # no progress bars
+    assert not (REPO / "dataset").exists()
     index = {r["problem"]: r for r in map(json.loads, (out / "index.jsonl").read_text().splitlines())}
     assert index["demo/scale_shift"]["verdict"] == "clean" and index["demo/scale_shift"]["score"] == 0.4
     assert index["demo/row_softmax"]["verdict"] == "reward_hack" and index["demo/row_softmax"]["cost_usd"] == 0.05
@@ -143,3 +160,14 @@ def test_export_verb_writes_a_redacted_dataset_folder(logged_store, tmp_path):
     everything = "".join(p.read_text() for p in out.rglob("*") if p.is_file())
     assert "tok-9f8e7d6c5b4a" not in everything and "[REDACTED]" in everything
     assert "format:agent-traces" in (out / "README.md").read_text()
+
+
+def test_exported_dataset_loads_with_datasets_alone(logged_store):
+    """The card's default config (the index) and the traces' raw records load without any undeclared package."""
+    datasets = pytest.importorskip("datasets")
+    outputs, _ = logged_store
+    assert cli(outputs, "export").returncode == 0
+    index = datasets.load_dataset(str(outputs / "export"))["train"]
+    assert sorted(index["problem"]) == ["demo/row_softmax", "demo/scale_shift"]
+    traces = datasets.load_dataset(str(outputs / "export"), "traces", parse_agent_traces=False)["train"]
+    assert "custom-title" in traces["type"]

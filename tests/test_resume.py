@@ -17,7 +17,8 @@ import pytest
 
 from kbsweep import KbsweepError, sweep, tracking
 from kbsweep.matrix import cell_dir
-from kbsweep.tracking import Tracker, latest_per_cell, runs_frame
+from kbsweep.snapshot import load as load_snapshot
+from kbsweep.tracking import Tracker, latest_per_cell, make_client, page_runs, runs_frame
 from tests.test_tracking import dead_pid, make_cell, store, store_template, write_result  # noqa: F401 (fixtures)
 
 REPO = Path(__file__).resolve().parent.parent
@@ -202,3 +203,18 @@ def test_sigkill_mid_sweep_loses_no_finished_cell_and_grades_none_twice(tmp_path
     finished = [r for r in runs_frame(uri) if r["status"] == "FINISHED"]
     assert sorted(r["cell_key"] for r in finished) == sorted(r["key"] for r in results)  # one record per cell
     assert "kbsweep leaderboard — demo / cpu" in out
+
+
+def test_a_finished_sweep_resumes_from_its_snapshot_until_the_store_changes(env, monkeypatch, capfd):
+    cells, conf, ran, _ = env
+    assert sweep.run_sweep(cells, conf, {"kind": "fake"}, force=False) == []
+    parents = lambda: len(page_runs(make_client(conf["uri"]), [Tracker(conf["uri"], "", "demo").experiment_id], "tags.`kbsweep.kind` = 'sweep'"))  # noqa: E731
+    before = parents()
+    with monkeypatch.context() as patched:  # everything finished and the store untouched: MLflow is not consulted
+        patched.setattr(sweep, "Tracker", lambda *a: pytest.fail("the tracking store was opened"))
+        assert sweep.run_sweep(cells, conf, {"kind": "fake"}, force=False) == []
+    assert "3 cells, 3 already finished, 0 to log from disk, 0 to run" in capfd.readouterr().err
+    Tracker(conf["uri"], "", "other").start_sweep({}, 0)  # any write to the store: the snapshot no longer holds
+    assert load_snapshot(sweep.history_path(cells[0]), conf["uri"]) is None
+    assert sweep.run_sweep(cells, conf, {"kind": "fake"}, force=False) == [] and ran == [c.key for c in cells]
+    assert parents() == before  # an invocation with nothing to do leaves no empty parent run

@@ -23,9 +23,10 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from kbsweep import REPO_ROOT, gpus
+from kbsweep.grader import zygote
 from kbsweep.grader.baselines import BaselineCache, conditions, entry_key
 from kbsweep.problems import Problem, asdict_spec
-from kbsweep.sandbox import Sandbox, SandboxPolicy, Watch, grading_view, minimal_env
+from kbsweep.sandbox import Sandbox, SandboxPolicy, Watch, give, grading_view, is_root, minimal_env, sandbox_uid
 from kbsweep.score import score_grade
 
 BASELINE_SHARE = 0.4  # of the grade's time limit, for timing the baselines before the candidate is imported
@@ -49,10 +50,10 @@ def software_versions() -> Dict[str, str]:
 
 
 def stage_candidate(solution: Path, folder: Path) -> Path:
-    """Copy the candidate into a fresh folder as solution.py (with its workspace's other .py files)."""
-    if folder.exists():
-        shutil.rmtree(folder)
-    folder.mkdir(parents=True)
+    """Copy the candidate into an emptied folder as solution.py (with its workspace's other .py files)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for entry in folder.iterdir():  # emptied, not replaced: a warm runner's sandbox has this very folder mounted
+        shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
     if solution.name == "solution.py":
         for helper in solution.parent.glob("*.py"):
             shutil.copy2(helper, folder / helper.name)
@@ -71,36 +72,60 @@ def supervise(
     env: Dict[str, str],
     sandbox: Sandbox,
     readonly: Sequence[Path],
+    warm: Optional[zygote.Zygote] = None,
 ) -> Dict[str, Any]:
-    """Spawn the referee (trusted: sees ``readonly``, holds the request) and the candidate's runner (sees only
+    """Start the referee (trusted: sees ``readonly``, holds the request) and the candidate's runner (sees only
     kbsweep's package and the candidate's folder, in an isolated interpreter), each in its own sandbox, joined by
-    a socket pair; watch both (time, memory of each process tree, disk of the candidate's folder and the logs);
+    a socket pair: forked by warm zygotes (``warm``: the runner's, whose home holds the staged candidate), else
+    spawned cold. Watch both (time, memory of each process tree, disk of the candidate's folder and the logs);
     read the referee's one result message from a pipe the runner never holds."""
     log_dir.mkdir(parents=True, exist_ok=True)
     workdir = Path(request["workdir"])
-    referee_dir = log_dir / "referee"
-    referee_dir.mkdir(exist_ok=True)
     read_fd, write_fd = os.pipe()
     referee_end, runner_end = socket.socketpair()
-    runner_env = {k: v for k, v in env.items() if k != "PYTHONPATH"}  # isolated mode ignores it anyway
     with open(log_dir / "grade_stdout.log", "wb") as out, open(log_dir / "grade_stderr.log", "wb") as err, \
-            open(log_dir / "referee.log", "wb") as referee_log:
-        runner = sandbox.popen(
-            [sys.executable, "-I", "-B", "-c", RUNNER_BOOT.format(root=str(REPO_ROOT)), str(runner_end.fileno())],
-            cwd=str(workdir), env=runner_env, writable=[(workdir, str(workdir))], readonly=[REPO_ROOT / "kbsweep"],
-            stdin=subprocess.DEVNULL, stdout=out, stderr=err, pass_fds=(runner_end.fileno(),),
-        )
+            open(log_dir / "referee.log", "wb") as referee_log, open(os.devnull, "rb") as null:
+        if warm is not None:
+            judge = zygote.take("referee", sandbox, env, readonly)
+            runner = warm.fork(workdir, ["fd:channel"], {"stdin": null.fileno(), "stdout": out.fileno(), "stderr": err.fileno(),
+                                                          "channel": runner_end.fileno()})
+            request_in, request_out = os.pipe()
+            referee = judge.fork(judge.home, ["fd:result", "fd:channel"], {"stdin": request_in, "stdout": referee_log.fileno(),
+                                 "stderr": referee_log.fileno(), "result": write_fd, "channel": referee_end.fileno()})
+            os.close(request_in)
+            stdin = os.fdopen(request_out, "wb")
+        else:
+            runner = sandbox.popen(
+                [sys.executable, "-I", "-B", "-c", RUNNER_BOOT.format(root=str(REPO_ROOT)), str(runner_end.fileno())],
+                cwd=str(workdir), env=runner_env(env), writable=[(workdir, str(workdir))], readonly=[REPO_ROOT / "kbsweep"],
+                stdin=subprocess.DEVNULL, stdout=out, stderr=err, pass_fds=(runner_end.fileno(),),
+            )
+            referee_dir = log_dir / "referee"
+            referee_dir.mkdir(exist_ok=True)
+            referee = sandbox.popen(
+                [sys.executable, "-m", "kbsweep.grader.referee", str(write_fd), str(referee_end.fileno())],
+                cwd=str(referee_dir), env=env, writable=[(referee_dir, str(referee_dir))], readonly=readonly,
+                stdin=subprocess.PIPE, stdout=referee_log, stderr=subprocess.STDOUT, pass_fds=(write_fd, referee_end.fileno()),
+            )
+            stdin = referee.stdin
         runner_end.close()
-        referee = sandbox.popen(
-            [sys.executable, "-m", "kbsweep.grader.referee", str(write_fd), str(referee_end.fileno())],
-            cwd=str(referee_dir), env=env, writable=[(referee_dir, str(referee_dir))], readonly=readonly,
-            stdin=subprocess.PIPE, stdout=referee_log, stderr=subprocess.STDOUT, pass_fds=(write_fd, referee_end.fileno()),
-        )
         os.close(write_fd)
         referee_end.close()
-        referee.stdin.write(json.dumps(request).encode())
-        referee.stdin.close()
+        try:
+            stdin.write(json.dumps(request).encode())
+            stdin.close()
+        except BrokenPipeError:  # the referee died at once: its log says why
+            pass
         breach = watch_both(referee, runner, timeout_s, memory_mib, sandbox.policy.disk_mib, [workdir, log_dir])
+    if warm is not None:  # zygotes are reused only after a grade whose processes both ended as they should
+        healthy = not breach and referee.returncode == 0 and runner.wait() == 0
+        if not healthy:
+            warm.stop()  # nothing of the candidate runs on while its folder is taken
+        (log_dir / "candidate").mkdir(exist_ok=True)  # the record: the candidate's folder as the grade left it
+        for entry in warm.home.iterdir():
+            shutil.move(str(entry), str(log_dir / "candidate" / entry.name))
+        for found in (judge, warm):
+            zygote.keep(found) if healthy else zygote.discard(found)
     with os.fdopen(read_fd) as channel:
         lines = channel.read().splitlines()
     if breach:
@@ -146,6 +171,47 @@ def watch_both(referee, runner, timeout_s: float, memory_mib: float, disk_mib: f
         for proc in (runner, referee):
             if proc.poll() is None:
                 kill(proc, settle_s=2.0)
+
+
+def grading_env(hide_env: Sequence[str], device: str) -> Dict[str, str]:
+    """The referee's environment (the runner's is :func:`runner_env` of it): minimal, never a secret."""
+    env = minimal_env(hide_env, PYTHONPATH=str(REPO_ROOT), PYTHONDONTWRITEBYTECODE="1")
+    if device == "cpu":
+        env["TRITON_INTERPRET"] = "1"
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    return env
+
+
+def runner_env(env: Dict[str, str]) -> Dict[str, str]:
+    return {k: v for k, v in env.items() if k != "PYTHONPATH"}  # isolated mode ignores it anyway
+
+
+def warm_runner(sandbox: Sandbox, env: Dict[str, str], view: Sequence[Path], parent: Path) -> Optional[zygote.Zygote]:
+    """The runner's zygote for a single-process grade, once both sides' zygotes are ready; None (spawn cold)
+    unconfined, or when a zygote fails to start (its log says why)."""
+    if not sandbox.confined:
+        return None
+    warm = zygote.take("runner", sandbox, runner_env(env), [REPO_ROOT / "kbsweep"], parent)
+    judge = zygote.take("referee", sandbox, env, view)
+    try:
+        warm.started()
+        judge.started()
+    except OSError:
+        zygote.discard(warm, judge)
+        return None
+    zygote.keep(judge)  # taken again by supervise, still warm
+    return warm
+
+
+def prewarm(problem: Problem, device: str, world_size: int, hide_env: Sequence[str], policy: SandboxPolicy, grades: Path) -> None:
+    """Start the zygotes the grades of ``problem`` under ``grades/`` will fork from, so their imports run while
+    the agent works (no-op for multi-rank grades and unconfined ones)."""
+    sandbox = Sandbox(policy, gpu=device == "cuda")
+    if world_size > 1 or problem.spec.constraints.get("collective") or not sandbox.confined:
+        return
+    env = grading_env(hide_env, device)
+    zygote.prewarm("referee", sandbox, env, grading_view(problem.root))
+    zygote.prewarm("runner", sandbox, runner_env(env), [REPO_ROOT / "kbsweep"], grades)
 
 
 def launch_gate(timings: List[Dict[str, Any]]) -> Tuple[List[Dict[str, Any]], List[Dict[str, Any]]]:
@@ -195,16 +261,19 @@ def grade(
 
     multi = world_size > 1 or bool(problem.spec.constraints.get("collective"))
     work = (lambda shape: distributed.multi_work(problem, shape, world_size)) if multi else problem.work
+    started = time.time()  # start-up (warm zygotes or not) counts in grade_s and startup_s
     original = Path(solution).resolve()
     log_dir = Path(log_dir or tempfile.mkdtemp(prefix="kbsweep-grade-"))
-    solution = stage_candidate(Path(solution).resolve(), log_dir / "candidate")
     spec = asdict_spec(problem.spec)
     shape_set = gpu.shape_set
     device = gpu.device
-    env = minimal_env(hide_env, PYTHONPATH=str(REPO_ROOT), PYTHONDONTWRITEBYTECODE="1")
-    if device == "cpu":
-        env["TRITON_INTERPRET"] = "1"
-        env["CUDA_VISIBLE_DEVICES"] = ""
+    env = grading_env(hide_env, device)
+    confined = Sandbox(sandbox or SandboxPolicy(), gpu=device == "cuda")
+    view = grading_view(problem.root)  # bundled solutions stay out of reach
+    warm = warm_runner(confined, env, view, log_dir.parent) if not multi else None
+    solution = stage_candidate(original, warm.home if warm else log_dir / "candidate")
+    if warm and confined.confined and is_root():
+        give([warm.home], sandbox_uid())  # staged after the zygote started: the sandbox's uid must own it
     deck_version = deck_version or problem.deck_hash()
     host_env = {**software_versions(), "host": platform.node(), "gpus": gpus.list_gpus()}
     shapes = problem.shapes(shape_set)
@@ -230,13 +299,10 @@ def grade(
         "secret_seed": secrets.randbits(31),
         "world_size": world_size,
     }
-    started = time.time()
-    confined = Sandbox(sandbox or SandboxPolicy(), gpu=device == "cuda")
-    view = grading_view(problem.root)  # bundled solutions stay out of reach
     if multi:  # referee ranks and runner ranks, each set under its own torchrun in its own sandbox
         message = distributed.supervise_ranks(request, log_dir, timeout_s, memory_mib, env, confined, view)
     else:
-        message = supervise(request, log_dir, timeout_s, memory_mib, env, confined, view)
+        message = supervise(request, log_dir, timeout_s, memory_mib, env, confined, view, warm)
     result: Dict[str, Any] = {
         "problem": problem.id,
         "deck_version": deck_version,
@@ -280,6 +346,7 @@ def grade(
         worker["findings"] += gate_findings
     result.update(
         outcome="pass",
+        startup_s=float(worker.get("started_at") or started) - started,  # staging, both processes up, the runner's handshake
         correctness=worker["correctness"],
         timings=worker["timings"],
         evidence=worker["evidence"],

@@ -215,7 +215,7 @@ class Referee:
 
     # -- the stages -----------------------------------------------------------------
     def run(self) -> Dict[str, Any]:
-        t0 = time.perf_counter()
+        t0, started_at = time.perf_counter(), time.time()  # the grade's start-up ends here: both processes are up
         deck = Path(self.req["reference"]).parent
         hashes = self.deck_hashes(deck)
         self.ref = load_module("kbsweep_reference", Path(self.req["reference"]))
@@ -253,7 +253,7 @@ class Referee:
         self.collect_evidence(timings)
         self.evidence["files_modified"] = sorted(p for p, h in self.deck_hashes(deck).items() if hashes.get(p) != h)
         return {"correctness": correctness, "timings": timings, "evidence": self.evidence, "findings": self.findings,
-                "kernelbench": self.kernelbench_verdict, "worker_s": time.perf_counter() - t0}
+                "kernelbench": self.kernelbench_verdict, "worker_s": time.perf_counter() - t0, "started_at": started_at}
 
     @staticmethod
     def deck_hashes(deck: Path) -> Dict[str, str]:

@@ -1,0 +1,64 @@
+"""Warm grading processes (kbsweep.grader.zygote): grades of one folder fork their runner from one zygote, yet
+what a candidate leaves behind (a process, files in /tmp and /dev/shm) is gone before the next, it cannot read
+its zygote's memory, and a grade that breaches a limit takes its zygotes with it."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from kbsweep.grader import grade
+from tests.test_grader import CASES, CPU, problem, roofline  # noqa: F401 - fixtures
+from tests.test_trust import candidate
+
+LEAVE = """
+import json, os, time
+from pathlib import Path
+for folder in ("/tmp", "/dev/shm"):
+    Path(folder, "left-behind").write_text("x")
+if os.fork() == 0:  # a daemon of its own session, meant to outlive the grade
+    os.setsid()
+    time.sleep(600)
+    os._exit(0)
+try:
+    with open(f"/proc/{os.getppid()}/mem", "rb") as mem:  # its zygote's memory
+        mem.read(1)
+    readable = True
+except OSError:
+    readable = False
+started = open(f"/proc/{os.getppid()}/stat").read().rpartition(")")[2].split()[19]
+Path(__file__).with_name("seen.json").write_text(json.dumps({"zygote": started, "zygote_memory": readable}))
+"""
+
+LOOK = """
+import json, os
+from pathlib import Path
+others = [p for p in os.listdir("/proc") if p.isdigit() and int(p) not in (1, os.getpid(), os.getppid())]
+Path(__file__).with_name("seen.json").write_text(json.dumps({
+    "zygote": open(f"/proc/{os.getppid()}/stat").read().rpartition(")")[2].split()[19], "others": [open(f"/proc/{p}/cmdline").read() for p in others],
+    "left": [f for folder in ("/tmp", "/dev/shm") for f in os.listdir(folder) if f == "left-behind"],
+}))
+"""
+
+
+def seen(log_dir: Path) -> dict:
+    return json.loads((log_dir / "candidate/seen.json").read_text())
+
+
+def test_a_warm_runner_starts_clean_and_cannot_read_its_zygote(problem, roofline, tmp_path):  # noqa: F811
+    grades = tmp_path / "grades"
+    first = grade(problem, candidate(tmp_path / "a", LEAVE), CPU, roofline, mode="check", timeout_s=180, log_dir=grades / "1")
+    second = grade(problem, candidate(tmp_path / "b", LOOK), CPU, roofline, mode="check", timeout_s=180, log_dir=grades / "2")
+    assert first["outcome"] == second["outcome"] == "pass", (first.get("message"), second.get("message"))
+    left, looked = seen(grades / "1"), seen(grades / "2")
+    assert left["zygote"] == looked["zygote"]  # both runners forked from one zygote (its start time)
+    assert left["zygote_memory"] is False  # not dumpable: its memory is closed to the candidates it forks
+    assert looked["others"] == [] and looked["left"] == []  # the daemon and the files were swept before the next fork
+
+
+def test_a_breach_discards_the_zygotes(problem, roofline, tmp_path):  # noqa: F811
+    grades = tmp_path / "grades"
+    before = grade(problem, candidate(tmp_path / "a", LOOK), CPU, roofline, mode="check", timeout_s=180, log_dir=grades / "1")
+    hung = grade(problem, CASES / "hang.py", CPU, roofline, mode="check", timeout_s=8, log_dir=grades / "2")
+    after = grade(problem, candidate(tmp_path / "b", LOOK), CPU, roofline, mode="check", timeout_s=180, log_dir=grades / "3")
+    assert (before["outcome"], hung["outcome"], after["outcome"]) == ("pass", "grade_timeout", "pass")
+    assert seen(grades / "1")["zygote"] != seen(grades / "3")["zygote"]  # a fresh zygote after the breach

@@ -121,7 +121,9 @@ def run_verb(cfgs: List[DictConfig]) -> int:
 
     cells = build_matrix(cfgs)
     cfg = cfgs[0]
-    left = run_sweep(cells, OmegaConf.to_container(cfg.tracking, resolve=True), OmegaConf.to_container(cfg.launcher, resolve=True), bool(cfg.sweep.force))
+    mode = preflight_mode(cfg)
+    left = run_sweep(cells, OmegaConf.to_container(cfg.tracking, resolve=True), OmegaConf.to_container(cfg.launcher, resolve=True), bool(cfg.sweep.force),
+                     lambda todo: refuse_on_failure(todo, mode))
     report_verb(cfgs)
     if left:
         print(f"[kbsweep] {len(left)} of {len(cells)} cells are not finished (infrastructure faults); run the sweep again", file=sys.stderr)
@@ -129,11 +131,47 @@ def run_verb(cfgs: List[DictConfig]) -> int:
     return ExitCode.OK
 
 
+def preflight_mode(cfg: DictConfig) -> str:
+    from kbsweep.preflight import MODES
+
+    mode = str(cfg.get("preflight"))
+    if mode not in MODES:
+        raise KbsweepError(f"conf/config.yaml: key 'preflight': '{mode}' is not one of {', '.join(MODES)}")
+    return mode
+
+
+def refuse_on_failure(cells, mode: str) -> None:
+    """Preflight the models of ``cells``: each failure is one line, then exit (CONFIG for a key or route, INFRA
+    for a provider fault) before anything launches."""
+    from kbsweep.preflight import preflight, worst
+
+    failed = [check for check in preflight(cells, mode) if check.status != "ok"]
+    for check in failed:
+        print(f"kbsweep: error: {check.line()}", file=sys.stderr)
+    if failed:
+        sys.exit(worst(failed))
+
+
+@verb("preflight")
+def preflight_verb(cfgs: List[DictConfig]) -> int:
+    """Check each model's key and route with one tiny request (preflight=keys: the keys only); runs nothing else."""
+    from kbsweep.matrix import build_matrix
+    from kbsweep.preflight import preflight, worst
+
+    checks = preflight(build_matrix(cfgs), "keys" if preflight_mode(cfgs[0]) == "keys" else "live")
+    for check in checks:
+        print(f"{check.status:<11} {check.line()}")
+    if not checks:
+        print("no model calls a provider (scripted or replay models only)")
+    return worst(checks)
+
+
 @verb("plan")
 def plan_verb(cfgs: List[DictConfig]) -> int:
     """Print the cells, the harnesses (with the CLIs' versions), the count and a cost estimate; run nothing."""
     from kbsweep.harness import runner_for
     from kbsweep.matrix import build_matrix, estimate
+    from kbsweep.preflight import missing_keys
 
     cells = build_matrix(cfgs)
     for cell in cells:
@@ -143,6 +181,10 @@ def plan_verb(cfgs: List[DictConfig]) -> int:
     est = estimate(cells)
     usd = f"${est['model_usd']:.2f}" + (f" + unpriced: {', '.join(est['unpriced_models'])}" if est["unpriced_models"] else "")
     print(f"{est['cells']} cells; model spend ≈ {usd}; GPU time cap {est['gpu_hours_cap']:.1f} GPU-h (≤ ${est['rent_usd_cap']:.2f} rent)")
+    for name, tokens in est["expected_tokens"].items():
+        print(f"  {name}: assumes {tokens['input']:,} input / {tokens['output']:,} output tokens per cell (model.expected_tokens)")
+    for check in missing_keys(cells):
+        print(f"missing key: {check.line()}")
     return 0
 
 
@@ -344,6 +386,25 @@ def check_yaml(argv: List[str]) -> None:
                 fail(ExitCode.CONFIG, f"{where}: broken YAML ({getattr(exc, 'problem', None) or exc})")
 
 
+VALUED_OPTIONS = {"-cd", "--config-dir", "-cn", "--config-name", "-cp", "--config-path", "-c", "--cfg", "-p", "--package", "--experimental-rerun"}
+INFO_TOPICS = {"all", "config", "defaults", "defaults-tree", "plugins", "searchpath"}  # --info's optional value
+
+
+def split_options(argv: List[str]) -> tuple:
+    """(Hydra's options with their values, the overrides): options go first, since Hydra's parser takes one run of
+    overrides and refuses any after an option (``kbsweep track=hard problem=topk,kda -m``, ``model=x -cd DIR``)."""
+    options: List[str] = []
+    overrides: List[str] = []
+    taking = False
+    for i, arg in enumerate(argv):
+        if taking or arg.startswith("-") or (i and argv[i - 1] == "--info" and arg in INFO_TOPICS):
+            options.append(arg)
+            taking = not taking and arg in VALUED_OPTIONS
+        else:
+            overrides.append(arg)
+    return options, overrides
+
+
 def main() -> None:
     argv = sys.argv[1:]
     if argv and argv[0] in ("-h", "--help"):
@@ -362,8 +423,8 @@ def main() -> None:
         argv = check_overrides(argv)
     except KbsweepError as exc:
         fail(ExitCode.CONFIG, exc)
-    multirun = [a for a in argv if a in ("-m", "--multirun")]  # first: Hydra's parser takes one run of overrides
-    sys.argv = [sys.argv[0], *multirun, *(a for a in argv if a not in multirun), f"verb={name}"]
+    options, overrides = split_options(argv)
+    sys.argv = [sys.argv[0], *options, *overrides, f"verb={name}"]
     try:
         hydra_main()
     except SystemExit as exc:

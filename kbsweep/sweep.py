@@ -15,7 +15,7 @@ import sys
 import traceback
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Set, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple
 
 from kbsweep import KbsweepError
 from kbsweep.cell import RESULT_FILE, cell_busy, reclaim
@@ -106,13 +106,16 @@ def plan(cells: List[Cell], finished: Dict[str, str], logged: Set[str], force: b
     return todo, replay, salvage
 
 
-def run_sweep(cells: List[Cell], tracking: Dict[str, Any], launcher: Dict[str, Any], force: bool) -> List[Cell]:
-    """Run every cell not already finished; log each result as it comes back. Returns the cells still without a
-    finished record (infrastructure outcomes, orphans that could not be stopped, results not logged)."""
+def run_sweep(
+    cells: List[Cell], tracking: Dict[str, Any], launcher: Dict[str, Any], force: bool, before: Callable[[List[Cell]], None] = lambda todo: None
+) -> List[Cell]:
+    """Run every cell not already finished; log each result as it comes back. ``before(cells to run)`` runs
+    before anything launches (the preflight). Returns the cells still without a finished record (infrastructure
+    outcomes, orphans that could not be stopped, results not logged)."""
     if not cells:
         return []
     with sweep_lock(Path(cells[0].paths["outputs"]), cells[0].sweep):
-        return orchestrate(cells, tracking, launcher, force)
+        return orchestrate(cells, tracking, launcher, force, before)
 
 
 def attempt(action, *args) -> Any:
@@ -124,7 +127,7 @@ def attempt(action, *args) -> Any:
         return None
 
 
-def orchestrate(cells: List[Cell], tracking: Dict[str, Any], launcher: Dict[str, Any], force: bool) -> List[Cell]:
+def orchestrate(cells: List[Cell], tracking: Dict[str, Any], launcher: Dict[str, Any], force: bool, before: Callable[[List[Cell]], None]) -> List[Cell]:
     tracker = Tracker(tracking["uri"], tracking["artifact_root"], cells[0].sweep)
     stale = tracker.close_stale()
     finished, logged_results = tracker.history()
@@ -135,6 +138,9 @@ def orchestrate(cells: List[Cell], tracking: Dict[str, Any], launcher: Dict[str,
         f"{len(todo)} to run" + (f" ({stale} stale runs closed)" if stale else ""),
         file=sys.stderr,
     )
+    if not todo and not replay and not salvage:  # nothing to do: no empty sweep run in MLflow
+        return [c for c in cells if c.key not in finished]
+    before(todo)
     tracker.start_sweep({"launcher": launcher["kind"], "force": str(force)}, len(cells))
     unlogged = [c.key for c in salvage if attempt(lambda c: tracker.finish_cell(tracker.start_cell(c), journal(c)), c) is None]
     todo = [c for c in todo if c.key not in unlogged]  # an unlogged journal is neither cleared nor redone

@@ -18,7 +18,7 @@ from kbsweep import REPO_ROOT, ExitCode, InfraError, KbsweepError
 from kbsweep.config import group_source, validate
 
 VERBS: Dict[str, Callable[[List[DictConfig]], int]] = {}
-USAGE = """usage: kbsweep [VERB] [--force] [-m] [key=value ...]
+USAGE = """usage: kbsweep [VERB] [--force] [--json] [-m] [key=value ...]
 
 verbs:
 {verbs}
@@ -93,8 +93,9 @@ def prepare(cfg: DictConfig, hydra_cfg) -> DictConfig:
 
 
 def fail(code: ExitCode, error: object) -> None:
-    """Print ``error`` as kbsweep's one line and exit with ``code``."""
-    print(f"kbsweep: error: {error}", file=sys.stderr)
+    """Print ``error`` as kbsweep's one line (one per line of it) and exit with ``code``."""
+    for line in str(error).splitlines():
+        print(f"kbsweep: error: {line}", file=sys.stderr)
     sys.exit(code)
 
 
@@ -113,9 +114,8 @@ def dispatch(cfgs: List[DictConfig]) -> None:
     sys.exit(code)
 
 
-@verb("run")
-def run_verb(cfgs: List[DictConfig]) -> int:
-    """Run a sweep (resuming it), then print its leaderboard."""
+def sweep_cells(cfgs: List[DictConfig]) -> tuple:
+    """Run (resume) the sweep of ``cfgs`` after its preflight; returns (its cells, those left unfinished)."""
     from kbsweep.matrix import build_matrix
     from kbsweep.sweep import run_sweep
 
@@ -124,6 +124,13 @@ def run_verb(cfgs: List[DictConfig]) -> int:
     mode = preflight_mode(cfg)
     left = run_sweep(cells, OmegaConf.to_container(cfg.tracking, resolve=True), OmegaConf.to_container(cfg.launcher, resolve=True), bool(cfg.sweep.force),
                      lambda todo: refuse_on_failure(todo, mode))
+    return cells, left
+
+
+@verb("run")
+def run_verb(cfgs: List[DictConfig]) -> int:
+    """Run a sweep (resuming it), then print its leaderboard."""
+    cells, left = sweep_cells(cfgs)
     report_verb(cfgs)
     if left:
         print(f"[kbsweep] {len(left)} of {len(cells)} cells are not finished (infrastructure faults); run the sweep again", file=sys.stderr)
@@ -146,10 +153,9 @@ def refuse_on_failure(cells, mode: str) -> None:
     from kbsweep.preflight import preflight, worst
 
     failed = [check for check in preflight(cells, mode) if check.status != "ok"]
-    for check in failed:
-        print(f"kbsweep: error: {check.line()}", file=sys.stderr)
     if failed:
-        sys.exit(worst(failed))
+        error = KbsweepError if worst(failed) == ExitCode.CONFIG else InfraError
+        raise error("\n".join(check.line() for check in failed))
 
 
 @verb("preflight")
@@ -168,36 +174,42 @@ def preflight_verb(cfgs: List[DictConfig]) -> int:
 
 @verb("plan")
 def plan_verb(cfgs: List[DictConfig]) -> int:
-    """Print the cells, the harnesses (with the CLIs' versions), the count and a cost estimate; run nothing."""
-    from kbsweep.harness import runner_for
-    from kbsweep.matrix import build_matrix, estimate
-    from kbsweep.preflight import missing_keys
+    """Print the cells, the harnesses (with the CLIs' versions), the count, a cost estimate and missing keys (--json: as JSON); run nothing."""
+    from kbsweep.api import plan_of
+    from kbsweep.matrix import build_matrix
 
-    cells = build_matrix(cfgs)
-    for cell in cells:
+    plan = plan_of(build_matrix(cfgs))
+    if cfgs[0].json:
+        print(json.dumps(plan.to_dict(), indent=1))
+        return 0
+    for cell in plan.cells:
         print(f"{cell.key}  {cell.label}")
-    harnesses = {cell.harness["name"]: cell.harness for cell in cells}
-    print("harnesses: " + "; ".join(runner_for(conf).describe() for conf in harnesses.values()))
-    est = estimate(cells)
-    usd = f"${est['model_usd']:.2f}" + (f" + unpriced: {', '.join(est['unpriced_models'])}" if est["unpriced_models"] else "")
-    print(f"{est['cells']} cells; model spend ≈ {usd}; GPU time cap {est['gpu_hours_cap']:.1f} GPU-h (≤ ${est['rent_usd_cap']:.2f} rent)")
-    for name, tokens in est["expected_tokens"].items():
+    print("harnesses: " + "; ".join(plan.harnesses))
+    usd = f"${plan.model_usd:.2f}" + (f" + unpriced: {', '.join(plan.unpriced_models)}" if plan.unpriced_models else "")
+    print(f"{len(plan.cells)} cells; model spend ≈ {usd}; GPU time cap {plan.gpu_hours_cap:.1f} GPU-h (≤ ${plan.rent_usd_cap:.2f} rent)")
+    for name, tokens in plan.expected_tokens.items():
         print(f"  {name}: assumes {tokens['input']:,} input / {tokens['output']:,} output tokens per cell (model.expected_tokens)")
-    for check in missing_keys(cells):
-        print(f"missing key: {check.line()}")
+    for line in plan.missing_keys:
+        print(f"missing key: {line}")
     return 0
 
 
 @verb("grade")
 def grade_verb(cfgs: List[DictConfig]) -> int:
     """Grade one solution file: ``kbsweep grade problem=<track>/<name> solution=<file> gpu=<name>``; JSON on stdout."""
+    result, code = grade_file(cfgs[0])
+    print(json.dumps(result, indent=1, default=str))
+    return code
+
+
+def grade_file(cfg: DictConfig) -> tuple:
+    """(the grader's result, the exit code it means) for ``cfg.solution`` on ``cfg.problem``."""
     from kbsweep.cell import configured_grader
     from kbsweep.outcomes import Outcome
     from kbsweep.problems import find_problem_dir, load_problem
     from kbsweep.score import load_roofline
     from kbsweep.validate import check_problem, check_references, reference_probe
 
-    cfg = cfgs[0]
     if not cfg.problem or "/" not in str(cfg.problem) or not cfg.solution:
         raise KbsweepError("grade needs problem=<track>/<name> and solution=<file>")
     track, name = str(cfg.problem).split("/", 1)
@@ -212,26 +224,34 @@ def grade_verb(cfgs: List[DictConfig]) -> int:
     conf = OmegaConf.to_container(cfg, resolve=True)
     run = configured_grader(problem, roofline, Path(cfg.paths.outputs), conf["gpu"], conf["track"], conf["grade"], conf["paths"])
     result = run("full", solution, f"{track}-{name}-{time.strftime('%Y%m%d-%H%M%S')}")
-    print(json.dumps(result, indent=1, default=str))
     outcome = Outcome(result["outcome"])
-    return ExitCode.OK if outcome == Outcome.PASS else ExitCode.INFRA if outcome.is_infra else ExitCode.MODEL
+    return result, ExitCode.OK if outcome == Outcome.PASS else ExitCode.INFRA if outcome.is_infra else ExitCode.MODEL
 
 
 @verb("report")
 def report_verb(cfgs: List[DictConfig]) -> int:
     """Leaderboards per (track, GPU) from the tracking store; Markdown, JSON and HTML with plots in outputs/reports."""
-    from kbsweep.report import build_boards, render_terminal, write_report
-    from kbsweep.tracking import log_report, runs_frame
+    from kbsweep.report import render_terminal
 
-    cfg = cfgs[0]
-    boards = build_boards(runs_frame(cfg.tracking.uri))
+    boards, paths = write_boards(cfgs[0])
     print(render_terminal(boards))
-    if boards:
-        folder = Path(cfg.paths.outputs) / "reports"
-        paths = write_report(boards, folder)
-        log_report(cfg.tracking.uri, sorted({name for board in boards for name in board["experiments"]}), folder)
+    if paths:
         print(f"[kbsweep] report: {paths['html']} (also report.md, report.json; logged to each sweep's latest run)", file=sys.stderr)
     return 0
+
+
+def write_boards(cfg: DictConfig) -> tuple:
+    """(the boards of the tracking store, the report files written and logged to each sweep's latest run)."""
+    from kbsweep.report import build_boards, write_report
+    from kbsweep.tracking import log_report, runs_frame
+
+    boards = build_boards(runs_frame(cfg.tracking.uri))
+    if not boards:
+        return boards, {}
+    folder = Path(cfg.paths.outputs) / "reports"
+    paths = write_report(boards, folder)
+    log_report(cfg.tracking.uri, sorted({name for board in boards for name in board["experiments"]}), folder)
+    return boards, paths
 
 
 @verb("calibrate")
@@ -413,9 +433,10 @@ def main() -> None:
     name = argv.pop(0) if argv and not argv[0].startswith("-") and "=" not in argv[0] else "run"
     if name == "audit" and argv[:1] == ["override"]:
         argv = take_override(argv[1:])
-    if "--force" in argv:
-        argv.remove("--force")
-        argv.append("sweep.force=true")
+    for flag, override in (("--force", "sweep.force=true"), ("--json", "json=true")):
+        if flag in argv:
+            argv.remove(flag)
+            argv.append(override)
     argv = ["--help" if a == "--hydra-help" else a for a in argv]
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     check_yaml(argv)

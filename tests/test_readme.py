@@ -27,6 +27,8 @@ COMMANDS = {
     "kbsweep -m harness=builtin,claude-code,codex model=opus-4.8 track=hard": ("run", {2}, "kbsweep: error:"),  # the CLIs, else the key
     "kbsweep track=hard problem=topk,kda -m": ("plan", SLOW),
     "kbsweep plan -m model=opus-4.8,glm-5.2 track=hard": ("run", {0}, "missing key: model 'glm-5.2'"),
+    "kbsweep plan --json -m model=opus-4.8 track=hard": ("run", {0}, '"expected_tokens": {'),
+    "kbsweep preflight -m model=opus-4.8,glm-5.2": ("run", {2}, "environment variable ZAI_API_KEY is not set"),
     "kbsweep grade problem=demo/scale_shift solution=my.py gpu=cpu": ("run", {0}, '"outcome": "pass"'),
     "kbsweep report": ("run", {0}, ""),
     "kbsweep export +out=hf-dataset": ("run", {0}, "exported 0 runs"),

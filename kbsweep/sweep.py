@@ -20,17 +20,25 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple
 from kbsweep import KbsweepError
 from kbsweep.cell import RESULT_FILE, cell_busy, reclaim
 from kbsweep.launch import make_launcher
+from kbsweep.live import LiveCells
 from kbsweep.matrix import Cell, cell_dir
 from kbsweep.outcomes import Outcome
 from kbsweep.tracking import Tracker, owner, result_id
 
 
 class Progress:
-    """Cells done / running / failed and dollars spent: a live rich bar on a terminal, one line per event otherwise."""
+    """Cells done / running / failed and dollars spent: a live rich bar on a terminal (with ``table()``, the
+    running cells, under it), one line per event otherwise."""
 
-    def __init__(self, total: int, console=None):
+    def __init__(self, total: int, console=None, table: Optional[Callable[[], Any]] = None):
         from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress as Bar, TextColumn, TimeElapsedColumn
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress as RichProgress, TextColumn, TimeElapsedColumn
+
+        class Bar(RichProgress):
+            def get_renderables(self):
+                yield self.make_tasks_table(self.tasks)
+                if table:
+                    yield table()
 
         self.total, self.done, self.running, self.failed, self.usd = total, 0, 0, 0, 0.0
         self.console = console or Console(stderr=True)
@@ -147,15 +155,20 @@ def orchestrate(cells: List[Cell], tracking: Dict[str, Any], launcher: Dict[str,
     for cell in todo:
         shutil.rmtree(cell_dir(cell), ignore_errors=True)  # an infra result, a forced one, or a half-written cell
     run_ids: Dict[str, Optional[str]] = {}
+    live = LiveCells(lambda run_id, metrics: attempt(tracker.log_batch, run_id, None, None, metrics))
 
-    with Progress(len(todo) + len(replay)) as progress:
+    with Progress(len(todo) + len(replay), table=live.table) as progress, live:
+        if not progress.bar:
+            live.say = lambda line: print(f"[kbsweep] {line}", file=sys.stderr, flush=True)
 
         def on_start(cell: Cell) -> None:
             run_ids[cell.key] = attempt(tracker.start_cell, cell)
+            live.add(cell.key, cell.label, run_ids[cell.key], cell_dir(cell) / "transcript.jsonl")
             progress.running += 1
             progress.show(f"started {cell.label}")
 
         def on_done(cell: Cell, result: Dict[str, Any]) -> None:
+            live.remove(cell.key)
             run_id = run_ids.pop(cell.key, None) or attempt(tracker.start_cell, cell)
             if run_id is None or attempt(tracker.finish_cell, run_id, result) is None:
                 unlogged.append(cell.key)

@@ -26,3 +26,12 @@ class ExitCode(IntEnum):
     CONFIG = 2  # a config, problem or input error: one line naming the file and key; nothing was launched
     MODEL = 3  # the model's failure: `grade` of an incorrect, crashing, too slow or too hungry solution
     INFRA = 4  # infrastructure: provider, node or scheduler faults, cells left unfinished; a rerun resumes
+
+
+def __getattr__(name: str):
+    """``kbsweep.plan/run/grade/report``: the Python API (:mod:`kbsweep.api`), imported on first use."""
+    if name in ("plan", "run", "grade", "report"):
+        from kbsweep import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'kbsweep' has no attribute {name!r}")

@@ -10,7 +10,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Callable, Dict, List
+from typing import Any, Callable, Dict, List
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
@@ -18,7 +18,7 @@ from kbsweep import REPO_ROOT, ExitCode, InfraError, KbsweepError
 from kbsweep.config import group_source, validate
 
 VERBS: Dict[str, Callable[[List[DictConfig]], int]] = {}
-USAGE = """usage: kbsweep [VERB] [--force] [-m] [key=value ...]
+USAGE = """usage: kbsweep [VERB] [--force] [--json] [-m] [key=value ...]
 
 verbs:
 {verbs}
@@ -93,8 +93,9 @@ def prepare(cfg: DictConfig, hydra_cfg) -> DictConfig:
 
 
 def fail(code: ExitCode, error: object) -> None:
-    """Print ``error`` as kbsweep's one line and exit with ``code``."""
-    print(f"kbsweep: error: {error}", file=sys.stderr)
+    """Print ``error`` as kbsweep's one line (one per line of it) and exit with ``code``."""
+    for line in str(error).splitlines():
+        print(f"kbsweep: error: {line}", file=sys.stderr)
     sys.exit(code)
 
 
@@ -113,15 +114,23 @@ def dispatch(cfgs: List[DictConfig]) -> None:
     sys.exit(code)
 
 
-@verb("run")
-def run_verb(cfgs: List[DictConfig]) -> int:
-    """Run a sweep (resuming it), then print its leaderboard."""
+def sweep_cells(cfgs: List[DictConfig]) -> tuple:
+    """Run (resume) the sweep of ``cfgs`` after its preflight; returns (its cells, those left unfinished)."""
     from kbsweep.matrix import build_matrix
     from kbsweep.sweep import run_sweep
 
     cells = build_matrix(cfgs)
     cfg = cfgs[0]
-    left = run_sweep(cells, OmegaConf.to_container(cfg.tracking, resolve=True), OmegaConf.to_container(cfg.launcher, resolve=True), bool(cfg.sweep.force))
+    mode = preflight_mode(cfg)
+    left = run_sweep(cells, OmegaConf.to_container(cfg.tracking, resolve=True), OmegaConf.to_container(cfg.launcher, resolve=True), bool(cfg.sweep.force),
+                     lambda todo: refuse_on_failure(todo, mode))
+    return cells, left
+
+
+@verb("run")
+def run_verb(cfgs: List[DictConfig]) -> int:
+    """Run a sweep (resuming it), then print its leaderboard."""
+    cells, left = sweep_cells(cfgs)
     report_verb(cfgs)
     if left:
         print(f"[kbsweep] {len(left)} of {len(cells)} cells are not finished (infrastructure faults); run the sweep again", file=sys.stderr)
@@ -129,33 +138,78 @@ def run_verb(cfgs: List[DictConfig]) -> int:
     return ExitCode.OK
 
 
+def preflight_mode(cfg: DictConfig) -> str:
+    from kbsweep.preflight import MODES
+
+    mode = str(cfg.get("preflight"))
+    if mode not in MODES:
+        raise KbsweepError(f"conf/config.yaml: key 'preflight': '{mode}' is not one of {', '.join(MODES)}")
+    return mode
+
+
+def refuse_on_failure(cells, mode: str) -> None:
+    """Preflight the models of ``cells``: each failure is one line, then exit (CONFIG for a key or route, INFRA
+    for a provider fault) before anything launches."""
+    from kbsweep.preflight import preflight, worst
+
+    failed = [check for check in preflight(cells, mode) if check.status != "ok"]
+    if failed:
+        error = KbsweepError if worst(failed) == ExitCode.CONFIG else InfraError
+        raise error("\n".join(check.line() for check in failed))
+
+
+@verb("preflight")
+def preflight_verb(cfgs: List[DictConfig]) -> int:
+    """Check each model's key and route with one tiny request (preflight=keys: the keys only); runs nothing else."""
+    from kbsweep.matrix import build_matrix
+    from kbsweep.preflight import preflight, worst
+
+    checks = preflight(build_matrix(cfgs), "keys" if preflight_mode(cfgs[0]) == "keys" else "live")
+    for check in checks:
+        print(f"{check.status:<11} {check.line()}")
+    if not checks:
+        print("no model calls a provider (scripted or replay models only)")
+    return worst(checks)
+
+
 @verb("plan")
 def plan_verb(cfgs: List[DictConfig]) -> int:
-    """Print the cells, the harnesses (with the CLIs' versions), the count and a cost estimate; run nothing."""
-    from kbsweep.harness import runner_for
-    from kbsweep.matrix import build_matrix, estimate
+    """Print the cells, the harnesses (with the CLIs' versions), the count, a cost estimate and missing keys (--json: as JSON); run nothing."""
+    from kbsweep.api import plan_of
+    from kbsweep.matrix import build_matrix
 
-    cells = build_matrix(cfgs)
-    for cell in cells:
+    plan = plan_of(build_matrix(cfgs))
+    if cfgs[0].json:
+        print(json.dumps(plan.to_dict(), indent=1))
+        return 0
+    for cell in plan.cells:
         print(f"{cell.key}  {cell.label}")
-    harnesses = {cell.harness["name"]: cell.harness for cell in cells}
-    print("harnesses: " + "; ".join(runner_for(conf).describe() for conf in harnesses.values()))
-    est = estimate(cells)
-    usd = f"${est['model_usd']:.2f}" + (f" + unpriced: {', '.join(est['unpriced_models'])}" if est["unpriced_models"] else "")
-    print(f"{est['cells']} cells; model spend ≈ {usd}; GPU time cap {est['gpu_hours_cap']:.1f} GPU-h (≤ ${est['rent_usd_cap']:.2f} rent)")
+    print("harnesses: " + "; ".join(plan.harnesses))
+    usd = f"${plan.model_usd:.2f}" + (f" + unpriced: {', '.join(plan.unpriced_models)}" if plan.unpriced_models else "")
+    print(f"{len(plan.cells)} cells; model spend ≈ {usd}; GPU time cap {plan.gpu_hours_cap:.1f} GPU-h (≤ ${plan.rent_usd_cap:.2f} rent)")
+    for name, tokens in plan.expected_tokens.items():
+        print(f"  {name}: assumes {tokens['input']:,} input / {tokens['output']:,} output tokens per cell (model.expected_tokens)")
+    for line in plan.missing_keys:
+        print(f"missing key: {line}")
     return 0
 
 
 @verb("grade")
 def grade_verb(cfgs: List[DictConfig]) -> int:
     """Grade one solution file: ``kbsweep grade problem=<track>/<name> solution=<file> gpu=<name>``; JSON on stdout."""
+    result, code = grade_file(cfgs[0])
+    print(json.dumps(result, indent=1, default=str))
+    return code
+
+
+def grade_file(cfg: DictConfig) -> tuple:
+    """(the grader's result, the exit code it means) for ``cfg.solution`` on ``cfg.problem``."""
     from kbsweep.cell import configured_grader
     from kbsweep.outcomes import Outcome
     from kbsweep.problems import find_problem_dir, load_problem
     from kbsweep.score import load_roofline
     from kbsweep.validate import check_problem, check_references, reference_probe
 
-    cfg = cfgs[0]
     if not cfg.problem or "/" not in str(cfg.problem) or not cfg.solution:
         raise KbsweepError("grade needs problem=<track>/<name> and solution=<file>")
     track, name = str(cfg.problem).split("/", 1)
@@ -170,33 +224,19 @@ def grade_verb(cfgs: List[DictConfig]) -> int:
     conf = OmegaConf.to_container(cfg, resolve=True)
     run = configured_grader(problem, roofline, Path(cfg.paths.outputs), conf["gpu"], conf["track"], conf["grade"], conf["paths"])
     result = run("full", solution, f"{track}-{name}-{time.strftime('%Y%m%d-%H%M%S')}")
-    print(json.dumps(result, indent=1, default=str))
     outcome = Outcome(result["outcome"])
-    return ExitCode.OK if outcome == Outcome.PASS else ExitCode.INFRA if outcome.is_infra else ExitCode.MODEL
+    return result, ExitCode.OK if outcome == Outcome.PASS else ExitCode.INFRA if outcome.is_infra else ExitCode.MODEL
 
 
 @verb("report")
 def report_verb(cfgs: List[DictConfig]) -> int:
     """Leaderboards per (track, GPU) from the tracking store; Markdown, JSON and HTML with plots in outputs/reports."""
-    from kbsweep import snapshot
-    from kbsweep.report import attach_regrades, build_boards, render_terminal, write_report
-    from kbsweep.tracking import log_report, runs_frame
+    from kbsweep.report import render_terminal
 
-    cfg = cfgs[0]
-    folder = Path(cfg.paths.outputs) / "reports"
-    saved = snapshot.load(folder / ".boards.json", cfg.tracking.uri)  # nothing logged since it was written: reused
-    if saved is not None:
-        print(render_terminal(saved["boards"]))
-        print(f"[kbsweep] report: {folder / 'report.html'} (unchanged: nothing was logged since it was written)", file=sys.stderr)
-        return 0
-    taken = snapshot.stamp(cfg.tracking.uri)
-    boards = attach_regrades(build_boards(runs_frame(cfg.tracking.uri)), runs_frame(cfg.tracking.uri, kind="regrade"))
+    boards, paths = write_boards(cfgs[0])
     print(render_terminal(boards))
-    if boards:
-        paths = write_report(boards, folder)
-        log_report(cfg.tracking.uri, sorted({name for board in boards for name in board["experiments"]}), folder)
+    if paths:
         print(f"[kbsweep] report: {paths['html']} (also report.md, report.json; logged to each sweep's latest run)", file=sys.stderr)
-    snapshot.save(folder / ".boards.json", cfg.tracking.uri, taken, {"boards": json.loads(json.dumps(boards, default=str))})
     return 0
 
 
@@ -210,6 +250,28 @@ def regrade_verb(cfgs: List[DictConfig]) -> int:
     print(f"[kbsweep] {len(done)} solutions of sweep '{cfg.sweep.name}' regraded on {cfg.gpu.name}", file=sys.stderr)
     report_verb(cfgs)
     return 0
+
+
+def write_boards(cfg: DictConfig) -> tuple:
+    """(the boards of the tracking store, the report files written and logged to each sweep's latest run); read
+    back from the reports folder's snapshot while nothing was logged since it was written (:mod:`kbsweep.snapshot`)."""
+    from kbsweep import snapshot
+    from kbsweep.report import attach_regrades, build_boards, write_report
+    from kbsweep.tracking import log_report, runs_frame
+
+    folder = Path(cfg.paths.outputs) / "reports"
+    saved = snapshot.load(folder / ".boards.json", cfg.tracking.uri)
+    if saved is not None:
+        return saved["boards"], saved.get("paths") or {}
+    taken = snapshot.stamp(cfg.tracking.uri)
+    boards = attach_regrades(build_boards(runs_frame(cfg.tracking.uri)), runs_frame(cfg.tracking.uri, kind="regrade"))
+    paths: Dict[str, Any] = {}
+    if boards:
+        paths = write_report(boards, folder)
+        log_report(cfg.tracking.uri, sorted({name for board in boards for name in board["experiments"]}), folder)
+    snapshot.save(folder / ".boards.json", cfg.tracking.uri, taken,
+                  {"boards": json.loads(json.dumps(boards, default=str)), "paths": {k: str(v) for k, v in paths.items()}})
+    return boards, paths
 
 
 @verb("calibrate")
@@ -365,6 +427,25 @@ def check_yaml(argv: List[str]) -> None:
                 fail(ExitCode.CONFIG, f"{where}: broken YAML ({getattr(exc, 'problem', None) or exc})")
 
 
+VALUED_OPTIONS = {"-cd", "--config-dir", "-cn", "--config-name", "-cp", "--config-path", "-c", "--cfg", "-p", "--package", "--experimental-rerun"}
+INFO_TOPICS = {"all", "config", "defaults", "defaults-tree", "plugins", "searchpath"}  # --info's optional value
+
+
+def split_options(argv: List[str]) -> tuple:
+    """(Hydra's options with their values, the overrides): options go first, since Hydra's parser takes one run of
+    overrides and refuses any after an option (``kbsweep track=hard problem=topk,kda -m``, ``model=x -cd DIR``)."""
+    options: List[str] = []
+    overrides: List[str] = []
+    taking = False
+    for i, arg in enumerate(argv):
+        if taking or arg.startswith("-") or (i and argv[i - 1] == "--info" and arg in INFO_TOPICS):
+            options.append(arg)
+            taking = not taking and arg in VALUED_OPTIONS
+        else:
+            overrides.append(arg)
+    return options, overrides
+
+
 def main() -> None:
     argv = sys.argv[1:]
     if argv and argv[0] in ("-h", "--help"):
@@ -373,9 +454,10 @@ def main() -> None:
     name = argv.pop(0) if argv and not argv[0].startswith("-") and "=" not in argv[0] else "run"
     if name == "audit" and argv[:1] == ["override"]:
         argv = take_override(argv[1:])
-    if "--force" in argv:
-        argv.remove("--force")
-        argv.append("sweep.force=true")
+    for flag, override in (("--force", "sweep.force=true"), ("--json", "json=true")):
+        if flag in argv:
+            argv.remove(flag)
+            argv.append(override)
     argv = ["--help" if a == "--hydra-help" else a for a in argv]
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     check_yaml(argv)
@@ -383,8 +465,8 @@ def main() -> None:
         argv = check_overrides(argv)
     except KbsweepError as exc:
         fail(ExitCode.CONFIG, exc)
-    multirun = [a for a in argv if a in ("-m", "--multirun")]  # first: Hydra's parser takes one run of overrides
-    sys.argv = [sys.argv[0], *multirun, *(a for a in argv if a not in multirun), f"verb={name}"]
+    options, overrides = split_options(argv)
+    sys.argv = [sys.argv[0], *options, *overrides, f"verb={name}"]
     try:
         hydra_main()
     except SystemExit as exc:

@@ -22,17 +22,17 @@ import signal
 import sys
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, Iterable, List, Optional
 
 from kbsweep import InfraError, KbsweepError, gpus
 from kbsweep.cell import run_cell
 from kbsweep.matrix import Cell, cell_dir
 from kbsweep.outcomes import Outcome
 from kbsweep.torchrun import kill_tree
-from kbsweep.tracking import owner, owner_alive
+from kbsweep.tracking import owner, owner_alive, provider_of
 
 OnStart = Callable[[Cell], None]
 OnDone = Callable[[Cell, Dict[str, Any]], None]
@@ -102,6 +102,28 @@ class Running:
     cell: Cell
     started: float  # monotonic, at submission
     killed: Optional[str] = None  # why the launcher ended it
+
+
+def provider_caps(cells: Iterable[Cell]) -> Dict[str, int]:
+    """Cells at once per model provider: the smallest ``model.concurrency`` among the sweep's models it serves.
+    Only models that call a provider (litellm) are capped."""
+    caps: Dict[str, int] = {}
+    for cell in cells:
+        if cell.model.get("provider") == "litellm":
+            provider = provider_of(cell.model)
+            caps[provider] = min(caps.get(provider, cell.model["concurrency"]), cell.model["concurrency"])
+    return caps
+
+
+def next_cell(pending: Iterable[Cell], running: List[Cell], caps: Dict[str, int]) -> Optional[Cell]:
+    """The first pending cell whose provider is below its cap. A cell's agent makes one model call at a time, so
+    this bounds the calls in flight per provider across every process of the sweep (the judge's calls come on top)."""
+    busy = Counter(provider_of(cell.model) for cell in running)
+    for cell in pending:
+        provider = provider_of(cell.model)
+        if provider not in caps or busy[provider] < caps[provider]:
+            return cell
+    return None
 
 
 class SubmititLauncher:
@@ -188,9 +210,13 @@ class SubmititLauncher:
     def loop(self, pending: deque, running: Dict[Any, Running], on_start: OnStart, on_done: OnDone) -> None:
         attempts: Dict[str, int] = {}
         concurrency = max(1, int(self.conf["concurrency"]))
+        caps = provider_caps(pending)
         while pending or running:
-            while pending and len(running) < concurrency:
-                cell = pending.popleft()
+            while len(running) < concurrency:
+                cell = next_cell(pending, [state.cell for state in running.values()], caps)
+                if cell is None:
+                    break
+                pending.remove(cell)
                 if cell.key not in attempts:
                     on_start(cell)
                 attempts[cell.key] = attempts.get(cell.key, 0) + 1

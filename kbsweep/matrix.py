@@ -148,7 +148,9 @@ def estimate(cells: List[Cell]) -> Dict[str, Any]:
         hours = cell.track["time_cap_s"] / 3600 * max(1, cell.track["world_size"])
         gpu_hours += hours
         rent += hours * (cell.gpu.get("hourly_usd") or 0.0)
-    return {"cells": len(cells), "model_usd": usd, "unpriced_models": sorted(unpriced), "gpu_hours_cap": gpu_hours, "rent_usd_cap": rent}
+    expected = {c.model["name"]: dict(c.model["expected_tokens"]) for c in cells if c.model.get("provider") == "litellm"}
+    return {"cells": len(cells), "model_usd": usd, "unpriced_models": sorted(unpriced), "gpu_hours_cap": gpu_hours, "rent_usd_cap": rent,
+            "expected_tokens": expected}
 
 
 def cell_dir(cell: Cell) -> Path:

@@ -15,22 +15,30 @@ import sys
 import traceback
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Set, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple
 
 from kbsweep import KbsweepError, snapshot
 from kbsweep.cell import RESULT_FILE, cell_busy, reclaim
 from kbsweep.launch import make_launcher
+from kbsweep.live import LiveCells
 from kbsweep.matrix import Cell, cell_dir
 from kbsweep.outcomes import Outcome
 from kbsweep.tracking import Tracker, owner, result_id
 
 
 class Progress:
-    """Cells done / running / failed and dollars spent: a live rich bar on a terminal, one line per event otherwise."""
+    """Cells done / running / failed and dollars spent: a live rich bar on a terminal (with ``table()``, the
+    running cells, under it), one line per event otherwise."""
 
-    def __init__(self, total: int, console=None):
+    def __init__(self, total: int, console=None, table: Optional[Callable[[], Any]] = None):
         from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress as Bar, TextColumn, TimeElapsedColumn
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress as RichProgress, TextColumn, TimeElapsedColumn
+
+        class Bar(RichProgress):
+            def get_renderables(self):
+                yield self.make_tasks_table(self.tasks)
+                if table:
+                    yield table()
 
         self.total, self.done, self.running, self.failed, self.usd = total, 0, 0, 0, 0.0
         self.console = console or Console(stderr=True)
@@ -106,9 +114,12 @@ def plan(cells: List[Cell], finished: Dict[str, str], logged: Set[str], force: b
     return todo, replay, salvage
 
 
-def run_sweep(cells: List[Cell], tracking: Dict[str, Any], launcher: Dict[str, Any], force: bool) -> List[Cell]:
-    """Run every cell not already finished; log each result as it comes back. Returns the cells still without a
-    finished record (infrastructure outcomes, orphans that could not be stopped, results not logged)."""
+def run_sweep(
+    cells: List[Cell], tracking: Dict[str, Any], launcher: Dict[str, Any], force: bool, before: Callable[[List[Cell]], None] = lambda todo: None
+) -> List[Cell]:
+    """Run every cell not already finished; log each result as it comes back. ``before(cells to run)`` runs
+    before anything launches (the preflight). Returns the cells still without a finished record (infrastructure
+    outcomes, orphans that could not be stopped, results not logged)."""
     if not cells:
         return []
     with sweep_lock(Path(cells[0].paths["outputs"]), cells[0].sweep):
@@ -116,7 +127,7 @@ def run_sweep(cells: List[Cell], tracking: Dict[str, Any], launcher: Dict[str, A
         if saved is not None and all(c.key in saved["finished"] for c in cells):  # nothing to do: MLflow is not even imported
             announce(cells, len(cells), 0, 0, 0)
             return []
-        return orchestrate(cells, tracking, launcher, force)
+        return orchestrate(cells, tracking, launcher, force, before)
 
 
 def history_path(cell: Cell) -> Path:
@@ -149,7 +160,7 @@ def attempt(action, *args) -> Any:
         return None
 
 
-def orchestrate(cells: List[Cell], tracking: Dict[str, Any], launcher: Dict[str, Any], force: bool) -> List[Cell]:
+def orchestrate(cells: List[Cell], tracking: Dict[str, Any], launcher: Dict[str, Any], force: bool, before: Callable[[List[Cell]], None]) -> List[Cell]:
     tracker = Tracker(tracking["uri"], tracking["artifact_root"], cells[0].sweep)
     stale = tracker.close_stale()
     finished, logged_results = read_history(tracker, cells[0], tracking["uri"])
@@ -157,22 +168,28 @@ def orchestrate(cells: List[Cell], tracking: Dict[str, Any], launcher: Dict[str,
     skipped = len(cells) - len(todo) - len(replay)
     announce(cells, skipped, len(replay), len(todo), stale)
     if not (todo or replay or salvage):  # no parent run for an invocation that logs nothing
-        return []
+        return [c for c in cells if c.key not in finished]
+    before(todo)
     tracker.start_sweep({"launcher": launcher["kind"], "force": str(force)}, len(cells))
     unlogged = [c.key for c in salvage if attempt(lambda c: tracker.finish_cell(tracker.start_cell(c), journal(c)), c) is None]
     todo = [c for c in todo if c.key not in unlogged]  # an unlogged journal is neither cleared nor redone
     for cell in todo:
         shutil.rmtree(cell_dir(cell), ignore_errors=True)  # an infra result, a forced one, or a half-written cell
     run_ids: Dict[str, Optional[str]] = {}
+    live = LiveCells(lambda run_id, metrics: attempt(tracker.log_batch, run_id, None, None, metrics))
 
-    with Progress(len(todo) + len(replay)) as progress:
+    with Progress(len(todo) + len(replay), table=live.table) as progress, live:
+        if not progress.bar:
+            live.say = lambda line: print(f"[kbsweep] {line}", file=sys.stderr, flush=True)
 
         def on_start(cell: Cell) -> None:
             run_ids[cell.key] = attempt(tracker.start_cell, cell)
+            live.add(cell.key, cell.label, run_ids[cell.key], cell_dir(cell) / "transcript.jsonl")
             progress.running += 1
             progress.show(f"started {cell.label}")
 
         def on_done(cell: Cell, result: Dict[str, Any]) -> None:
+            live.remove(cell.key)
             run_id = run_ids.pop(cell.key, None) or attempt(tracker.start_cell, cell)
             if run_id is None or attempt(tracker.finish_cell, run_id, result) is None:
                 unlogged.append(cell.key)

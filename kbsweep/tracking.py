@@ -227,11 +227,29 @@ def make_client(uri: str):
     return MlflowClient(tracking_uri=uri)
 
 
+def source_tags() -> Dict[str, str]:
+    """What ran the sweep: MLflow's source tags, with the kbsweep checkout's git commit, branch and remote."""
+    from mlflow.utils.git_utils import get_git_branch, get_git_commit, get_git_repo_url
+
+    from kbsweep import REPO_ROOT
+
+    tags = {"mlflow.source.name": "kbsweep", "mlflow.source.type": "LOCAL"}
+    for key, read in (("commit", get_git_commit), ("branch", get_git_branch), ("repoURL", get_git_repo_url)):
+        value = read(str(REPO_ROOT))
+        if value:
+            tags[f"mlflow.source.git.{key}"] = value
+    return tags
+
+
 class Tracker:
     """An MLflow experiment per sweep name; a parent run per invocation; a child run per cell."""
 
     def __init__(self, uri: str, artifact_root: str, sweep: str):
+        import mlflow
+
         self.client = make_client(uri)
+        mlflow.set_tracking_uri(uri)  # MLflow exports traces to the global tracking URI, not a client's
+        self.source = source_tags()
         experiment = self.client.get_experiment_by_name(sweep)
         if experiment is None:
             location = artifact_location(uri, artifact_root, sweep)
@@ -259,7 +277,7 @@ class Tracker:
                 self.client.log_batch(run_id, **{kind: items[start : start + BATCH[kind]]})
 
     def start_sweep(self, params: Dict[str, Any], cells: int) -> str:
-        tags = {KIND_TAG: "sweep", OWNER_TAG: owner()}
+        tags = {KIND_TAG: "sweep", OWNER_TAG: owner(), **self.source}
         run = self.client.create_run(self.experiment_id, tags=tags, run_name=time.strftime("sweep-%Y%m%d-%H%M%S"))
         self.parent_id = run.info.run_id
         self.log_batch(self.parent_id, params={"cells": str(cells), **{k: str(v) for k, v in params.items()}, **versions()})
@@ -307,6 +325,7 @@ class Tracker:
             "provider": provider_of(cell.model),
             "repeat": str(cell.repeat),
             "deck_version": cell.deck_version,
+            **self.source,
         }
         if self.parent_id:
             tags["mlflow.parentRunId"] = self.parent_id
@@ -316,6 +335,7 @@ class Tracker:
 
     def finish_cell(self, run_id: str, result: Dict[str, Any]) -> str:
         """Log a cell's result (metrics, tags, env params, artifacts, plots) and close its run; returns the run id."""
+        from kbsweep.agent.mlflow_trace import log_trace
         from kbsweep.agent.transcript import read_events
         from kbsweep.export import trace_jsonl
         from kbsweep.report import cell_figures, shape_label
@@ -344,7 +364,9 @@ class Tracker:
         if (folder / "transcript.jsonl").exists():
             title = str(result.get("cell") or run_id)
             model = run.data.params.get("model.route") or run.data.tags.get("model", "")
-            self.client.log_text(run_id, trace_jsonl(read_events(folder / "transcript.jsonl"), run_id, title, model), "trace.jsonl")
+            events = read_events(folder / "transcript.jsonl")
+            self.client.log_text(run_id, trace_jsonl(events, run_id, title, model), "trace.jsonl")
+            log_trace(self.client, self.experiment_id, run_id, events, title, model, {CELL_KEY_TAG: run.data.tags.get(CELL_KEY_TAG, "")})
         for name, figure in cell_figures(result, run.data.params).items():
             self.client.log_figure(run_id, figure, f"plots/{name}.png")
         self.client.set_terminated(run_id, "FAILED" if Outcome(result["outcome"]).is_infra else "FINISHED")

@@ -72,3 +72,33 @@ def test_mlflow_ui_shows_the_sweep_runs_and_a_metric_column(served, browser, tmp
             shutil.copy(screenshot, Path(os.environ["KBSWEEP_SCREENSHOTS"]) / screenshot.name)
     assert [float(v) for v in values] == pytest.approx([cell.data.metrics["score"]])
     assert screenshot.read_bytes().startswith(b"\x89PNG")
+
+
+def test_mlflow_ui_shows_a_cell_trace_with_its_spans(served, browser, tmp_path):
+    """The conversation viewer: the cell run's Traces tab lists its trace; opening it shows the model-turn and tool spans."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as seen
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    import mlflow
+
+    assert served["proc"].returncode == 0, served["proc"].stderr
+    client = make_client(served["uri"])
+    experiment = client.get_experiment_by_name(served["sweep"])
+    [cell] = client.search_runs([experiment.experiment_id], "tags.`kbsweep.kind` = 'cell'")
+    mlflow.set_tracking_uri(served["uri"])
+    [trace] = mlflow.search_traces(locations=[experiment.experiment_id], run_id=cell.info.run_id, return_type="list")
+    tool = next(s.name for s in trace.data.spans if s.span_type == "TOOL")
+    wait = WebDriverWait(browser, 90)
+    screenshot = tmp_path / "mlflow_trace.png"
+    try:
+        browser.get(f"{served['uri']}/#/experiments/{experiment.experiment_id}/runs/{cell.info.run_id}/traces")
+        wait.until(seen.element_to_be_clickable((By.XPATH, f"//*[normalize-space(text())='{trace.info.trace_id}']"))).click()
+        for name in ("turn 1", tool):
+            wait.until(seen.visibility_of_element_located((By.XPATH, f"//*[normalize-space(text())='{name}']")))
+    finally:
+        browser.save_screenshot(str(screenshot))
+        (tmp_path / "mlflow_trace.html").write_text(browser.page_source)
+        if os.environ.get("KBSWEEP_SCREENSHOTS"):
+            Path(os.environ["KBSWEEP_SCREENSHOTS"]).mkdir(parents=True, exist_ok=True)
+            shutil.copy(screenshot, Path(os.environ["KBSWEEP_SCREENSHOTS"]) / screenshot.name)

@@ -256,3 +256,23 @@ def test_torchrun_hung_ranks_are_killed_at_the_timeout(tmp_path):
     ranks = sorted(pids.iterdir())
     assert [p.name for p in ranks] == ["0", "1"], run.stderr()[-2000:]
     assert all(gone(int(path.read_text())) for path in ranks)
+
+
+def test_model_concurrency_caps_cells_per_provider(tmp_path):
+    """model.concurrency: cells at once per provider (the smallest cap of its models); other providers and
+    scripted models are not held back by it."""
+    from kbsweep.launch import next_cell, provider_caps
+
+    def cell(name, route, concurrency):
+        c = make_cell(tmp_path, name)
+        c.model = {"name": name, "provider": "litellm", "route": route, "concurrency": concurrency}
+        return c
+
+    a1, a2, b1 = cell("a1", "anthropic/x", 2), cell("a2", "anthropic/y", 1), cell("b1", "zai/z", 4)
+    scripted = make_cell(tmp_path, "s")
+    caps = provider_caps([a1, a2, b1, scripted])
+    assert caps == {"anthropic": 1, "zai": 4}
+    assert next_cell([a2, b1], [a1], caps) is b1  # anthropic is at its cap of 1
+    assert next_cell([a2, scripted], [a1, b1], caps) is scripted
+    assert next_cell([a2], [a1], caps) is None
+    assert next_cell([a2], [b1, scripted], caps) is a2

@@ -220,3 +220,43 @@ def test_artifact_location_of_a_new_experiment(tmp_path):
     assert tracking.artifact_location("http://127.0.0.1:5000", str(tmp_path), "s") is None  # the server's proxied store
     assert tracking.artifact_location("http://127.0.0.1:5000", "s3://bucket/kb/", "s") == "s3://bucket/kb/s"
     assert tracking.artifact_location("sqlite:///x.db", "", "s") is None
+
+
+def test_transcript_is_a_trace_of_the_cell_run_with_model_and_tool_spans(store):
+    outputs, uri = store
+    cell = make_cell(outputs)
+    tracker = Tracker(uri, str(outputs / "mlartifacts"), "demo")
+    tracker.start_sweep({"launcher": "inline"}, 1)
+    run_id = tracker.start_cell(cell)
+    result = write_result(cell)
+    call = {"id": "c1", "type": "function", "function": {"name": "run_check", "arguments": '{"path": "solution.py"}'}}
+    events = [
+        *EVENTS[:2],
+        {"ts": 1_796_000_001.5, "type": "retry", "attempt": 1, "error": "RateLimitError", "status": 429, "message": "slow down", "delay_s": 0.5},
+        {"ts": 1_796_000_004.0, "type": "assistant", "content": "checking", "tool_calls": [call], "latency_s": 2.0, "finish_reason": "tool_calls",
+         "usage": {"input_tokens": 100, "output_tokens": 20, "cached_tokens": 60}, "cost_usd": 0.25},
+        {"ts": 1_796_000_006.0, "type": "tool", "name": "run_check", "tool_call_id": "c1", "arguments": call["function"]["arguments"], "content": "PASS 3/3"},
+        {"ts": 1_796_000_007.0, "type": "assistant", "content": "done", "tool_calls": [], "latency_s": 1.0, "finish_reason": "stop",
+         "usage": {"input_tokens": 130, "output_tokens": 5}, "cost_usd": 0.5},
+        {"ts": 1_796_000_008.0, "type": "stop", "reason": "model_stopped", "turns": 2, "cost_usd": 0.75},
+    ]
+    (Path(result["folder"]) / "transcript.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    tracker.finish_cell(run_id, result)
+
+    import mlflow
+
+    [trace] = mlflow.search_traces(locations=[tracker.experiment_id], run_id=run_id, return_type="list")
+    assert trace.info.request_metadata["mlflow.sourceRun"] == run_id and trace.info.tags["kbsweep.cell_key"] == cell.key
+    assert trace.info.token_usage == {"input_tokens": 230, "output_tokens": 25, "total_tokens": 255, "cache_read_input_tokens": 60, "cache_creation_input_tokens": 0}
+    root, *spans = trace.data.spans
+    assert (root.name, root.span_type, root.inputs, root.outputs["reason"]) == (cell.label, "AGENT", {"prompt": "make it fast"}, "model_stopped")
+    assert [(s.name, s.span_type) for s in spans] == [("turn 1", "CHAT_MODEL"), ("run_check", "TOOL"), ("turn 2", "CHAT_MODEL")]
+    first, tool, second = spans
+    assert [m["role"] for m in first.inputs["messages"]] == ["system", "user"] and second.inputs["messages"][0]["content"] == "PASS 3/3"
+    assert first.outputs["choices"][0]["message"]["tool_calls"] == [call] and first.attributes["mlflow.llm.cost"] == {"total_cost": 0.25}
+    assert (tool.inputs, tool.outputs) == ({"path": "solution.py"}, {"result": "PASS 3/3"})
+    assert (first.start_time_ns, first.end_time_ns, tool.end_time_ns) == (1_796_000_002 * 10**9, 1_796_000_004 * 10**9, 1_796_000_006 * 10**9)
+    assert [e.name for e in root.events] == ["retry"]
+    # what ran it: the source and the checkout's commit, on the sweep and cell runs
+    tags = tracker.client.get_run(run_id).data.tags
+    assert tags["mlflow.source.name"] == "kbsweep" and len(tags["mlflow.source.git.commit"]) == 40

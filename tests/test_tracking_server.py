@@ -108,3 +108,20 @@ def test_export_over_http_writes_traces_and_index(served, tmp_path):
     trace = [json.loads(line) for line in (out / row["trace"]).read_text().splitlines()]
     assert trace[0]["type"] == "custom-title" and any(r.get("type") == "assistant" for r in trace)
     assert "configs:" in (out / "README.md").read_text()
+
+
+def test_contamination_tripwire_knows_the_servers_runs(served, tmp_path, monkeypatch):
+    """A transcript naming a run id that only the MLflow server holds (nothing on disk) is contaminated."""
+    from kbsweep.audit.contamination import findings
+
+    client = make_client(served["uri"])
+    experiment = client.get_experiment_by_name(served["sweep"])
+    [cell] = client.search_runs([experiment.experiment_id], "tags.`kbsweep.kind` = 'cell'")
+    folder = tmp_path / "outputs" / "sweeps" / "demo" / "0123456789abcdef"
+    folder.mkdir(parents=True)
+    transcript = folder / "transcript.jsonl"
+    event = {"ts": 1.0, "type": "assistant", "content": f"the best run so far is {cell.info.run_id}", "tool_calls": []}
+    transcript.write_text(json.dumps(event) + "\n")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", served["uri"])  # as the orchestrator exports it to its cells
+    [found] = [f for f in findings(transcript, {}) if f["kind"] == "contaminated"]
+    assert f"MLflow run {cell.info.run_id}" in found["detail"]

@@ -142,14 +142,18 @@ def call_model(model: ChatModel, messages, tools, window: int, size: int, deadli
     return complete_logged(model, messages, tools, deadline, transcript)
 
 
-def note_grade(result: AgentResult, grade: Optional[Dict[str, Any]]) -> None:
-    """After a check or benchmark: a step with the turn, tokens, dollars and the best score so far."""
+def note_grade(result: AgentResult, grade: Optional[Dict[str, Any]], transcript: Optional[Transcript] = None) -> None:
+    """After a check or benchmark: a step with the turn, tokens, dollars and the best score so far (also a ``step``
+    event of ``transcript``, which the orchestrator reads while the cell runs; a CLI harness writes its transcript
+    only at the end, so it passes none)."""
     if not grade:
         return
     scores = [s["best_score"] for s in result.steps if s["best_score"] is not None]
     if grade.get("score") is not None:
         scores.append(grade["score"])
     result.steps.append({"turn": result.turns, "tokens": result.usage.total, "usd": result.cost_usd, "best_score": max(scores, default=None)})
+    if transcript is not None:
+        transcript.add("step", **result.steps[-1])
 
 
 def run_agent(
@@ -213,7 +217,7 @@ def run_agent(
             messages.append({"role": "tool", "tool_call_id": call["id"], "content": output})
             transcript.add("tool", name=name, tool_call_id=call["id"], arguments=arguments, content=output)
             if name in ("run_check", "run_benchmark"):
-                note_grade(result, toolbox.last_grade)
+                note_grade(result, toolbox.last_grade, transcript)
         if toolbox.submitted:
             result.stop_reason = StopReason.SUBMITTED
             break

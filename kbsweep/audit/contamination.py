@@ -15,14 +15,16 @@ its events) and its solution files, and raises:
 from __future__ import annotations
 
 import json
+import logging
+import os
 import re
-import sqlite3
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple, Union
 
 from kbsweep.audit.kinds import finding
 from kbsweep.audit.transcript import load
 
+log = logging.getLogger(__name__)
 LAYER = "contamination"
 HEX = "0-9a-fA-F"
 RUN_ID = re.compile(r"^[0-9a-f]{32}$")
@@ -53,14 +55,23 @@ def cell_of(transcript: Union[str, Path, List[Dict[str, Any]], None]) -> Optiona
 
 
 def run_ids(outputs: Path) -> Iterator[str]:
-    """MLflow run ids of the outputs folder: its sqlite store's runs and its artifact/run folders."""
+    """MLflow run ids a cell could have come across: every run of the sweep's tracking store, read through the
+    MLflow client so a server's runs count as a sqlite store's do (``MLFLOW_TRACKING_URI``, which the orchestrator
+    sets and its cells inherit; else the outputs folder's ``mlflow.db``), and the run folders of local artifact stores."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    from kbsweep.tracking import page_runs
+
     db = outputs / "mlflow.db"
-    if db.exists():
+    uri = os.environ.get("MLFLOW_TRACKING_URI") or (f"sqlite:///{db}" if db.exists() else None)
+    if uri:
+        client = MlflowClient(tracking_uri=uri)
         try:
-            with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
-                yield from (row[0] for row in conn.execute("SELECT run_uuid FROM runs"))
-        except sqlite3.Error:
-            pass
+            experiments = [e.experiment_id for e in client.search_experiments()]
+            yield from (run.info.run_id for run in page_runs(client, experiments, "")) if experiments else ()
+        except MlflowException as exc:  # an unreachable store must not fail the cell's audit; the other sources still count
+            log.warning("contamination: runs of %s not read (%s)", uri, str(exc).splitlines()[0])
     for root in ("mlartifacts", "mlruns"):
         yield from (p.name for p in (outputs / root).glob("*/*") if RUN_ID.match(p.name))
 

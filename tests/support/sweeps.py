@@ -11,7 +11,8 @@ from typing import Any, Dict, List
 REPO = Path(__file__).resolve().parents[2]
 KEY_ENV = "KBSWEEP_FAKE_PROVIDER_KEY"  # no *_API_KEY suffix: only the model YAML names it as a secret
 SECRET = "fk-live-7f3a9c1e2b4d8a6f"  # not shaped like any known key: only the env-var rule can redact it
-DEMO = ["track=demo", "problem=scale_shift", "launcher=inline", "gpu=cpu"]
+# preflight=keys: the fake provider answers requests with a test's scripted steps in order; a live probe would take one
+DEMO = ["track=demo", "problem=scale_shift", "launcher=inline", "gpu=cpu", "preflight=keys"]
 FAST_RETRY = {"max_attempts": 3, "base_delay_s": 0.05, "max_delay_s": 0.2, "budget_s": 30}
 
 

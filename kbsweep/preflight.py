@@ -1,0 +1,105 @@
+"""Preflight: every model a sweep will call is checked before anything launches or is paid for.
+
+``keys``: each litellm model's ``api_key_env`` must be set. ``live`` (the default): that, then one tiny request per
+model (a few tokens, no retries, no reasoning effort) through the same :class:`~kbsweep.agent.llm.LiteLLMModel` a
+cell uses, so a wrong route, key or base URL shows up here instead of ~25 s into every cell. ``off``: nothing.
+Scripted and replay models call no provider and are not checked. The LLM judge (``audit.judge``) is checked too.
+"""
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Dict, Iterable, List, Optional
+
+from kbsweep import ExitCode
+from kbsweep.outcomes import Outcome
+
+MODES = ("live", "keys", "off")
+PROBE_TIMEOUT_S = 60.0
+PROBE_TOKENS = 16  # enough for any provider to accept the request; the reply itself is not used
+CONFIG_OUTCOMES = {Outcome.AUTHENTICATION, Outcome.MODEL_NOT_FOUND}  # the user's YAML or environment is wrong
+
+
+@dataclass
+class Check:
+    """One model's preflight: ``status`` is ok, missing_key or failed (``outcome`` says how)."""
+
+    model: str
+    route: str
+    key_env: Optional[str]
+    status: str
+    detail: str
+    outcome: Optional[str] = None
+    cost_usd: float = 0.0
+
+    @property
+    def exit_code(self) -> ExitCode:
+        if self.status == "ok":
+            return ExitCode.OK
+        if self.status == "missing_key" or Outcome(self.outcome) in CONFIG_OUTCOMES:
+            return ExitCode.CONFIG
+        return ExitCode.INFRA
+
+    def line(self) -> str:
+        return f"model '{self.model}' ({self.route}): {self.detail}"
+
+
+def models_of(cells: Iterable[Any]) -> Dict[str, Dict[str, Any]]:
+    """The litellm models (agents and judge) of ``cells``, by name."""
+    found: Dict[str, Dict[str, Any]] = {}
+    for cell in cells:
+        for conf in (cell.model, cell.judge):
+            if conf and conf.get("provider") == "litellm":
+                found.setdefault(conf["name"], conf)
+    return found
+
+
+def missing_keys(cells: Iterable[Any]) -> List[Check]:
+    """A ``missing_key`` check for each model whose ``api_key_env`` is unset."""
+    return [check for check in (key_check(conf) for conf in models_of(cells).values()) if check.status != "ok"]
+
+
+def key_check(conf: Dict[str, Any]) -> Check:
+    env = conf.get("api_key_env")
+    route = str(conf.get("route"))
+    if env and not os.environ.get(env):
+        detail = f"environment variable {env} is not set (model/{conf['name']}.yaml: api_key_env)"
+        return Check(conf["name"], route, env, "missing_key", detail)
+    return Check(conf["name"], route, env, "ok", f"{env} is set" if env else "no key needed")
+
+
+def live_check(conf: Dict[str, Any]) -> Check:
+    """:func:`key_check`, then one tiny request."""
+    from kbsweep.agent.llm import LiteLLMModel
+    from kbsweep.agent.models import ProviderFault
+
+    check = key_check(conf)
+    if check.status != "ok":
+        return check
+    # no reasoning effort: Anthropic refuses a thinking budget above max_tokens; one attempt: a failure is reported, not retried
+    probe = {**conf, "reasoning_effort": None, "max_output_tokens": PROBE_TOKENS, "timeout_s": min(float(conf.get("timeout_s") or PROBE_TIMEOUT_S), PROBE_TIMEOUT_S),
+             "retry": {"max_attempts": 1}}
+    try:
+        reply = LiteLLMModel(probe).complete([{"role": "user", "content": "Reply with the word ok."}], [])
+    except ProviderFault as fault:
+        return Check(check.model, check.route, check.key_env, "failed", f"{fault.outcome.value}: {fault}", fault.outcome.value)
+    check.detail = f"answered in {reply.latency_s:.1f} s"
+    check.cost_usd = reply.cost_usd
+    return check
+
+
+def preflight(cells: Iterable[Any], mode: str) -> List[Check]:
+    """Check every litellm model of ``cells`` (``mode``: live, keys or off); the live requests run in parallel."""
+    models = list(models_of(cells).values())
+    if mode == "off" or not models:
+        return []
+    check = live_check if mode == "live" else key_check
+    with ThreadPoolExecutor(max_workers=min(8, len(models))) as pool:
+        return list(pool.map(check, models))
+
+
+def worst(checks: Iterable[Check]) -> ExitCode:
+    """CONFIG when any key or route is wrong, else INFRA when a provider failed, else OK."""
+    codes = {check.exit_code for check in checks}
+    return ExitCode.CONFIG if ExitCode.CONFIG in codes else ExitCode.INFRA if ExitCode.INFRA in codes else ExitCode.OK

@@ -1,0 +1,70 @@
+"""Every command of the README's code blocks, run as written from a fresh folder: those that need nothing this
+machine lacks run for real; a sweep too long for a test runs as `kbsweep plan` with the same arguments (the same
+parsing, config composition and matrix); those that need a GPU, keys, npm or a server run to their clean failure
+(one line, exit code 2) or are skipped with the reason below. A README command missing from COMMANDS fails."""
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+SLOW = "a sweep of many CPU cells takes minutes: run as `kbsweep plan` with the same arguments"
+# command → ("run", exit codes, text expected in stdout+stderr) | ("plan", reason) | ("skip", reason)
+COMMANDS = {
+    "python3 -m venv .venv && .venv/bin/pip install -e '.[cpu]' && .venv/bin/kbsweep": ("skip", "installs a venv (scripts/test.sh does; the default sweep runs below as `kbsweep --force`)"),
+    "bash scripts/test.sh": ("skip", "runs this whole test suite"),
+    "kbsweep -m model=opus-4.8,glm-5.2 gpu=h100 track=mega": ("run", {2}, "environment variable ANTHROPIC_API_KEY is not set"),
+    "kbsweep -m model=scripted,scripted-lazy repeat=0,1,2": ("plan", SLOW),
+    "python -m kbsweep.harness.install": ("skip", "installs the CLI harnesses from npm (needs the network)"),
+    "kbsweep -m harness=builtin,claude-code,codex model=opus-4.8 track=hard": ("run", {2}, "kbsweep: error:"),  # the CLIs, else the key
+    "kbsweep track=hard problem=topk,kda -m": ("plan", SLOW),
+    "kbsweep plan -m model=opus-4.8,glm-5.2 track=hard": ("run", {0}, "missing key: model 'glm-5.2'"),
+    "kbsweep plan --json -m model=opus-4.8 track=hard": ("run", {0}, '"expected_tokens": {'),
+    "kbsweep preflight -m model=opus-4.8,glm-5.2": ("run", {2}, "environment variable ZAI_API_KEY is not set"),
+    "kbsweep grade problem=demo/scale_shift solution=my.py gpu=cpu": ("run", {0}, '"outcome": "pass"'),
+    "kbsweep report": ("run", {0}, ""),
+    "kbsweep export +out=hf-dataset": ("run", {0}, "exported 0 runs"),
+    "kbsweep calibrate gpu=h200": ("skip", "measures an H200's peaks (needs the GPU)"),
+    "kbsweep audit": ("run", {0}, ""),
+    'kbsweep audit override <run_id> --verdict clean --reason "..."': ("run", {2}, "kbsweep: error:"),
+    "kbsweep --force": ("plan", SLOW),
+    "kbsweep launcher=slurm launcher.slurm.partition=gpu -m model=...": ("run", {2}, "Could not find 'model/...'"),
+    "kbsweep tracking=server tracking.uri=http://127.0.0.1:5000": ("skip", "needs a running MLflow server (tests/test_tracking_server.py sweeps into one)"),
+    "mlflow ui --backend-store-uri sqlite:///outputs/mlflow.db": ("skip", "a long-running server (tests/test_browser_mlflow_ui.py drives one)"),
+}
+
+
+def readme_commands() -> list:
+    blocks = re.findall(r"```bash\n(.*?)```", (REPO / "README.md").read_text(), re.S)
+    return [line.split("  #")[0].strip() for block in blocks for line in block.splitlines() if line.strip()]
+
+
+def test_every_readme_command_is_covered():
+    assert set(readme_commands()) == set(COMMANDS)
+
+
+@pytest.mark.parametrize("command", list(COMMANDS))
+def test_readme_command(command, tmp_path):
+    mode, *rest = COMMANDS[command]
+    if mode == "skip":
+        pytest.skip(rest[0])
+    words = shlex.split(command.replace("<run_id>", "0123456789abcdef"))
+    if mode == "plan":
+        words.insert(1, "plan")
+    shutil.copy(REPO / "problems/demo/scale_shift/solutions/triton.py", tmp_path / "my.py")
+    env = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY") and k != "KBSWEEP_OUTPUTS"}
+    env["PATH"] = f"{BIN}:{env['PATH']}"
+    proc = subprocess.run(words, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    output = proc.stdout + proc.stderr
+    codes, expected = rest if mode == "run" else ({0}, "cells; model spend")
+    assert proc.returncode in codes and expected in output, output[-3000:]
+    if proc.returncode == 2:  # a clean failure: one-line errors, no traceback
+        assert "Traceback" not in output

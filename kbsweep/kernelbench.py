@@ -14,6 +14,7 @@ import ast
 import hashlib
 import json
 import operator
+import os
 import re
 import shutil
 import subprocess
@@ -212,6 +213,12 @@ def cache_root() -> Path:
 
 def materialize(folder: Path, name: str, version: Optional[str] = None, precision: str = "fp32") -> Path:
     """The kbsweep problem folder for ``folder/<name>.py`` (rebuilt when anything it is made from changes)."""
+    return materialize_all(folder, [name], version, precision)[0]
+
+
+def materialize_all(folder: Path, names: List[str], version: Optional[str] = None, precision: str = "fp32") -> List[Path]:
+    """The kbsweep problem folders for ``folder/<name>.py`` of each name; the files not sized yet are sized
+    together in one child interpreter (:func:`fits`)."""
     from kbsweep.grader import kernelbench_eval
 
     version = version or kernelbench_eval.DEFAULT_VERSION
@@ -219,13 +226,30 @@ def materialize(folder: Path, name: str, version: Optional[str] = None, precisio
         sem = kernelbench_eval.semantics(version, precision)
     except ValueError as exc:
         raise KbsweepError(f"track.kernelbench_version: {exc}") from None
-    original = folder / f"{name}.py"
-    if not original.is_file():
-        raise KbsweepError(f"unknown KernelBench problem '{name}' in {folder}")
-    solutions = folder / "solutions" / name
-    root = cache_root() / cache_key(original, solutions, version, precision) / name
-    if (root / "problem.yaml").exists():
-        return root
+    for name in names:
+        if not (folder / f"{name}.py").is_file():
+            raise KbsweepError(f"unknown KernelBench problem '{name}' in {folder}")
+    roots = {name: cache_root() / cache_key(folder / f"{name}.py", folder / "solutions" / name, version, precision) / name
+             for name in names}
+    todo = [name for name in names if not built(roots[name])]
+    fitted = fits([folder / f"{name}.py" for name in todo])
+    for name in todo:
+        build_folder(folder, name, roots[name], version, precision, sem.atol, fitted[folder / f"{name}.py"])
+    return [roots[name] for name in names]
+
+
+def built(root: Path) -> bool:
+    """Whether ``root`` is a finished folder whose file was sized (a failed sizing is tried again: a package
+    installed since, a machine less loaded)."""
+    try:
+        return "error" not in json.loads((root / "fit.json").read_text()) and (root / "problem.yaml").exists()
+    except (OSError, ValueError):
+        return False
+
+
+def build_folder(folder: Path, name: str, root: Path, version: str, precision: str, tol: float, fitted: Dict[str, Any]) -> None:
+    """Write the generated problem folder ``root`` (staged, then renamed into place whole)."""
+    original, solutions = folder / f"{name}.py", folder / "solutions" / name
     root.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=root.parent))
     shutil.copy2(original, staging / "reference.py")
@@ -237,16 +261,16 @@ def materialize(folder: Path, name: str, version: Optional[str] = None, precisio
         if not path.exists():
             path.parent.mkdir(exist_ok=True)
             path.write_text(original.read_text() + body)
-    fitted = fit_in_subprocess(original)
     smoke, note = smoke_shape(fitted)
     (staging / "fit.json").write_text(json.dumps(fitted, indent=1))
-    (staging / "problem.yaml").write_text(PROBLEM_YAML.format(name=name, version=version, precision=precision, tol=sem.atol,
+    (staging / "problem.yaml").write_text(PROBLEM_YAML.format(name=name, version=version, precision=precision, tol=tol,
                                                               smoke=smoke, smoke_note=note))
+    if root.exists() and not built(root):  # the folder of a failed sizing, replaced
+        shutil.rmtree(root, ignore_errors=True)
     try:
         staging.rename(root)  # whole or not at all: a concurrent cell may have made the same folder
     except OSError:
         shutil.rmtree(staging, ignore_errors=True)
-    return root
 
 
 def smoke_shape(fitted: Dict[str, Any]) -> Tuple[str, str]:
@@ -259,16 +283,76 @@ def smoke_shape(fitted: Dict[str, Any]) -> Tuple[str, str]:
     return sizes, f"{mib(fitted['full_bytes'])} as written, {mib(fitted['bytes'])} at these sizes{fits}"
 
 
-def fit_in_subprocess(original: Path) -> Dict[str, Any]:
-    """:func:`fit` in a child interpreter (the file is deck code, and this process need not import torch)."""
-    proc = subprocess.run([sys.executable, "-m", "kbsweep.kernelbench", str(original)], capture_output=True, text=True,
-                          timeout=FIT_TIMEOUT_S)
-    lines = proc.stdout.strip().splitlines()
-    if proc.returncode != 0 or not lines:
-        tail = (proc.stderr.strip().splitlines() or [f"exit code {proc.returncode}"])[-1]
-        return {"error": tail[:300]}
-    return json.loads(lines[-1])
+def fit_key(original: Path) -> str:
+    """A fit's identity: the file's content, this module's source (the sizing rule) and the budget."""
+    digest = hashlib.sha256(original.read_bytes() + b"\0" + Path(__file__).read_bytes() + f"\0{SMOKE_BYTES}".encode())
+    return digest.hexdigest()[:24]
+
+
+def fits(files: List[Path]) -> Dict[Path, Dict[str, Any]]:
+    """:func:`fit` of each file, from the cache where its content was sized before; the rest in one child
+    interpreter for all of them (the files are deck code, and this process need not import torch). A file that
+    kills or hangs the child gets an ``error`` fit and a fresh child takes the files after it."""
+    cached = cache_root() / "fits"
+    found: Dict[Path, Dict[str, Any]] = {}
+    todo = []
+    for path in files:
+        try:
+            found[path] = json.loads((cached / f"{fit_key(path)}.json").read_text())
+        except (OSError, ValueError):  # not sized yet (or a torn write): size it
+            todo.append(path)
+    while todo:
+        reported = fit_children(todo)
+        for path, fitted in reported.items():
+            found[path] = fitted
+            if "error" not in fitted:  # a failure is sized again next time (a package installed, a loaded machine)
+                cached.mkdir(parents=True, exist_ok=True)
+                partial = cached / f".{fit_key(path)}.{os.getpid()}"
+                partial.write_text(json.dumps(fitted))
+                partial.replace(cached / f"{fit_key(path)}.json")
+        todo = [p for p in todo if p not in reported]
+    return found
+
+
+def fit_children(files: List[Path]) -> Dict[Path, Dict[str, Any]]:
+    """One child sizes ``files`` in order, one JSON line each; when it dies or a file takes over FIT_TIMEOUT_S,
+    the files it reported and the culprit's error come back (the caller starts another child for the rest)."""
+    import selectors
+
+    with tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen([sys.executable, "-m", "kbsweep.kernelbench", *map(str, files)], stdout=subprocess.PIPE,
+                                stderr=err, text=True)
+        reported: Dict[Path, Dict[str, Any]] = {}
+        with selectors.DefaultSelector() as selector:
+            selector.register(proc.stdout, selectors.EVENT_READ)
+            while len(reported) < len(files):
+                line = proc.stdout.readline() if selector.select(timeout=FIT_TIMEOUT_S) else None
+                if not line:  # the child died (EOF) or hangs on this file
+                    break
+                message = json.loads(line)
+                reported[Path(message["file"])] = message["fit"]
+        if len(reported) < len(files):
+            culprit = files[len(reported)]
+            hung = proc.poll() is None
+            proc.kill()
+            proc.wait()
+            err.seek(0)
+            tail = (err.read().decode(errors="replace").strip().splitlines() or [f"exit code {proc.returncode}"])[-1]
+            reported[culprit] = {"error": f"sizing took over {FIT_TIMEOUT_S} s" if hung else tail[:300]}
+        proc.wait()
+        proc.stdout.close()
+    return reported
+
+
+def main(files: List[str]) -> None:
+    """The sizing child: one ``{"file", "fit"}`` line per file, flushed as each is done."""
+    for name in files:
+        try:
+            fitted = fit(Path(name))
+        except Exception as exc:  # noqa: BLE001 - the file does not load or build: recorded, the rest go on
+            fitted = {"error": f"{type(exc).__name__}: {exc}".splitlines()[0][:300]}
+        print(json.dumps({"file": name, "fit": fitted}), flush=True)
 
 
 if __name__ == "__main__":
-    print(json.dumps(fit(Path(sys.argv[1]))))
+    main(sys.argv[1:])

@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from kbsweep.grader import grade, kernelbench_eval
-from kbsweep.kernelbench import cache_key, fit, kernelbench_names, materialize, with_sizes
+from kbsweep import kernelbench
+from kbsweep.kernelbench import cache_key, fit, kernelbench_names, materialize, materialize_all, with_sizes
 from kbsweep.problems import load_problem
 from kbsweep.score import load_roofline
 
@@ -116,6 +117,31 @@ def test_smoke_sizes_fit_the_budget(tmp_path):
     assert fitted["sizes"]["batch_size"] < 4096 and "features" not in fitted["sizes"] or fitted["sizes"]["features"] >= 8
     rewritten = with_sizes(source + "\nbias_shape = (features, height)\n", {"height": 8})
     assert "height = 8" in rewritten and "width = 16" in rewritten and "bias_shape = (features, height)" in rewritten
+
+
+def test_one_sizing_child_for_a_folder_cached_by_content(tmp_path, monkeypatch):
+    """Files are sized together in one child; a file that kills the child is that file's error alone; a second
+    listing reads every successful fit from the cache (no child), and an edited file is sized again."""
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))  # a cache of its own
+    monkeypatch.setattr(kernelbench.tempfile, "tempdir", None)
+    big = (CASES / "6_relu.py").read_text().replace("batch_size = 16", "batch_size = 4096 * 8")
+    for name, text in (("1_big", big), ("2_dies", "import os\nos._exit(9)\n"), ("3_relu", (CASES / "6_relu.py").read_text())):
+        (tmp_path / f"{name}.py").write_text(text)
+    children = []
+    real = kernelbench.fit_children
+    monkeypatch.setattr(kernelbench, "fit_children", lambda files: children.append(list(files)) or real(files))
+    names = ["1_big", "2_dies", "3_relu"]
+    folders = materialize_all(tmp_path, names)
+    assert children == [[tmp_path / f"{n}.py" for n in names], [tmp_path / "3_relu.py"]]  # after the death, a child for the rest
+    fitted = {f.name: json.loads((f / "fit.json").read_text()) for f in folders}
+    assert fitted["1_big"]["fits"] and fitted["1_big"]["sizes"]["batch_size"] < 4096 * 8
+    assert "exit code 9" in fitted["2_dies"]["error"] and fitted["3_relu"] == {"sizes": {}, "full_bytes": fitted["3_relu"]["full_bytes"],
+                                                                             "bytes": fitted["3_relu"]["full_bytes"], "fits": True}
+    children.clear()
+    (tmp_path / "1_big.py").write_text(big.replace("dim = 1024", "dim = 512"))
+    materialize_all(tmp_path, names)
+    assert children == [[tmp_path / "1_big.py", tmp_path / "2_dies.py"]]  # the edited file and the failure, not 3_relu
 
 
 def test_fast_p_and_geomean_follow_kernelbenchs_verdict():

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from kbsweep.grader import grade, kernelbench_eval
+from kbsweep.grader import grade, kernelbench_eval, timing
 from kbsweep import kernelbench
 from kbsweep.kernelbench import cache_key, fit, kernelbench_names, materialize, materialize_all, with_sizes
 from kbsweep.problems import load_problem
@@ -81,6 +81,33 @@ def test_version_pins_the_tolerance(roofline, tmp_path):
     result = grade(problem, CASES / "solutions/1_matmul/fp16.py", CPU, roofline, mode="check", timeout_s=300, log_dir=tmp_path)
     assert result["verdicts"] == {"kernelbench": "correct", "kbsweep": "pass"}
     assert result["kernelbench"]["semantics"]["atol"] == 1e-2
+
+
+def test_kernelbench_timer_beside_kbsweeps(roofline, tmp_path):
+    """Named by the grade, KernelBench's timer times the eager baseline in the referee beside kbsweep's figure, and
+    the kernelbench record carries both; the scored speedup stays kbsweep's."""
+    problem = load_problem(materialize(CASES, "6_relu"), "kernelbench")
+    result = grade(problem, CASES / "solutions/6_relu/exact.py", CPU, roofline, mode="full", baselines=["eager"], timeout_s=300,
+                   log_dir=tmp_path, timing={"min_runs": 2, "max_runs": 5, "max_time_s": 0.5}, timers=["kernelbench"])
+    assert result["outcome"] == "pass", result.get("message")
+    eager = result["kernelbench"]["timing"]["eager"]
+    assert eager["kernelbench"]["method"] == "host_perf_counter" and eager["kernelbench"]["num_trials"] == 100
+    assert eager["kernelbench"]["min_ms"] <= eager["kernelbench"]["mean_ms"] <= eager["kernelbench"]["max_ms"]
+    assert eager["kbsweep_median_ms"] == result["timings"][0]["baselines"]["eager"]["median_ms"]
+    assert result["speedup"]["eager"] == pytest.approx(eager["kbsweep_median_ms"] / result["timings"][0]["candidate"]["median_ms"], rel=1e-6)
+
+
+def test_unknown_timer_is_one_line(roofline, tmp_path):
+    problem = load_problem(materialize(CASES, "6_relu"), "kernelbench")
+    with pytest.raises(Exception, match="timers: unknown timer do_bench"):
+        grade(problem, CASES / "solutions/6_relu/exact.py", CPU, roofline, timers=["do_bench"], log_dir=tmp_path)
+
+
+def test_kernelbench_timer_counts_as_kernelbench_does():
+    """5 warm-up calls, then 1 discarded and 100 timed, on the one input set given."""
+    calls = []
+    timed = timing.time_kernelbench(lambda x: calls.append(x), [7], "cpu")
+    assert len(calls) == 106 and set(calls) == {7} and timed["num_trials"] == 100
 
 
 def test_trial_seeds_are_kernelbenchs():

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from kbsweep import REPO_ROOT, gpus
+from kbsweep import REPO_ROOT, KbsweepError, gpus
 from kbsweep.grader.baselines import BaselineCache, conditions, entry_key
 from kbsweep.problems import Problem, asdict_spec
 from kbsweep.sandbox import Sandbox, SandboxPolicy, Watch, grading_view, minimal_env
@@ -30,6 +30,7 @@ from kbsweep.score import score_grade
 
 BASELINE_SHARE = 0.4  # of the grade's time limit, for timing the baselines before the candidate is imported
 UNSCORED_FINDINGS = ("grader_tamper", "time_disagreement", "forged_result")  # the figures themselves are not believed
+BASELINE_TIMERS = ("kernelbench",)  # timers a grade may name beside kbsweep's own (kbsweep.grader.timing.time_<name>)
 BREACH_OUTCOMES = {"wall": "grade_timeout", "memory": "grade_oom", "disk": "runtime_error"}
 
 
@@ -184,13 +185,16 @@ def grade(
     world_size: int = 1,
     hide_env: Sequence[str] = (),
     sandbox: Optional[SandboxPolicy] = None,
+    timers: Optional[Sequence[str]] = None,
 ) -> Dict[str, Any]:
     """Grade one solution file. ``mode``: check (correctness only), bench or full (correctness + timing).
 
     A problem with a ``collective`` (the multi track), or ``world_size`` > 1, is graded at ``world_size`` ranks
     under torchrun (:mod:`kbsweep.grader.distributed`); every other grade is a referee and a runner, each confined
     by ``sandbox`` (default: :class:`~kbsweep.sandbox.SandboxPolicy`'s defaults). The processes get a minimal
-    environment (never ``hide_env`` nor *_API_KEY/_TOKEN/_SECRET)."""
+    environment (never ``hide_env`` nor *_API_KEY/_TOKEN/_SECRET). ``timers``: timers of
+    :data:`BASELINE_TIMERS` that time the baselines too, beside kbsweep's scored figure
+    (default: ``kernelbench`` for a KernelBench problem on a GPU, where its figure means something)."""
     from kbsweep.grader import distributed  # not at import time: ``python -m kbsweep.grader.distributed`` imports this package
 
     multi = world_size > 1 or bool(problem.spec.constraints.get("collective"))
@@ -213,7 +217,15 @@ def grade(
         name: [entry_key(problem.id, problem.code_hash(), gpu.name, host_env, shape, name, compile_mode) for shape in keyed]
         for name in baselines or []
     }
+    if timers is None:
+        timers = ["kernelbench"] if problem.spec.kernelbench and device == "cuda" else []
+    unknown = sorted(set(timers) - set(BASELINE_TIMERS))
+    if unknown:
+        raise KbsweepError(f"timers: unknown timer {', '.join(unknown)} (known: {', '.join(BASELINE_TIMERS)})")
     to_time = baseline_cache.missing(keys) if baseline_cache else list(keys)
+    if baseline_cache and timers:  # a stored baseline timed without a timer asked for now is timed again
+        to_time += [name for name in keys if name not in to_time and not all(
+            set(timers) <= set((baseline_cache.get(k) or {}).get("timers") or {}) for k in keys[name])]
     request = {
         "spec": spec,
         "reference": str(problem.grader_reference.resolve()),
@@ -229,6 +241,7 @@ def grade(
         "baseline_budget_s": BASELINE_SHARE * timeout_s,
         "secret_seed": secrets.randbits(31),
         "world_size": world_size,
+        "timers": list(timers),
     }
     started = time.time()
     confined = Sandbox(sandbox or SandboxPolicy(), gpu=device == "cuda")
@@ -293,8 +306,14 @@ def grade(
 
 def with_verdicts(result: Dict[str, Any], kernelbench: Optional[Dict[str, Any]]) -> Dict[str, Any]:
     """A KernelBench problem's grade carries both verdicts: KernelBench's eval (``kernelbench``, its fields) and
-    kbsweep's own (the ``outcome``: its stricter checks too); neither changes the other."""
+    kbsweep's own (the ``outcome``: its stricter checks too); neither changes the other. Its record also holds
+    each baseline's time by KernelBench's timer beside kbsweep's figure, where both timed it."""
     if kernelbench is not None:
+        baselines = (result.get("timings") or [{}])[0].get("baselines") or {}
+        timed = {name: {"kbsweep_median_ms": entry["median_ms"], "kernelbench": entry["timers"]["kernelbench"]}
+                 for name, entry in baselines.items() if "kernelbench" in ((entry or {}).get("timers") or {})}
+        if timed:
+            kernelbench = {**kernelbench, "timing": timed}
         verdict = "correct" if kernelbench["correctness"] else "incorrect" if kernelbench["compiled"] else "compile_error"
         result.update(kernelbench=kernelbench, verdicts={"kernelbench": verdict, "kbsweep": result["outcome"]})
     return result

@@ -513,7 +513,14 @@ class Referee:
         ref_model = self.build(shape, 42)
         first = self.inputs(shape, 2026)
         sets = [first] + [self.inputs(shape, 2026 + i) for i in range(1, self.set_count(first))]
-        return time_baselines(self.req, ref_model, sets, lambda: self.any_rank(time.perf_counter() > deadline), self.time_here)
+        return time_baselines(self.req, ref_model, sets, lambda: self.any_rank(time.perf_counter() > deadline), self.time_with_timers)
+
+    def time_with_timers(self, fn: Callable, sets: List[List[Any]]) -> Dict[str, Any]:
+        """kbsweep's figure (:meth:`time_here`, the scored one) and beside it, under ``timers``, each other timer the
+        request names (``kernelbench``: :func:`~kbsweep.grader.timing.time_kernelbench` on the first input set)."""
+        timed = self.time_here(fn, sets)
+        others = {name: getattr(timing, f"time_{name}")(fn, sets[0], self.device) for name in self.req.get("timers", [])}
+        return {**timed, "timers": others} if others else timed
 
     def time_here(self, fn: Callable, sets: List[List[Any]]) -> Dict[str, Any]:
         """A trusted callable timed in this process by the same batches the candidate's runner uses."""

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -42,3 +44,24 @@ def test_sweep_over_an_outside_folder(cli, outputs, tmp_path):
     assert proc.returncode == 0, proc.stderr
     result = json.loads(next((outputs / "sweeps/kernelbench").glob("*/result.json")).read_text())
     assert result["outcome"] == "pass" and result["basis"] == "speedup"
+
+
+def test_gpu_timing_script_cpu_path(tmp_path):
+    """scripts/kernelbench_gpu_timing.py on a KernelBench-format checkout, on CPU: both timers' figures for a good
+    problem, the broken problem's error on its own line, and a spent budget skips (and says so)."""
+    level1 = tmp_path / "KB/KernelBench/level1"
+    level1.mkdir(parents=True)
+    relu = (REPO / "tests/kernelbench_cases/6_relu.py").read_text()
+    (level1 / "1_relu.py").write_text(relu)
+    (level1 / "2_broken.py").write_text(relu.replace("return torch.relu(x)", "raise RuntimeError('broken forward')"))
+    script = [sys.executable, str(REPO / "scripts/kernelbench_gpu_timing.py"), str(tmp_path / "KB")]
+    out = tmp_path / "timing.json"
+    proc = subprocess.run([*script, str(out), "--ids", "1", "2", "--device", "cpu"], capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr
+    problems = json.loads(out.read_text())["problems"]
+    good = problems["1_relu"]
+    assert good["outcome"] == "pass" and good["kernelbench"]["num_trials"] == 100 and good["kbsweep"]["median_ms"] > 0
+    assert good["kernelbench_mean_over_kbsweep_median"] == good["kernelbench"]["mean_ms"] / good["kbsweep"]["median_ms"]
+    assert "broken forward" in problems["2_broken"]["error"]
+    proc = subprocess.run([*script, str(out), "--ids", "1", "--device", "cpu", "--budget-s", "1"], capture_output=True, text=True, timeout=300)
+    assert json.loads(out.read_text())["problems"]["1_relu"] == {"skipped": "the 1 s budget was spent"}

@@ -188,6 +188,7 @@ def fit(path: Path, budget: int = SMOKE_BYTES) -> Dict[str, Any]:
 
 # -- the problem cache -------------------------------------------------------------------
 NUMBER = re.compile(r"^(\d+)")
+MISSING_MODULE = re.compile(r"No module named '([^']+)'")
 
 
 def kernelbench_names(folder: Path) -> List[str]:
@@ -234,6 +235,11 @@ def materialize_all(folder: Path, names: List[str], version: Optional[str] = Non
     todo = [name for name in names if not built(roots[name])]
     fitted = fits([folder / f"{name}.py" for name in todo])
     for name in todo:
+        absent = MISSING_MODULE.search(fitted[folder / f"{name}.py"].get("error", ""))
+        if absent:  # an optional package (einops for level3's Mamba2): the file and the package, in one line
+            package = absent.group(1).split(".")[0]
+            raise KbsweepError(f"{folder / name}.py: needs the Python package '{package}', which is not installed "
+                               f"(pip install {package}, or leave the problem out with track.problems)")
         build_folder(folder, name, roots[name], version, precision, sem.atol, fitted[folder / f"{name}.py"])
     return [roots[name] for name in names]
 

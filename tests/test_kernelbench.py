@@ -65,3 +65,14 @@ def test_gpu_timing_script_cpu_path(tmp_path):
     assert "broken forward" in problems["2_broken"]["error"]
     proc = subprocess.run([*script, str(out), "--ids", "1", "--device", "cpu", "--budget-s", "1"], capture_output=True, text=True, timeout=300)
     assert json.loads(out.read_text())["problems"]["1_relu"] == {"skipped": "the 1 s budget was spent"}
+
+
+def test_missing_optional_package_is_one_line(cli, outputs, tmp_path):
+    """A file importing a package that is not installed (einops for level3's Mamba2) stops the plan with one line
+    naming the file and the package; no traceback."""
+    (tmp_path / "1_relu.py").write_text((SAMPLE / "1_relu.py").read_text())
+    (tmp_path / "2_mamba.py").write_text("import kbsweep_absent_package.layers\n" + (SAMPLE / "1_relu.py").read_text())
+    proc = cli("plan", "track=kernelbench", f"track.problems_dir={tmp_path}")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines() == [f"kbsweep: error: {tmp_path}/2_mamba.py: needs the Python package 'kbsweep_absent_package', "
+                                                "which is not installed (pip install kbsweep_absent_package, or leave the problem out with track.problems)"]

@@ -290,8 +290,12 @@ def smoke_shape(fitted: Dict[str, Any]) -> Tuple[str, str]:
 
 
 def fit_key(original: Path) -> str:
-    """A fit's identity: the file's content, this module's source (the sizing rule) and the budget."""
-    digest = hashlib.sha256(original.read_bytes() + b"\0" + Path(__file__).read_bytes() + f"\0{SMOKE_BYTES}".encode())
+    """A fit's identity: the file's content, the sizing rule (the source of the functions that size) and the
+    budget; edits elsewhere in this module keep the fits."""
+    import inspect
+
+    rule = "".join(inspect.getsource(f) for f in (integer, size_constants, with_sizes, load_sized, footprint, fit))
+    digest = hashlib.sha256(original.read_bytes() + b"\0" + rule.encode() + f"\0{SMOKE_BYTES}\0{MIN_SIZE}".encode())
     return digest.hexdigest()[:24]
 
 

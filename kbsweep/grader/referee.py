@@ -12,6 +12,7 @@ picked after each timed batch are checked against the reference, evidence is san
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib.util
 import itertools
 import json
@@ -111,6 +112,8 @@ class Referee:
         self.arena: Optional[Arena] = None
         self.work = {"calls": 0, "flops": 0.0, "bytes": 0.0}  # what the candidate's calls should cost, summed
         self.cfg = timing.TimingConfig(**request.get("timing", {}))
+        if self.device.type != "cuda":  # a CPU grade's times are a smoke test, not a measurement: bounded as time_cpu's
+            self.cfg = dataclasses.replace(self.cfg, max_time_s=min(self.cfg.max_time_s, timing.CPU_MAX_TIME_S))
         self.barrier: Optional[Callable[[], None]] = None  # ranks: across the referee ranks, as the runner ranks have theirs
         # A KernelBench problem: both models in training mode, built from the same seed, weights never copied
         self.kernelbench = kernelbench_eval.from_spec(self.spec)

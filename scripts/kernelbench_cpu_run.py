@@ -3,13 +3,16 @@
 
     python scripts/kernelbench_cpu_run.py <KernelBench>/KernelBench OUT.json [--levels level1 level2] [--sample N --seed S]
 
-``--sample N`` grades N problems per level drawn at random (seeded); without it, every problem. OUT.json is
-rewritten after every grade (a long run can be read, or stopped, at any point): each grade's wall time, exit
-code, outcome, both verdicts and message, and per level and solution the count of each outcome and the medians.
+``--sample N`` grades N problems per level drawn at random (seeded); without it, every problem. Problems are
+graded in a random order (seeded), the levels taking turns, so a run stopped early has graded a random sample
+of each level. OUT.json is rewritten after every grade (a long run can be read, or stopped, at any point): each
+grade's wall time, exit code, outcome, both verdicts and message, and per level and solution the count of each
+outcome and the medians.
 """
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import platform
@@ -79,15 +82,16 @@ def main() -> None:
     record: Dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "host": platform.node(), "cpus": os.cpu_count(),
                               "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]), "sample": args.sample, "seed": args.seed,
                               "levels": {}, "grades": []}
-    plan = []
+    queues = []
     for level in args.levels:
         folder = (args.kernelbench / level).resolve()
         names = kernelbench_names(folder)
-        picked = sorted(random.Random(args.seed).sample(names, args.sample), key=names.index) if args.sample else names
+        picked = random.Random(args.seed).sample(names, args.sample or len(names))  # a random order: any prefix is a random sample
         started = time.perf_counter()
         generated = materialize_all(folder, picked)  # one sizing child for the level
-        record["levels"][level] = {"problems": len(names), "graded": picked, "materialize_s": time.perf_counter() - started}
-        plan += [(level, folder, name, root) for name, root in zip(picked, generated)]
+        record["levels"][level] = {"problems": len(names), "order": picked, "materialize_s": time.perf_counter() - started}
+        queues.append([(level, folder, name, root) for name, root in zip(picked, generated)])
+    plan = [item for turn in itertools.zip_longest(*queues) for item in turn if item]  # the levels take turns
     for level, folder, name, root in plan:
         fitted = json.loads((root / "fit.json").read_text())
         for solution in SOLUTIONS:

@@ -26,7 +26,7 @@ from kbsweep import REPO_ROOT, KbsweepError, gpus
 from kbsweep.grader.baselines import BaselineCache, conditions, entry_key
 from kbsweep.problems import Problem, asdict_spec
 from kbsweep.sandbox import Sandbox, SandboxPolicy, Watch, grading_view, minimal_env
-from kbsweep.score import score_grade
+from kbsweep.score import score_grade, shape_speedups
 
 BASELINE_SHARE = 0.4  # of the grade's time limit, for timing the baselines before the candidate is imported
 UNSCORED_FINDINGS = ("grader_tamper", "time_disagreement", "forged_result")  # the figures themselves are not believed
@@ -272,20 +272,16 @@ def grade(
             evidence=message.get("evidence", {}),
             score=None,
         )
-        return with_verdicts(result, message.get("kernelbench"))
+        kernelbench = message.get("kernelbench")
+        if kernelbench and "median_ms" in (kernelbench.get("candidate_timing") or {}).get("candidate", {}):
+            settle_baselines([kernelbench["candidate_timing"]], keys, baseline_cache, host_env, compile_mode)
+            timed = kernelbench["candidate_timing"]  # no speedup where the referee's clock did not corroborate the figures
+            kernelbench["speedup"] = {} if any(f["kind"] == "time_disagreement" for f in timed["findings"]) else shape_speedups(timed)
+        return with_verdicts(result, kernelbench)
     worker = message["result"]
-    fresh = {}
-    for index, entry in enumerate(worker["timings"]):
+    for entry in worker["timings"]:
         entry["work"] = work(entry["shape"])
-        for name in keys:
-            if name in entry["baselines"]:
-                if not (entry["baselines"][name] or {}).get("retry"):  # a budget skip is timed by a later grade
-                    fresh[keys[name][index]] = {**(entry["baselines"][name] or {}), "conditions": conditions(host_env),
-                                                   **({"compile_mode": compile_mode} if name == "compile" else {})}
-            elif baseline_cache is not None:
-                entry["baselines"][name] = baseline_cache.get(keys[name][index])
-    if baseline_cache is not None:
-        baseline_cache.store(fresh)
+    settle_baselines(worker["timings"], keys, baseline_cache, host_env, compile_mode)
     scorer = (lambda w, spec, roof: distributed.score_multi(w, spec, roof, world_size)) if multi else score_grade
     scored = scorer(worker, problem.spec, roofline) if worker["timings"] else {"score": None, "findings": []}
     if problem.spec.constraints.get("single_kernel") and worker["timings"]:
@@ -301,7 +297,26 @@ def grade(
     )
     if any(f["kind"] in UNSCORED_FINDINGS + distributed.COMM_FINDINGS for f in result["findings"]):
         result["score"] = None
-    return with_verdicts(result, worker.get("kernelbench"))
+    kernelbench = worker.get("kernelbench")
+    if kernelbench is not None and result["score"] is not None:  # KernelBench's speedup of a pass is kbsweep's
+        kernelbench["speedup"] = result.get("speedup")
+    return with_verdicts(result, kernelbench)
+
+
+def settle_baselines(timings: List[Dict[str, Any]], keys: Dict[str, List[str]], cache: Optional[BaselineCache],
+                     host_env: Dict[str, Any], compile_mode: Optional[str]) -> None:
+    """Baselines the referee timed go into the cache; the ones it did not time come from it."""
+    fresh = {}
+    for index, entry in enumerate(timings):
+        for name in keys:
+            if name in entry["baselines"]:
+                if not (entry["baselines"][name] or {}).get("retry"):  # a budget skip is timed by a later grade
+                    fresh[keys[name][index]] = {**(entry["baselines"][name] or {}), "conditions": conditions(host_env),
+                                                   **({"compile_mode": compile_mode} if name == "compile" else {})}
+            elif cache is not None:
+                entry["baselines"][name] = cache.get(keys[name][index])
+    if cache is not None:
+        cache.store(fresh)
 
 
 def with_verdicts(result: Dict[str, Any], kernelbench: Optional[Dict[str, Any]]) -> Dict[str, Any]:

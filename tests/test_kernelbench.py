@@ -76,3 +76,10 @@ def test_missing_optional_package_is_one_line(cli, outputs, tmp_path):
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines() == [f"kbsweep: error: {tmp_path}/2_mamba.py: needs the Python package 'kbsweep_absent_package', "
                                                 "which is not installed (pip install kbsweep_absent_package, or leave the problem out with track.problems)"]
+
+
+def test_unknown_timer_in_config_is_one_line(cli, outputs):
+    proc = cli("plan", "track=kernelbench", "grade.timers=[do_bench]")
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        f"kbsweep: error: {REPO}/conf/config.yaml: key 'grade.timers': must be a list of kernelbench "
+        "(null: kernelbench for KernelBench problems on GPUs), got ['do_bench']"]

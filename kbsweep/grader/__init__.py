@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from kbsweep import REPO_ROOT, KbsweepError, gpus
+from kbsweep.config import BASELINE_TIMERS
 from kbsweep.grader.baselines import BaselineCache, conditions, entry_key
 from kbsweep.problems import Problem, asdict_spec
 from kbsweep.sandbox import Sandbox, SandboxPolicy, Watch, grading_view, minimal_env
@@ -30,7 +31,6 @@ from kbsweep.score import score_grade, shape_speedups
 
 BASELINE_SHARE = 0.4  # of the grade's time limit, for timing the baselines before the candidate is imported
 UNSCORED_FINDINGS = ("grader_tamper", "time_disagreement", "forged_result")  # the figures themselves are not believed
-BASELINE_TIMERS = ("kernelbench",)  # timers a grade may name beside kbsweep's own (kbsweep.grader.timing.time_<name>)
 BREACH_OUTCOMES = {"wall": "grade_timeout", "memory": "grade_oom", "disk": "runtime_error"}
 
 
@@ -193,7 +193,7 @@ def grade(
     under torchrun (:mod:`kbsweep.grader.distributed`); every other grade is a referee and a runner, each confined
     by ``sandbox`` (default: :class:`~kbsweep.sandbox.SandboxPolicy`'s defaults). The processes get a minimal
     environment (never ``hide_env`` nor *_API_KEY/_TOKEN/_SECRET). ``timers``: timers of
-    :data:`BASELINE_TIMERS` that time the baselines too, beside kbsweep's scored figure
+    :data:`kbsweep.config.BASELINE_TIMERS` that time the baselines too, beside kbsweep's scored figure
     (default: ``kernelbench`` for a KernelBench problem on a GPU, where its figure means something)."""
     from kbsweep.grader import distributed  # not at import time: ``python -m kbsweep.grader.distributed`` imports this package
 

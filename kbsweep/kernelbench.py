@@ -312,7 +312,7 @@ def fits(files: List[Path]) -> Dict[Path, Dict[str, Any]]:
         except (OSError, ValueError):  # not sized yet (or a torn write): size it
             todo.append(path)
     while todo:
-        reported = fit_children(todo)
+        reported = fit_in_child(todo)
         for path, fitted in reported.items():
             found[path] = fitted
             if "error" not in fitted:  # a failure is sized again next time (a package installed, a loaded machine)
@@ -324,7 +324,7 @@ def fits(files: List[Path]) -> Dict[Path, Dict[str, Any]]:
     return found
 
 
-def fit_children(files: List[Path]) -> Dict[Path, Dict[str, Any]]:
+def fit_in_child(files: List[Path]) -> Dict[Path, Dict[str, Any]]:
     """One child sizes ``files`` in order, one JSON line each; when it dies or a file takes over FIT_TIMEOUT_S,
     the files it reported and the culprit's error come back (the caller starts another child for the rest)."""
     import selectors

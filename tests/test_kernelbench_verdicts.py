@@ -156,8 +156,8 @@ def test_one_sizing_child_for_a_folder_cached_by_content(tmp_path, monkeypatch):
     for name, text in (("1_big", big), ("2_dies", "import os\nos._exit(9)\n"), ("3_relu", (CASES / "6_relu.py").read_text())):
         (tmp_path / f"{name}.py").write_text(text)
     children = []
-    real = kernelbench.fit_children
-    monkeypatch.setattr(kernelbench, "fit_children", lambda files: children.append(list(files)) or real(files))
+    real = kernelbench.fit_in_child
+    monkeypatch.setattr(kernelbench, "fit_in_child", lambda files: children.append(list(files)) or real(files))
     names = ["1_big", "2_dies", "3_relu"]
     folders = materialize_all(tmp_path, names)
     assert children == [[tmp_path / f"{n}.py" for n in names], [tmp_path / "3_relu.py"]]  # after the death, a child for the rest

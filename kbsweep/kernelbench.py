@@ -5,8 +5,9 @@ Each file becomes a problem folder in a cache: the original file as the public `
 that gives the grader kbsweep's reference contract, and a problem.yaml that pins the KernelBench version whose
 correctness semantics grade it (:mod:`kbsweep.grader.kernelbench_eval`). Sizes are the file's module-level
 constants: the GPU shape is the file as written (``{}``); the CPU smoke shape overrides the largest constants,
-halved until the reference's parameters, one input set and its output fit ``SMOKE_BYTES`` (the overrides are the
-shape, so every grade records them). No FLOP/byte formulas: the score is the speedup over the eager reference.
+halved until the reference's parameters, one input set and its output fit ``SMOKE_BYTES`` and one forward
+``SMOKE_FLOPS`` (the overrides are the shape, so every grade records them). No FLOP/byte formulas: the score
+is the speedup over the eager reference.
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from kbsweep import KbsweepError
 
 SMOKE_BYTES = 64 << 20  # parameters + one input set + output of a CPU smoke grade
+SMOKE_FLOPS = 1e9  # one forward of a CPU smoke grade (~0.1 s on a loaded 2-core machine; a grade makes ~80 forwards)
 MIN_SIZE = 8  # constants below 16 (kernel sizes, strides, dims, small groups) are never halved
 FIT_TIMEOUT_S = 600
 
@@ -141,10 +143,12 @@ class SizedReference:
         return [v.to(device) if isinstance(v, torch.Tensor) else v for v in values]
 
 
-def footprint(module: ModuleType) -> Tuple[int, bool]:
-    """Bytes of the reference's parameters, one input set and its output, on the meta device (no memory used);
-    and whether the forward ran there (False: an op without a meta kernel, or sizes the model rejects)."""
+def footprint(module: ModuleType) -> Tuple[int, float, bool]:
+    """Bytes of the reference's parameters, one input set and its output, and the FLOPs of one forward (matmuls,
+    convolutions, attention: what torch's flop counter knows), on the meta device (no memory used, nothing
+    computed); and whether the forward ran there (False: an op without a meta kernel, or sizes the model rejects)."""
     import torch
+    from torch.utils.flop_counter import FlopCounterMode
 
     def size(values):
         return sum(v.numel() * v.element_size() for v in values if isinstance(v, torch.Tensor))
@@ -153,37 +157,39 @@ def footprint(module: ModuleType) -> Tuple[int, bool]:
         inputs = list(module.get_inputs())
         model = module.Model(*module.get_init_inputs())
     total = size(inputs) + size(list(model.parameters()) + list(model.buffers()))
+    counter = FlopCounterMode(display=False)
     try:
-        with torch.no_grad():
+        with torch.no_grad(), counter:
             out = model(*inputs)
-        return total + size(out if isinstance(out, (tuple, list)) else [out]), True
+        return total + size(out if isinstance(out, (tuple, list)) else [out]), float(counter.get_total_flops()), True
     except Exception:  # noqa: BLE001 - the meta device cannot say; the sizes are judged without the output
-        return total, False
+        return total, float(counter.get_total_flops()), False
 
 
-def fit(path: Path, budget: int = SMOKE_BYTES) -> Dict[str, Any]:
-    """Overrides that fit ``budget``: the largest constant halved, one step at a time; a step after which the
-    forward no longer runs on meta (while it did at full size) is undone and that constant left alone."""
+def fit(path: Path, budget: int = SMOKE_BYTES, flop_budget: float = SMOKE_FLOPS) -> Dict[str, Any]:
+    """Overrides that fit ``budget`` bytes and ``flop_budget`` FLOPs a forward: the largest constant halved, one
+    step at a time; a step after which the forward no longer runs on meta (while it did at full size) is undone
+    and that constant left alone."""
     source = path.read_text()
     constants = size_constants(source)
-    full, runs = footprint(load_sized(path, {}))
-    sizes, left, used = dict(constants), set(constants), full
-    while used > budget and left:
+    full, full_flops, runs = footprint(load_sized(path, {}))
+    sizes, left, used, flops = dict(constants), set(constants), full, full_flops
+    while (used > budget or flops > flop_budget) and left:
         name = max(left, key=lambda n: sizes[n])
         if sizes[name] // 2 < MIN_SIZE:
             left.discard(name)
             continue
         trial = {**sizes, name: sizes[name] // 2}
         try:
-            bytes_, ok = footprint(load_sized(path, {k: v for k, v in trial.items() if v != constants[k]}))
+            bytes_, flops_, ok = footprint(load_sized(path, {k: v for k, v in trial.items() if v != constants[k]}))
         except Exception:  # noqa: BLE001 - the file rejects the size (an assert, a shape mismatch)
-            bytes_, ok = used, False
+            bytes_, flops_, ok = used, flops, False
         if runs and not ok:
             left.discard(name)
             continue
-        sizes, used = trial, bytes_
+        sizes, used, flops = trial, bytes_, flops_
     return {"sizes": {k: v for k, v in sizes.items() if v != constants[k]}, "full_bytes": full, "bytes": used,
-            "fits": used <= budget}
+            "full_flops": full_flops, "flops": flops, "fits": used <= budget and flops <= flop_budget}
 
 
 # -- the problem cache -------------------------------------------------------------------
@@ -285,8 +291,10 @@ def smoke_shape(fitted: Dict[str, Any]) -> Tuple[str, str]:
         return "{}", f"sizes as written: the file did not load to be sized ({fitted['error']})"
     sizes = json.dumps(fitted["sizes"]) if fitted["sizes"] else "{}"
     mib = lambda b: f"{b / 2**20:.1f} MiB"  # noqa: E731
-    fits = "" if fitted["fits"] else f", over the {mib(SMOKE_BYTES)} budget"
-    return sizes, f"{mib(fitted['full_bytes'])} as written, {mib(fitted['bytes'])} at these sizes{fits}"
+    gflop = lambda f: f"{f / 1e9:.3g} GFLOP"  # noqa: E731
+    fits = "" if fitted["fits"] else f", over the {mib(SMOKE_BYTES)} / {gflop(SMOKE_FLOPS)} budget"
+    return sizes, (f"{mib(fitted['full_bytes'])}, {gflop(fitted['full_flops'])} as written; "
+                   f"{mib(fitted['bytes'])}, {gflop(fitted['flops'])} at these sizes{fits}")
 
 
 def fit_key(original: Path) -> str:
@@ -295,7 +303,7 @@ def fit_key(original: Path) -> str:
     import inspect
 
     rule = "".join(inspect.getsource(f) for f in (integer, size_constants, with_sizes, load_sized, footprint, fit))
-    digest = hashlib.sha256(original.read_bytes() + b"\0" + rule.encode() + f"\0{SMOKE_BYTES}\0{MIN_SIZE}".encode())
+    digest = hashlib.sha256(original.read_bytes() + b"\0" + rule.encode() + f"\0{SMOKE_BYTES}\0{SMOKE_FLOPS}\0{MIN_SIZE}".encode())
     return digest.hexdigest()[:24]
 
 

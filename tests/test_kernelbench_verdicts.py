@@ -146,6 +146,15 @@ def test_smoke_sizes_fit_the_budget(tmp_path):
     assert "height = 8" in rewritten and "width = 16" in rewritten and "bias_shape = (features, height)" in rewritten
 
 
+def test_smoke_sizes_fit_the_flop_budget(tmp_path):
+    """A compute-bound file within the byte budget is halved until one forward (counted on meta) fits the FLOPs."""
+    fitted = fit(CASES / "1_matmul.py", flop_budget=4e6)
+    assert fitted["full_flops"] == 2 * 256**3 and fitted["full_bytes"] < 1 << 20  # over the FLOPs, not the bytes
+    assert fitted["fits"] and fitted["flops"] <= 4e6 and fitted["sizes"] and all(v < 256 for v in fitted["sizes"].values())
+    sizes = fitted["sizes"]
+    assert fitted["flops"] == 2 * sizes.get("M", 256) * sizes.get("K", 256) * sizes.get("N", 256)
+
+
 def test_one_sizing_child_for_a_folder_cached_by_content(tmp_path, monkeypatch):
     """Files are sized together in one child; a file that kills the child is that file's error alone; a second
     listing reads every successful fit from the cache (no child), and an edited file is sized again."""
@@ -163,8 +172,8 @@ def test_one_sizing_child_for_a_folder_cached_by_content(tmp_path, monkeypatch):
     assert children == [[tmp_path / f"{n}.py" for n in names], [tmp_path / "3_relu.py"]]  # after the death, a child for the rest
     fitted = {f.name: json.loads((f / "fit.json").read_text()) for f in folders}
     assert fitted["1_big"]["fits"] and fitted["1_big"]["sizes"]["batch_size"] < 4096 * 8
-    assert "exit code 9" in fitted["2_dies"]["error"] and fitted["3_relu"] == {"sizes": {}, "full_bytes": fitted["3_relu"]["full_bytes"],
-                                                                             "bytes": fitted["3_relu"]["full_bytes"], "fits": True}
+    relu = fitted["3_relu"]
+    assert "exit code 9" in fitted["2_dies"]["error"] and relu["sizes"] == {} and relu["fits"] and relu["bytes"] == relu["full_bytes"]
     children.clear()
     (tmp_path / "1_big.py").write_text(big.replace("dim = 1024", "dim = 512"))
     materialize_all(tmp_path, names)

@@ -88,6 +88,7 @@ def configured_grader(problem, roofline: Dict[str, Any], folder: Path, gpu_conf:
                 world_size=world_size,
                 hide_env=hidden,
                 sandbox=policy,
+                timers=grade_conf.get("timers"),
             )
 
     return run

@@ -182,6 +182,7 @@ def one_of(*choices: str) -> Callable[[Any], bool]:
 
 
 BASELINES = ("eager", "compile", "sota", "baseline")
+BASELINE_TIMERS = ("kernelbench",)  # timers that may time the baselines beside kbsweep's own (kbsweep.grader.timing.time_<name>)
 # what the types cannot say: (key, test, what it must be); a null value passes (optional keys)
 RULES: List[Tuple[str, Callable[[Any], bool], str]] = [
     ("repeat", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0, "an integer >= 0"),
@@ -224,6 +225,7 @@ RULES: List[Tuple[str, Callable[[Any], bool], str]] = [
     ("grade.timing.max_runs", at_least(1), "an integer >= 1"),
     ("grade.timing.rel_err", positive, "a number > 0"),
     ("grade.timing.max_time_s", positive, "a number of seconds > 0"),
+    ("grade.timers", lambda v: set(v) <= set(BASELINE_TIMERS), f"a list of {', '.join(BASELINE_TIMERS)} (null: kernelbench for KernelBench problems on GPUs)"),
 ]
 
 

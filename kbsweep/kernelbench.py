@@ -5,8 +5,9 @@ Each file becomes a problem folder in a cache: the original file as the public `
 that gives the grader kbsweep's reference contract, and a problem.yaml that pins the KernelBench version whose
 correctness semantics grade it (:mod:`kbsweep.grader.kernelbench_eval`). Sizes are the file's module-level
 constants: the GPU shape is the file as written (``{}``); the CPU smoke shape overrides the largest constants,
-halved until the reference's parameters, one input set and its output fit ``SMOKE_BYTES`` (the overrides are the
-shape, so every grade records them). No FLOP/byte formulas: the score is the speedup over the eager reference.
+halved until the reference's parameters, one input set and its output fit ``SMOKE_BYTES`` and one forward
+``SMOKE_FLOPS`` (the overrides are the shape, so every grade records them). No FLOP/byte formulas: the score
+is the speedup over the eager reference.
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import ast
 import hashlib
 import json
 import operator
+import os
 import re
 import shutil
 import subprocess
@@ -26,6 +28,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from kbsweep import KbsweepError
 
 SMOKE_BYTES = 64 << 20  # parameters + one input set + output of a CPU smoke grade
+SMOKE_FLOPS = 1e9  # one forward of a CPU smoke grade (~0.1 s on a loaded 2-core machine; a grade makes ~80 forwards)
 MIN_SIZE = 8  # constants below 16 (kernel sizes, strides, dims, small groups) are never halved
 FIT_TIMEOUT_S = 600
 
@@ -140,10 +143,12 @@ class SizedReference:
         return [v.to(device) if isinstance(v, torch.Tensor) else v for v in values]
 
 
-def footprint(module: ModuleType) -> Tuple[int, bool]:
-    """Bytes of the reference's parameters, one input set and its output, on the meta device (no memory used);
-    and whether the forward ran there (False: an op without a meta kernel, or sizes the model rejects)."""
+def footprint(module: ModuleType) -> Tuple[int, float, bool]:
+    """Bytes of the reference's parameters, one input set and its output, and the FLOPs of one forward (matmuls,
+    convolutions, attention: what torch's flop counter knows), on the meta device (no memory used, nothing
+    computed); and whether the forward ran there (False: an op without a meta kernel, or sizes the model rejects)."""
     import torch
+    from torch.utils.flop_counter import FlopCounterMode
 
     def size(values):
         return sum(v.numel() * v.element_size() for v in values if isinstance(v, torch.Tensor))
@@ -152,41 +157,44 @@ def footprint(module: ModuleType) -> Tuple[int, bool]:
         inputs = list(module.get_inputs())
         model = module.Model(*module.get_init_inputs())
     total = size(inputs) + size(list(model.parameters()) + list(model.buffers()))
+    counter = FlopCounterMode(display=False)
     try:
-        with torch.no_grad():
+        with torch.no_grad(), counter:
             out = model(*inputs)
-        return total + size(out if isinstance(out, (tuple, list)) else [out]), True
+        return total + size(out if isinstance(out, (tuple, list)) else [out]), float(counter.get_total_flops()), True
     except Exception:  # noqa: BLE001 - the meta device cannot say; the sizes are judged without the output
-        return total, False
+        return total, float(counter.get_total_flops()), False
 
 
-def fit(path: Path, budget: int = SMOKE_BYTES) -> Dict[str, Any]:
-    """Overrides that fit ``budget``: the largest constant halved, one step at a time; a step after which the
-    forward no longer runs on meta (while it did at full size) is undone and that constant left alone."""
+def fit(path: Path, budget: int = SMOKE_BYTES, flop_budget: float = SMOKE_FLOPS) -> Dict[str, Any]:
+    """Overrides that fit ``budget`` bytes and ``flop_budget`` FLOPs a forward: the largest constant halved, one
+    step at a time; a step after which the forward no longer runs on meta (while it did at full size) is undone
+    and that constant left alone."""
     source = path.read_text()
     constants = size_constants(source)
-    full, runs = footprint(load_sized(path, {}))
-    sizes, left, used = dict(constants), set(constants), full
-    while used > budget and left:
+    full, full_flops, runs = footprint(load_sized(path, {}))
+    sizes, left, used, flops = dict(constants), set(constants), full, full_flops
+    while (used > budget or flops > flop_budget) and left:
         name = max(left, key=lambda n: sizes[n])
         if sizes[name] // 2 < MIN_SIZE:
             left.discard(name)
             continue
         trial = {**sizes, name: sizes[name] // 2}
         try:
-            bytes_, ok = footprint(load_sized(path, {k: v for k, v in trial.items() if v != constants[k]}))
+            bytes_, flops_, ok = footprint(load_sized(path, {k: v for k, v in trial.items() if v != constants[k]}))
         except Exception:  # noqa: BLE001 - the file rejects the size (an assert, a shape mismatch)
-            bytes_, ok = used, False
+            bytes_, flops_, ok = used, flops, False
         if runs and not ok:
             left.discard(name)
             continue
-        sizes, used = trial, bytes_
+        sizes, used, flops = trial, bytes_, flops_
     return {"sizes": {k: v for k, v in sizes.items() if v != constants[k]}, "full_bytes": full, "bytes": used,
-            "fits": used <= budget}
+            "full_flops": full_flops, "flops": flops, "fits": used <= budget and flops <= flop_budget}
 
 
 # -- the problem cache -------------------------------------------------------------------
 NUMBER = re.compile(r"^(\d+)")
+MISSING_MODULE = re.compile(r"No module named '([^']+)'")
 
 
 def kernelbench_names(folder: Path) -> List[str]:
@@ -212,6 +220,12 @@ def cache_root() -> Path:
 
 def materialize(folder: Path, name: str, version: Optional[str] = None, precision: str = "fp32") -> Path:
     """The kbsweep problem folder for ``folder/<name>.py`` (rebuilt when anything it is made from changes)."""
+    return materialize_all(folder, [name], version, precision)[0]
+
+
+def materialize_all(folder: Path, names: List[str], version: Optional[str] = None, precision: str = "fp32") -> List[Path]:
+    """The kbsweep problem folders for ``folder/<name>.py`` of each name; the files not sized yet are sized
+    together in one child interpreter (:func:`fits`)."""
     from kbsweep.grader import kernelbench_eval
 
     version = version or kernelbench_eval.DEFAULT_VERSION
@@ -219,13 +233,35 @@ def materialize(folder: Path, name: str, version: Optional[str] = None, precisio
         sem = kernelbench_eval.semantics(version, precision)
     except ValueError as exc:
         raise KbsweepError(f"track.kernelbench_version: {exc}") from None
-    original = folder / f"{name}.py"
-    if not original.is_file():
-        raise KbsweepError(f"unknown KernelBench problem '{name}' in {folder}")
-    solutions = folder / "solutions" / name
-    root = cache_root() / cache_key(original, solutions, version, precision) / name
-    if (root / "problem.yaml").exists():
-        return root
+    for name in names:
+        if not (folder / f"{name}.py").is_file():
+            raise KbsweepError(f"unknown KernelBench problem '{name}' in {folder}")
+    roots = {name: cache_root() / cache_key(folder / f"{name}.py", folder / "solutions" / name, version, precision) / name
+             for name in names}
+    todo = [name for name in names if not built(roots[name])]
+    fitted = fits([folder / f"{name}.py" for name in todo])
+    for name in todo:
+        absent = MISSING_MODULE.search(fitted[folder / f"{name}.py"].get("error", ""))
+        if absent:  # an optional package (einops for level3's Mamba2): the file and the package, in one line
+            package = absent.group(1).split(".")[0]
+            raise KbsweepError(f"{folder / name}.py: needs the Python package '{package}', which is not installed "
+                               f"(pip install {package}, or leave the problem out with track.problems)")
+        build_folder(folder, name, roots[name], version, precision, sem.atol, fitted[folder / f"{name}.py"])
+    return [roots[name] for name in names]
+
+
+def built(root: Path) -> bool:
+    """Whether ``root`` is a finished folder whose file was sized (a failed sizing is tried again: a package
+    installed since, a machine less loaded)."""
+    try:
+        return "error" not in json.loads((root / "fit.json").read_text()) and (root / "problem.yaml").exists()
+    except (OSError, ValueError):
+        return False
+
+
+def build_folder(folder: Path, name: str, root: Path, version: str, precision: str, tol: float, fitted: Dict[str, Any]) -> None:
+    """Write the generated problem folder ``root`` (staged, then renamed into place whole)."""
+    original, solutions = folder / f"{name}.py", folder / "solutions" / name
     root.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=root.parent))
     shutil.copy2(original, staging / "reference.py")
@@ -237,16 +273,16 @@ def materialize(folder: Path, name: str, version: Optional[str] = None, precisio
         if not path.exists():
             path.parent.mkdir(exist_ok=True)
             path.write_text(original.read_text() + body)
-    fitted = fit_in_subprocess(original)
     smoke, note = smoke_shape(fitted)
     (staging / "fit.json").write_text(json.dumps(fitted, indent=1))
-    (staging / "problem.yaml").write_text(PROBLEM_YAML.format(name=name, version=version, precision=precision, tol=sem.atol,
+    (staging / "problem.yaml").write_text(PROBLEM_YAML.format(name=name, version=version, precision=precision, tol=tol,
                                                               smoke=smoke, smoke_note=note))
+    if root.exists() and not built(root):  # the folder of a failed sizing, replaced
+        shutil.rmtree(root, ignore_errors=True)
     try:
         staging.rename(root)  # whole or not at all: a concurrent cell may have made the same folder
     except OSError:
         shutil.rmtree(staging, ignore_errors=True)
-    return root
 
 
 def smoke_shape(fitted: Dict[str, Any]) -> Tuple[str, str]:
@@ -255,20 +291,86 @@ def smoke_shape(fitted: Dict[str, Any]) -> Tuple[str, str]:
         return "{}", f"sizes as written: the file did not load to be sized ({fitted['error']})"
     sizes = json.dumps(fitted["sizes"]) if fitted["sizes"] else "{}"
     mib = lambda b: f"{b / 2**20:.1f} MiB"  # noqa: E731
-    fits = "" if fitted["fits"] else f", over the {mib(SMOKE_BYTES)} budget"
-    return sizes, f"{mib(fitted['full_bytes'])} as written, {mib(fitted['bytes'])} at these sizes{fits}"
+    gflop = lambda f: f"{f / 1e9:.3g} GFLOP"  # noqa: E731
+    fits = "" if fitted["fits"] else f", over the {mib(SMOKE_BYTES)} / {gflop(SMOKE_FLOPS)} budget"
+    return sizes, (f"{mib(fitted['full_bytes'])}, {gflop(fitted['full_flops'])} as written; "
+                   f"{mib(fitted['bytes'])}, {gflop(fitted['flops'])} at these sizes{fits}")
 
 
-def fit_in_subprocess(original: Path) -> Dict[str, Any]:
-    """:func:`fit` in a child interpreter (the file is deck code, and this process need not import torch)."""
-    proc = subprocess.run([sys.executable, "-m", "kbsweep.kernelbench", str(original)], capture_output=True, text=True,
-                          timeout=FIT_TIMEOUT_S)
-    lines = proc.stdout.strip().splitlines()
-    if proc.returncode != 0 or not lines:
-        tail = (proc.stderr.strip().splitlines() or [f"exit code {proc.returncode}"])[-1]
-        return {"error": tail[:300]}
-    return json.loads(lines[-1])
+def fit_key(original: Path) -> str:
+    """A fit's identity: the file's content, the sizing rule (the source of the functions that size) and the
+    budget; edits elsewhere in this module keep the fits."""
+    import inspect
+
+    rule = "".join(inspect.getsource(f) for f in (integer, size_constants, with_sizes, load_sized, footprint, fit))
+    digest = hashlib.sha256(original.read_bytes() + b"\0" + rule.encode() + f"\0{SMOKE_BYTES}\0{SMOKE_FLOPS}\0{MIN_SIZE}".encode())
+    return digest.hexdigest()[:24]
+
+
+def fits(files: List[Path]) -> Dict[Path, Dict[str, Any]]:
+    """:func:`fit` of each file, from the cache where its content was sized before; the rest in one child
+    interpreter for all of them (the files are deck code, and this process need not import torch). A file that
+    kills or hangs the child gets an ``error`` fit and a fresh child takes the files after it."""
+    cached = cache_root() / "fits"
+    found: Dict[Path, Dict[str, Any]] = {}
+    todo = []
+    for path in files:
+        try:
+            found[path] = json.loads((cached / f"{fit_key(path)}.json").read_text())
+        except (OSError, ValueError):  # not sized yet (or a torn write): size it
+            todo.append(path)
+    while todo:
+        reported = fit_in_child(todo)
+        for path, fitted in reported.items():
+            found[path] = fitted
+            if "error" not in fitted:  # a failure is sized again next time (a package installed, a loaded machine)
+                cached.mkdir(parents=True, exist_ok=True)
+                partial = cached / f".{fit_key(path)}.{os.getpid()}"
+                partial.write_text(json.dumps(fitted))
+                partial.replace(cached / f"{fit_key(path)}.json")
+        todo = [p for p in todo if p not in reported]
+    return found
+
+
+def fit_in_child(files: List[Path]) -> Dict[Path, Dict[str, Any]]:
+    """One child sizes ``files`` in order, one JSON line each; when it dies or a file takes over FIT_TIMEOUT_S,
+    the files it reported and the culprit's error come back (the caller starts another child for the rest)."""
+    import selectors
+
+    with tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen([sys.executable, "-m", "kbsweep.kernelbench", *map(str, files)], stdout=subprocess.PIPE,
+                                stderr=err, text=True)
+        reported: Dict[Path, Dict[str, Any]] = {}
+        with selectors.DefaultSelector() as selector:
+            selector.register(proc.stdout, selectors.EVENT_READ)
+            while len(reported) < len(files):
+                line = proc.stdout.readline() if selector.select(timeout=FIT_TIMEOUT_S) else None
+                if not line:  # the child died (EOF) or hangs on this file
+                    break
+                message = json.loads(line)
+                reported[Path(message["file"])] = message["fit"]
+        if len(reported) < len(files):
+            culprit = files[len(reported)]
+            hung = proc.poll() is None
+            proc.kill()
+            proc.wait()
+            err.seek(0)
+            tail = (err.read().decode(errors="replace").strip().splitlines() or [f"exit code {proc.returncode}"])[-1]
+            reported[culprit] = {"error": f"sizing took over {FIT_TIMEOUT_S} s" if hung else tail[:300]}
+        proc.wait()
+        proc.stdout.close()
+    return reported
+
+
+def main(files: List[str]) -> None:
+    """The sizing child: one ``{"file", "fit"}`` line per file, flushed as each is done."""
+    for name in files:
+        try:
+            fitted = fit(Path(name))
+        except Exception as exc:  # noqa: BLE001 - the file does not load or build: recorded, the rest go on
+            fitted = {"error": f"{type(exc).__name__}: {exc}".splitlines()[0][:300]}
+        print(json.dumps({"file": name, "fit": fitted}), flush=True)
 
 
 if __name__ == "__main__":
-    print(json.dumps(fit(Path(sys.argv[1]))))
+    main(sys.argv[1:])

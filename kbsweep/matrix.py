@@ -12,7 +12,7 @@ from omegaconf import DictConfig, OmegaConf
 from kbsweep import KbsweepError
 from kbsweep.agent.loop import Budgets
 from kbsweep.harness import runner_for
-from kbsweep.problems import find_problem_dir, load_problem, track_problem_names
+from kbsweep.problems import find_problem_dirs, load_problem, track_problem_names
 
 VOLATILE_MODEL_KEYS = ("concurrency", "timeout_s", "retry", "api_base", "expected_tokens", "prices")
 
@@ -83,9 +83,9 @@ def cells_of(cfg: DictConfig) -> List[Cell]:
     runner_for(container["harness"]).preflight(container["model"])  # refuses a harness that is missing or cannot drive this model
     judge = judge_conf(cfg)
     cells = []
-    for name in selected_problems(cfg):
-        folder = find_problem_dir(list(cfg.paths.problems), cfg.track.problems_dir, name, cfg.track.format,
-                                  cfg.track.kernelbench_version)
+    names = selected_problems(cfg)
+    folders = find_problem_dirs(list(cfg.paths.problems), cfg.track.problems_dir, names, cfg.track.format, cfg.track.kernelbench_version)
+    for folder in folders:
         problem = load_problem(folder, cfg.track.name)
         deck = problem.deck_hash()
         key = cell_key(container["model"], container["gpu"], container["track"], problem.id, deck, cfg.repeat, container["harness"])

@@ -173,10 +173,20 @@ def load_problem(root: Path, track: str) -> Problem:
 def find_problem_dir(roots: List[str], problems_dir: str, name: str, fmt: str = "kbsweep",
                      kernelbench_version: Optional[str] = None) -> Path:
     """The folder of one problem; later roots override earlier ones."""
-    if fmt == "kernelbench":
-        from kbsweep.kernelbench import materialize
+    return find_problem_dirs(roots, problems_dir, [name], fmt, kernelbench_version)[0]
 
-        return materialize(kernelbench_folder(roots, problems_dir), name, kernelbench_version)
+
+def find_problem_dirs(roots: List[str], problems_dir: str, names: List[str], fmt: str = "kbsweep",
+                      kernelbench_version: Optional[str] = None) -> List[Path]:
+    """The folders of ``names``, in order (KernelBench files generated together: one sizing child for all)."""
+    if fmt == "kernelbench":
+        from kbsweep.kernelbench import materialize_all
+
+        return materialize_all(kernelbench_folder(roots, problems_dir), names, kernelbench_version)
+    return [kbsweep_problem_dir(roots, problems_dir, name) for name in names]
+
+
+def kbsweep_problem_dir(roots: List[str], problems_dir: str, name: str) -> Path:
     for root in reversed(roots):
         candidate = Path(root) / problems_dir / name
         if candidate.is_dir():

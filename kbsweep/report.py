@@ -13,8 +13,10 @@ from __future__ import annotations
 import base64
 import html
 import io
+import itertools
 import json
 import math
+import re
 from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
@@ -23,6 +25,8 @@ from kbsweep.outcomes import Outcome
 
 VALID_VERDICTS = ("clean", "override_clean")
 FAST_P = (0.0, 1.0, 1.5, 2.0)  # KernelBench's fast_p thresholds
+LEVEL_FAST_P = (1.0, 2.0)  # the board's per-level columns
+TERMINAL_WIDTH = 120  # a large deck's board (compact) fits it
 MAX_PROBLEM_COLUMNS = 12  # a larger deck shows per-level aggregates in the terminal, per-problem cells in report.html
 Point = Tuple[float, float]
 
@@ -159,7 +163,8 @@ def build_boards(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
             grouped[(sweep, row.get("track"), row.get("gpu"))].append(row)
     boards = []
     for (sweep, track, gpu), board_rows in sorted(grouped.items(), key=lambda item: tuple(map(str, item[0]))):
-        deck = sorted({row.get("problem") for row in board_rows})
+        levels = {row.get("problem"): level_of(row) for row in board_rows}
+        deck = sorted(levels, key=lambda p: (natural(levels[p]), natural(p)))  # by level, then KernelBench's numbers
         by_model: Dict[str, List[Dict[str, Any]]] = defaultdict(list)
         for row in board_rows:
             by_model[entrant(row)].append(row)
@@ -177,6 +182,7 @@ def build_boards(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
                 "model": entrant(row), "problem": row.get("problem"), "repeat": row.get("repeat"), "outcome": row.get("outcome"),
                 "verdict": row.get("verdict"), "valid": is_valid_pass(row), "flagged": is_flagged(row), "score": row.get("score"), "usd": row.get("cost_usd"),
                 "tokens_output": row.get("tokens_output"), "run_id": row["run_id"], "experiment": row["experiment"],
+                "level": level_of(row), "speedup_eager": row.get("speedup_eager"),
             }
             for row in sorted(board_rows, key=lambda r: (str(entrant(r)), str(r.get("problem")), str(r.get("repeat"))))
         ]
@@ -185,7 +191,35 @@ def build_boards(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
             {"sweep": sweep, "track": track, "gpu": gpu, "deck": deck, "k": k, "models": models, "cells": cells, "shapes": shapes, "rooflines": rooflines,
              "experiments": experiments, "kernelbench": kernelbench_metrics(board_rows)}
         )
+        boards[-1]["levels"] = level_aggregates(boards[-1])
     return boards
+
+
+def natural(name: Optional[str]) -> List[Any]:
+    """Sort key: digit runs as numbers (kernelbench/2_x before kernelbench/10_y, as KernelBench numbers them)."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", str(name))]
+
+
+def level_aggregates(board: Dict[str, Any]) -> Dict[str, Dict[str, Dict[str, Any]]]:
+    """Per model and level (the problems folder's name): cells, valid passes, fast_1 and fast_2 (the share of
+    the level's cells with a valid pass faster than eager by more than 1x, 2x) and the geometric mean speedup
+    over eager of the valid passes; kbsweep's verdict throughout (the KernelBench metrics table has KernelBench's)."""
+    from kbsweep.score import geomean
+
+    out: Dict[str, Dict[str, Dict[str, Any]]] = defaultdict(dict)
+    for (model, level), cells in sorted(group_by(board["cells"], lambda c: (c["model"], c["level"])).items()):
+        speedups = [c["speedup_eager"] or 0.0 for c in cells if c["valid"]]
+        out[model][level] = {"cells": len(cells), "passed": len(speedups),
+                             **{f"fast_{p:g}": sum(1 for x in speedups if x > p) / len(cells) for p in LEVEL_FAST_P},
+                             "geomean": geomean([x for x in speedups if x > 0]) if any(x > 0 for x in speedups) else None}
+    return dict(out)
+
+
+def group_by(items: List[Dict[str, Any]], key) -> Dict[Any, List[Dict[str, Any]]]:
+    groups: Dict[Any, List[Dict[str, Any]]] = defaultdict(list)
+    for item in items:
+        groups[key(item)].append(item)
+    return groups
 
 
 def level_of(row: Dict[str, Any]) -> str:
@@ -196,8 +230,8 @@ def level_of(row: Dict[str, Any]) -> str:
 def kernelbench_metrics(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     """KernelBench's metrics per model and level, its verdict deciding correctness: fast_p (the share of all cells
     correct and faster than eager by more than p; n counts every cell) and the geometric mean speedup over eager
-    and torch.compile of the correct, timed cells. A cell KernelBench calls correct that kbsweep's checks failed was
-    never timed: it counts for fast_0 only."""
+    and torch.compile of the correct, timed cells. A cell KernelBench calls correct that kbsweep's checks failed is
+    timed for these metrics alone (``kernelbench_speedup_*``; kbsweep's score stays failed)."""
     from kbsweep.score import geomean
 
     groups: Dict[Tuple[str, str], List[Dict[str, Any]]] = defaultdict(list)
@@ -210,12 +244,17 @@ def kernelbench_metrics(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
         entry = {"model": model, "level": level, "cells": len(cells), "correct": len(correct),
                  "kbsweep_passed": sum(1 for r in cells if r.get("verdict.kbsweep") == Outcome.PASS.value)}
         for p in FAST_P:
-            entry[f"fast_{p:g}"] = sum(1 for r in correct if p == 0.0 or (r.get("speedup_eager") or 0.0) > p) / len(cells)
+            entry[f"fast_{p:g}"] = sum(1 for r in correct if p == 0.0 or (kernelbench_speedup(r, "eager") or 0.0) > p) / len(cells)
         for name in ("eager", "compile"):
-            speedups = [r[f"speedup_{name}"] for r in correct if r.get(f"speedup_{name}")]
+            speedups = [kernelbench_speedup(r, name) for r in correct if kernelbench_speedup(r, name)]
             entry[f"geomean_{name}"] = geomean(speedups) if speedups else None
         table.append(entry)
     return table
+
+
+def kernelbench_speedup(row: Dict[str, Any], name: str) -> Optional[float]:
+    """A cell's speedup for KernelBench's metrics (runs logged before ``kernelbench_speedup_*`` existed: kbsweep's)."""
+    return row.get(f"kernelbench_speedup_{name}", row.get(f"speedup_{name}"))
 
 
 def kernelbench_table(board: Dict[str, Any]) -> Tuple[List[str], List[List[str]]]:
@@ -230,13 +269,20 @@ def fmt(value: Optional[float], spec: str = ".3g") -> str:
     return "–" if value is None else format(value, spec)
 
 
-def board_table(board: Dict[str, Any], per_problem: bool = True) -> Tuple[List[str], List[List[str]]]:
+def board_table(board: Dict[str, Any], per_problem: bool = True, compact: bool = False) -> Tuple[List[str], List[List[str]]]:
     """Header and rows of a board, shared by every renderer. A flagged best shows as ``DQ(score)``, counted 0.
-    ``per_problem`` False: no column per problem (the terminal's choice for a deck over MAX_PROBLEM_COLUMNS)."""
+    ``per_problem`` False (a deck over MAX_PROBLEM_COLUMNS): no column per problem but one row per model and level
+    with the level's aggregates (kbsweep passes / cells, fast_1, fast_2, geomean speedup over eager), the model's
+    own figures on its first row (report.html keeps the problems, as a heatmap). ``compact``: the terminal's
+    columns only, within TERMINAL_WIDTH whatever the number of levels."""
     k = board["k"]
     deck = board["deck"] if per_problem else []
-    header = ["rank", "model", *[f"{p.split('/')[-1]} mean" for p in deck], "deck mean ± CI95", "pass@1"]
-    header += [f"pass@{k}"] * (k > 1) + ["passed/cells", "flagged", "out tokens", "$", "$/pass", "out tok/pass"]
+    levels = [] if per_problem else sorted({c["level"] for c in board["cells"]}, key=natural)
+    header = ["rank", "model", *[f"{p.split('/')[-1]} mean" for p in deck]]
+    header += ["level", "passed", "fast_1", "fast_2", "geomean"] if levels else []
+    tail = ["deck mean ± CI95", "pass@1"] + [f"pass@{k}"] * (k > 1) + ["passed/cells", "flagged", "out tokens", "$", "$/pass", "out tok/pass"]
+    keep = [i for i, name in enumerate(tail) if not compact or name in ("deck mean ± CI95", "pass@1", "$")]  # passes: per level
+    header += [tail[i] for i in keep]
     rows = []
     for e in board["models"]:
         scores = []
@@ -248,12 +294,16 @@ def board_table(board: Dict[str, Any], per_problem: bool = True) -> Tuple[List[s
             else:
                 scores.append("0")
         spread = f"{fmt(e['deck_mean'])} ± {fmt(e['deck_ci95'])} (n={e['repeats']})"
-        rows.append(
-            [str(e["rank"]), e["model"], *scores, spread, fmt(e["pass_at_1"], ".2f")]
-            + [fmt(e["pass_at_k"], ".2f")] * (k > 1)
-            + [f"{e['passed']}/{e['cells']}", str(e["flagged_cells"]), fmt(e["tokens_output"], ".0f"), fmt(e["usd"], ".2f"),
-             fmt(e["usd_per_pass"], ".3f"), fmt(e["tokens_output_per_pass"], ".0f")]
-        )
+        values = ([spread, fmt(e["pass_at_1"], ".2f")] + [fmt(e["pass_at_k"], ".2f")] * (k > 1)
+                  + [f"{e['passed']}/{e['cells']}", str(e["flagged_cells"]), fmt(e["tokens_output"], ".0f"), fmt(e["usd"], ".2f"),
+                     fmt(e["usd_per_pass"], ".3f"), fmt(e["tokens_output_per_pass"], ".0f")])
+        own = [values[i] for i in keep]
+        if not levels:
+            rows.append([str(e["rank"]), e["model"], *scores, *own])
+        for n, level in enumerate(lv for lv in levels if lv in board["levels"].get(e["model"], {})):
+            a = board["levels"][e["model"]][level]
+            aggregates = [level, f"{a['passed']}/{a['cells']}", fmt(a["fast_1"], ".2f"), fmt(a["fast_2"], ".2f"), fmt(a["geomean"], ".2f")]
+            rows.append(([str(e["rank"]), e["model"]] if n == 0 else ["", ""]) + aggregates + (own if n == 0 else [""] * len(own)))
     return header, rows
 
 
@@ -316,7 +366,8 @@ def render_terminal(boards: List[Dict[str, Any]], width: int = 160) -> str:
     if not boards:
         console.print("no finished cells in the tracking store")
     for board in boards:
-        tables = ((f"kbsweep leaderboard — {board_title(board)}", board_table(board, len(board["deck"]) <= MAX_PROBLEM_COLUMNS), MEANING),
+        small = len(board["deck"]) <= MAX_PROBLEM_COLUMNS
+        tables = ((f"kbsweep leaderboard — {board_title(board)}", board_table(board, small, compact=not small), MEANING),
                   (f"KernelBench metrics — {board_title(board)}", kernelbench_table(board), None),
                   (f"audit-flagged — {board_title(board)}", flagged_table(board), None),
                   (f"regrades — {board_title(board)}", regrade_table(board), None))
@@ -365,7 +416,10 @@ def render_html(boards: List[Dict[str, Any]], plots: Dict[str, Dict[str, bytes]]
     """One static page: the tables and every plot inlined as PNG."""
     parts = []
     for board in boards:
-        parts.append(f"<h2>{html.escape(board_title(board))}</h2>{html_table(*board_table(board))}<p><em>{html.escape(MEANING)}</em></p>")
+        small = len(board["deck"]) <= MAX_PROBLEM_COLUMNS
+        parts.append(f"<h2>{html.escape(board_title(board))}</h2>{html_table(*board_table(board, small))}<p><em>{html.escape(MEANING)}</em></p>")
+        if not small:
+            parts.append(f"<h3>Per problem (model × problem)</h3>{heatmap_html(board)}")
         header, rows = kernelbench_table(board)
         if rows:
             parts.append(f"<h3>KernelBench metrics</h3>{html_table(header, rows)}")
@@ -379,7 +433,49 @@ def render_html(boards: List[Dict[str, Any]], plots: Dict[str, Dict[str, bytes]]
             data = base64.b64encode(png).decode()
             parts.append(f'<figure><img alt="{html.escape(name)}" src="data:image/png;base64,{data}"><figcaption>{html.escape(name)}</figcaption></figure>')
     style = "body{font-family:sans-serif;margin:2em}table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}figure{display:inline-block;margin:1em}"
+    style += ".heatmap td.hm{width:12px;height:16px;padding:0}.heatmap th{font-size:9px;padding:1px 2px}"
     return f"<!doctype html><html><head><meta charset='utf-8'><title>kbsweep report</title><style>{style}</style></head><body><h1>kbsweep report</h1>{''.join(parts)}</body></html>"
+
+
+def heatmap_html(board: Dict[str, Any]) -> str:
+    """Model × problem: each model's best cell per problem, coloured (a valid pass green, darker the faster
+    against the column's best; flagged orange; failed grey; never run blank), the figures in each cell's tooltip;
+    columns in KernelBench's numeric order under their level."""
+    best: Dict[Tuple[str, str], Dict[str, Any]] = {}
+    for c in board["cells"]:
+        rank = (c["valid"], c["flagged"], c["score"] or 0.0)
+        held = best.get((c["model"], c["problem"]))
+        if held is None or rank > (held["valid"], held["flagged"], held["score"] or 0.0):
+            best[(c["model"], c["problem"])] = c
+    top = {p: max([(c["score"] or 0.0) for (m, q), c in best.items() if q == p and c["valid"]], default=0.0) for p in board["deck"]}
+    level = {c["problem"]: c["level"] for c in board["cells"]}
+    spans = [(name, len(list(group))) for name, group in itertools.groupby(board["deck"], key=lambda p: level[p])]
+    head = "<tr><th></th>" + "".join(f"<th colspan='{n}'>{html.escape(name)}</th>" for name, n in spans) + "</tr>"
+    head += "<tr><th>model</th>" + "".join(f"<th title='{html.escape(p)}'>{html.escape(short_name(p))}</th>" for p in board["deck"]) + "</tr>"
+    body = []
+    for e in board["models"]:
+        tds = []
+        for p in board["deck"]:
+            c = best.get((e["model"], p))
+            if c is None:
+                tds.append("<td class='hm'></td>")
+                continue
+            if c["valid"]:
+                shade = 0.25 + 0.75 * ((c["score"] or 0.0) / top[p] if top[p] else 0.0)
+                colour = f"rgba(0,128,0,{shade:.2f})"
+            else:
+                colour = "#f0a030" if c["flagged"] else "#cccccc"
+            tip = f"{p}: {c['outcome']}, score {fmt(c['score'])}, speedup over eager {fmt(c['speedup_eager'])}, verdict {c['verdict']}"
+            tds.append(f"<td class='hm' style='background:{colour}' title='{html.escape(tip)}'></td>")
+        body.append(f"<tr><th>{html.escape(e['model'])}</th>{''.join(tds)}</tr>")
+    return f"<table class='heatmap'><thead>{head}</thead><tbody>{''.join(body)}</tbody></table>"
+
+
+def short_name(problem: str) -> str:
+    """A heatmap column's label: a KernelBench problem's number, else its name."""
+    name = problem.split("/")[-1]
+    number = re.match(r"\d+", name)
+    return number.group(0) if number else name
 
 
 def board_key(board: Dict[str, Any]) -> str:

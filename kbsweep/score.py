@@ -47,6 +47,12 @@ def load_roofline(roots: List[str], name: str) -> Dict[str, Any]:
     return spec
 
 
+def shape_speedups(entry: Dict[str, Any]) -> Dict[str, float]:
+    """Each baseline's median time over the candidate's, for one timed shape."""
+    ms = entry["candidate"]["median_ms"]
+    return {name: base["median_ms"] / ms for name, base in (entry.get("baselines") or {}).items() if base and base.get("median_ms")}
+
+
 def geomean(values: List[float]) -> Optional[float]:
     values = [v for v in values if v is not None]
     if not values:
@@ -93,11 +99,7 @@ def score_grade(grade: Dict[str, Any], problem_spec: Any, roofline: Dict[str, An
                 findings.append(
                     {"kind": "physics_violation", "shape": entry["shape"], "detail": f"{kind}={scored[kind]:.3f} > 1.0"}
                 )
-        speedups = {
-            name: base["median_ms"] / ms
-            for name, base in entry.get("baselines", {}).items()
-            if base and base.get("median_ms")
-        }
+        speedups = shape_speedups(entry)
         off = sorted(name for name, base in entry.get("baselines", {}).items() if (base or {}).get("outside_tolerance"))
         shapes_out.append({"shape": entry["shape"], **scored, "speedup": speedups, **({"baselines_outside_tolerance": off} if off else {})})
     fractions = [s["fraction"] for s in shapes_out]

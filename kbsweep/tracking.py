@@ -145,6 +145,8 @@ def cell_metrics(result: Dict[str, Any]) -> Dict[str, float]:
     metrics["passed"] = 1.0 if result.get("outcome") == Outcome.PASS.value else 0.0
     if result.get("verdicts"):  # a KernelBench problem: its own eval's verdict beside kbsweep's
         metrics["kernelbench_correct"] = 1.0 if result["verdicts"]["kernelbench"] == "correct" else 0.0
+        for name, value in ((result.get("kernelbench") or {}).get("speedup") or {}).items():  # KernelBench's metrics' figure
+            metrics[f"kernelbench_speedup_{name}"] = value
     for prefix, usage in (("tokens", result.get("usage")), ("judge_tokens", result.get("judge_usage"))):
         for key, value in (usage or {}).items():
             metrics[f"{prefix}_{key.replace('_tokens', '')}"] = value

@@ -32,6 +32,7 @@ DTYPES = ("float64", "float32", "float16", "bfloat16", "float8_e4m3fn", "float8_
           "complex64", "complex128")
 TOLERANCE_KEYS = ("atol", "rtol", "cosine")
 PROBE_TIMEOUT_S = 120.0  # torch's import dominates; a reference that hangs past it is an error
+PROBE_EACH_S = 10.0  # and this much more per reference probed (a KernelBench level probes 100 in one process)
 # a forward that fails for the probe's device, not the reference's code: data-dependent ops on meta, GPU-only ops
 DEVICE_BOUND = re.compile(r"meta|cpu|cuda|not implemented|not supported|accelerator", re.I)
 
@@ -94,8 +95,10 @@ def check_tolerance(path: Path, where: str, dtype: str, tolerance: Any) -> None:
 
 
 def smallest(problem: Problem) -> Dict[str, Any]:
-    """The shape with the fewest elements (product of its integer values) of either shape set: the cheapest probe."""
-    shapes = problem.shapes("shapes") + problem.shapes("smoke_shapes")
+    """The shape with the fewest elements (product of its integer values) of either shape set: the cheapest probe.
+    A KernelBench problem's shapes are overrides of its file's sizes (``{}`` is the file as written, its largest):
+    its smoke shape, sized to fit the CPU budget, is the probe's."""
+    shapes = problem.shapes("smoke_shapes") if problem.spec.kernelbench else problem.shapes("shapes") + problem.shapes("smoke_shapes")
     return min(shapes, key=lambda s: math.prod(v for v in s.values() if isinstance(v, int) and not isinstance(v, bool)))
 
 
@@ -116,11 +119,12 @@ def check_references(probes: Iterable[Tuple[Path, Dict[str, Any], bool]]) -> Non
         return
     request = json.dumps([{"reference": str(path), "shape": shape, "forward": forward} for path, shape, forward, _ in todo])
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "CUDA_VISIBLE_DEVICES": ""}
+    limit = PROBE_TIMEOUT_S + PROBE_EACH_S * len(todo)
     try:
         proc = subprocess.run([sys.executable, "-m", "kbsweep.validate"], input=request, capture_output=True, text=True, env=env,
-                              timeout=PROBE_TIMEOUT_S, cwd=REPO_ROOT)
+                              timeout=limit, cwd=REPO_ROOT)
     except subprocess.TimeoutExpired:
-        raise KbsweepError(f"{todo[0][0]}: probing the references took over {PROBE_TIMEOUT_S:.0f} s (a reference hangs on import or forward?)") from None
+        raise KbsweepError(f"{todo[0][0]}: probing the references took over {limit:.0f} s (a reference hangs on import or forward?)") from None
     lines = proc.stdout.strip().splitlines()
     if proc.returncode != 0 or not lines:
         tail = (proc.stderr.strip().splitlines() or [f"exit code {proc.returncode}"])[-1]

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -42,3 +44,42 @@ def test_sweep_over_an_outside_folder(cli, outputs, tmp_path):
     assert proc.returncode == 0, proc.stderr
     result = json.loads(next((outputs / "sweeps/kernelbench").glob("*/result.json")).read_text())
     assert result["outcome"] == "pass" and result["basis"] == "speedup"
+
+
+def test_gpu_timing_script_cpu_path(tmp_path):
+    """scripts/kernelbench_gpu_timing.py on a KernelBench-format checkout, on CPU: both timers' figures for a good
+    problem, the broken problem's error on its own line, and a spent budget skips (and says so)."""
+    level1 = tmp_path / "KB/KernelBench/level1"
+    level1.mkdir(parents=True)
+    relu = (REPO / "tests/kernelbench_cases/6_relu.py").read_text()
+    (level1 / "1_relu.py").write_text(relu)
+    (level1 / "2_broken.py").write_text(relu.replace("return torch.relu(x)", "raise RuntimeError('broken forward')"))
+    script = [sys.executable, str(REPO / "scripts/kernelbench_gpu_timing.py"), str(tmp_path / "KB")]
+    out = tmp_path / "timing.json"
+    proc = subprocess.run([*script, str(out), "--ids", "1", "2", "--device", "cpu"], capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr
+    problems = json.loads(out.read_text())["problems"]
+    good = problems["1_relu"]
+    assert good["outcome"] == "pass" and good["kernelbench"]["num_trials"] == 100 and good["kbsweep"]["median_ms"] > 0
+    assert good["kernelbench_mean_over_kbsweep_median"] == good["kernelbench"]["mean_ms"] / good["kbsweep"]["median_ms"]
+    assert "broken forward" in problems["2_broken"]["error"]
+    proc = subprocess.run([*script, str(out), "--ids", "1", "--device", "cpu", "--budget-s", "1"], capture_output=True, text=True, timeout=300)
+    assert json.loads(out.read_text())["problems"]["1_relu"] == {"skipped": "the 1 s budget was spent"}
+
+
+def test_missing_optional_package_is_one_line(cli, outputs, tmp_path):
+    """A file importing a package that is not installed (einops for level3's Mamba2) stops the plan with one line
+    naming the file and the package; no traceback."""
+    (tmp_path / "1_relu.py").write_text((SAMPLE / "1_relu.py").read_text())
+    (tmp_path / "2_mamba.py").write_text("import kbsweep_absent_package.layers\n" + (SAMPLE / "1_relu.py").read_text())
+    proc = cli("plan", "track=kernelbench", f"track.problems_dir={tmp_path}")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines() == [f"kbsweep: error: {tmp_path}/2_mamba.py: needs the Python package 'kbsweep_absent_package', "
+                                                "which is not installed (pip install kbsweep_absent_package, or leave the problem out with track.problems)"]
+
+
+def test_unknown_timer_in_config_is_one_line(cli, outputs):
+    proc = cli("plan", "track=kernelbench", "grade.timers=[do_bench]")
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        f"kbsweep: error: {REPO}/conf/config.yaml: key 'grade.timers': must be a list of kernelbench "
+        "(null: kernelbench for KernelBench problems on GPUs), got ['do_bench']"]

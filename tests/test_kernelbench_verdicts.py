@@ -13,8 +13,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from kbsweep.grader import grade, kernelbench_eval
-from kbsweep.kernelbench import cache_key, fit, kernelbench_names, materialize, with_sizes
+from kbsweep.grader import grade, kernelbench_eval, timing
+from kbsweep import kernelbench
+from kbsweep.kernelbench import cache_key, fit, kernelbench_names, materialize, materialize_all, with_sizes
 from kbsweep.problems import load_problem
 from kbsweep.score import load_roofline
 
@@ -82,6 +83,33 @@ def test_version_pins_the_tolerance(roofline, tmp_path):
     assert result["kernelbench"]["semantics"]["atol"] == 1e-2
 
 
+def test_kernelbench_timer_beside_kbsweeps(roofline, tmp_path):
+    """Named by the grade, KernelBench's timer times the eager baseline in the referee beside kbsweep's figure, and
+    the kernelbench record carries both; the scored speedup stays kbsweep's."""
+    problem = load_problem(materialize(CASES, "6_relu"), "kernelbench")
+    result = grade(problem, CASES / "solutions/6_relu/exact.py", CPU, roofline, mode="full", baselines=["eager"], timeout_s=300,
+                   log_dir=tmp_path, timing={"min_runs": 2, "max_runs": 5, "max_time_s": 0.5}, timers=["kernelbench"])
+    assert result["outcome"] == "pass", result.get("message")
+    eager = result["kernelbench"]["timing"]["eager"]
+    assert eager["kernelbench"]["method"] == "host_perf_counter" and eager["kernelbench"]["num_trials"] == 100
+    assert eager["kernelbench"]["min_ms"] <= eager["kernelbench"]["mean_ms"] <= eager["kernelbench"]["max_ms"]
+    assert eager["kbsweep_median_ms"] == result["timings"][0]["baselines"]["eager"]["median_ms"]
+    assert result["speedup"]["eager"] == pytest.approx(eager["kbsweep_median_ms"] / result["timings"][0]["candidate"]["median_ms"], rel=1e-6)
+
+
+def test_unknown_timer_is_one_line(roofline, tmp_path):
+    problem = load_problem(materialize(CASES, "6_relu"), "kernelbench")
+    with pytest.raises(Exception, match="timers: unknown timer do_bench"):
+        grade(problem, CASES / "solutions/6_relu/exact.py", CPU, roofline, timers=["do_bench"], log_dir=tmp_path)
+
+
+def test_kernelbench_timer_counts_as_kernelbench_does():
+    """5 warm-up calls, then 1 discarded and 100 timed, on the one input set given."""
+    calls = []
+    timed = timing.time_kernelbench(lambda x: calls.append(x), [7], "cpu")
+    assert len(calls) == 106 and set(calls) == {7} and timed["num_trials"] == 100
+
+
 def test_trial_seeds_are_kernelbenchs():
     """KernelBench seeds the global generator with its seed and draws one randint(0, 2**32 - 1) per trial."""
     torch.manual_seed(42)
@@ -118,15 +146,72 @@ def test_smoke_sizes_fit_the_budget(tmp_path):
     assert "height = 8" in rewritten and "width = 16" in rewritten and "bias_shape = (features, height)" in rewritten
 
 
+def test_smoke_sizes_fit_the_flop_budget(tmp_path):
+    """A compute-bound file within the byte budget is halved until one forward (counted on meta) fits the FLOPs."""
+    fitted = fit(CASES / "1_matmul.py", flop_budget=4e6)
+    assert fitted["full_flops"] == 2 * 256**3 and fitted["full_bytes"] < 1 << 20  # over the FLOPs, not the bytes
+    assert fitted["fits"] and fitted["flops"] <= 4e6 and fitted["sizes"] and all(v < 256 for v in fitted["sizes"].values())
+    sizes = fitted["sizes"]
+    assert fitted["flops"] == 2 * sizes.get("M", 256) * sizes.get("K", 256) * sizes.get("N", 256)
+
+
+def test_one_sizing_child_for_a_folder_cached_by_content(tmp_path, monkeypatch):
+    """Files are sized together in one child; a file that kills the child is that file's error alone; a second
+    listing reads every successful fit from the cache (no child), and an edited file is sized again."""
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))  # a cache of its own
+    monkeypatch.setattr(kernelbench.tempfile, "tempdir", None)
+    big = (CASES / "6_relu.py").read_text().replace("batch_size = 16", "batch_size = 4096 * 8")
+    for name, text in (("1_big", big), ("2_dies", "import os\nos._exit(9)\n"), ("3_relu", (CASES / "6_relu.py").read_text())):
+        (tmp_path / f"{name}.py").write_text(text)
+    children = []
+    real = kernelbench.fit_in_child
+    monkeypatch.setattr(kernelbench, "fit_in_child", lambda files: children.append(list(files)) or real(files))
+    names = ["1_big", "2_dies", "3_relu"]
+    folders = materialize_all(tmp_path, names)
+    assert children == [[tmp_path / f"{n}.py" for n in names], [tmp_path / "3_relu.py"]]  # after the death, a child for the rest
+    fitted = {f.name: json.loads((f / "fit.json").read_text()) for f in folders}
+    assert fitted["1_big"]["fits"] and fitted["1_big"]["sizes"]["batch_size"] < 4096 * 8
+    relu = fitted["3_relu"]
+    assert "exit code 9" in fitted["2_dies"]["error"] and relu["sizes"] == {} and relu["fits"] and relu["bytes"] == relu["full_bytes"]
+    children.clear()
+    (tmp_path / "1_big.py").write_text(big.replace("dim = 1024", "dim = 512"))
+    materialize_all(tmp_path, names)
+    assert children == [[tmp_path / "1_big.py", tmp_path / "2_dies.py"]]  # the edited file and the failure, not 3_relu
+
+
 def test_fast_p_and_geomean_follow_kernelbenchs_verdict():
+    """Correctness by KernelBench's verdict; the speedup of a cell kbsweep failed but KernelBench calls correct is
+    its KernelBench-only timing (``kernelbench_speedup_*``); a pass logged before that metric existed: kbsweep's."""
     from kbsweep.report import kernelbench_metrics
 
-    def row(kb, kbsweep, eager=None, compile_=None):
-        return {"model": "m", "params": {"track.problems_dir": "/x/level1"}, "verdict.kernelbench": kb, "verdict.kbsweep": kbsweep,
-                "speedup_eager": eager, "speedup_compile": compile_}
+    def row(kb, kbsweep, eager=None, compile_=None, kb_eager=None):
+        found = {"model": "m", "params": {"track.problems_dir": "/x/level1"}, "verdict.kernelbench": kb, "verdict.kbsweep": kbsweep,
+                 "speedup_eager": eager, "speedup_compile": compile_}
+        return {**found, "kernelbench_speedup_eager": kb_eager} if kb_eager else found
 
-    rows = [row("correct", "pass", 2.5, 1.0), row("correct", "pass", 1.2, 0.25), row("correct", "incorrect"), row("incorrect", "incorrect")]
+    rows = [row("correct", "pass", 2.5, 1.0), row("correct", "pass", 1.2, 0.25), row("correct", "incorrect"),
+            row("correct", "incorrect", kb_eager=1.6), row("incorrect", "incorrect")]
     (entry,) = kernelbench_metrics(rows)
-    assert entry["level"] == "level1" and entry["cells"] == 4 and entry["correct"] == 3 and entry["kbsweep_passed"] == 2
-    assert (entry["fast_0"], entry["fast_1"], entry["fast_1.5"], entry["fast_2"]) == (0.75, 0.5, 0.25, 0.25)
-    assert entry["geomean_eager"] == pytest.approx(3.0 ** 0.5) and entry["geomean_compile"] == pytest.approx(0.5)
+    assert entry["level"] == "level1" and entry["cells"] == 5 and entry["correct"] == 4 and entry["kbsweep_passed"] == 2
+    assert (entry["fast_0"], entry["fast_1"], entry["fast_1.5"], entry["fast_2"]) == (0.8, 0.6, 0.4, 0.2)
+    assert entry["geomean_eager"] == pytest.approx((2.5 * 1.2 * 1.6) ** (1 / 3)) and entry["geomean_compile"] == pytest.approx(0.5)
+
+
+def test_kernelbench_correct_kbsweep_failed_is_timed_for_kernelbench_only(roofline, tmp_path):
+    """The in-place ReLU (KernelBench: correct; kbsweep: aliases its input) is timed as KernelBench would time it:
+    its speedup goes into the kernelbench record, kbsweep's outcome, score and speedups stay failed."""
+    problem = load_problem(materialize(CASES, "6_relu"), "kernelbench")
+    quick = {"min_runs": 2, "max_runs": 5, "max_time_s": 0.5}
+    result = grade(problem, CASES / "solutions/6_relu/in_place.py", CPU, roofline, mode="full", baselines=["eager"], timeout_s=300,
+                   log_dir=tmp_path / "in_place", timing=quick)
+    assert result["verdicts"] == {"kernelbench": "correct", "kbsweep": "incorrect"} and result["score"] is None and "speedup" not in result
+    timed = result["kernelbench"]["candidate_timing"]
+    assert timed["candidate"]["runs"] >= 2 and timed["baselines"]["eager"]["median_ms"] > 0
+    if timed["findings"]:  # the referee's clock disagreed with the figures (a loaded machine): no speedup is believed
+        assert [f["kind"] for f in timed["findings"]] == ["time_disagreement"] and result["kernelbench"]["speedup"] == {}
+    else:
+        assert result["kernelbench"]["speedup"]["eager"] == pytest.approx(timed["baselines"]["eager"]["median_ms"] / timed["candidate"]["median_ms"])
+    wrong = grade(problem, CASES / "solutions/6_relu/double.py", CPU, roofline, mode="full", baselines=["eager"], timeout_s=300,
+                  log_dir=tmp_path / "double", timing=quick)
+    assert wrong["verdicts"]["kernelbench"] == "incorrect" and "candidate_timing" not in wrong["kernelbench"]

@@ -171,3 +171,36 @@ def test_exported_dataset_loads_with_datasets_alone(logged_store):
     assert sorted(index["problem"]) == ["demo/row_softmax", "demo/scale_shift"]
     traces = datasets.load_dataset(str(outputs / "export"), "traces", parse_agent_traces=False)["train"]
     assert "custom-title" in traces["type"]
+
+
+def kernelbench_rows():
+    """Two models over 60 problems of level1 and 60 of level2 (120 problems: past the per-problem columns)."""
+    rows = []
+    for level in ("level1", "level2"):
+        for n in range(1, 61):
+            for model, fast in (("alpha", n % 3 == 0), ("beta-with-a-long-name", n % 2 == 0)):
+                found = row(model, f"kernelbench/{n}_{level}_op", 0, outcome="pass" if n % 5 else "incorrect", score=2.5 if fast else 0.8)
+                found.update(track="kernelbench", gpu="h200", params={**PARAMS, "track.problems_dir": f"/kb/KernelBench/{level}"},
+                             speedup_eager=found.get("score"))
+                rows.append(found)
+    return rows
+
+
+def test_a_large_deck_has_per_level_columns_in_120_columns_and_a_heatmap(tmp_path):
+    [board] = build_boards(kernelbench_rows())
+    assert board["deck"][:3] == ["kernelbench/1_level1_op", "kernelbench/2_level1_op", "kernelbench/3_level1_op"]
+    assert board["deck"][60] == "kernelbench/1_level2_op"  # by level, then by number
+    alpha = board["levels"]["alpha"]["level1"]
+    # level1, alpha: 60 cells, 48 passes (every 5th failed), 16 of them at 2.5x (n % 3 == 0 and n % 5 != 0), the rest 0.8x
+    assert (alpha["cells"], alpha["passed"]) == (60, 48)
+    assert alpha["fast_1"] == pytest.approx(16 / 60) and alpha["fast_2"] == pytest.approx(16 / 60)
+    assert alpha["geomean"] == pytest.approx(math.exp((16 * math.log(2.5) + 32 * math.log(0.8)) / 48))
+    text = render_terminal([board])
+    assert max(len(line) for line in text.splitlines()) <= 120
+    alpha_rows = [line for line in text.splitlines() if "level" in line and "0.27" in line]  # alpha's two level rows
+    assert len(alpha_rows) == 2 and all("48/60" in line and "1.17" in line for line in alpha_rows) and "alpha" in alpha_rows[0]
+    assert "1_level1_op" not in text  # no column per problem
+    page = write_report([board], tmp_path)["html"].read_text()
+    heatmap = page[page.index("class='heatmap'"):]
+    assert heatmap.count("<td class='hm'") == 2 * 120
+    assert "title='kernelbench/15_level1_op: incorrect" in heatmap and "<th colspan='60'>level1</th>" in heatmap

@@ -22,12 +22,13 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from kbsweep import REPO_ROOT, gpus
+from kbsweep import REPO_ROOT, KbsweepError, gpus
+from kbsweep.config import BASELINE_TIMERS
 from kbsweep.grader import zygote
 from kbsweep.grader.baselines import BaselineCache, conditions, entry_key
 from kbsweep.problems import Problem, asdict_spec
 from kbsweep.sandbox import Sandbox, SandboxPolicy, Watch, give, grading_view, is_root, minimal_env, sandbox_uid
-from kbsweep.score import score_grade
+from kbsweep.score import score_grade, shape_speedups
 
 BASELINE_SHARE = 0.4  # of the grade's time limit, for timing the baselines before the candidate is imported
 UNSCORED_FINDINGS = ("grader_tamper", "time_disagreement", "forged_result")  # the figures themselves are not believed
@@ -250,13 +251,16 @@ def grade(
     world_size: int = 1,
     hide_env: Sequence[str] = (),
     sandbox: Optional[SandboxPolicy] = None,
+    timers: Optional[Sequence[str]] = None,
 ) -> Dict[str, Any]:
     """Grade one solution file. ``mode``: check (correctness only), bench or full (correctness + timing).
 
     A problem with a ``collective`` (the multi track), or ``world_size`` > 1, is graded at ``world_size`` ranks
     under torchrun (:mod:`kbsweep.grader.distributed`); every other grade is a referee and a runner, each confined
     by ``sandbox`` (default: :class:`~kbsweep.sandbox.SandboxPolicy`'s defaults). The processes get a minimal
-    environment (never ``hide_env`` nor *_API_KEY/_TOKEN/_SECRET)."""
+    environment (never ``hide_env`` nor *_API_KEY/_TOKEN/_SECRET). ``timers``: timers of
+    :data:`kbsweep.config.BASELINE_TIMERS` that time the baselines too, beside kbsweep's scored figure
+    (default: ``kernelbench`` for a KernelBench problem on a GPU, where its figure means something)."""
     from kbsweep.grader import distributed  # not at import time: ``python -m kbsweep.grader.distributed`` imports this package
 
     multi = world_size > 1 or bool(problem.spec.constraints.get("collective"))
@@ -282,7 +286,15 @@ def grade(
         name: [entry_key(problem.id, problem.code_hash(), gpu.name, host_env, shape, name, compile_mode) for shape in keyed]
         for name in baselines or []
     }
+    if timers is None:
+        timers = ["kernelbench"] if problem.spec.kernelbench and device == "cuda" else []
+    unknown = sorted(set(timers) - set(BASELINE_TIMERS))
+    if unknown:
+        raise KbsweepError(f"timers: unknown timer {', '.join(unknown)} (known: {', '.join(BASELINE_TIMERS)})")
     to_time = baseline_cache.missing(keys) if baseline_cache else list(keys)
+    if baseline_cache and timers:  # a stored baseline timed without a timer asked for now is timed again
+        to_time += [name for name in keys if name not in to_time and not all(
+            set(timers) <= set((baseline_cache.get(k) or {}).get("timers") or {}) for k in keys[name])]
     request = {
         "spec": spec,
         "reference": str(problem.grader_reference.resolve()),
@@ -298,6 +310,7 @@ def grade(
         "baseline_budget_s": BASELINE_SHARE * timeout_s,
         "secret_seed": secrets.randbits(31),
         "world_size": world_size,
+        "timers": list(timers),
     }
     if multi:  # referee ranks and runner ranks, each set under its own torchrun in its own sandbox
         message = distributed.supervise_ranks(request, log_dir, timeout_s, memory_mib, env, confined, view)
@@ -325,20 +338,16 @@ def grade(
             evidence=message.get("evidence", {}),
             score=None,
         )
-        return with_verdicts(result, message.get("kernelbench"))
+        kernelbench = message.get("kernelbench")
+        if kernelbench and "median_ms" in (kernelbench.get("candidate_timing") or {}).get("candidate", {}):
+            settle_baselines([kernelbench["candidate_timing"]], keys, baseline_cache, host_env, compile_mode)
+            timed = kernelbench["candidate_timing"]  # no speedup where the referee's clock did not corroborate the figures
+            kernelbench["speedup"] = {} if any(f["kind"] == "time_disagreement" for f in timed["findings"]) else shape_speedups(timed)
+        return with_verdicts(result, kernelbench)
     worker = message["result"]
-    fresh = {}
-    for index, entry in enumerate(worker["timings"]):
+    for entry in worker["timings"]:
         entry["work"] = work(entry["shape"])
-        for name in keys:
-            if name in entry["baselines"]:
-                if not (entry["baselines"][name] or {}).get("retry"):  # a budget skip is timed by a later grade
-                    fresh[keys[name][index]] = {**(entry["baselines"][name] or {}), "conditions": conditions(host_env),
-                                                   **({"compile_mode": compile_mode} if name == "compile" else {})}
-            elif baseline_cache is not None:
-                entry["baselines"][name] = baseline_cache.get(keys[name][index])
-    if baseline_cache is not None:
-        baseline_cache.store(fresh)
+    settle_baselines(worker["timings"], keys, baseline_cache, host_env, compile_mode)
     scorer = (lambda w, spec, roof: distributed.score_multi(w, spec, roof, world_size)) if multi else score_grade
     scored = scorer(worker, problem.spec, roofline) if worker["timings"] else {"score": None, "findings": []}
     if problem.spec.constraints.get("single_kernel") and worker["timings"]:
@@ -355,13 +364,38 @@ def grade(
     )
     if any(f["kind"] in UNSCORED_FINDINGS + distributed.COMM_FINDINGS for f in result["findings"]):
         result["score"] = None
-    return with_verdicts(result, worker.get("kernelbench"))
+    kernelbench = worker.get("kernelbench")
+    if kernelbench is not None and result["score"] is not None:  # KernelBench's speedup of a pass is kbsweep's
+        kernelbench["speedup"] = result.get("speedup")
+    return with_verdicts(result, kernelbench)
+
+
+def settle_baselines(timings: List[Dict[str, Any]], keys: Dict[str, List[str]], cache: Optional[BaselineCache],
+                     host_env: Dict[str, Any], compile_mode: Optional[str]) -> None:
+    """Baselines the referee timed go into the cache; the ones it did not time come from it."""
+    fresh = {}
+    for index, entry in enumerate(timings):
+        for name in keys:
+            if name in entry["baselines"]:
+                if not (entry["baselines"][name] or {}).get("retry"):  # a budget skip is timed by a later grade
+                    fresh[keys[name][index]] = {**(entry["baselines"][name] or {}), "conditions": conditions(host_env),
+                                                   **({"compile_mode": compile_mode} if name == "compile" else {})}
+            elif cache is not None:
+                entry["baselines"][name] = cache.get(keys[name][index])
+    if cache is not None:
+        cache.store(fresh)
 
 
 def with_verdicts(result: Dict[str, Any], kernelbench: Optional[Dict[str, Any]]) -> Dict[str, Any]:
     """A KernelBench problem's grade carries both verdicts: KernelBench's eval (``kernelbench``, its fields) and
-    kbsweep's own (the ``outcome``: its stricter checks too); neither changes the other."""
+    kbsweep's own (the ``outcome``: its stricter checks too); neither changes the other. Its record also holds
+    each baseline's time by KernelBench's timer beside kbsweep's figure, where both timed it."""
     if kernelbench is not None:
+        baselines = (result.get("timings") or [{}])[0].get("baselines") or {}
+        timed = {name: {"kbsweep_median_ms": entry["median_ms"], "kernelbench": entry["timers"]["kernelbench"]}
+                 for name, entry in baselines.items() if "kernelbench" in ((entry or {}).get("timers") or {})}
+        if timed:
+            kernelbench = {**kernelbench, "timing": timed}
         verdict = "correct" if kernelbench["correctness"] else "incorrect" if kernelbench["compiled"] else "compile_error"
         result.update(kernelbench=kernelbench, verdicts={"kernelbench": verdict, "kbsweep": result["outcome"]})
     return result

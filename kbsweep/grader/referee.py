@@ -238,7 +238,12 @@ class Referee:
                 self.stage = "kernelbench_correctness"
                 self.kernelbench_verdict = kernelbench_eval.run(self, self.kernelbench)
             self.stage, self.tag = "correctness", "/correctness"
-            correctness = self.correctness()
+            try:
+                correctness = self.correctness()
+            except GradeFailure as failure:
+                if timed and failure.outcome == "incorrect" and (self.kernelbench_verdict or {}).get("correctness"):
+                    self.kernelbench_verdict["candidate_timing"] = self.kernelbench_timing(baselines)
+                raise
             timings = []
             if timed:
                 self.stage = "timing"
@@ -362,9 +367,24 @@ class Referee:
             return "host"
         return "isolated" if self.spec.get("regime") == "latency" else "back_to_back"
 
-    def time_shape(self, shape: Dict[str, Any]) -> Dict[str, Any]:
+    def kernelbench_timing(self, baselines: List[Dict[str, Any]]) -> Dict[str, Any]:
+        """A candidate KernelBench's eval calls correct and kbsweep's checks failed, timed for KernelBench's metrics
+        only: by kbsweep's timer (the referee's clock still corroborates it), its outputs taken as KernelBench takes
+        them and not compared (KernelBench checks nothing while it times). kbsweep's verdict stays failed."""
+        self.stage, self.tag = "kernelbench_timing", "/kernelbench_timing"
+        before = len(self.findings)
+        try:
+            entry = self.time_shape(self.req["shapes"][0], kernelbench=True)
+        except GradeFailure as exc:  # it crashed or hung while timed: no figure, the grade's failure stands
+            return {"error": str(exc)[:300]}
+        entry["findings"], self.findings[before:] = self.findings[before:], []  # this timing's, not the grade's
+        entry["baselines"] = baselines[0] if baselines else {}
+        return entry
+
+    def time_shape(self, shape: Dict[str, Any], kernelbench: bool = False) -> Dict[str, Any]:
         """The candidate timed there, batch by batch, on fresh inputs with per-call canaries; after each batch
-        every output slot must be written and the outputs of calls picked now must match the reference."""
+        every output slot must be written and the outputs of calls picked now must match the reference
+        (``kernelbench``: outputs as KernelBench takes them, nothing compared, no graph figure)."""
         self.shape = shape
         self.open_arena(self.arena_size(shape))
         ref_model = self.build(shape, 42)
@@ -376,7 +396,7 @@ class Referee:
         calls = self.calls_cap(sum(nbytes(t) for t in checks.as_tuple(expected)))
         warm_slots = [self.output_slots(expected) for _ in range(3)]
         shape_ = self.agreed_batch(timing.calibrate_batch(
-            lambda spin_us: self.batch(ref_model, model, shape, sets, warm_slots, mode, spin_us, check=False), mode != "back_to_back"))
+            lambda spin_us: self.batch(ref_model, model, shape, sets, warm_slots, mode, spin_us, check=False, kernelbench=kernelbench), mode != "back_to_back"))
         per_batch, warm = min(int(shape_["per_batch"]), calls), int(shape_.get("warm_calls", 0))
         slots = [warm_slots[i % len(warm_slots)] for i in range(warm)] + [self.output_slots(expected) for _ in range(per_batch)]
         overhead = self.overheads(model, template, sets, expected, mode, shape_["spin_us"], warm + per_batch)
@@ -386,7 +406,8 @@ class Referee:
         began, elapsed = time.perf_counter(), 0.0
         with timing.ClockSampler(self.device) as clocks:
             while not timing.stop(samples, self.cfg, elapsed):
-                batch = self.batch(ref_model, model, shape, sets, slots, mode, shape_["spin_us"], warm=warm)
+                batch = self.batch(ref_model, model, shape, sets, slots, mode, shape_["spin_us"], check=not kernelbench, warm=warm,
+                                   kernelbench=kernelbench)
                 ms, elapsed = self.slowest(batch["ms"], time.perf_counter() - began)
                 samples += ms[warm:]
                 # this process's clock against the figures; across ranks each call lasts as long as its slowest rank
@@ -403,18 +424,19 @@ class Referee:
                                   "detail": f"{shape}: the referee's clock saw {ratio:.2f}x the time the candidate's process reported"})
         entry: Dict[str, Any] = {"shape": shape, "input_sets": len(sets), "candidate": timed, "baselines": {}}
         # no graph figure across ranks: a rank whose capture fails would strand its peers in a captured collective
-        if mode != "host" and (mode == "isolated" or timed["median_ms"] < 0.05) and self.req.get("world_size", 1) == 1:
+        if mode != "host" and (mode == "isolated" or timed["median_ms"] < 0.05) and self.req.get("world_size", 1) == 1 and not kernelbench:
             graph = self.ask("graph", model=model, inputs=sets[0]).get("graph_ms")
             timed["graph_ms"] = float(graph) if isinstance(graph, (int, float)) else None
         return entry
 
-    def batch(self, ref_model, model: int, shape, sets, slots, mode: str, spin_us: float, check: bool = True, warm: int = 0) -> Dict[str, Any]:
+    def batch(self, ref_model, model: int, shape, sets, slots, mode: str, spin_us: float, check: bool = True, warm: int = 0,
+              kernelbench: bool = False) -> Dict[str, Any]:
         """One timed batch there: the plan (slots, canaries) sent when the runner is armed, fresh inputs written
         after that, the referee's clock read around the go, then every output slot checked and some compared.
         The first ``warm`` calls are ordinary calls whose times are not samples (they share a few slots, so only
         calls after them are picked)."""
         plan = [{"inputs": sets[i % len(sets)], "outputs": slots[i], "swaps": self.canaries(sets[i % len(sets)])} for i in range(len(slots))]
-        self.ask("arm", model=model, calls=plan, mode=mode, spin_us=spin_us)
+        self.ask("arm", model=model, calls=plan, mode=mode, spin_us=spin_us, kernelbench=kernelbench)
         seeds = [self.rng.randrange(2**31) for _ in sets]
         for encoded, seed in zip(sets, seeds):
             for sent, value in zip(encoded["list"], self.inputs(shape, seed)):
@@ -511,7 +533,14 @@ class Referee:
         ref_model = self.build(shape, 42)
         first = self.inputs(shape, 2026)
         sets = [first] + [self.inputs(shape, 2026 + i) for i in range(1, self.set_count(first))]
-        return time_baselines(self.req, ref_model, sets, lambda: self.any_rank(time.perf_counter() > deadline), self.time_here)
+        return time_baselines(self.req, ref_model, sets, lambda: self.any_rank(time.perf_counter() > deadline), self.time_with_timers)
+
+    def time_with_timers(self, fn: Callable, sets: List[List[Any]]) -> Dict[str, Any]:
+        """kbsweep's figure (:meth:`time_here`, the scored one) and beside it, under ``timers``, each other timer the
+        request names (``kernelbench``: :func:`~kbsweep.grader.timing.time_kernelbench` on the first input set)."""
+        timed = self.time_here(fn, sets)
+        others = {name: getattr(timing, f"time_{name}")(fn, sets[0], self.device) for name in self.req.get("timers", [])}
+        return {**timed, "timers": others} if others else timed
 
     def time_here(self, fn: Callable, sets: List[List[Any]]) -> Dict[str, Any]:
         """A trusted callable timed in this process by the same batches the candidate's runner uses."""

@@ -1,0 +1,107 @@
+"""Grade KernelBench levels on CPU through kbsweep: per problem, the reference as candidate and a wrong solution
+(the reference + 1), each by ``kbsweep grade ... gpu=cpu`` in its own process, as a user runs it.
+
+    python scripts/kernelbench_cpu_run.py <KernelBench>/KernelBench OUT.json [--levels level1 level2] [--sample N --seed S]
+
+``--sample N`` grades N problems per level drawn at random (seeded); without it, every problem. Problems are
+graded in a random order (seeded), the levels taking turns, so a run stopped early has graded a random sample
+of each level. OUT.json is rewritten after every grade (a long run can be read, or stopped, at any point): each
+grade's wall time, exit code, outcome, both verdicts and message, and per level and solution the count of each
+outcome and the medians.
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import platform
+import random
+import statistics
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any, Dict, List
+
+from kbsweep.kernelbench import kernelbench_names, materialize_all
+
+SOLUTIONS = ("reference", "wrong")
+
+
+def grade_one(folder: Path, name: str, solution: Path, outputs: Path, timeout_s: float) -> Dict[str, Any]:
+    """One ``kbsweep grade`` in a fresh process; what it printed, with its wall time."""
+    command = [sys.executable, "-m", "kbsweep.cli", "grade", "track=kernelbench", f"track.problems_dir={folder}",
+               f"problem=kernelbench/{name}", f"solution={solution}", "gpu=cpu"]
+    started = time.perf_counter()
+    try:
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, env={**os.environ, "KBSWEEP_OUTPUTS": str(outputs)})
+    except subprocess.TimeoutExpired:
+        return {"wall_s": time.perf_counter() - started, "rc": None, "outcome": "script_timeout"}
+    record: Dict[str, Any] = {"wall_s": time.perf_counter() - started, "rc": proc.returncode}
+    try:
+        result = json.loads(proc.stdout)
+    except ValueError:  # exit 2 (a problem error) or 1: the one line on stderr says why
+        return {**record, "outcome": f"exit_{proc.returncode}", "message": (proc.stderr.strip().splitlines() or [""])[-1][:300]}
+    return {**record, "outcome": result["outcome"], "verdicts": result.get("verdicts"), "grade_s": result.get("grade_s"),
+            "message": (result.get("message") or "")[:300], "forward_calls": (result.get("evidence") or {}).get("probe", {}).get("calls")}
+
+
+def summary(grades: List[Dict[str, Any]]) -> Dict[str, Any]:
+    """Per level and solution: outcome counts (kbsweep's, KernelBench's) and the median wall time; per problem too."""
+    out: Dict[str, Any] = {}
+    for level in sorted({g["level"] for g in grades}):
+        mine = [g for g in grades if g["level"] == level]
+        entry: Dict[str, Any] = {}
+        for solution in SOLUTIONS:
+            these = [g for g in mine if g["solution"] == solution]
+            if these:
+                entry[solution] = {"grades": len(these), "kbsweep": dict(Counter(g["outcome"] for g in these)),
+                                   "kernelbench": dict(Counter((g.get("verdicts") or {}).get("kernelbench", "none") for g in these)),
+                                   "median_wall_s": statistics.median(g["wall_s"] for g in these)}
+        per_problem = Counter()
+        for g in mine:
+            per_problem[g["problem"]] += g["wall_s"]
+        entry["median_wall_s_per_grade"] = statistics.median(g["wall_s"] for g in mine)
+        entry["median_wall_s_per_problem_both_grades"] = statistics.median(per_problem.values())
+        out[level] = entry
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("kernelbench", type=Path, help="the KernelBench/ folder of a checkout (holds level1, level2, ...)")
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--levels", nargs="+", default=["level1", "level2"])
+    parser.add_argument("--sample", type=int, default=0, help="problems per level drawn at random; 0: all")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--timeout-s", type=float, default=1800.0, help="per grade, on top of the grade's own limit")
+    args = parser.parse_args()
+    outputs = args.out.with_suffix(".outputs")
+    record: Dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "host": platform.node(), "cpus": os.cpu_count(),
+                              "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]), "sample": args.sample, "seed": args.seed,
+                              "levels": {}, "grades": []}
+    queues = []
+    for level in args.levels:
+        folder = (args.kernelbench / level).resolve()
+        names = kernelbench_names(folder)
+        picked = random.Random(args.seed).sample(names, args.sample or len(names))  # a random order: any prefix is a random sample
+        started = time.perf_counter()
+        generated = materialize_all(folder, picked)  # one sizing child for the level
+        record["levels"][level] = {"problems": len(names), "order": picked, "materialize_s": time.perf_counter() - started}
+        queues.append([(level, folder, name, root) for name, root in zip(picked, generated)])
+    plan = [item for turn in itertools.zip_longest(*queues) for item in turn if item]  # the levels take turns
+    for level, folder, name, root in plan:
+        fitted = json.loads((root / "fit.json").read_text())
+        for solution in SOLUTIONS:
+            graded = grade_one(folder, name, root / "solutions" / f"{solution}.py", outputs, args.timeout_s)
+            record["grades"].append({"level": level, "problem": name, "solution": solution, "sizes": fitted.get("sizes"), **graded})
+            print(f"{level}/{name} {solution}: {graded['outcome']} {graded.get('verdicts')} {graded['wall_s']:.1f} s", flush=True)
+            record["summary"] = summary(record["grades"])
+            args.out.write_text(json.dumps(record, indent=1))
+    print(json.dumps(record["summary"], indent=1))
+
+
+if __name__ == "__main__":
+    main()

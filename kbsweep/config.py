@@ -54,7 +54,8 @@ class ModelConf:
     reasoning_effort: Optional[str] = None
     prices: Prices = field(default_factory=Prices)
     expected_tokens: ExpectedTokens = field(default_factory=ExpectedTokens)
-    concurrency: int = 4
+    concurrency: int = 4  # cells at once per provider (docs/launch.md)
+    prompt_caching: bool = False  # ask litellm to mark the system and last messages for the provider's prompt cache
     timeout_s: float = 600.0
     retry: RetryConf = field(default_factory=RetryConf)
     options: Dict[str, Any] = field(default_factory=dict)

@@ -14,7 +14,7 @@ from kbsweep.agent.loop import Budgets
 from kbsweep.harness import runner_for
 from kbsweep.problems import find_problem_dirs, load_problem, track_problem_names
 
-VOLATILE_MODEL_KEYS = ("concurrency", "timeout_s", "retry", "api_base", "expected_tokens", "prices")
+VOLATILE_MODEL_KEYS = ("concurrency", "timeout_s", "retry", "api_base", "expected_tokens", "prices", "prompt_caching")
 
 
 @dataclass

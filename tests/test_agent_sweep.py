@@ -121,7 +121,7 @@ def test_anthropic_shape_sweep_prices_cache_and_redacts_grades(tmp_path):
         Reply(tool_calls=[("submit", {})], **usage),
     ]
     with FakeProvider(script) as fp:
-        model_yaml(tmp_path / "conf", "fake-claude", "anthropic/claude-fake-4-8", fp.anthropic_base_url, prices=prices)
+        model_yaml(tmp_path / "conf", "fake-claude", "anthropic/claude-fake-4-8", fp.anthropic_base_url, prices=prices, prompt_caching=True)
         proc = sweep(tmp_path / "conf", tmp_path / "outputs", "model=fake-claude")
     assert proc.returncode == 0, proc.stderr
     result = results(tmp_path / "outputs")["fake-claude"]

@@ -94,6 +94,7 @@ def make_model(fp: FakeProvider, shape: str = "openai", sleeps: Sleeps | None = 
         "options": {},
         "timeout_s": 5.0,
         "retry": retry,
+        "prompt_caching": shape == "anthropic",
     }
     config.update(overrides)
     return LiteLLMModel(config, sleep=sleeps if sleeps is not None else Sleeps(), rng=random.Random(0))
@@ -169,7 +170,7 @@ def test_multi_turn_exchange(shape):
         assert blocks[-1] == {"type": "tool_use", "id": call_id, "name": "write_file", "input": {"path": "k.py", "content": "a"}}
         result = sent[2]["content"][0]
         assert result["type"] == "tool_result" and result["tool_use_id"] == call_id
-        assert result["content"][-1]["cache_control"] == {"type": "ephemeral"}  # last message marked
+        assert result["cache_control"] == {"type": "ephemeral"}  # last message marked (litellm marks its tool_result block)
         assert "cache_control" not in json.dumps(sent[0])  # the first user message is not (a system exists)
         assert fp.requests[1].json["system"][-1]["cache_control"] == {"type": "ephemeral"}
 
@@ -495,3 +496,13 @@ def test_retry_after_seconds_parsing():
     assert retry_after_seconds(Exc({"retry-after": email.utils.formatdate(now + 12, usegmt=True)}), now=now) == 12.0
     assert retry_after_seconds(Exc({"retry-after": "soon"})) is None
     assert retry_after_seconds(Exc({})) is None
+
+
+def test_prompt_caching_is_litellms_injection_on_any_route():
+    """prompt_caching: true asks litellm (cache_control_injection_points) to mark the system and last messages in
+    the route's wire shape; without it the OpenAI-shape request carries no markers (see the request-shape test)."""
+    with FakeProvider([Reply(content="ok")]) as fp:
+        make_model(fp, "openai", prompt_caching=True).complete(MESSAGES, TOOLS)
+    sent = fp.requests[0].json["messages"]
+    assert [m.get("cache_control") for m in sent] == [{"type": "ephemeral"}, {"type": "ephemeral"}]
+    assert MESSAGES[0] == {"role": "system", "content": "You write GPU kernels."}  # the caller's messages untouched

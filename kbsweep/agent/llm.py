@@ -25,7 +25,9 @@ __all__ = ["ContextOverflow", "LiteLLMModel", "RetryPolicy", "classify_exception
 
 log = logging.getLogger(__name__)
 
-_EPHEMERAL = {"type": "ephemeral"}
+# litellm's prompt-caching rule (its cache_control_injection_points): the system message, so tools + system prompt are
+# cached across turns, and the last message, so each turn reads the previous turn's prefix (the conversation only grows)
+CACHE_POINTS = [{"location": "message", "role": "system"}, {"location": "message", "index": -1}]
 _CREDIT_RE = re.compile(r"credit|quota|billing|insufficient|payment", re.I)
 # stricter for 400/403: those statuses carry many unrelated errors
 _CREDIT_STRICT_RE = re.compile(r"credit balance|billing|insufficient_quota|insufficient credits|payment required", re.I)
@@ -269,44 +271,6 @@ def _is_anthropic_route(route: str) -> bool:
     return provider in {"bedrock", "vertex_ai"} and "claude" in model.lower()
 
 
-def _mark_cache(message: dict[str, Any]) -> dict[str, Any]:
-    """A copy of ``message`` whose last content block carries ``cache_control: ephemeral``; unchanged when there
-    is no non-empty text to mark."""
-    content = message.get("content")
-    if isinstance(content, str):
-        if not content:
-            return message
-        return {**message, "content": [{"type": "text", "text": content, "cache_control": dict(_EPHEMERAL)}]}
-    if isinstance(content, list) and content:
-        blocks = [dict(b) if isinstance(b, Mapping) else b for b in content]
-        last = blocks[-1]
-        if isinstance(last, dict) and not (last.get("type") == "text" and not last.get("text")):
-            last["cache_control"] = dict(_EPHEMERAL)
-            return {**message, "content": blocks}
-    return message
-
-
-def add_cache_breakpoints(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Anthropic prompt-caching rule (two of the four allowed breakpoints), applied to a copy:
-
-    1. the system message (or, without one, the first user message) gets ``cache_control: ephemeral`` on its last
-       content block, so tools + system prompt (+ the task statement) are cached across every turn;
-    2. the last message gets one too, so the whole conversation so far is cached for the next turn (the
-       conversation only grows, so each turn reads the previous turn's prefix from the cache).
-
-    String contents become one text block; empty contents are left unmarked. The caller's list is not modified.
-    """
-    out = [dict(m) for m in messages]
-    if not out:
-        return out
-    head = next((i for i, m in enumerate(out) if m.get("role") == "system"), None)
-    if head is None:
-        head = next((i for i, m in enumerate(out) if m.get("role") == "user"), None)
-    for index in {i for i in (head, len(out) - 1) if i is not None}:
-        out[index] = _mark_cache(out[index])
-    return out
-
-
 class LiteLLMModel:
     """A :class:`~kbsweep.agent.models.ChatModel` that calls ``litellm.completion``.
 
@@ -322,10 +286,10 @@ class LiteLLMModel:
       ``litellm.register_model`` under ``route`` (``cache_read``/``cache_write`` default to the input price) and
       each call's cost is ``litellm.completion_cost`` (cache reads at the cache-read price, cache writes at the
       cache-write price). Otherwise ``prices_known`` is False and every cost is 0.0.
-    * **Prompt caching** (Anthropic routes: ``anthropic/...``, and ``claude`` models on ``bedrock``/``vertex_ai``):
-      see :func:`add_cache_breakpoints`; the system (or first user) message and the last message are marked
-      ``cache_control: {"type": "ephemeral"}``, which litellm passes through to the Messages API. Other routes
-      are sent unchanged (OpenAI-style providers cache prefixes automatically).
+    * **Prompt caching** (``prompt_caching: true`` in the model YAML, for providers with an explicit prompt cache):
+      litellm's ``cache_control_injection_points`` (:data:`CACHE_POINTS`) mark the system message and the last
+      message, in the provider's own wire shape (litellm drops them for providers without explicit caching).
+      Without it, messages are sent unchanged (OpenAI-style providers cache prefixes automatically).
     * **Retries**: litellm is called with ``num_retries=0``/``max_retries=0``; this class retries 429 (not
       credit/quota 429s), 408/409/425, 5xx, timeouts and connection errors (which litellm may raise as
       ``InternalServerError``) under :class:`RetryPolicy`, sleeping with the injectable ``sleep``. Each retry
@@ -366,7 +330,8 @@ class LiteLLMModel:
             for k in ("input", "output", "cache_read", "cache_write")
         }
         self.prices_known: bool = self.prices["input"] is not None and self.prices["output"] is not None
-        self.prompt_caching: bool = _is_anthropic_route(self.route)
+        self.prompt_caching: bool = bool(_get(config, "prompt_caching", False))
+        self.anthropic: bool = _is_anthropic_route(self.route)
         self._sleep = sleep
         self._clock = clock
         self._rng = rng or random.Random()
@@ -451,11 +416,13 @@ class LiteLLMModel:
         kwargs.update(copy.deepcopy(self.options))
         kwargs.update(
             model=self.route,
-            messages=add_cache_breakpoints(messages) if self.prompt_caching else [dict(m) for m in messages],
+            messages=[dict(m) for m in messages],
             timeout=self.timeout_s,
             num_retries=0,
             max_retries=0,
         )
+        if self.prompt_caching:
+            kwargs["cache_control_injection_points"] = copy.deepcopy(CACHE_POINTS)
         if tools:
             kwargs["tools"] = tools
         if self.api_base:
@@ -567,7 +534,7 @@ class LiteLLMModel:
         if calls:
             message["tool_calls"] = calls
         thinking = _field(msg, "thinking_blocks")
-        if self.prompt_caching and thinking:
+        if self.anthropic and thinking:
             message["thinking_blocks"] = [dict(b) if isinstance(b, Mapping) else b for b in thinking]
         reasoning = _field(msg, "reasoning_content")
 

@@ -341,18 +341,22 @@ def fit_in_child(files: List[Path]) -> Dict[Path, Dict[str, Any]]:
         proc = subprocess.Popen([sys.executable, "-m", "kbsweep.kernelbench", *map(str, files)], stdout=subprocess.PIPE,
                                 stderr=err, text=True)
         reported: Dict[Path, Dict[str, Any]] = {}
+        hung = False
         with selectors.DefaultSelector() as selector:
             selector.register(proc.stdout, selectors.EVENT_READ)
             while len(reported) < len(files):
-                line = proc.stdout.readline() if selector.select(timeout=FIT_TIMEOUT_S) else None
-                if not line:  # the child died (EOF) or hangs on this file
+                hung = not selector.select(timeout=FIT_TIMEOUT_S)
+                line = "" if hung else proc.stdout.readline()
+                if not line:  # the child hangs on this file, or died on it (EOF)
                     break
                 message = json.loads(line)
                 reported[Path(message["file"])] = message["fit"]
         if len(reported) < len(files):
             culprit = files[len(reported)]
-            hung = proc.poll() is None
-            proc.kill()
+            try:
+                proc.wait(timeout=0 if hung else FIT_TIMEOUT_S)  # a dead child's exit code names its death
+            except subprocess.TimeoutExpired:
+                proc.kill()
             proc.wait()
             err.seek(0)
             tail = (err.read().decode(errors="replace").strip().splitlines() or [f"exit code {proc.returncode}"])[-1]

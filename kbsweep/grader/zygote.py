@@ -29,7 +29,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 from kbsweep import REPO_ROOT
 
@@ -176,6 +176,7 @@ class Zygote:
                                       stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, pass_fds=(theirs.fileno(),))
         theirs.close()
         self.ready = False
+        LIVE.add(self)
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -225,11 +226,13 @@ class Zygote:
 
     def close(self) -> None:
         self.stop()
+        LIVE.discard(self)
         shutil.rmtree(self.home, ignore_errors=True)
         self.home.with_suffix(".log").unlink(missing_ok=True)
 
 
-POOL: Dict[Tuple, List[Zygote]] = {}
+POOL: Dict[Tuple, List[Zygote]] = {}  # idle zygotes by key
+LIVE: Set[Zygote] = set()  # every zygote not closed, idle or taken: all closed at exit
 
 
 def pool_key(side: str, sandbox, env: Dict[str, str], readonly: Sequence[Path], parent: Optional[Path]) -> Tuple:
@@ -281,7 +284,6 @@ def discard(*zygotes: Zygote) -> None:
 
 @atexit.register
 def close_all() -> None:
-    for idle in POOL.values():
-        for found in idle:
-            found.close()
+    for found in list(LIVE):
+        found.close()
     POOL.clear()

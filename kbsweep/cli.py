@@ -185,7 +185,7 @@ def report_verb(cfgs: List[DictConfig]) -> int:
     cfg = cfgs[0]
     folder = Path(cfg.paths.outputs) / "reports"
     saved = snapshot.load(folder / ".boards.json", cfg.tracking.uri)  # nothing logged since it was written: reused
-    if saved is not None:
+    if saved is not None and (folder / "report.html").exists():
         print(render_terminal(saved["boards"]))
         print(f"[kbsweep] report: {folder / 'report.html'} (unchanged: nothing was logged since it was written)", file=sys.stderr)
         return 0

@@ -8,7 +8,7 @@ the grade's contents; the child closes the control socket before anything of the
 referee's secrets reach the referee's child alone and the candidate never holds a line to its zygote.
 
 The runner's zygote shares its sandbox with the candidates it forks, so between grades it ends every other
-process of that sandbox (``kill(-1)`` in its own pid namespace), empties ``/tmp``, ``/dev/shm`` and the
+process of that sandbox (the referee's zygote does the same: nothing a referee started outlives its grade) (``kill(-1)`` in its own pid namespace), empties ``/tmp``, ``/dev/shm`` and the
 sandbox's System V IPC, and the orchestrator re-stages the candidate folder: a candidate leaves nothing behind
 for the next. It is not dumpable (a candidate of the same uid cannot ptrace it or write its memory) and reaps
 orphans (a subreaper). A grade that breaches a limit or ends oddly discards both zygotes. Zygotes run only under
@@ -109,8 +109,7 @@ def serve() -> None:
         request, fds = receive(control)
         if request is None:
             os._exit(0)
-        if side == "runner":
-            sweep_sandbox()
+        sweep_sandbox()
         pid = os.fork()
         if pid == 0:
             try:
@@ -121,8 +120,7 @@ def serve() -> None:
             os.close(fd)
         control.sendall(json.dumps({"pid": pid}).encode())
         _, status = os.waitpid(pid, 0)
-        if side == "runner":
-            sweep_sandbox()
+        sweep_sandbox()  # the referee's too: what its child left (torch.compile's workers, say) goes as a cold sandbox's would
         control.sendall(json.dumps({"status": os.waitstatus_to_exitcode(status)}).encode())
 
 

@@ -70,9 +70,12 @@ def empty(folder: str) -> None:
     device = os.lstat(folder).st_dev
     walked = []
     for root, dirs, files in os.walk(folder):
-        for name in files + [d for d in dirs if os.path.islink(os.path.join(root, d))]:
-            os.unlink(os.path.join(root, name))
-        dirs[:] = [d for d in dirs if not os.path.islink(os.path.join(root, d)) and os.lstat(os.path.join(root, d)).st_dev == device]
+        links = [d for d in dirs if os.path.islink(os.path.join(root, d))]
+        for name in files + links:
+            path = os.path.join(root, name)
+            if os.lstat(path).st_dev == device:  # a file bound from the host (a problem's file) is a mount: left alone
+                os.unlink(path)
+        dirs[:] = [d for d in dirs if d not in links and os.lstat(os.path.join(root, d)).st_dev == device]
         walked += [os.path.join(root, d) for d in dirs]
     for path in reversed(walked):
         try:

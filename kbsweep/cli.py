@@ -261,7 +261,7 @@ def write_boards(cfg: DictConfig) -> tuple:
 
     folder = Path(cfg.paths.outputs) / "reports"
     saved = snapshot.load(folder / ".boards.json", cfg.tracking.uri)
-    if saved is not None:
+    if saved is not None and (folder / "report.html").exists():
         return saved["boards"], saved.get("paths") or {}
     taken = snapshot.stamp(cfg.tracking.uri)
     boards = attach_regrades(build_boards(runs_frame(cfg.tracking.uri)), runs_frame(cfg.tracking.uri, kind="regrade"))

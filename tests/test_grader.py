@@ -196,15 +196,18 @@ def test_a_runner_killed_from_outside_is_infrastructure(problem, roofline, tmp_p
     solution.write_text((CASES / "nan.py").read_text().replace(
         "import torch", "import pathlib, time\nimport torch\npathlib.Path(__file__).with_name('importing').touch()\ntime.sleep(60)", 1))
 
-    def kill_the_runner():
-        workdir = tmp_path / "grade" / "candidate"
+    def runner_zygote(proc) -> bool:
+        command = proc.info["cmdline"] or []
+        return command[:1] == [sys.executable] and "serve() runner" in " ".join(command)
+
+    def kill_the_runner():  # the grade's runner: a child of the runner's zygote, in the folder that holds the marker
         deadline = time.monotonic() + 50
-        while time.monotonic() < deadline and not (workdir / marker.name).exists():
-            time.sleep(0.1)
         while time.monotonic() < deadline:
-            for proc in psutil.process_iter(["cmdline", "cwd"]):
-                command = proc.info["cmdline"] or []
-                if command[:1] == [sys.executable] and "kbsweep.grader.runner" in " ".join(command) and proc.info["cwd"] == str(workdir):
+            processes = {proc.pid: proc for proc in psutil.process_iter(["cmdline", "cwd", "ppid"])}
+            for proc in processes.values():
+                parent = processes.get(proc.info["ppid"])
+                cwd = proc.info["cwd"] or ""
+                if runner_zygote(proc) and parent and runner_zygote(parent) and cwd.startswith(str(tmp_path)) and (Path(cwd) / marker.name).exists():
                     proc.kill()  # while it imports the candidate, which sleeps
                     return
             time.sleep(0.2)

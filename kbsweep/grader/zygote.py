@@ -8,7 +8,7 @@ the grade's contents; the child closes the control socket before anything of the
 referee's secrets reach the referee's child alone and the candidate never holds a line to its zygote.
 
 The runner's zygote shares its sandbox with the candidates it forks, so between grades it ends every other
-process of that sandbox (``kill(-1)`` in its own pid namespace), empties ``/tmp``, ``/dev/shm`` and the
+process of that sandbox (the referee's zygote does the same: nothing a referee started outlives its grade) (``kill(-1)`` in its own pid namespace), empties ``/tmp``, ``/dev/shm`` and the
 sandbox's System V IPC, and the orchestrator re-stages the candidate folder: a candidate leaves nothing behind
 for the next. It is not dumpable (a candidate of the same uid cannot ptrace it or write its memory) and reaps
 orphans (a subreaper). A grade that breaches a limit or ends oddly discards both zygotes. Zygotes run only under
@@ -29,7 +29,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 from kbsweep import REPO_ROOT
 
@@ -70,9 +70,12 @@ def empty(folder: str) -> None:
     device = os.lstat(folder).st_dev
     walked = []
     for root, dirs, files in os.walk(folder):
-        for name in files + [d for d in dirs if os.path.islink(os.path.join(root, d))]:
-            os.unlink(os.path.join(root, name))
-        dirs[:] = [d for d in dirs if not os.path.islink(os.path.join(root, d)) and os.lstat(os.path.join(root, d)).st_dev == device]
+        links = [d for d in dirs if os.path.islink(os.path.join(root, d))]
+        for name in files + links:
+            path = os.path.join(root, name)
+            if os.lstat(path).st_dev == device:  # a file bound from the host (a problem's file) is a mount: left alone
+                os.unlink(path)
+        dirs[:] = [d for d in dirs if d not in links and os.lstat(os.path.join(root, d)).st_dev == device]
         walked += [os.path.join(root, d) for d in dirs]
     for path in reversed(walked):
         try:
@@ -109,8 +112,7 @@ def serve() -> None:
         request, fds = receive(control)
         if request is None:
             os._exit(0)
-        if side == "runner":
-            sweep_sandbox()
+        sweep_sandbox()
         pid = os.fork()
         if pid == 0:
             try:
@@ -121,8 +123,7 @@ def serve() -> None:
             os.close(fd)
         control.sendall(json.dumps({"pid": pid}).encode())
         _, status = os.waitpid(pid, 0)
-        if side == "runner":
-            sweep_sandbox()
+        sweep_sandbox()  # the referee's too: what its child left (torch.compile's workers, say) goes as a cold sandbox's would
         control.sendall(json.dumps({"status": os.waitstatus_to_exitcode(status)}).encode())
 
 
@@ -176,6 +177,7 @@ class Zygote:
                                       stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, pass_fds=(theirs.fileno(),))
         theirs.close()
         self.ready = False
+        LIVE.add(self)
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -225,11 +227,13 @@ class Zygote:
 
     def close(self) -> None:
         self.stop()
+        LIVE.discard(self)
         shutil.rmtree(self.home, ignore_errors=True)
         self.home.with_suffix(".log").unlink(missing_ok=True)
 
 
-POOL: Dict[Tuple, List[Zygote]] = {}
+POOL: Dict[Tuple, List[Zygote]] = {}  # idle zygotes by key
+LIVE: Set[Zygote] = set()  # every zygote not closed, idle or taken: all closed at exit
 
 
 def pool_key(side: str, sandbox, env: Dict[str, str], readonly: Sequence[Path], parent: Optional[Path]) -> Tuple:
@@ -281,7 +285,6 @@ def discard(*zygotes: Zygote) -> None:
 
 @atexit.register
 def close_all() -> None:
-    for idle in POOL.values():
-        for found in idle:
-            found.close()
+    for found in list(LIVE):
+        found.close()
     POOL.clear()

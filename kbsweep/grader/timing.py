@@ -81,7 +81,7 @@ def reset_persisting_l2() -> bool:
 
 
 # Host (CPU) figures check the plumbing, not performance: the default rule's 0.1% standard error is never met under
-# an interpreter, so a CPU grade timed 104 calls per shape and callable (most of a demo grade's 40 s).
+# an interpreter, so a CPU grade timed 104 calls per shape and callable (a demo grade: 40 s, 21 s with this cap, loaded).
 HOST_MAX_RUNS, HOST_MAX_TIME_S = 16, 1.0  # two host batches of 8 calls
 
 

@@ -5,9 +5,11 @@
 
 ``--sample N`` grades N problems per level drawn at random (seeded); without it, every problem. Problems are
 graded in a random order (seeded), the levels taking turns, so a run stopped early has graded a random sample
-of each level. OUT.json is rewritten after every grade (a long run can be read, or stopped, at any point): each
-grade's wall time, exit code, outcome, both verdicts and message, and per level and solution the count of each
-outcome and the medians.
+of each level. ``--jobs N`` grades N problems at once (each problem's two grades one after the other): more
+problems an hour, each slower. OUT.json is rewritten after every grade (a long run can be read, or stopped, at
+any point): each grade's wall time, the 1-minute load average before and after it, exit code, outcome, both
+verdicts, message and the referee's seconds and forward calls per stage, and per level and solution the count of
+each outcome and the medians.
 """
 from __future__ import annotations
 
@@ -20,8 +22,10 @@ import random
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Dict, List
 
@@ -34,18 +38,20 @@ def grade_one(folder: Path, name: str, solution: Path, outputs: Path, timeout_s:
     """One ``kbsweep grade`` in a fresh process; what it printed, with its wall time."""
     command = [sys.executable, "-m", "kbsweep.cli", "grade", "track=kernelbench", f"track.problems_dir={folder}",
                f"problem=kernelbench/{name}", f"solution={solution}", "gpu=cpu"]
-    started = time.perf_counter()
+    started, load = time.perf_counter(), os.getloadavg()[0]
     try:
         proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, env={**os.environ, "KBSWEEP_OUTPUTS": str(outputs)})
     except subprocess.TimeoutExpired:
-        return {"wall_s": time.perf_counter() - started, "rc": None, "outcome": "script_timeout"}
-    record: Dict[str, Any] = {"wall_s": time.perf_counter() - started, "rc": proc.returncode}
+        return {"wall_s": time.perf_counter() - started, "load": [load, os.getloadavg()[0]], "rc": None, "outcome": "script_timeout"}
+    record: Dict[str, Any] = {"wall_s": time.perf_counter() - started, "load": [load, os.getloadavg()[0]], "rc": proc.returncode}
     try:
         result = json.loads(proc.stdout)
     except ValueError:  # exit 2 (a problem error) or 1: the one line on stderr says why
         return {**record, "outcome": f"exit_{proc.returncode}", "message": (proc.stderr.strip().splitlines() or [""])[-1][:300]}
+    evidence = result.get("evidence") or {}
     return {**record, "outcome": result["outcome"], "verdicts": result.get("verdicts"), "grade_s": result.get("grade_s"),
-            "message": (result.get("message") or "")[:300], "forward_calls": (result.get("evidence") or {}).get("probe", {}).get("calls")}
+            "startup_s": result.get("startup_s"), "message": (result.get("message") or "")[:300],
+            "forward_calls": evidence.get("probe", {}).get("calls"), "stages": evidence.get("stages")}
 
 
 def summary(grades: List[Dict[str, Any]]) -> Dict[str, Any]:
@@ -77,10 +83,11 @@ def main() -> None:
     parser.add_argument("--sample", type=int, default=0, help="problems per level drawn at random; 0: all")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout-s", type=float, default=1800.0, help="per grade, on top of the grade's own limit")
+    parser.add_argument("--jobs", type=int, default=1, help="problems graded at once")
     args = parser.parse_args()
     outputs = args.out.with_suffix(".outputs")
     record: Dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "host": platform.node(), "cpus": os.cpu_count(),
-                              "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]), "sample": args.sample, "seed": args.seed,
+                              "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]), "sample": args.sample, "seed": args.seed, "jobs": args.jobs,
                               "levels": {}, "grades": []}
     queues = []
     for level in args.levels:
@@ -92,14 +99,21 @@ def main() -> None:
         record["levels"][level] = {"problems": len(names), "order": picked, "materialize_s": time.perf_counter() - started}
         queues.append([(level, folder, name, root) for name, root in zip(picked, generated)])
     plan = [item for turn in itertools.zip_longest(*queues) for item in turn if item]  # the levels take turns
-    for level, folder, name, root in plan:
+    lock = threading.Lock()
+
+    def problem(level: str, folder: Path, name: str, root: Path) -> None:
         fitted = json.loads((root / "fit.json").read_text())
         for solution in SOLUTIONS:
             graded = grade_one(folder, name, root / "solutions" / f"{solution}.py", outputs, args.timeout_s)
-            record["grades"].append({"level": level, "problem": name, "solution": solution, "sizes": fitted.get("sizes"), **graded})
-            print(f"{level}/{name} {solution}: {graded['outcome']} {graded.get('verdicts')} {graded['wall_s']:.1f} s", flush=True)
-            record["summary"] = summary(record["grades"])
-            args.out.write_text(json.dumps(record, indent=1))
+            with lock:
+                record["grades"].append({"level": level, "problem": name, "solution": solution, "sizes": fitted.get("sizes"), **graded})
+                print(f"{level}/{name} {solution}: {graded['outcome']} {graded.get('verdicts')} {graded['wall_s']:.1f} s", flush=True)
+                record["summary"] = summary(record["grades"])
+                args.out.write_text(json.dumps(record, indent=1))
+
+    with ThreadPoolExecutor(args.jobs) as pool:
+        for done in [pool.submit(problem, *item) for item in plan]:
+            done.result()
     print(json.dumps(record["summary"], indent=1))
 
 

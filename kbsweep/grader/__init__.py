@@ -284,7 +284,7 @@ def grade(
     work = (lambda shape: distributed.multi_work(problem, shape, world_size)) if multi else problem.work
     started = time.time()  # start-up (warm zygotes or not) counts in grade_s and startup_s
     original = Path(solution).resolve()
-    log_dir = Path(log_dir or tempfile.mkdtemp(prefix="kbsweep-grade-"))
+    log_dir = Path(log_dir or tempfile.mkdtemp(prefix="kbsweep-grade-")).resolve()  # the zygotes fork in other folders
     spec = asdict_spec(problem.spec)
     shape_set = gpu.shape_set
     device = gpu.device

@@ -3,7 +3,10 @@
 
     python scripts/kernelbench_cpu_run.py <KernelBench>/KernelBench OUT.json [--levels level1 level2] [--sample N --seed S]
 
-``--sample N`` grades N problems per level drawn at random (seeded); without it, every problem. Problems are
+``--one-process``: a problem's two grades in one process instead (``kbsweep.grade`` twice, as the Python API runs
+it), so the second forks from the zygotes the first started, as a sweep cell's grades do; its record's
+``process_s`` is the whole process, start-up included. ``--sample N`` grades N problems per level drawn at random
+(seeded); without it, every problem. Problems are
 graded in a random order (seeded), the levels taking turns, so a run stopped early has graded a random sample
 of each level. ``--jobs N`` grades N problems at once (each problem's two grades one after the other): more
 problems an hour, each slower. OUT.json is rewritten after every grade (a long run can be read, or stopped, at
@@ -54,6 +57,36 @@ def grade_one(folder: Path, name: str, solution: Path, outputs: Path, timeout_s:
             "forward_calls": evidence.get("probe", {}).get("calls"), "stages": evidence.get("stages")}
 
 
+def grade_problem(folder: Path, name: str, solutions: List[Path], outputs: Path, timeout_s: float) -> List[Dict[str, Any]]:
+    """``solutions`` graded one after the other in one fresh process (``kbsweep.grade``); a record per grade, each
+    with its own wall time and ``process_s``, the process's."""
+    child = ("import json, sys, time\nimport kbsweep\nfor solution in sys.argv[3:]:\n    t = time.perf_counter()\n"
+             "    try:\n        result = kbsweep.grade(f'kernelbench/{sys.argv[2]}', solution, 'track=kernelbench', f'track.problems_dir={sys.argv[1]}', 'gpu=cpu').result\n"
+             "    except kbsweep.KbsweepError as exc:\n        result = {'outcome': 'exit_2', 'message': str(exc)}\n"
+             "    print(json.dumps({'wall_s': time.perf_counter() - t, 'result': result}, default=str), flush=True)\n")
+    started, load = time.perf_counter(), os.getloadavg()[0]
+    try:
+        proc = subprocess.run([sys.executable, "-c", child, str(folder), name, *map(str, solutions)], capture_output=True, text=True,
+                              timeout=timeout_s * len(solutions), env={**os.environ, "KBSWEEP_OUTPUTS": str(outputs)})
+        lines, rc = proc.stdout.splitlines(), proc.returncode
+    except subprocess.TimeoutExpired as exc:
+        lines, rc = (exc.stdout or b"").decode().splitlines(), None
+    common = {"process_s": time.perf_counter() - started, "load": [load, os.getloadavg()[0]], "rc": rc}
+    records = []
+    for line in lines:
+        graded = json.loads(line)
+        result, evidence = graded["result"], graded["result"].get("evidence") or {}
+        records.append({**common, "wall_s": graded["wall_s"], "outcome": result["outcome"], "verdicts": result.get("verdicts"),
+                        "grade_s": result.get("grade_s"), "startup_s": result.get("startup_s"), "message": (result.get("message") or "")[:300],
+                        "forward_calls": evidence.get("probe", {}).get("calls"), "stages": evidence.get("stages")})
+    return records + [{**common, "wall_s": None, "outcome": "script_timeout" if rc is None else f"exit_{rc}"}] * (len(solutions) - len(records))
+
+
+def median(values) -> Any:
+    known = [v for v in values if v is not None]  # a grade cut off by the script's timeout has no wall time
+    return statistics.median(known) if known else None
+
+
 def summary(grades: List[Dict[str, Any]]) -> Dict[str, Any]:
     """Per level and solution: outcome counts (kbsweep's, KernelBench's) and the median wall time; per problem too."""
     out: Dict[str, Any] = {}
@@ -65,11 +98,11 @@ def summary(grades: List[Dict[str, Any]]) -> Dict[str, Any]:
             if these:
                 entry[solution] = {"grades": len(these), "kbsweep": dict(Counter(g["outcome"] for g in these)),
                                    "kernelbench": dict(Counter((g.get("verdicts") or {}).get("kernelbench", "none") for g in these)),
-                                   "median_wall_s": statistics.median(g["wall_s"] for g in these)}
+                                   "median_wall_s": median(g["wall_s"] for g in these)}
         per_problem = Counter()
-        for g in mine:
-            per_problem[g["problem"]] += g["wall_s"]
-        entry["median_wall_s_per_grade"] = statistics.median(g["wall_s"] for g in mine)
+        for g in mine:  # one process for both grades: its own wall time, start-up included
+            per_problem[g["problem"]] = g["process_s"] if "process_s" in g else per_problem[g["problem"]] + g["wall_s"]
+        entry["median_wall_s_per_grade"] = median(g["wall_s"] for g in mine)
         entry["median_wall_s_per_problem_both_grades"] = statistics.median(per_problem.values())
         out[level] = entry
     return out
@@ -84,10 +117,11 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout-s", type=float, default=1800.0, help="per grade, on top of the grade's own limit")
     parser.add_argument("--jobs", type=int, default=1, help="problems graded at once")
+    parser.add_argument("--one-process", action="store_true", help="a problem's two grades in one process (kbsweep.grade)")
     args = parser.parse_args()
-    outputs = args.out.with_suffix(".outputs")
+    outputs = args.out.with_suffix(".outputs").resolve()
     record: Dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "host": platform.node(), "cpus": os.cpu_count(),
-                              "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]), "sample": args.sample, "seed": args.seed, "jobs": args.jobs,
+                              "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]), "sample": args.sample, "seed": args.seed, "jobs": args.jobs, "one_process": args.one_process,
                               "levels": {}, "grades": []}
     queues = []
     for level in args.levels:
@@ -103,11 +137,13 @@ def main() -> None:
 
     def problem(level: str, folder: Path, name: str, root: Path) -> None:
         fitted = json.loads((root / "fit.json").read_text())
-        for solution in SOLUTIONS:
-            graded = grade_one(folder, name, root / "solutions" / f"{solution}.py", outputs, args.timeout_s)
+        paths = [root / "solutions" / f"{solution}.py" for solution in SOLUTIONS]
+        graded_all = (grade_problem(folder, name, paths, outputs, args.timeout_s) if args.one_process
+                      else (grade_one(folder, name, path, outputs, args.timeout_s) for path in paths))
+        for solution, graded in zip(SOLUTIONS, graded_all):
             with lock:
                 record["grades"].append({"level": level, "problem": name, "solution": solution, "sizes": fitted.get("sizes"), **graded})
-                print(f"{level}/{name} {solution}: {graded['outcome']} {graded.get('verdicts')} {graded['wall_s']:.1f} s", flush=True)
+                print(f"{level}/{name} {solution}: {graded['outcome']} {graded.get('verdicts')} {graded['wall_s'] or 0:.1f} s", flush=True)
                 record["summary"] = summary(record["grades"])
                 args.out.write_text(json.dumps(record, indent=1))
 

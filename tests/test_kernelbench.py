@@ -33,6 +33,14 @@ def test_wrong_kernelbench_solution_fails(cli, outputs, tmp_path):
     assert json.loads(proc.stdout)["outcome"] == "incorrect"
 
 
+def test_relative_outputs_folder(cli, outputs, tmp_path):
+    """KBSWEEP_OUTPUTS relative to the caller's folder: the zygotes fork elsewhere, and every grade was a harness_error."""
+    proc = cli("grade", "track=kernelbench", "problem=kernelbench/1_relu", f"solution={SAMPLE}/solutions/1_relu/triton.py", "gpu=cpu",
+               cwd=tmp_path, env={"KBSWEEP_OUTPUTS": "relative-outputs"})
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert (tmp_path / "relative-outputs/grades").is_dir()
+
+
 def test_sweep_over_an_outside_folder(cli, outputs, tmp_path):
     deck = tmp_path / "level0"
     deck.mkdir()

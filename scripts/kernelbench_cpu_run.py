@@ -118,10 +118,11 @@ def main() -> None:
     parser.add_argument("--timeout-s", type=float, default=1800.0, help="per grade, on top of the grade's own limit")
     parser.add_argument("--jobs", type=int, default=1, help="problems graded at once")
     parser.add_argument("--one-process", action="store_true", help="a problem's two grades in one process (kbsweep.grade)")
+    parser.add_argument("--reverse", action="store_true", help="the order from its end: a second run meets the first halfway")
     args = parser.parse_args()
     outputs = args.out.with_suffix(".outputs").resolve()
     record: Dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "host": platform.node(), "cpus": os.cpu_count(),
-                              "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]), "sample": args.sample, "seed": args.seed, "jobs": args.jobs, "one_process": args.one_process,
+                              "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]), "sample": args.sample, "seed": args.seed, "jobs": args.jobs, "one_process": args.one_process, "reverse": args.reverse,
                               "levels": {}, "grades": []}
     queues = []
     for level in args.levels:
@@ -133,6 +134,7 @@ def main() -> None:
         record["levels"][level] = {"problems": len(names), "order": picked, "materialize_s": time.perf_counter() - started}
         queues.append([(level, folder, name, root) for name, root in zip(picked, generated)])
     plan = [item for turn in itertools.zip_longest(*queues) for item in turn if item]  # the levels take turns
+    plan = plan[::-1] if args.reverse else plan
     lock = threading.Lock()
 
     def problem(level: str, folder: Path, name: str, root: Path) -> None:

@@ -279,6 +279,16 @@ def join_ranks() -> tuple:
     return connect_rank(Path(sys.argv[-1]), rank, token), lambda: dist.barrier(group=control)
 
 
+def warm() -> None:
+    """Run once by the runner's zygote before it forks: the host profiler's first start sets up Kineto (2-3 s
+    on CPU), which every grade's session then paid again. CPU grades only (``CUDA_VISIBLE_DEVICES`` empty): a
+    zygote that forks GPU grades must not touch CUDA."""
+    if os.environ.get("CUDA_VISIBLE_DEVICES") == "":
+        session = timing.profiler_session("cpu")
+        session.start()
+        session.stop()
+
+
 def main() -> None:
     channel, barrier = join_ranks() if sys.argv[-2:-1] == ["ranks"] else (Channel.from_fd(int(sys.argv[-1])), None)
     os.set_inheritable(channel.sock.fileno(), False)

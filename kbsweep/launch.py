@@ -213,7 +213,8 @@ class SubmititLauncher:
         attempts: Dict[str, int] = {}
         concurrency = max(1, int(self.conf["concurrency"]))
         caps = provider_caps(pending)
-        while pending or running:
+
+        def fill() -> None:
             while len(running) < concurrency:
                 cell = next_cell(pending, [state.cell for state in running.values()], caps)
                 if cell is None:
@@ -223,7 +224,10 @@ class SubmititLauncher:
                     on_start(cell)
                 attempts[cell.key] = attempts.get(cell.key, 0) + 1
                 running[self.submit(cell)] = Running(cell, time.monotonic())
-            time.sleep(POLL_S)
+
+        while pending or running:
+            fill()
+            self.wait(POLL_S)
             for job, state in list(running.items()):
                 result = self.poll(job, state)
                 if result is None:
@@ -234,7 +238,12 @@ class SubmititLauncher:
                     shutil.rmtree(cell_dir(state.cell), ignore_errors=True)
                     pending.append(state.cell)
                     continue
+                fill()  # the freed slot runs its next cell while this one is logged
                 on_done(state.cell, result)
+
+    def wait(self, timeout_s: float) -> None:
+        """Until a job may have ended: a poll interval."""
+        time.sleep(timeout_s)
 
     def poll(self, job: Any, state: Running) -> Optional[Dict[str, Any]]:
         """The job's result once it has ended, else None. Ends a local job past its cap and a preempted Slurm
@@ -285,7 +294,7 @@ class Worker:
     zygotes stay warm from one cell to the next. It is a session and process group of its own, ended with its
     whole tree like a fresh job's when its cell passes the cap or the orchestrator goes."""
 
-    def __init__(self, folder: Path, supervisor: str):
+    def __init__(self, folder: Path, supervisor: str, answered: threading.Event):
         import cloudpickle
 
         self.pickle = cloudpickle
@@ -295,21 +304,23 @@ class Worker:
                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, start_new_session=True)
         self.job_id = str(self.proc.pid)
         self.result: Optional[Dict[str, Any]] = None
-        self.answered = threading.Event()
+        self.finished = threading.Event()
+        self.answered = answered  # the launcher's: some worker answered
 
     def start(self, job: Job, cell: Cell, visible: Optional[str]) -> None:
         self.result = None
-        self.answered.clear()
+        self.finished.clear()
         send_frame(self.proc.stdin, self.pickle.dumps((job, cell, visible)))
         threading.Thread(target=self.receive, daemon=True).start()
 
     def receive(self) -> None:
         payload = read_frame(self.proc.stdout)
         self.result = self.pickle.loads(payload) if payload is not None else None
+        self.finished.set()
         self.answered.set()
 
     def done(self) -> bool:
-        return self.answered.is_set()
+        return self.finished.is_set()
 
     def kill(self) -> None:
         kill_tree(self.proc.pid)
@@ -354,15 +365,21 @@ class WarmLocalLauncher(SubmititLauncher):
         self.conf, self.cluster, self.job = conf, "local", job
         self.pool = [g["visible"] for g in gpus.visible_gpus()]
         self.idle: List[Worker] = []
+        self.answered = threading.Event()
         Path(conf["folder"]).mkdir(parents=True, exist_ok=True)
 
     def submit(self, cell: Cell) -> Worker:
-        worker = self.idle.pop() if self.idle else Worker(Path(self.conf["folder"]), owner())
+        worker = self.idle.pop() if self.idle else Worker(Path(self.conf["folder"]), owner(), self.answered)
         worker.start(self.job, cell, ",".join(self.pool) if cell.gpu["device"] == "cuda" else "")
         return worker
 
     def stop(self, job: Worker) -> None:
         job.kill()
+
+    def wait(self, timeout_s: float) -> None:
+        """Until a worker answers (a cell's next one starts at once), at most a poll interval."""
+        self.answered.wait(timeout_s)
+        self.answered.clear()
 
     def collect(self, job: Worker, cell: Cell) -> Dict[str, Any]:
         if job.result is None:  # the worker died mid-cell

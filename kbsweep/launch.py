@@ -327,8 +327,10 @@ class Worker:
         self.proc.wait()
 
     def close(self) -> None:
-        """Let an idle worker exit on its own (its zygotes are closed at its exit)."""
-        self.proc.stdin.close()
+        """Let an idle worker exit on its own (its zygotes are closed at its exit; the stdin of each worker is
+        closed first, so they wind down together)."""
+        if not self.proc.stdin.closed:
+            self.proc.stdin.close()
         try:
             self.proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
@@ -393,6 +395,8 @@ class WarmLocalLauncher(SubmititLauncher):
         try:
             super().run(cells, on_start, on_done)
         finally:
+            for worker in self.idle:
+                worker.proc.stdin.close()
             for worker in self.idle:
                 worker.close()
             self.idle.clear()

@@ -268,6 +268,7 @@ def grade(
     hide_env: Sequence[str] = (),
     sandbox: Optional[SandboxPolicy] = None,
     timers: Optional[Sequence[str]] = None,
+    zygote_home: Optional[Path] = None,
 ) -> Dict[str, Any]:
     """Grade one solution file. ``mode``: check (correctness only), bench or full (correctness + timing).
 
@@ -276,7 +277,9 @@ def grade(
     by ``sandbox`` (default: :class:`~kbsweep.sandbox.SandboxPolicy`'s defaults). The processes get a minimal
     environment (never ``hide_env`` nor *_API_KEY/_TOKEN/_SECRET). ``timers``: timers of
     :data:`kbsweep.config.BASELINE_TIMERS` that time the baselines too, beside kbsweep's scored figure
-    (default: ``kernelbench`` for a KernelBench problem on a GPU, where its figure means something)."""
+    (default: ``kernelbench`` for a KernelBench problem on a GPU, where its figure means something).
+    ``zygote_home``: the folder the runner's zygote keeps its home under (default: ``log_dir``'s parent); grades
+    that share it share the zygote (a worker's cells, one after another)."""
     multi = world_size > 1 or bool(problem.spec.constraints.get("collective"))
     if multi:  # not at import time (``python -m kbsweep.grader.distributed`` imports this package), nor for one
         from kbsweep.grader import distributed  # process: it imports torch, which a single grade's orchestrator need not
@@ -291,7 +294,7 @@ def grade(
     env = grading_env(hide_env, device)
     confined = Sandbox(sandbox or SandboxPolicy(), gpu=device == "cuda")
     view = grading_view(problem.root)  # bundled solutions stay out of reach
-    warm = warm_runner(confined, env, view, log_dir.parent) if not multi else None
+    warm = warm_runner(confined, env, view, zygote_home or log_dir.parent) if not multi else None
     solution = stage_candidate(original, warm.home if warm else log_dir / "candidate")
     if warm and confined.confined and is_root():
         give([warm.home], sandbox_uid())  # staged after the zygote started: the sandbox's uid must own it

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
 import torch
+import torch._inductor  # noqa: F401 - the profiler session's start imports it (hasattr(torch, "_inductor")): ~3 CPU-s, paid once in the zygote, not per grade
 import torch.profiler
 
 from kbsweep.audit import runtime

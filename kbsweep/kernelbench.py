@@ -25,7 +25,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Dict, List, Optional, Tuple
 
-from kbsweep import KbsweepError
+from kbsweep.errors import KbsweepError
 
 SMOKE_BYTES = 64 << 20  # parameters + one input set + output of a CPU smoke grade
 SMOKE_FLOPS = 1e9  # one forward of a CPU smoke grade (~0.1 s on a loaded 2-core machine; a grade makes ~80 forwards)

@@ -17,7 +17,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple
 
-from kbsweep import KbsweepError, snapshot
+from kbsweep import snapshot
+from kbsweep.errors import KbsweepError
 from kbsweep.cell import RESULT_FILE, cell_busy, reclaim
 from kbsweep.launch import make_launcher
 from kbsweep.live import LiveCells

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from kbsweep.report import is_valid_pass
-from kbsweep.tracking import make_client, runs_frame
+from kbsweep.mlflow_store import make_client, runs_frame
 from tests.test_exploits import REPO
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from kbsweep.agent.models import build_model
+from kbsweep.agent.providers import build_model
 from kbsweep.audit import audit
 from kbsweep.audit.judge import RUBRIC
 from tests.support.fake_provider import FakeProvider, HttpError, Reply

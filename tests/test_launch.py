@@ -14,7 +14,7 @@ import cloudpickle
 import pytest
 
 from kbsweep import KbsweepError, gpus
-from kbsweep.launch import SubmititLauncher
+from kbsweep.launch import LocalLauncher, SubmititLauncher
 from kbsweep.matrix import Cell, cell_dir
 from kbsweep.torchrun import run_torchrun, torchrun_command
 
@@ -135,7 +135,7 @@ def test_visible_gpus_narrows_nvml_list_by_cuda_visible_devices():
 def test_local_jobs_get_the_nvml_pool_pinned_and_a_process_group_of_their_own(tmp_path, monkeypatch):
     monkeypatch.setattr(gpus, "list_gpus", lambda: FAKE_NVML)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    launcher = SubmititLauncher(launcher_conf(tmp_path), "local", job=via_run_cell_pinned(report_env))
+    launcher = LocalLauncher(launcher_conf(tmp_path), job=via_run_cell_pinned(report_env))
     assert launcher.pool == ["0", "1"]
     gpu_cell, cpu_cell = make_cell(tmp_path, "g", device="cuda"), make_cell(tmp_path, "c")
     started, done = run_all(launcher, [gpu_cell, cpu_cell])
@@ -184,7 +184,7 @@ def test_grade_lock_is_exclusive_per_gpu_across_processes(tmp_path):
 
 
 def test_hung_cell_is_killed_at_its_cap_with_its_process_tree_and_requeued_once(tmp_path):
-    launcher = SubmititLauncher(launcher_conf(tmp_path, cap_slack_s=0.0), "local", job=via_run_cell_pinned(hang))
+    launcher = LocalLauncher(launcher_conf(tmp_path, cap_slack_s=0.0), job=via_run_cell_pinned(hang))
     cell = make_cell(tmp_path, "hung", cap_s=4)
     t0 = time.monotonic()
     started, done = run_all(launcher, [cell])
@@ -209,7 +209,7 @@ def test_cells_stop_with_the_orchestrator(tmp_path):
         raise RuntimeError("orchestrator crash")
 
     body = lambda cell: hang(cell) if cell.key == hung.key else {"outcome": "pass"}  # noqa: E731
-    launcher = SubmititLauncher(launcher_conf(tmp_path), "local", job=via_run_cell_pinned(body))
+    launcher = LocalLauncher(launcher_conf(tmp_path), job=via_run_cell_pinned(body))
     with pytest.raises(RuntimeError, match="orchestrator crash"):
         launcher.run([hung, quick], lambda cell: None, crash)
     (attempt,) = [json.loads(line) for line in (tmp_path / "attempts.jsonl").read_text().splitlines()]
@@ -218,7 +218,7 @@ def test_cells_stop_with_the_orchestrator(tmp_path):
 
 @pytest.mark.parametrize("requeue, outcome", [(1, "pass"), (0, "node_failure")])
 def test_job_that_dies_is_node_failure_and_requeued_once(tmp_path, requeue, outcome):
-    launcher = SubmititLauncher(launcher_conf(tmp_path, requeue_infra=requeue), "local", job=via_run_cell_pinned(die_once))
+    launcher = LocalLauncher(launcher_conf(tmp_path, requeue_infra=requeue), job=via_run_cell_pinned(die_once))
     started, done = run_all(launcher, [make_cell(tmp_path, "dies")])
     assert len(started) == 1 and len(done) == 1
     assert done[0][1]["outcome"] == outcome

@@ -6,7 +6,8 @@ import json
 import shutil
 
 from kbsweep.matrix import cell_dir
-from kbsweep.tracking import Tracker, runs_frame
+from kbsweep.tracking import Tracker
+from kbsweep.mlflow_store import runs_frame
 from tests.test_report import REPO, cli
 from tests.test_tracking import make_cell, store, store_template, write_result  # noqa: F401 (fixtures)
 

@@ -13,7 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from kbsweep.report import build_boards, mean_ci95, pareto, pass_at_k, render_terminal, write_report
+from kbsweep.report import build_boards, mean_ci95, pass_at_k
+
+from kbsweep.figures import pareto
+
+from kbsweep.render import render_terminal, write_report
 from kbsweep.tracking import Tracker
 from tests.test_tracking import artifact_paths, log_cell, make_cell, store, store_template, write_result  # noqa: F401 (fixtures)
 
@@ -22,7 +26,7 @@ PARAMS = {"roofline.dram_gbps": "3350", "roofline.peaks_tflops.bf16": "989", "pr
 
 
 def row(model, problem, repeat, outcome="pass", score=0.5, verdict="clean", usd=1.0, start=1, status="FINISHED"):
-    """One cell run as tracking.runs_frame gives it."""
+    """One cell run as mlflow_store.runs_frame gives it."""
     found = {
         "track": "hard", "gpu": "h100", "model": model, "problem": problem, "repeat": str(repeat), "outcome": outcome,
         "verdict": verdict, "cost_usd": usd, "tokens_output": 1000.0, "tokens_input": 9000.0, "run_id": f"{model}-{problem}-{repeat}-{start}",

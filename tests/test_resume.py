@@ -18,7 +18,8 @@ import pytest
 from kbsweep import KbsweepError, sweep, tracking
 from kbsweep.matrix import cell_dir
 from kbsweep.snapshot import load as load_snapshot
-from kbsweep.tracking import Tracker, latest_per_cell, make_client, page_runs, runs_frame
+from kbsweep.tracking import Tracker
+from kbsweep.mlflow_store import latest_per_cell, make_client, page_runs, runs_frame
 from tests.test_tracking import dead_pid, make_cell, store, store_template, write_result  # noqa: F401 (fixtures)
 
 REPO = Path(__file__).resolve().parent.parent

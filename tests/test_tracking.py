@@ -17,7 +17,7 @@ from typing import Any, Dict
 import pytest
 
 import kbsweep.cli  # noqa: F401  (registers the config resolvers)
-from kbsweep import tracking
+from kbsweep import mlflow_store, tracking
 from kbsweep.matrix import Cell, cell_dir
 from kbsweep.score import geomean
 from kbsweep.tracking import Tracker, cell_metrics, outcome_class
@@ -98,7 +98,7 @@ def log_cell(tracker: Tracker, cell: Cell, **result_fields: Any) -> str:
 def store_template(tmp_path_factory) -> Path:
     """An initialized empty sqlite store; tests copy it (creating the schema takes seconds)."""
     folder = tmp_path_factory.mktemp("mlflow-template")
-    tracking.make_client(f"sqlite:///{folder}/mlflow.db").search_experiments()
+    mlflow_store.make_client(f"sqlite:///{folder}/mlflow.db").search_experiments()
     return folder / "mlflow.db"
 
 

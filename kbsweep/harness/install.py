@@ -11,7 +11,7 @@ from typing import List
 
 from omegaconf import OmegaConf
 
-from kbsweep import REPO_ROOT
+from kbsweep.paths import REPO_ROOT
 from kbsweep.harness.cli_agent import INSTALL_DIR
 
 

@@ -107,6 +107,7 @@ def tool(name: str, arguments: dict, content: str) -> dict:
     return {"type": "tool", "name": name, "arguments": json.dumps(arguments), "content": content}
 
 
+@pytest.mark.fast
 def test_tripwire_flags_other_runs_ids_paths_and_scores(tmp_path):
     outputs = tmp_path / "outputs"
     plant_other_run(outputs)

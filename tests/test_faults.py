@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Dict, List
 
+import pytest
 from omegaconf import OmegaConf
 
 from kbsweep.cell import cell_busy, cell_lock_path
@@ -68,6 +69,7 @@ def test_what_a_command_prints_counts_against_its_disk_quota(tmp_path):
     assert result.returncode == 124 and "over the 16 MiB quota" in result.notes[0]
 
 
+@pytest.mark.fast
 def test_the_default_grading_memory_cap_is_a_share_of_this_host():
     host = host_memory_mib()
     assert OmegaConf.load(REPO / "conf" / "config.yaml").grade.memory_mib is None

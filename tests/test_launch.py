@@ -123,6 +123,7 @@ def die_once(cell):
 # ---- GPU pool ----
 
 
+@pytest.mark.fast
 def test_visible_gpus_narrows_nvml_list_by_cuda_visible_devices():
     every = gpus.visible_gpus(FAKE_NVML, None)
     assert every == [{"visible": "0", "uuid": "GPU-aaaa-0"}, {"visible": "1", "uuid": "GPU-bbbb-1"}]
@@ -258,6 +259,7 @@ def test_torchrun_hung_ranks_are_killed_at_the_timeout(tmp_path):
     assert all(gone(int(path.read_text())) for path in ranks)
 
 
+@pytest.mark.fast
 def test_model_concurrency_caps_cells_per_provider(tmp_path):
     """model.concurrency: cells at once per provider (the smallest cap of its models); other providers and
     scripted models are not held back by it."""

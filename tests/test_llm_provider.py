@@ -29,6 +29,8 @@ from kbsweep.agent.retries import retry_after_seconds
 from kbsweep.agent.models import ProviderFault
 from kbsweep.outcomes import Outcome
 
+pytestmark = pytest.mark.fast
+
 SHAPES = ["openai", "anthropic"]
 KEY_ENV = "KBSWEEP_TEST_FAKE_KEY"
 SECRET = "sk-test-4f1c9e-very-secret"

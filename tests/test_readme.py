@@ -51,6 +51,7 @@ def readme_commands() -> list:
     return [line.split("  #")[0].strip() for block in blocks for line in block.splitlines() if line.strip()]
 
 
+@pytest.mark.fast
 def test_every_readme_command_is_covered():
     assert set(readme_commands()) == set(COMMANDS)
 

@@ -14,10 +14,10 @@ from typing import Any, Callable, Dict, List
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from kbsweep.config import group_source, validate
 from kbsweep.errors import ExitCode, InfraError, KbsweepError
 from kbsweep.overrides import check_overrides, check_yaml, split_options
 from kbsweep.paths import REPO_ROOT
-from kbsweep.config import group_source, validate
 
 VERBS: Dict[str, Callable[[List[DictConfig]], int]] = {}
 USAGE = """usage: kbsweep [VERB] [--force] [--json] [-m] [key=value ...]

@@ -34,8 +34,8 @@ from pathlib import Path
 from typing import Any, Callable, ClassVar, Dict, Iterable, List, Optional, Type
 
 from kbsweep import gpus
-from kbsweep.errors import InfraError, KbsweepError
 from kbsweep.cell import run_cell
+from kbsweep.errors import InfraError, KbsweepError
 from kbsweep.matrix import Cell, cell_dir
 from kbsweep.outcomes import Outcome
 from kbsweep.registry import Registry

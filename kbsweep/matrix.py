@@ -9,8 +9,8 @@ from typing import Any, Dict, List, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
-from kbsweep.errors import KbsweepError
 from kbsweep.agent.loop import Budgets
+from kbsweep.errors import KbsweepError
 from kbsweep.harness import runner_for
 from kbsweep.problem_folders import find_problem_dirs, track_problem_names
 from kbsweep.problems import load_problem

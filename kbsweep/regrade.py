@@ -17,8 +17,8 @@ from typing import Any, Dict, List
 
 from kbsweep.errors import KbsweepError
 from kbsweep.locks import exclusive
-from kbsweep.tracking import Tracker, cell_metrics, owner
 from kbsweep.mlflow_store import CELL_KEY_TAG, KIND_TAG, latest_per_cell, make_client, page_runs, runs_frame
+from kbsweep.tracking import Tracker, cell_metrics, owner
 
 REGRADE_OF = "kbsweep.regrade_of"
 

@@ -21,9 +21,9 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Tuple
 
+from kbsweep.config import is_number
 from kbsweep.errors import KbsweepError
 from kbsweep.paths import REPO_ROOT
-from kbsweep.config import is_number
 from kbsweep.problems import Problem, load_problem
 from kbsweep.score import load_roofline
 

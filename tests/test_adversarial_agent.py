@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-import kbsweep.cell
 from kbsweep.agent.transcript import read_events
 from kbsweep.audit import contamination
+import kbsweep.cell
 from tests.support.fake_provider import FakeProvider
 from tests.support.scripts import call, kernel
 from tests.support.sweeps import SECRET, model_yaml, results, sweep

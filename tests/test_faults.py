@@ -16,9 +16,9 @@ import pytest
 from omegaconf import OmegaConf
 
 from kbsweep.cell import cell_busy, cell_lock_path
+from kbsweep.mlflow_store import runs_frame
 from kbsweep.sandbox import HOST_SHARE, Sandbox, SandboxPolicy, host_memory_mib, memory_cap_mib
 from kbsweep.sweep import plan
-from kbsweep.mlflow_store import runs_frame
 from tests.test_orphans import demo_cell
 
 REPO = Path(__file__).resolve().parent.parent

@@ -11,12 +11,12 @@ from typing import Callable, List
 
 import pytest
 
-from kbsweep.agent.trace_export import to_claude_code
-from kbsweep.export import export_dataset
-from kbsweep.agent.transcript import read_events
 from kbsweep import ExitCode, KbsweepError
-from kbsweep.agent.loop import Budgets
 from kbsweep.agent.llm import LiteLLMModel
+from kbsweep.agent.loop import Budgets
+from kbsweep.agent.trace_export import to_claude_code
+from kbsweep.agent.transcript import read_events
+from kbsweep.export import export_dataset
 from kbsweep.harness import runner_for
 from kbsweep.harness.proxy import ModelProxy
 from tests.support.fake_provider import FakeProvider, HttpError, Reply, ToolCall

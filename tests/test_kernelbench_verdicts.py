@@ -13,8 +13,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from kbsweep.grader import grade, kernelbench_eval, timing
 from kbsweep import kernelbench
+from kbsweep.grader import grade, kernelbench_eval, timing
 from kbsweep.kernelbench import cache_key, fit, kernelbench_names, materialize, materialize_all, with_sizes
 from kbsweep.problems import load_problem
 

@@ -25,8 +25,8 @@ from tests.support.fake_provider import (
 )
 
 from kbsweep.agent.llm import ContextOverflow, LiteLLMModel
-from kbsweep.agent.retries import retry_after_seconds
 from kbsweep.agent.models import ProviderFault
+from kbsweep.agent.retries import retry_after_seconds
 from kbsweep.outcomes import Outcome
 
 pytestmark = pytest.mark.fast

@@ -8,8 +8,8 @@ import shutil
 import pytest
 
 from kbsweep.matrix import cell_dir
-from kbsweep.tracking import Tracker
 from kbsweep.mlflow_store import runs_frame
+from kbsweep.tracking import Tracker
 from tests.test_report import REPO, cli
 from tests.test_tracking import make_cell, write_result
 

@@ -17,9 +17,9 @@ import pytest
 
 from kbsweep import KbsweepError, sweep, tracking
 from kbsweep.matrix import cell_dir
+from kbsweep.mlflow_store import latest_per_cell, make_client, page_runs, runs_frame
 from kbsweep.snapshot import load as load_snapshot
 from kbsweep.tracking import Tracker
-from kbsweep.mlflow_store import latest_per_cell, make_client, page_runs, runs_frame
 from tests.test_tracking import dead_pid, make_cell, write_result
 
 REPO = Path(__file__).resolve().parent.parent

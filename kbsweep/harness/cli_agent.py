@@ -21,14 +21,14 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from kbsweep.errors import KbsweepError
-from kbsweep.paths import REPO_ROOT
 from kbsweep.agent.loop import AgentResult
 from kbsweep.agent.models import Usage
 from kbsweep.agent.providers import build_model
+from kbsweep.errors import KbsweepError
 from kbsweep.harness.base import AgentJob, Runner
 from kbsweep.harness.proxy import ModelProxy
 from kbsweep.outcomes import StopReason
+from kbsweep.paths import REPO_ROOT
 from kbsweep.sandbox import POLL_S, WORKSPACE, Watch, kill, minimal_env
 from kbsweep.sandbox_net import BASH, FORWARDER, PROXY_PORT, PROXY_SOCKET, WITH_FORWARDER, Relay
 

@@ -13,41 +13,15 @@ Errors are the CLI's: :class:`~kbsweep.KbsweepError` (a config or input error, o
 from __future__ import annotations
 
 import itertools
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
 from omegaconf import DictConfig, open_dict
 
-from kbsweep import REPO_ROOT, ExitCode
-
-
-@dataclass
-class PlannedCell:
-    key: str
-    label: str
-    model: str
-    harness: str
-    problem: str
-    gpu: str
-    repeat: int
-
-
-@dataclass
-class Plan:
-    """What a sweep would run and cost; ``expected_tokens`` is the per-cell assumption behind ``model_usd``."""
-
-    cells: List[PlannedCell]
-    model_usd: float
-    unpriced_models: List[str]
-    gpu_hours_cap: float
-    rent_usd_cap: float
-    expected_tokens: Dict[str, Dict[str, int]]
-    harnesses: List[str]
-    missing_keys: List[str] = field(default_factory=list)
-
-    def to_dict(self) -> Dict[str, Any]:
-        return asdict(self)
+from kbsweep.errors import ExitCode
+from kbsweep.paths import REPO_ROOT
+from kbsweep.planning import Plan, PlannedCell, plan_of, planned
 
 
 @dataclass
@@ -78,32 +52,14 @@ class Grade:
     result: Dict[str, Any]
 
 
-def planned(cell: Any) -> PlannedCell:
-    return PlannedCell(cell.key, cell.label, cell.model["name"], cell.harness["name"], cell.problem, cell.gpu["name"], cell.repeat)
-
-
-def plan_of(cells: List[Any]) -> Plan:
-    """The :class:`Plan` of built cells (``kbsweep plan`` prints it)."""
-    from kbsweep.harness import runner_for
-    from kbsweep.matrix import estimate
-    from kbsweep.preflight import missing_keys
-
-    est = estimate(cells)
-    harnesses = {cell.harness["name"]: cell.harness for cell in cells}
-    return Plan(
-        cells=[planned(c) for c in cells], model_usd=est["model_usd"], unpriced_models=est["unpriced_models"], gpu_hours_cap=est["gpu_hours_cap"],
-        rent_usd_cap=est["rent_usd_cap"], expected_tokens=est["expected_tokens"], harnesses=[runner_for(h).describe() for h in harnesses.values()],
-        missing_keys=[check.line() for check in missing_keys(cells)],
-    )
-
-
 def compose(overrides: Sequence[str], verb: str, config_dir: Optional[str] = None) -> List[DictConfig]:
     """Every config of the sweep the overrides describe, checked and prepared as the CLI's are."""
     from hydra import compose as hydra_compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    from kbsweep.cli import check_overrides, prepare
+    from kbsweep.cli import prepare
+    from kbsweep.overrides import check_overrides
 
     argv = check_overrides([*overrides, *(["-cd", str(config_dir)] if config_dir else [])])
     argv = [a for a in argv if a not in ("-cd", str(config_dir))]

@@ -14,8 +14,10 @@ from typing import Any, Callable, Dict, List
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from kbsweep import REPO_ROOT, ExitCode, InfraError, KbsweepError
 from kbsweep.config import group_source, validate
+from kbsweep.errors import ExitCode, InfraError, KbsweepError
+from kbsweep.overrides import check_overrides, check_yaml, split_options
+from kbsweep.paths import REPO_ROOT
 
 VERBS: Dict[str, Callable[[List[DictConfig]], int]] = {}
 USAGE = """usage: kbsweep [VERB] [--force] [--json] [-m] [key=value ...]
@@ -89,7 +91,11 @@ def prepare(cfg: DictConfig, hydra_cfg) -> DictConfig:
     if cfg.gpu.get("name") == "auto":
         resolve_gpu(cfg, hydra_cfg)
         sources["gpu"] = f"gpu/{cfg.gpu.name}.yaml"
-    return validate(cfg, sources)
+    from kbsweep.agent.providers import MODEL_KINDS
+    from kbsweep.harness import RUNNERS
+    from kbsweep.launch import LAUNCHERS
+
+    return validate(cfg, sources, (MODEL_KINDS, RUNNERS, LAUNCHERS))
 
 
 def fail(code: ExitCode, error: object) -> None:
@@ -175,7 +181,7 @@ def preflight_verb(cfgs: List[DictConfig]) -> int:
 @verb("plan")
 def plan_verb(cfgs: List[DictConfig]) -> int:
     """Print the cells, the harnesses (with the CLIs' versions), the count, a cost estimate and missing keys (--json: as JSON); run nothing."""
-    from kbsweep.api import plan_of
+    from kbsweep.planning import plan_of
     from kbsweep.matrix import build_matrix
 
     plan = plan_of(build_matrix(cfgs))
@@ -206,7 +212,8 @@ def grade_file(cfg: DictConfig) -> tuple:
     """(the grader's result, the exit code it means) for ``cfg.solution`` on ``cfg.problem``."""
     from kbsweep.cell import configured_grader
     from kbsweep.outcomes import Outcome
-    from kbsweep.problems import find_problem_dir, load_problem
+    from kbsweep.problem_folders import find_problem_dir
+    from kbsweep.problems import load_problem
     from kbsweep.score import load_roofline
     from kbsweep.validate import check_problem, check_references, reference_probe
 
@@ -232,7 +239,7 @@ def grade_file(cfg: DictConfig) -> tuple:
 @verb("report")
 def report_verb(cfgs: List[DictConfig]) -> int:
     """Leaderboards per (track, GPU) from the tracking store; Markdown, JSON and HTML with plots in outputs/reports."""
-    from kbsweep.report import render_terminal
+    from kbsweep.render import render_terminal
 
     boards, paths = write_boards(cfgs[0])
     print(render_terminal(boards))
@@ -257,8 +264,9 @@ def write_boards(cfg: DictConfig) -> tuple:
     """(the boards of the tracking store, the report files written and logged to each sweep's latest run); read
     back from the reports folder's snapshot while nothing was logged since it was written (:mod:`kbsweep.snapshot`)."""
     from kbsweep import snapshot
-    from kbsweep.report import attach_regrades, build_boards, write_report
-    from kbsweep.tracking import log_report, runs_frame
+    from kbsweep.report import attach_regrades, build_boards
+    from kbsweep.render import write_report
+    from kbsweep.mlflow_store import log_report, runs_frame
 
     folder = Path(cfg.paths.outputs) / "reports"
     saved = snapshot.load(folder / ".boards.json", cfg.tracking.uri)
@@ -344,107 +352,10 @@ def audit_verb(cfgs: List[DictConfig]) -> int:
 def judge_model(name: str):
     """The judge: a model YAML of the ``model`` group, validated like any cell's model (the same loader the cells
     of a sweep use)."""
-    from kbsweep.audit.judge import LazyModel, model_conf
+    from kbsweep.audit.judge import LazyModel
+    from kbsweep.config import model_conf
 
     return LazyModel(model_conf(name))
-
-
-def config_folders(argv: List[str]) -> List[Path]:
-    """The config search path: kbsweep's conf/ and the user's ``-cd`` folders."""
-    folders = [REPO_ROOT / "conf"]
-    for i, arg in enumerate(argv):
-        if arg in ("-cd", "--config-dir") and i + 1 < len(argv):
-            folders.append(Path(argv[i + 1]))
-        elif arg.startswith("--config-dir="):
-            folders.append(Path(arg.split("=", 1)[1]))
-    return folders
-
-
-def has_key(tree: Dict, key: str) -> bool:
-    for part in key.split("."):
-        if not isinstance(tree, dict) or part not in tree:
-            return False
-        tree = tree[part]
-    return True
-
-
-def check_overrides(argv: List[str]) -> List[str]:
-    """Parse the overrides, look up every group choice and key first: a typo is one line naming the key, not
-    Hydra's multi-line report. A key a group's schema knows but its YAML omits (``track.world_size=2``) is
-    added (``++``) rather than refused. Returns the arguments for Hydra."""
-    from dataclasses import fields
-
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import OverrideParseException
-
-    from kbsweep.config import GROUP_SCHEMAS
-
-    folders = config_folders(argv)
-    root = OmegaConf.to_container(OmegaConf.load(REPO_ROOT / "conf" / "config.yaml"))  # unresolved: keys only
-    values = {i + 1 for i, arg in enumerate(argv) if arg in ("-cd", "--config-dir", "-cn", "--config-name", "-cp", "--config-path")}
-    out = []
-    for i, text in enumerate(argv):
-        if i in values or text.startswith("-"):
-            out.append(text)
-            continue
-        try:
-            [override] = OverridesParser.create().parse_overrides([text])
-        except OverrideParseException as exc:
-            raise KbsweepError(f"override '{text}': {str(exc).splitlines()[0]}") from None
-        key = override.key_or_group
-        group, _, inner = key.partition(".")
-        if override.is_delete() or override.is_add() or override.package or group == "hydra":
-            out.append(text)
-        elif key in GROUP_SCHEMAS:
-            for choice in override.sweep_string_iterator() if override.is_sweep_override() else [override.value()]:
-                if not any((folder / group / f"{choice}.yaml").is_file() for folder in folders):
-                    known = sorted({p.stem for folder in folders for p in (folder / group).glob("*.yaml")})
-                    raise KbsweepError(f"override '{text}': key '{group}': Could not find '{group}/{choice}' (one of: {', '.join(known)})")
-            out.append(text)
-        elif group in GROUP_SCHEMAS:
-            if inner.split(".")[0] not in {f.name for f in fields(GROUP_SCHEMAS[group])}:
-                raise KbsweepError(f"override '{text}': key '{key}': the {group} schema (kbsweep/config.py) has no such key")
-            out.append(f"++{text}")
-        elif not has_key(root, key):
-            raise KbsweepError(f"override '{text}': key '{key}': not in conf/config.yaml (a new key is added with +{text})")
-        else:
-            out.append(text)
-    return out
-
-
-def check_yaml(argv: List[str]) -> None:
-    """Parse every YAML of the config search path first: a broken file is one line, not a traceback. (libyaml's
-    parser where installed: this runs on every command.)"""
-    import yaml
-
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-    for folder in config_folders(argv):
-        for path in sorted(folder.rglob("*.yaml")):
-            try:
-                yaml.load(path.read_text(), Loader=loader)
-            except yaml.YAMLError as exc:
-                mark = getattr(exc, "problem_mark", None)
-                where = f"{path}:{mark.line + 1}" if mark else str(path)
-                fail(ExitCode.CONFIG, f"{where}: broken YAML ({getattr(exc, 'problem', None) or exc})")
-
-
-VALUED_OPTIONS = {"-cd", "--config-dir", "-cn", "--config-name", "-cp", "--config-path", "-c", "--cfg", "-p", "--package", "--experimental-rerun"}
-INFO_TOPICS = {"all", "config", "defaults", "defaults-tree", "plugins", "searchpath"}  # --info's optional value
-
-
-def split_options(argv: List[str]) -> tuple:
-    """(Hydra's options with their values, the overrides): options go first, since Hydra's parser takes one run of
-    overrides and refuses any after an option (``kbsweep track=hard problem=topk,kda -m``, ``model=x -cd DIR``)."""
-    options: List[str] = []
-    overrides: List[str] = []
-    taking = False
-    for i, arg in enumerate(argv):
-        if taking or arg.startswith("-") or (i and argv[i - 1] == "--info" and arg in INFO_TOPICS):
-            options.append(arg)
-            taking = not taking and arg in VALUED_OPTIONS
-        else:
-            overrides.append(arg)
-    return options, overrides
 
 
 def main() -> None:
@@ -461,8 +372,8 @@ def main() -> None:
             argv.append(override)
     argv = ["--help" if a == "--hydra-help" else a for a in argv]
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-    check_yaml(argv)
     try:
+        check_yaml(argv)
         argv = check_overrides(argv)
     except KbsweepError as exc:
         fail(ExitCode.CONFIG, exc)

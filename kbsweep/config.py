@@ -4,12 +4,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 from omegaconf import II, MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from kbsweep import REPO_ROOT, KbsweepError
+from kbsweep.errors import KbsweepError
+from kbsweep.paths import REPO_ROOT
+from kbsweep.registry import Registry
 
 CONFIG_YAML = REPO_ROOT / "conf" / "config.yaml"
 
@@ -45,7 +47,7 @@ class RetryConf:
 @dataclass
 class ModelConf:
     name: str = MISSING
-    provider: str = "litellm"  # litellm | scripted | replay
+    provider: str = "litellm"  # a key of kbsweep.agent.providers.MODEL_KINDS: litellm | scripted | replay
     route: Optional[str] = None  # litellm model string
     api_key_env: Optional[str] = None  # env var holding the key (never the key itself)
     api_base: Optional[str] = None
@@ -131,7 +133,7 @@ class SlurmConf:
 
 @dataclass
 class LauncherConf:
-    kind: str = "local"  # local | slurm | inline
+    kind: str = "local"  # a key of kbsweep.launch.LAUNCHERS: local | slurm | inline
     concurrency: int = 2
     folder: str = "${paths.outputs}/submitit"
     slurm: SlurmConf = field(default_factory=SlurmConf)
@@ -188,7 +190,6 @@ BASELINE_TIMERS = ("kernelbench",)  # timers that may time the baselines beside 
 # what the types cannot say: (key, test, what it must be); a null value passes (optional keys)
 RULES: List[Tuple[str, Callable[[Any], bool], str]] = [
     ("repeat", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0, "an integer >= 0"),
-    ("model.provider", one_of("litellm", "scripted", "replay"), "one of litellm, scripted, replay"),
     ("model.context_window", at_least(1), "an integer >= 1"),
     ("model.max_output_tokens", at_least(1), "an integer >= 1"),
     ("model.concurrency", at_least(1), "an integer >= 1"),
@@ -210,7 +211,6 @@ RULES: List[Tuple[str, Callable[[Any], bool], str]] = [
     ("track.max_tokens", at_least(1), "an integer >= 1"),
     ("track.max_usd", positive, "USD > 0"),
     ("track.grade_timeout_s", positive, "a number of seconds > 0"),
-    ("launcher.kind", one_of("inline", "local", "slurm"), "one of inline, local, slurm"),
     ("launcher.concurrency", at_least(1), "an integer >= 1"),
     ("launcher.requeue_infra", at_least(0), "an integer >= 0"),
     ("launcher.cap_slack_s", at_least(0), "a number of seconds >= 0"),
@@ -231,9 +231,11 @@ RULES: List[Tuple[str, Callable[[Any], bool], str]] = [
 ]
 
 
-def check_rules(cfg: DictConfig, sources: Dict[str, str]) -> None:
-    """Every :data:`RULES` key holds a value in range, else a KbsweepError naming the file and key."""
-    for key, test, want in RULES:
+def check_rules(cfg: DictConfig, sources: Dict[str, str], registries: Iterable[Registry] = ()) -> None:
+    """Every :data:`RULES` key holds a value in range, and every registry's key a registered name, else a
+    KbsweepError naming the file and key."""
+    names = [(r.key, one_of(*r), f"one of {r.choices()}") for r in registries]
+    for key, test, want in RULES + names:
         value = OmegaConf.select(cfg, key)
         if OmegaConf.is_config(value):
             value = OmegaConf.to_container(value)
@@ -248,10 +250,11 @@ def error_line(exc: OmegaConfBaseException) -> tuple:
     return key, str(exc).splitlines()[0]
 
 
-def validate(cfg: DictConfig, sources: Optional[Dict[str, str]] = None) -> DictConfig:
+def validate(cfg: DictConfig, sources: Optional[Dict[str, str]] = None, registries: Iterable[Registry] = ()) -> DictConfig:
     """Merge each group onto its schema, then resolve everything; raise KbsweepError naming the file and key.
 
-    ``sources`` maps a group to the YAML file it came from (for the message).
+    ``sources`` maps a group to the YAML file it came from (for the message). ``registries`` are the registries
+    whose keys the config names (given by the caller: config sits below the modules that hold them).
     """
     sources = sources or {}
     for group, schema in GROUP_SCHEMAS.items():
@@ -273,7 +276,7 @@ def validate(cfg: DictConfig, sources: Optional[Dict[str, str]] = None) -> DictC
         group, _, inner = key.partition(".")
         where = sources.get(group)
         raise KbsweepError(f"{where}: key '{inner}': {msg}" if where else f"config: key '{key}': {msg}") from None
-    check_rules(cfg, sources)
+    check_rules(cfg, sources, registries)
     from kbsweep.sandbox import SandboxPolicy, require
 
     require(SandboxPolicy.of(OmegaConf.to_container(cfg.track, resolve=True)), probe=cfg.get("verb") in SANDBOXED_VERBS)
@@ -289,3 +292,31 @@ def group_source(hydra_cfg: Any, group: str, choice: str) -> str:
         if path.exists():
             return str(path)
     return f"{group}/{choice}.yaml"
+
+
+def model_conf(name: str, hydra_cfg: Any = None) -> Dict[str, Any]:
+    """The judge's model config (``audit.judge``): ``model/<name>.yaml`` along Hydra's config search path (the
+    running app's, else the repository's ``conf/``), merged onto the model schema, resolved like a cell's model and
+    built once (no route, an unknown provider: refused before any cell runs). Plain data (a cell carries it to its
+    launcher); KbsweepError naming the file and key when it is missing or invalid."""
+    from kbsweep.agent.providers import MODEL_KINDS
+
+    if hydra_cfg is None:
+        from hydra.core.hydra_config import HydraConfig
+
+        hydra_cfg = HydraConfig.get() if HydraConfig.initialized() else None
+    path = Path(group_source(hydra_cfg, "model", name)) if hydra_cfg is not None else REPO_ROOT / "conf" / "model" / f"{name}.yaml"
+    if not path.is_file():
+        raise KbsweepError(f"audit.judge: no model '{name}' (model/{name}.yaml)")
+    try:
+        conf = OmegaConf.merge(OmegaConf.structured(ModelConf), OmegaConf.load(path))
+        resolved = OmegaConf.to_container(conf, resolve=True, throw_on_missing=True)
+    except OmegaConfBaseException as exc:
+        key, msg = error_line(exc)
+        raise KbsweepError(f"{path}: key '{key}': {msg} (audit.judge)") from None
+    build = MODEL_KINDS.lookup(resolved["provider"], f"{path} (audit.judge)")
+    try:
+        build(resolved, {})
+    except (ValueError, KeyError, TypeError) as exc:
+        raise KbsweepError(f"{path}: {exc} (audit.judge)") from None
+    return resolved

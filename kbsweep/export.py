@@ -10,11 +10,10 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
-import uuid
 from pathlib import Path
 from typing import Any, Dict, List
 
-from kbsweep.agent.trace_export import to_claude_code
+from kbsweep.agent.trace_export import trace_jsonl
 from kbsweep.agent.transcript import Redactor, read_events
 
 INDEX_FIELDS = (
@@ -49,12 +48,6 @@ their raw records with `load_dataset(path, "traces", parse_agent_traces=False)`.
 """
 
 
-def trace_jsonl(events: List[Dict[str, Any]], run_id: str, title: str, model: str) -> str:
-    """One run's transcript as trace-viewer JSONL; the session id derives from the MLflow run id."""
-    session = str(uuid.uuid5(uuid.NAMESPACE_URL, f"kbsweep:run:{run_id}"))
-    return "".join(json.dumps(r, default=str) + "\n" for r in to_claude_code(events, session, title, model))
-
-
 def index_row(row: Dict[str, Any]) -> Dict[str, Any]:
     return {field: row.get(field) for field in INDEX_FIELDS}
 
@@ -62,7 +55,7 @@ def index_row(row: Dict[str, Any]) -> Dict[str, Any]:
 def export_dataset(uri: str, out: Path) -> Dict[str, Any]:
     """Write traces and the index for every finished cell run of the store (latest run per cell key)."""
     from kbsweep.report import entrant
-    from kbsweep.tracking import latest_per_cell, make_client, runs_frame
+    from kbsweep.mlflow_store import latest_per_cell, make_client, runs_frame
 
     client = make_client(uri)
     rows = latest_per_cell(runs_frame(uri))

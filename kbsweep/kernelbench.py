@@ -25,7 +25,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Dict, List, Optional, Tuple
 
-from kbsweep import KbsweepError
+from kbsweep.errors import KbsweepError
 
 # A CPU smoke grade's budget. A passing grade makes some 60 forwards (candidate, reference, eager timing; tests pin
 # them); at 64 MiB / 1 GFLOP a memory-bound level-1 forward took up to 1 s on this loaded 2-core host (42_Max_Pooling_2D:

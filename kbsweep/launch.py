@@ -1,5 +1,10 @@
 """The launch stage: cells go to an executor (inline, local processes or Slurm, through submitit).
 
+A :class:`Launcher` per executor, registered by name in :data:`LAUNCHERS` (a launcher YAML's ``kind``): inline,
+and the submitit ones, which share the loop (caps, provider limits, requeue) and override what differs per
+cluster (:class:`LocalLauncher`, :class:`SlurmLauncher`). A multi-GPU cell is no launcher of its own: Slurm asks
+for its world size in GPUs, locally its grade takes that many from the pool; torchrun starts inside the grade.
+
 Every launcher calls ``on_start(cell)`` once and ``on_done(cell, result)`` once per cell, in the orchestrator
 process, so the records are identical whichever launcher ran the cell.
 
@@ -25,14 +30,17 @@ import sys
 import threading
 import time
 from collections import Counter, deque
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterable, List, Optional
+from typing import Any, Callable, ClassVar, Dict, Iterable, List, Optional, Type
 
-from kbsweep import InfraError, KbsweepError, gpus
+from kbsweep import gpus
 from kbsweep.cell import run_cell
+from kbsweep.errors import InfraError, KbsweepError
 from kbsweep.matrix import Cell, cell_dir
 from kbsweep.outcomes import Outcome
+from kbsweep.registry import Registry
 from kbsweep.torchrun import kill_tree
 from kbsweep.tracking import owner, owner_alive, provider_of
 
@@ -87,11 +95,28 @@ def infra_result(cell: Cell, outcome: Outcome, message: str) -> Dict[str, Any]:
     return {"outcome": outcome.value, "message": message, "key": cell.key, "cell": cell.label, "finished": time.time()}
 
 
-class InlineLauncher:
-    """Cells one after another in this process (debugging, tests); no cap, no requeue."""
+class Launcher(ABC):
+    """Runs a sweep's cells: ``on_start(cell)`` once and ``on_done(cell, result)`` once per cell, in this process.
+    A launcher YAML's ``kind`` names a subclass registered in :data:`LAUNCHERS`; ``conf`` is that YAML, resolved."""
 
     def __init__(self, conf: Dict[str, Any]):
         self.conf = conf
+
+    @classmethod
+    def from_conf(cls, conf: Dict[str, Any]) -> "Launcher":
+        """The launcher ``conf`` asks for (a kind may pick a variant by its other keys)."""
+        return cls(conf)
+
+    @abstractmethod
+    def run(self, cells: List[Cell], on_start: OnStart, on_done: OnDone) -> None: ...
+
+
+LAUNCHERS: Registry[Type[Launcher]] = Registry("launcher.kind")
+
+
+@LAUNCHERS.register("inline")
+class InlineLauncher(Launcher):
+    """Cells one after another in this process (debugging, tests); no cap, no requeue."""
 
     def run(self, cells: List[Cell], on_start: OnStart, on_done: OnDone) -> None:
         for cell in cells:
@@ -128,69 +153,49 @@ def next_cell(pending: Iterable[Cell], running: List[Cell], caps: Dict[str, int]
     return None
 
 
-class SubmititLauncher:
-    """Cells as submitit jobs, ``concurrency`` at a time; ``cluster`` is local or slurm.
+class SubmititLauncher(Launcher):
+    """Cells as submitit jobs, ``concurrency`` at a time, capped per provider, requeued after a node failure.
+    Subclasses are one submitit cluster each and override what differs: the job's parameters, how a job is
+    submitted, stopped and read back, and when a running job is ended early.
 
     ``job`` is the function a job runs, ``job(cell, visible_gpus) -> result``.
     """
 
-    def __init__(self, conf: Dict[str, Any], cluster: str, job: Job = run_cell_pinned):
+    cluster: ClassVar[str]
+
+    def __init__(self, conf: Dict[str, Any], job: Job = run_cell_pinned):
         import submitit
 
-        self.conf = conf
-        self.cluster = cluster
+        super().__init__(conf)
         self.job = job
-        self.executor = submitit.AutoExecutor(folder=conf["folder"], cluster=cluster)
-        self.pool = [g["visible"] for g in gpus.visible_gpus()] if cluster == "local" else []
+        Path(conf["folder"]).mkdir(parents=True, exist_ok=True)
+        self.executor = submitit.AutoExecutor(folder=conf["folder"], cluster=self.cluster)
 
     def cap_s(self, cell: Cell) -> float:
         return cell_cap_s(cell, float(self.conf["cap_slack_s"]))
 
+    @abstractmethod
     def parameters(self, cell: Cell) -> Dict[str, Any]:
-        """submitit parameters of one cell's job; on Slurm: one task on one node, GPUs = world size, time = cap."""
-        cap_min = self.cap_s(cell) / 60
-        params: Dict[str, Any] = {"name": f"kbsweep-{cell.key}"}
-        if self.cluster == "local":
-            params["timeout_min"] = math.ceil(cap_min) + 1  # a backstop: the orchestrator kills the job at the cap
-            return params
-        slurm = self.conf["slurm"]
-        params.update(
-            timeout_min=math.ceil(cap_min),
-            slurm_signal_delay_s=SIGNAL_DELAY_S,
-            nodes=1,
-            tasks_per_node=1,
-            gpus_per_node=world_size(cell) if cell.gpu["device"] == "cuda" else None,
-            cpus_per_task=slurm["cpus_per_task"],
-            mem_gb=slurm["mem_gb"],
-            slurm_partition=slurm["partition"],
-            slurm_account=slurm["account"],
-            slurm_qos=slurm["qos"],
-            slurm_setup=list(slurm["setup"]),
-            slurm_additional_parameters=dict(slurm["additional_parameters"]),
-        )
-        return {k: v for k, v in params.items() if v is not None}
+        """submitit parameters of one cell's job."""
 
     def check(self, cells: List[Cell]) -> None:
-        """Locally, every GPU cell's world size must fit the pool."""
-        if self.cluster != "local":
-            return
-        for cell in cells:
-            if cell.gpu["device"] == "cuda" and world_size(cell) > len(self.pool):
-                raise KbsweepError(
-                    f"{cell.label} needs {world_size(cell)} GPU(s); this machine offers {len(self.pool)} "
-                    f"(NVML, narrowed by CUDA_VISIBLE_DEVICES){' — use gpu=cpu' if not self.pool else ''}"
-                )
+        """Refuse, before anything runs, cells this launcher cannot run."""
 
-    def submit(self, cell: Cell):
-        self.executor.update_parameters(**self.parameters(cell))
-        if self.cluster == "local":
-            visible = ",".join(self.pool) if cell.gpu["device"] == "cuda" else ""
-            return self.executor.submit(supervised, self.job, cell, visible, owner())
-        try:
-            return self.executor.submit(self.job, cell, None)
-        except Exception as exc:  # sbatch refused the job (a bad partition, a down controller): no traceback
-            detail = (str(exc).strip().splitlines() or [type(exc).__name__])[-1][:300]
-            raise InfraError(f"Slurm refused the job of {cell.label}: {detail}") from None
+    @abstractmethod
+    def submit(self, cell: Cell) -> Any:
+        """The submitted job of one cell."""
+
+    @abstractmethod
+    def stop(self, job: Any) -> None:
+        """End a job now."""
+
+    @abstractmethod
+    def overdue(self, job: Any, state: Running) -> Optional[str]:
+        """Why a running job must be ended now, or None."""
+
+    def result_lost(self, job: Any, cell: Cell) -> Optional[Dict[str, Any]]:
+        """A ``node_failure`` result for a finished job whose result will never come, else None (wait for it)."""
+        return None
 
     def run(self, cells: List[Cell], on_start: OnStart, on_done: OnDone) -> None:
         self.check(cells)
@@ -201,13 +206,6 @@ class SubmititLauncher:
             for job in running:
                 self.stop(job)
             raise
-
-    def stop(self, job: Any) -> None:
-        """End a job now: a local one with its whole process tree, a Slurm one by scancel."""
-        if self.cluster == "local":
-            kill_tree(int(job.job_id))
-        else:
-            job.cancel(check=False)
 
     def loop(self, pending: deque, running: Dict[Any, Running], on_start: OnStart, on_done: OnDone) -> None:
         attempts: Dict[str, int] = {}
@@ -246,30 +244,126 @@ class SubmititLauncher:
         time.sleep(timeout_s)
 
     def poll(self, job: Any, state: Running) -> Optional[Dict[str, Any]]:
-        """The job's result once it has ended, else None. Ends a local job past its cap and a preempted Slurm
-        job (which submitit would wait on forever)."""
+        """The job's result once it has ended, else None; ends a job :meth:`overdue` says must end."""
         if state.killed is None:
-            if self.cluster == "local" and time.monotonic() - state.started > self.cap_s(state.cell):
-                state.killed = f"killed at the cell's wall-clock cap of {self.cap_s(state.cell):.0f} s"
-                self.stop(job)
-            elif self.cluster == "slurm" and job.state == "PREEMPTED":
-                state.killed = f"Slurm job {job.job_id} was preempted"
+            state.killed = self.overdue(job, state)
+            if state.killed is not None:
                 self.stop(job)
         if state.killed is not None:
-            if self.cluster == "local" and not job.done():
-                return None  # the killed controller is reaped on a later poll
-            return infra_result(state.cell, Outcome.NODE_FAILURE, state.killed)
+            return infra_result(state.cell, Outcome.NODE_FAILURE, state.killed) if self.reaped(job) else None
         return self.collect(job, state.cell) if job.done() else None
 
+    def reaped(self, job: Any) -> bool:
+        """Whether a job this launcher ended is gone (so its cell may be reported and run again)."""
+        return True
+
     def collect(self, job: Any, cell: Cell) -> Dict[str, Any]:
-        if self.cluster == "local" and not job.paths.result_pickle.exists():  # local disk: no late result to wait for
-            tail = job.stderr().strip().splitlines()[-1:] if job.stderr() else []
-            return infra_result(cell, Outcome.NODE_FAILURE, f"job {job.job_id} ended without a result ({job.state}){': ' + tail[0][:300] if tail else ''}")
+        lost = self.result_lost(job, cell)
+        if lost is not None:
+            return lost
         try:
             return job.result()
         except Exception as exc:  # the job died: killed, timed out, node lost
             first = str(exc).strip().splitlines()
             return infra_result(cell, Outcome.NODE_FAILURE, f"job {job.job_id} failed ({job.state}): {first[0][:300] if first else exc}")
+
+
+@LAUNCHERS.register("local")
+class LocalLauncher(SubmititLauncher):
+    """Local processes; a grade takes free GPUs of the machine's pool through the machine-wide lock."""
+
+    cluster = "local"
+
+    def __init__(self, conf: Dict[str, Any], job: Job = run_cell_pinned):
+        super().__init__(conf, job)
+        self.pool = [g["visible"] for g in gpus.visible_gpus()]
+
+    @classmethod
+    def from_conf(cls, conf: Dict[str, Any]) -> Launcher:
+        """Warm workers unless ``launcher.warm_workers`` is off."""
+        return WarmLocalLauncher(conf) if conf.get("warm_workers", True) else cls(conf)
+
+    def parameters(self, cell: Cell) -> Dict[str, Any]:
+        # a backstop: the orchestrator kills the job at the cap
+        return {"name": f"kbsweep-{cell.key}", "timeout_min": math.ceil(self.cap_s(cell) / 60) + 1}
+
+    def check(self, cells: List[Cell]) -> None:
+        """Every GPU cell's world size must fit the pool."""
+        for cell in cells:
+            if cell.gpu["device"] == "cuda" and world_size(cell) > len(self.pool):
+                raise KbsweepError(
+                    f"{cell.label} needs {world_size(cell)} GPU(s); this machine offers {len(self.pool)} "
+                    f"(NVML, narrowed by CUDA_VISIBLE_DEVICES){' — use gpu=cpu' if not self.pool else ''}"
+                )
+
+    def submit(self, cell: Cell) -> Any:
+        self.executor.update_parameters(**self.parameters(cell))
+        visible = ",".join(self.pool) if cell.gpu["device"] == "cuda" else ""
+        return self.executor.submit(supervised, self.job, cell, visible, owner())
+
+    def stop(self, job: Any) -> None:
+        kill_tree(int(job.job_id))  # the whole process tree: a hung grade, a detached process, NCCL ranks
+
+    def overdue(self, job: Any, state: Running) -> Optional[str]:
+        if time.monotonic() - state.started > self.cap_s(state.cell):
+            return f"killed at the cell's wall-clock cap of {self.cap_s(state.cell):.0f} s"
+        return None
+
+    def reaped(self, job: Any) -> bool:
+        return job.done()  # the killed controller is reaped on a later poll
+
+    def result_lost(self, job: Any, cell: Cell) -> Optional[Dict[str, Any]]:
+        if job.paths.result_pickle.exists():  # local disk: no late result to wait for
+            return None
+        tail = job.stderr().strip().splitlines()[-1:] if job.stderr() else []
+        return infra_result(cell, Outcome.NODE_FAILURE, f"job {job.job_id} ended without a result ({job.state}){': ' + tail[0][:300] if tail else ''}")
+
+
+@LAUNCHERS.register("slurm")
+class SlurmLauncher(SubmititLauncher):
+    """Slurm jobs: one task on one node, GPUs = the cell's world size, time limit = its cap. The outputs folder
+    must be on a filesystem the compute nodes share (docs/launch.md)."""
+
+    cluster = "slurm"
+
+    def __init__(self, conf: Dict[str, Any], job: Job = run_cell_pinned):
+        if not shutil.which("sbatch"):
+            raise KbsweepError("launcher=slurm needs Slurm's commands (sbatch, srun, sacct) on PATH; none found here")
+        super().__init__(conf, job)
+
+    def parameters(self, cell: Cell) -> Dict[str, Any]:
+        slurm = self.conf["slurm"]
+        params = dict(
+            name=f"kbsweep-{cell.key}",
+            timeout_min=math.ceil(self.cap_s(cell) / 60),
+            slurm_signal_delay_s=SIGNAL_DELAY_S,
+            nodes=1,
+            tasks_per_node=1,
+            gpus_per_node=world_size(cell) if cell.gpu["device"] == "cuda" else None,
+            cpus_per_task=slurm["cpus_per_task"],
+            mem_gb=slurm["mem_gb"],
+            slurm_partition=slurm["partition"],
+            slurm_account=slurm["account"],
+            slurm_qos=slurm["qos"],
+            slurm_setup=list(slurm["setup"]),
+            slurm_additional_parameters=dict(slurm["additional_parameters"]),
+        )
+        return {k: v for k, v in params.items() if v is not None}
+
+    def submit(self, cell: Cell) -> Any:
+        self.executor.update_parameters(**self.parameters(cell))
+        try:
+            return self.executor.submit(self.job, cell, None)
+        except Exception as exc:  # sbatch refused the job (a bad partition, a down controller): no traceback
+            detail = (str(exc).strip().splitlines() or [type(exc).__name__])[-1][:300]
+            raise InfraError(f"Slurm refused the job of {cell.label}: {detail}") from None
+
+    def stop(self, job: Any) -> None:
+        job.cancel(check=False)  # scancel
+
+    def overdue(self, job: Any, state: Running) -> Optional[str]:
+        # submitit would wait on a PREEMPTED job forever; Slurm ends a job past its time limit itself
+        return f"Slurm job {job.job_id} was preempted" if job.state == "PREEMPTED" else None
 
 
 FRAME = struct.Struct("<Q")  # a length prefix: one pickled (job, cell, visible GPUs) in, one pickled result out
@@ -358,13 +452,14 @@ def serve_cells() -> None:
         send_frame(replies, pickle.dumps(result))
 
 
-class WarmLocalLauncher(SubmititLauncher):
+class WarmLocalLauncher(LocalLauncher):
     """Local cells in ``concurrency`` long-lived workers (:class:`Worker`) instead of a fresh process per cell:
     the same caps, requeues and supervision, without paying Python's, torch's and MLflow's imports and the
     grading zygotes' start for every cell (~15 CPU-seconds a cell on a 2-core machine)."""
 
     def __init__(self, conf: Dict[str, Any], job: Job = run_cell_pinned):
-        self.conf, self.cluster, self.job = conf, "local", job
+        Launcher.__init__(self, conf)  # no submitit executor: the workers are this launcher's jobs
+        self.job = job
         self.pool = [g["visible"] for g in gpus.visible_gpus()]
         self.idle: List[Worker] = []
         self.answered = threading.Event()
@@ -402,15 +497,6 @@ class WarmLocalLauncher(SubmititLauncher):
             self.idle.clear()
 
 
-def make_launcher(conf: Dict[str, Any]):
-    kind = conf["kind"]
-    if kind == "inline":
-        return InlineLauncher(conf)
-    if kind == "slurm" and not shutil.which("sbatch"):
-        raise KbsweepError("launcher=slurm needs Slurm's commands (sbatch, srun, sacct) on PATH; none found here")
-    if kind in ("local", "slurm"):
-        Path(conf["folder"]).mkdir(parents=True, exist_ok=True)
-        if kind == "local" and conf.get("warm_workers", True):
-            return WarmLocalLauncher(conf)
-        return SubmititLauncher(conf, kind)
-    raise KbsweepError(f"unknown launcher kind '{kind}' (inline, local, slurm)")
+def make_launcher(conf: Dict[str, Any]) -> Launcher:
+    """The launcher a launcher YAML's ``kind`` names (config validation has refused any other name already)."""
+    return LAUNCHERS.lookup(conf["kind"], "launcher").from_conf(conf)

@@ -14,7 +14,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Iterator, List
 
-from kbsweep import KbsweepError, gpus
+from kbsweep import gpus
+from kbsweep.errors import KbsweepError
 
 POLL_S = 0.2
 

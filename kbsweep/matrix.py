@@ -9,10 +9,11 @@ from typing import Any, Dict, List, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
-from kbsweep import KbsweepError
 from kbsweep.agent.loop import Budgets
+from kbsweep.errors import KbsweepError
 from kbsweep.harness import runner_for
-from kbsweep.problems import find_problem_dirs, load_problem, track_problem_names
+from kbsweep.problem_folders import find_problem_dirs, track_problem_names
+from kbsweep.problems import load_problem
 
 VOLATILE_MODEL_KEYS = ("concurrency", "timeout_s", "retry", "api_base", "expected_tokens", "prices", "prompt_caching")
 
@@ -115,7 +116,7 @@ def judge_conf(cfg: DictConfig) -> Optional[Dict[str, Any]]:
     name = (cfg.get("audit") or {}).get("judge")
     if not name:
         return None
-    from kbsweep.audit.judge import model_conf
+    from kbsweep.config import model_conf
 
     return model_conf(str(name))
 

@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Dict, Iterable, List, Optional
 
-from kbsweep import ExitCode
+from kbsweep.errors import ExitCode
 from kbsweep.outcomes import Outcome
 
 MODES = ("live", "keys", "off")

@@ -15,9 +15,10 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, List
 
-from kbsweep import KbsweepError
+from kbsweep.errors import KbsweepError
 from kbsweep.locks import exclusive
-from kbsweep.tracking import CELL_KEY_TAG, KIND_TAG, Tracker, cell_metrics, latest_per_cell, make_client, owner, page_runs, runs_frame
+from kbsweep.mlflow_store import CELL_KEY_TAG, KIND_TAG, latest_per_cell, make_client, page_runs, runs_frame
+from kbsweep.tracking import Tracker, cell_metrics, owner
 
 REGRADE_OF = "kbsweep.regrade_of"
 
@@ -31,7 +32,8 @@ def regraded(client, experiment_id: str, gpu: str) -> Dict[str, str]:
 def regrade_sweep(conf: Dict[str, Any], force: bool) -> List[Dict[str, Any]]:
     """Regrade the cells of ``conf['sweep']['name']`` under ``conf`` (a resolved config); one summary per grade."""
     from kbsweep.cell import configured_grader
-    from kbsweep.problems import find_problem_dir, load_problem
+    from kbsweep.problem_folders import find_problem_dir
+    from kbsweep.problems import load_problem
     from kbsweep.score import load_roofline
 
     uri, sweep, gpu, track = conf["tracking"]["uri"], conf["sweep"]["name"], conf["gpu"], conf["track"]

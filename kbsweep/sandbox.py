@@ -7,7 +7,7 @@ store or the orchestrator's processes, and it starts from an explicit minimal en
 privileges (as root, kbsweep hands it an unused uid: the kernel's process limit does not bind root), under
 rlimits for processes, CPU seconds, file size and (without a GPU) address space. Its supervisor (:class:`Watch`)
 stops it past its wall time, its memory (proportional set sizes of the whole tree: shared pages counted once) or
-its disk quota (the writable folders and the files its output goes to). Network is off; ``network_allow`` hosts are reached through a filtering proxy (:class:`AllowProxy`).
+its disk quota (the writable folders and the files its output goes to). Network is off; ``network_allow`` hosts are reached through a filtering proxy (:class:`kbsweep.sandbox_net.AllowProxy`).
 
 ``mode: unsafe`` runs the same commands with the same environment and limits but no namespaces; it is never
 chosen silently: where bubblewrap cannot run, :func:`require` refuses.
@@ -15,27 +15,23 @@ chosen silently: where bubblewrap cannot run, :func:`require` refuses.
 from __future__ import annotations
 
 import functools
-import inspect
 import os
 import shutil
 import signal
-import socket
-import socketserver
 import stat
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
-from urllib.parse import urlsplit
 
-from kbsweep import REPO_ROOT, KbsweepError
+from kbsweep.errors import KbsweepError
+from kbsweep.paths import REPO_ROOT
+from kbsweep.sandbox_net import BASH, FORWARDER, PROXY_PORT, PROXY_SOCKET, WITH_FORWARDER, AllowProxy
 
 MODES = ("bwrap", "unsafe")
-BASH = "/bin/bash"
 WORKSPACE = "/workspace"  # where run_shell sees its workspace
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt")
 PASS_ENV = ("PATH", "LD_LIBRARY_PATH", "LANG", "LC_ALL", "TZ", "CUDA_HOME", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "TRITON_INTERPRET")
@@ -44,9 +40,6 @@ ROOT_UID_SPAN = 100_000
 POLL_S = 0.1
 HOST_SHARE = 0.75  # of the host's memory, a grade's default cap: the orchestrator and the agent keep the rest
 DISK_POLL_S = 0.5
-PROXY_PORT = 3128
-PROXY_SOCKET = "/tmp/.kbsweep-proxy.sock"
-PROXY_READY = "/tmp/.kbsweep-proxy-ready"
 
 
 class SandboxUnavailable(KbsweepError):
@@ -365,124 +358,6 @@ class Watch:
                 return found
             time.sleep(POLL_S)
         return None
-
-
-def pump(source, sink) -> None:
-    """Copy one socket into another until EOF, then half-close the sink."""
-    try:
-        while True:
-            data = source.recv(65536)
-            if not data:
-                break
-            sink.sendall(data)
-    except OSError:
-        pass
-    try:
-        sink.shutdown(socket.SHUT_WR)
-    except OSError:
-        pass
-
-
-def splice(client, upstream) -> None:
-    """Copy both ways until both sides are done."""
-    back = threading.Thread(target=pump, args=(upstream, client), daemon=True)
-    back.start()
-    pump(client, upstream)
-    back.join()
-
-
-FORWARDER = inspect.getsource(pump) + f"""
-import socket, threading
-listener = socket.create_server(("127.0.0.1", {PROXY_PORT}))
-open("{PROXY_READY}", "w").close()
-while True:
-    client, _ = listener.accept()
-    upstream = socket.socket(socket.AF_UNIX)
-    upstream.connect("{PROXY_SOCKET}")
-    threading.Thread(target=pump, args=(client, upstream), daemon=True).start()
-    threading.Thread(target=pump, args=(upstream, client), daemon=True).start()
-"""  # runs inside the sandbox: 127.0.0.1:PROXY_PORT -> the proxy's unix socket
-WITH_FORWARDER = f'"{sys.executable}" -c "$1" & until [ -e {PROXY_READY} ]; do sleep 0.02; done; exec {BASH} -c "$2"'
-
-
-class UnixSocketServer:
-    """A threaded server on a unix socket any uid may connect to (a sandbox binds it at PROXY_SOCKET, where
-    :data:`FORWARDER` reaches it); :meth:`serve` handles one connection."""
-
-    def __init__(self):
-        self.folder = Path(tempfile.mkdtemp(prefix="kbsweep-proxy-"))
-        self.path = self.folder / "proxy.sock"
-        owner = self
-
-        class Handler(socketserver.BaseRequestHandler):
-            def handle(self):
-                owner.serve(self.request)
-
-        self.server = socketserver.ThreadingUnixStreamServer(str(self.path), Handler)
-        self.server.daemon_threads = True
-        os.chmod(self.folder, 0o755)
-        os.chmod(self.path, 0o666)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def serve(self, client) -> None:
-        raise NotImplementedError
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-        shutil.rmtree(self.folder, ignore_errors=True)
-
-
-class Relay(UnixSocketServer):
-    """Carries each connection to one TCP address of this host: how a sandbox without network reaches a server
-    the orchestrator runs on loopback (the model proxy of a CLI harness)."""
-
-    def __init__(self, address: Tuple[str, int]):
-        self.address = address
-        super().__init__()
-
-    def serve(self, client) -> None:
-        with socket.create_connection(self.address) as upstream:
-            splice(client, upstream)
-
-
-class AllowProxy(UnixSocketServer):
-    """An HTTP proxy (CONNECT and absolute-URI requests) on a unix socket that dials only allowed hosts
-    (``host`` or ``host:port``) and records the others in ``refused``."""
-
-    def __init__(self, allow: Sequence[str]):
-        self.allow, self.refused = set(allow), []
-        super().__init__()
-
-    def serve(self, client) -> None:
-        head = b""
-        while b"\r\n\r\n" not in head and len(head) < 65536:
-            chunk = client.recv(4096)
-            if not chunk:
-                return
-            head += chunk
-        method, target = (head.split(b"\r\n", 1)[0].decode("latin-1").split(" ") + ["", ""])[:2]
-        if method == "CONNECT":
-            host, _, port = target.rpartition(":")
-        else:
-            url = urlsplit(target)
-            host, port = url.hostname or "", str(url.port or 80)
-        if host not in self.allow and f"{host}:{port}" not in self.allow:
-            self.refused.append(f"{host}:{port}")
-            client.sendall(b"HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
-            return
-        try:
-            upstream = socket.create_connection((host, int(port)), timeout=30)
-        except (OSError, ValueError):
-            client.sendall(b"HTTP/1.1 502 Bad Gateway\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
-            return
-        with upstream:
-            upstream.settimeout(None)
-            if method == "CONNECT":
-                client.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
-            else:
-                upstream.sendall(head)
-            splice(client, upstream)
 
 
 def head_tail(fh, limit: int) -> str:

@@ -7,7 +7,7 @@ from typing import Any, Dict, List, Optional
 
 from omegaconf import OmegaConf
 
-from kbsweep import KbsweepError
+from kbsweep.errors import KbsweepError
 
 FRACTION_FLOOR = 1e-9
 

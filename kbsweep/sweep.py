@@ -17,8 +17,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple
 
-from kbsweep import KbsweepError, snapshot
+from kbsweep import snapshot
 from kbsweep.cell import RESULT_FILE, cell_busy, reclaim
+from kbsweep.errors import KbsweepError
 from kbsweep.launch import make_launcher
 from kbsweep.live import LiveCells
 from kbsweep.matrix import Cell, cell_dir

@@ -2,7 +2,7 @@
 
 A multi-track cell (``track.world_size: N``) runs where its launcher put it: locally, a process whose GPU pool is
 every GPU the sweep may use; under Slurm, one task on one node with ``--gpus-per-node=N``
-(:meth:`kbsweep.launch.SubmititLauncher.parameters`). Either way its grade does the same thing::
+(:meth:`kbsweep.launch.SlurmLauncher.parameters`). Either way its grade does the same thing::
 
     with device_lock(gpu.device, count=n):            # n GPUs held machine-wide, pinned in CUDA_VISIBLE_DEVICES
         run = run_torchrun(n, "package.module", [args], log_dir=..., timeout_s=..., env=...,

@@ -20,13 +20,16 @@ import re
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Tuple
 
-from kbsweep import REPO_ROOT, KbsweepError
 from kbsweep.config import is_number
-from kbsweep.matrix import Cell
+from kbsweep.errors import KbsweepError
+from kbsweep.paths import REPO_ROOT
 from kbsweep.problems import Problem, load_problem
 from kbsweep.score import load_roofline
+
+if TYPE_CHECKING:  # a type only: the matrix calls this module, so a runtime import would run back
+    from kbsweep.matrix import Cell
 
 # torch dtype names a tolerance may be keyed by (checks.dtype_key of an output's dtype)
 DTYPES = ("float64", "float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz",

@@ -1,7 +1,9 @@
-"""Shared fixtures: an isolated outputs folder and a way to run the real `kbsweep` command."""
+"""Shared fixtures: an isolated outputs folder, the demo problem and the CPU's roofline to grade against, and a
+way to run the real `kbsweep` command."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -27,6 +29,41 @@ def kbsweep(*args: str, cwd: Path | None = None, env: dict | None = None, timeou
     full_env = {**os.environ, **(env or {})}
     command = [sys.executable, "-m", "kbsweep.cli", *args]
     return subprocess.run(command, cwd=cwd or REPO, env=full_env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="session")
+def problem():
+    """demo/scale_shift, the problem most grading tests grade against."""
+    from kbsweep.problems import load_problem
+
+    return load_problem(REPO / "problems/demo/scale_shift", "demo")
+
+
+@pytest.fixture(scope="session")
+def roofline():
+    """The CPU's roofline spec: what a grade on this machine scores against."""
+    from kbsweep.score import load_roofline
+
+    return load_roofline([str(REPO / "roofline_specs")], "cpu")
+
+
+@pytest.fixture(scope="session")
+def store_template(tmp_path_factory) -> Path:
+    """An initialized empty sqlite store; tests copy it (creating the schema takes seconds)."""
+    from kbsweep.mlflow_store import make_client
+
+    folder = tmp_path_factory.mktemp("mlflow-template")
+    make_client(f"sqlite:///{folder}/mlflow.db").search_experiments()
+    return folder / "mlflow.db"
+
+
+@pytest.fixture
+def store(tmp_path, store_template):
+    """(outputs folder, sqlite tracking URI inside it), the store already initialized."""
+    outputs = tmp_path / "outputs"
+    outputs.mkdir()
+    shutil.copy(store_template, outputs / "mlflow.db")
+    return outputs, f"sqlite:///{outputs}/mlflow.db"
 
 
 @pytest.fixture

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-import kbsweep.cell
 from kbsweep.agent.transcript import read_events
 from kbsweep.audit import contamination
+import kbsweep.cell
 from tests.support.fake_provider import FakeProvider
 from tests.support.scripts import call, kernel
 from tests.support.sweeps import SECRET, model_yaml, results, sweep
@@ -107,6 +107,7 @@ def tool(name: str, arguments: dict, content: str) -> dict:
     return {"type": "tool", "name": name, "arguments": json.dumps(arguments), "content": content}
 
 
+@pytest.mark.fast
 def test_tripwire_flags_other_runs_ids_paths_and_scores(tmp_path):
     outputs = tmp_path / "outputs"
     plant_other_run(outputs)

@@ -62,12 +62,14 @@ def test_multi_turn_fix_records_every_event(tmp_path):
     assert sent[-1]["role"] == "tool" and sent[-1]["content"].startswith("wrote")
 
 
+@pytest.mark.fast
 def test_turn_budget(tmp_path):
     with FakeProvider(listing(10)) as fp:
         result = Run(tmp_path, fp)(Budgets(max_turns=3))
     assert result.stop_reason is StopReason.MAX_TURNS and result.turns == 3 and len(fp.requests) == 3
 
 
+@pytest.mark.fast
 def test_token_budget(tmp_path):
     with FakeProvider(listing(10, prompt_tokens=1000, completion_tokens=100)) as fp:
         result = Run(tmp_path, fp)(Budgets(max_tokens=2500))
@@ -75,6 +77,7 @@ def test_token_budget(tmp_path):
     assert result.turns == 3 and result.usage.total == 3300
 
 
+@pytest.mark.fast
 def test_dollar_budget_counts_cached_tokens_at_the_cache_read_price(tmp_path):
     usage = dict(prompt_tokens=100_000, completion_tokens=1_000, cached_tokens=80_000)
     per_call = (20_000 * 2.0 + 80_000 * 0.2 + 1_000 * 10.0) / 1e6  # 0.066
@@ -85,6 +88,7 @@ def test_dollar_budget_counts_cached_tokens_at_the_cache_read_price(tmp_path):
     assert result.usage.cached_tokens == 240_000
 
 
+@pytest.mark.fast
 def test_wall_clock_cuts_a_slow_call(tmp_path):
     with FakeProvider([Reply(tool_calls=[("list_files", {})]), Delay(5.0, Reply(content="too late"))]) as fp:
         run = Run(tmp_path, fp, timeout_s=60)
@@ -95,6 +99,7 @@ def test_wall_clock_cuts_a_slow_call(tmp_path):
     assert run.events("error")  # what happened is still in the transcript
 
 
+@pytest.mark.fast
 def test_dollar_budget_with_null_prices_refuses_with_one_line():
     model = {"name": "gemini-3.5-pro", "provider": "litellm", "prices": {"input": None, "output": None}}
     track = {"time_cap_s": 60, "max_turns": 5, "max_usd": 20.0}
@@ -105,6 +110,7 @@ def test_dollar_budget_with_null_prices_refuses_with_one_line():
     assert Budgets.of_cell({**model, "prices": {"input": 1.0, "output": 2.0}}, track).max_usd == 20.0
 
 
+@pytest.mark.fast
 def test_context_rule_near_the_window(tmp_path):
     big = "x" * 3000
     script = [call("write_file", path="big.txt", content=big)] + [call("read_file", path="big.txt") for _ in range(6)] + ["done"]
@@ -122,6 +128,7 @@ def test_context_rule_near_the_window(tmp_path):
     assert written == {"path": "big.txt", "content": "[shortened: 3000 characters] " + "x" * 200}
 
 
+@pytest.mark.fast
 def test_context_overflow_shortens_and_continues(tmp_path):
     script = listing(5) + [ContextLengthError(), Reply(tool_calls=[("submit", {})])]
     with FakeProvider(script) as fp:
@@ -133,6 +140,7 @@ def test_context_overflow_shortens_and_continues(tmp_path):
     assert len(fp.requests) == 7
 
 
+@pytest.mark.fast
 def test_context_overflow_that_persists_is_a_provider_fault(tmp_path):
     with FakeProvider([ContextLengthError()] * 3) as fp:
         run = Run(tmp_path, fp)
@@ -141,6 +149,7 @@ def test_context_overflow_that_persists_is_a_provider_fault(tmp_path):
     assert [e["keep"] for e in run.events("compaction")] == [2, 0] and len(fp.requests) == 3
 
 
+@pytest.mark.fast
 def test_garbled_tool_arguments_are_the_providers_retried_and_the_loop_continues(tmp_path):
     with FakeProvider([MalformedToolCall(), Reply(tool_calls=[("submit", {})])]) as fp:
         run = Run(tmp_path, fp)
@@ -151,6 +160,7 @@ def test_garbled_tool_arguments_are_the_providers_retried_and_the_loop_continues
     assert fp.requests[1].json["messages"] == fp.requests[0].json["messages"]  # the same request again
 
 
+@pytest.mark.fast
 def test_retries_and_faults_are_in_the_transcript(tmp_path):
     with FakeProvider([HttpError(429, retry_after=0), HttpError(401)]) as fp:
         run = Run(tmp_path, fp)
@@ -161,6 +171,7 @@ def test_retries_and_faults_are_in_the_transcript(tmp_path):
     assert run.events("error")[0]["outcome"] == "authentication"
 
 
+@pytest.mark.fast
 def test_tool_errors_come_back_as_results(tmp_path, monkeypatch):
     monkeypatch.setenv("KBSWEEP_TEST_HIDDEN", "hidden-value-123")
     box = Toolbox(workspace=tmp_path, grade=lambda mode: {}, secret_env=["KBSWEEP_TEST_HIDDEN"])
@@ -180,6 +191,7 @@ def test_tool_errors_come_back_as_results(tmp_path, monkeypatch):
     assert no_shell.call("run_shell", '{"command": "true"}') == "error: unknown tool 'run_shell'"
 
 
+@pytest.mark.fast
 def test_shortening_keeps_arguments_json_and_is_idempotent():
     assert stub_arguments('{"path": "a.py"}') == '{"path": "a.py"}'
     assert json.loads(stub_arguments('{"content": "' + "z" * 500 + '"}'))["content"].startswith("[shortened: 500 characters] zz")

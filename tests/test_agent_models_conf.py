@@ -12,6 +12,8 @@ from omegaconf import OmegaConf
 
 from kbsweep.config import ModelConf
 
+pytestmark = pytest.mark.fast
+
 CONF = Path(__file__).resolve().parent.parent / "conf" / "model"
 BOARD = ["opus-4.8", "fable-5", "gpt-5.5", "gpt-5.5-pro", "gemini-3.5-pro", "glm-5.2", "kimi-k2.7", "deepseek-v4",
          "grok-4.5", "minimax-m3", "qwen-3.8-max"]

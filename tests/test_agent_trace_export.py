@@ -3,7 +3,11 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from kbsweep.agent.trace_export import RESULT_CAP, main, to_claude_code
+
+pytestmark = pytest.mark.fast
 
 T0 = 1_796_000_000.0
 CALLS = [
@@ -78,3 +82,15 @@ def test_command_line(tmp_path):
     main([str(source), str(out), "--title", "t"])
     lines = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(lines) == 12 and lines[0] == {"type": "custom-title", "customTitle": "t", "sessionId": lines[3]["sessionId"]}
+
+
+def test_mlflow_trace_maps_usage_and_messages():
+    """The MLflow trace's pieces (kbsweep/agent/mlflow_trace.py): token usage, a tool result as the model saw it."""
+    from kbsweep.agent.mlflow_trace import as_message, ns, usage_attribute
+
+    usage = usage_attribute({"input_tokens": 120, "output_tokens": 30, "cached_tokens": 100, "cache_write_tokens": 7})
+    assert usage == {"input_tokens": 120, "output_tokens": 30, "total_tokens": 150, "cache_read_input_tokens": 100,
+                     "cache_creation_input_tokens": 7}
+    tool = {"type": "tool", "tool_call_id": "call_1", "name": "run_shell", "content": "ok"}
+    assert as_message(tool) == {"role": "tool", "tool_call_id": "call_1", "name": "run_shell", "content": "ok"}
+    assert ns(1.5) == 1_500_000_000

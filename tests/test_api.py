@@ -10,6 +10,7 @@ from kbsweep.api import Grade, Plan, Run
 from tests.support.sweeps import KEY_ENV, REPO, model_yaml
 
 
+@pytest.mark.fast
 def test_plan_sweeps_comma_lists_and_names_missing_keys(tmp_path, monkeypatch):
     monkeypatch.delenv(KEY_ENV, raising=False)
     model_yaml(tmp_path / "conf", "fake", "openai/fake", "http://127.0.0.1:9/v1")
@@ -20,6 +21,7 @@ def test_plan_sweeps_comma_lists_and_names_missing_keys(tmp_path, monkeypatch):
     assert plan.missing_keys == [f"model 'fake' (openai/fake): environment variable {KEY_ENV} is not set (model/fake.yaml: api_key_env)"]
 
 
+@pytest.mark.fast
 def test_a_typo_is_the_clis_one_line_error():
     with pytest.raises(KbsweepError, match="key 'gpu': Could not find 'gpu/nope'"):
         kbsweep.plan("gpu=nope")
@@ -33,7 +35,7 @@ def test_grade_returns_the_outcome_and_result(tmp_path, monkeypatch):
 
 
 def test_run_then_resume_with_nothing_to_do(tmp_path, monkeypatch):
-    from kbsweep.tracking import make_client
+    from kbsweep.mlflow_store import make_client
 
     monkeypatch.setenv("KBSWEEP_OUTPUTS", str(tmp_path / "outputs"))
     monkeypatch.setenv("KBSWEEP_LOCK_DIR", str(tmp_path / "locks"))

@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
+from kbsweep.mlflow_store import make_client, runs_frame
 from kbsweep.report import is_valid_pass
-from kbsweep.tracking import make_client, runs_frame
 from tests.test_exploits import REPO
 
 
@@ -69,3 +71,12 @@ def test_reaudit_with_the_judge_shares_the_cells_judge(cli, outputs, tmp_path):
     assert tags["audit.judge"] == "clean"
     audited = json.loads(Path(client.download_artifacts(run_id, "audit.json", str(tmp_path))).read_text())
     assert audited["layers"]["judge"]["model"] == "fake-judge" and audited["layers"]["judge"]["usage"]["input_tokens"] == 900
+
+
+@pytest.mark.fast
+def test_a_stored_run_names_its_problem_folder():
+    """A re-audit finds the run's problem from its params (kbsweep/audit/store.py), as the sweep found it."""
+    from kbsweep.audit.store import problem_of
+
+    problem = problem_of({"problem": "hard/topk", "params": {"track.problems_dir": "hard"}}, [str(REPO / "problems")])
+    assert (problem.track, problem.name) == ("hard", "topk")

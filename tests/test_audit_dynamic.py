@@ -2,6 +2,8 @@
 the referee's time corroboration, the persisting-L2 limit), and the transcript excerpts the judge reads."""
 from __future__ import annotations
 
+import pytest
+
 from kbsweep.audit import audit
 from kbsweep.audit.transcript import EXCERPT_CHARS, excerpt
 
@@ -88,12 +90,14 @@ def test_runtime_events_threads_flags_files():
         "file_write", "dir_listing", "other_runs", "reference_use", "class_patch", "thread_outlived_call", "global_flag_changed", "files_modified"}
 
 
+@pytest.mark.fast
 def test_probe_failures_and_missing_evidence():
     failed = {"outcome": "incorrect", "stage": "audit", "message": "audit probe ...", "findings": [], "evidence": {}}
     assert dynamic_kinds(failed) == {"dual_path"}
     assert dynamic_kinds({"outcome": "pass", "findings": [], "evidence": {}}) == {"evidence_missing"}
 
 
+@pytest.mark.fast
 def test_transcript_excerpt_puts_suspicious_turns_first_within_its_budget():
     chatter = [{"type": "assistant", "content": f"tuning tile sizes, step {i}", "tool_calls": []} for i in range(60)]
     hint = {"type": "assistant", "content": "A cache keyed on data_ptr would skip the work.", "tool_calls": []}

@@ -6,6 +6,8 @@ import pytest
 
 from kbsweep.audit.static import analyze
 
+pytestmark = pytest.mark.fast
+
 GEMM = ["torch.matmul", "torch.mm", "torch.nn.functional.linear", "F.linear", "_scaled_mm"]
 TOPK = ["torch.topk", "torch.sort", ".topk(", ".sort(", "torch.max"]
 

@@ -84,6 +84,7 @@ def test_a_malformed_judge_answer_ends_in_needs_human_with_the_grade_kept(tmp_pa
     assert run.info.status == "FINISHED" and run.data.tags["verdict"] == "needs_human" and run.data.metrics["score"] > 0
 
 
+@pytest.mark.fast
 def test_a_judge_that_cannot_run_is_a_judge_error_not_an_exception():
     source = "import torch\n"
     broken = LazyModel({"name": "broken", "provider": "litellm", "route": None})  # fails when it is built

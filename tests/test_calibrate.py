@@ -4,6 +4,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import pytest
 from omegaconf import OmegaConf
 
 REPO = Path(__file__).resolve().parent.parent
@@ -20,3 +21,13 @@ def test_calibrate_measures_and_writes_spec(cli, outputs, tmp_path):
     spec = OmegaConf.load(specs / "cpu.yaml")
     assert spec.measured.copy_gbps == stored.copy_gbps
     assert spec.dram_gbps == OmegaConf.load(REPO / "roofline_specs/cpu.yaml").dram_gbps  # datasheet kept beside
+
+
+@pytest.mark.fast
+def test_the_timer_and_a_gemm_on_the_cpu():
+    """The calibration's pieces on a tiny CPU GEMM: a positive time per call."""
+    import torch
+
+    from kbsweep.calibrate import gemm, timed
+
+    assert timed(gemm("fp32", 64, torch.device("cpu")), torch.device("cpu"), repeats=3) > 0

@@ -48,6 +48,7 @@ def test_reference_output_is_informative(folder):
     check_informative(load_problem(folder, folder.parent.name))
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize(
     "forward, complaint",
     [("return x * 0", "near zero"), ("return x * 0 + 1", "near constant"), ("return x.sum() * 0 + self.w.sum() + torch.arange(4.0)", "insensitive to the inputs"), ("return x + 1", "insensitive to the weights")],
@@ -95,6 +96,7 @@ def check_informative(problem):
                 assert moved > 1e-3, f"{shape}: output insensitive to the weights ({moved:.2e})"
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("batch", [1, 4, 8, 32])
 def test_paged_attention_draws_the_same_lengths_every_seed(batch):
     """Timed calls run on freshly drawn inputs and the longest sequence sets a decode kernel's time: every seed

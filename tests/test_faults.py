@@ -12,12 +12,13 @@ import time
 from pathlib import Path
 from typing import Dict, List
 
+import pytest
 from omegaconf import OmegaConf
 
 from kbsweep.cell import cell_busy, cell_lock_path
+from kbsweep.mlflow_store import runs_frame
 from kbsweep.sandbox import HOST_SHARE, Sandbox, SandboxPolicy, host_memory_mib, memory_cap_mib
 from kbsweep.sweep import plan
-from kbsweep.tracking import runs_frame
 from tests.test_orphans import demo_cell
 
 REPO = Path(__file__).resolve().parent.parent
@@ -68,6 +69,7 @@ def test_what_a_command_prints_counts_against_its_disk_quota(tmp_path):
     assert result.returncode == 124 and "over the 16 MiB quota" in result.notes[0]
 
 
+@pytest.mark.fast
 def test_the_default_grading_memory_cap_is_a_share_of_this_host():
     host = host_memory_mib()
     assert OmegaConf.load(REPO / "conf" / "config.yaml").grade.memory_mib is None

@@ -10,21 +10,10 @@ import pytest
 from kbsweep.grader import grade, timing
 from kbsweep.grader.baselines import BaselineCache
 from kbsweep.problems import load_problem
-from kbsweep.score import load_roofline
 
 REPO = Path(__file__).resolve().parent.parent
 CASES = Path(__file__).parent / "grader_cases"
 CPU = SimpleNamespace(name="cpu", device="cpu", shape_set="smoke_shapes")
-
-
-@pytest.fixture(scope="module")
-def problem():
-    return load_problem(REPO / "problems/demo/scale_shift", "demo")
-
-
-@pytest.fixture(scope="module")
-def roofline():
-    return load_roofline([str(REPO / "roofline_specs")], "cpu")
 
 
 @pytest.mark.parametrize(

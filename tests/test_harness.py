@@ -11,12 +11,12 @@ from typing import Callable, List
 
 import pytest
 
-from kbsweep.agent.trace_export import to_claude_code
-from kbsweep.export import export_dataset
-from kbsweep.agent.transcript import read_events
 from kbsweep import ExitCode, KbsweepError
-from kbsweep.agent.loop import Budgets
 from kbsweep.agent.llm import LiteLLMModel
+from kbsweep.agent.loop import Budgets
+from kbsweep.agent.trace_export import to_claude_code
+from kbsweep.agent.transcript import read_events
+from kbsweep.export import export_dataset
 from kbsweep.harness import runner_for
 from kbsweep.harness.proxy import ModelProxy
 from tests.support.fake_provider import FakeProvider, HttpError, Reply, ToolCall
@@ -142,6 +142,7 @@ def test_both_harnesses_write_check_and_pass_a_kernel_without_ever_holding_the_k
         assert {r["message"]["model"] for r in trace if r["type"] == "assistant"} == {"openai/fake"}
 
 
+@pytest.mark.fast
 @needs_clis
 def test_provider_faults_end_both_harnesses_as_infrastructure(tmp_path):
     def failing(request):
@@ -156,6 +157,7 @@ def test_provider_faults_end_both_harnesses_as_infrastructure(tmp_path):
         assert kinds.count("retry") == 2 and kinds.count("error") == 1  # the built-in loop's retry rules, at the proxy
 
 
+@pytest.mark.fast
 @needs_clis
 def test_runs_past_max_tokens_or_the_time_cap_end_with_the_budget_outcome(tmp_path):
     _, cells = run(tmp_path / "tokens", agent([shell("ls")] * 20), "track.max_tokens=40", harnesses=["claude-code"])
@@ -201,6 +203,7 @@ def post(url: str, body: dict, token: str | None) -> tuple:
         return error.code, error.read().decode()
 
 
+@pytest.mark.fast
 def test_the_proxy_serves_both_wires_to_its_token_only_and_refuses_past_the_dollar_budget(monkeypatch):
     monkeypatch.setenv(KEY_ENV, SECRET)
     turn = Reply(tool_calls=[ToolCall("write_file", {"path": "solution.py", "content": "pass"})], prompt_tokens=1000, completion_tokens=100)
@@ -222,3 +225,14 @@ def test_the_proxy_serves_both_wires_to_its_token_only_and_refuses_past_the_doll
         with pytest.raises(OSError):  # the token dies with the cell, and the server with it
             post(f"{base}/v1/messages", messages, proxy.token)
     assert len(fp.requests) == 2 and {r.headers["authorization"] for r in fp.requests} == {f"Bearer {SECRET}"}
+
+
+@pytest.mark.fast
+def test_install_names_each_cli_harness_pinned():
+    """`python -m kbsweep.harness.install` installs each CLI harness's npm package at its YAML's version only."""
+    from kbsweep.harness.install import packages
+
+    everything = packages([])
+    assert everything and all("@" in p.lstrip("@") for p in everything)
+    assert packages(["builtin"]) == []  # kbsweep's own loop has no package
+    assert len(packages(["codex"])) == 1

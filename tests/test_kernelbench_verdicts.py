@@ -13,11 +13,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from kbsweep.grader import grade, kernelbench_eval, timing
 from kbsweep import kernelbench
+from kbsweep.grader import grade, kernelbench_eval, timing
 from kbsweep.kernelbench import cache_key, fit, kernelbench_names, materialize, materialize_all, with_sizes
 from kbsweep.problems import load_problem
-from kbsweep.score import load_roofline
 
 REPO = Path(__file__).resolve().parent.parent
 CASES = Path(__file__).parent / "kernelbench_cases"
@@ -52,11 +51,6 @@ EXPECTED = [
     ("6_relu/syntax_error", "compile_error", "compile_error"),
     ("6_relu/no_model_new", "compile_error", "compile_error"),
 ]
-
-
-@pytest.fixture(scope="module")
-def roofline():
-    return load_roofline([str(REPO / "roofline_specs")], "cpu")
 
 
 @pytest.mark.parametrize("case, kernelbench, kbsweep", EXPECTED, ids=[case for case, _, _ in EXPECTED])
@@ -103,6 +97,7 @@ def test_unknown_timer_is_one_line(roofline, tmp_path):
         grade(problem, CASES / "solutions/6_relu/exact.py", CPU, roofline, timers=["do_bench"], log_dir=tmp_path)
 
 
+@pytest.mark.fast
 def test_kernelbench_timer_counts_as_kernelbench_does():
     """5 warm-up calls, then 1 discarded and 100 timed, on the one input set given."""
     calls = []
@@ -110,6 +105,7 @@ def test_kernelbench_timer_counts_as_kernelbench_does():
     assert len(calls) == 106 and set(calls) == {7} and timed["num_trials"] == 100
 
 
+@pytest.mark.fast
 def test_trial_seeds_are_kernelbenchs():
     """KernelBench seeds the global generator with its seed and draws one randint(0, 2**32 - 1) per trial."""
     torch.manual_seed(42)
@@ -122,6 +118,7 @@ def test_unknown_version_is_one_line():
         materialize(CASES, "6_relu", "9.9")
 
 
+@pytest.mark.fast
 def test_numeric_order():
     assert kernelbench_names(CASES) == ["1_matmul", "2_variance", "3_softmax", "4_batchnorm", "5_linear_relu", "6_relu"]
 
@@ -146,6 +143,7 @@ def test_smoke_sizes_fit_the_budget(tmp_path):
     assert "height = 8" in rewritten and "width = 16" in rewritten and "bias_shape = (features, height)" in rewritten
 
 
+@pytest.mark.fast
 def test_smoke_sizes_fit_the_flop_budget(tmp_path):
     """A compute-bound file within the byte budget is halved until one forward (counted on meta) fits the FLOPs."""
     fitted = fit(CASES / "1_matmul.py", flop_budget=4e6)
@@ -180,6 +178,7 @@ def test_one_sizing_child_for_a_folder_cached_by_content(tmp_path, monkeypatch):
     assert children == [[tmp_path / "1_big.py", tmp_path / "2_dies.py"]]  # the edited file and the failure, not 3_relu
 
 
+@pytest.mark.fast
 def test_fast_p_and_geomean_follow_kernelbenchs_verdict():
     """Correctness by KernelBench's verdict; the speedup of a cell kbsweep failed but KernelBench calls correct is
     its KernelBench-only timing (``kernelbench_speedup_*``); a pass logged before that metric existed: kbsweep's."""

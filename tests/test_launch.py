@@ -14,7 +14,7 @@ import cloudpickle
 import pytest
 
 from kbsweep import KbsweepError, gpus
-from kbsweep.launch import SubmititLauncher, WarmLocalLauncher
+from kbsweep.launch import LocalLauncher, SubmititLauncher, WarmLocalLauncher
 from kbsweep.matrix import Cell, cell_dir
 from kbsweep.torchrun import run_torchrun, torchrun_command
 
@@ -46,7 +46,7 @@ def make_cell(outputs: Path, name: str = "c", device: str = "cpu", world_size: i
 
 def local_launcher(kind: str, conf: dict, job):
     """The local launcher of ``kind``: ``fresh`` (a submitit process per cell) or ``warm`` (long-lived workers)."""
-    return SubmititLauncher(conf, "local", job=job) if kind == "fresh" else WarmLocalLauncher(conf, job=job)
+    return LocalLauncher(conf, job=job) if kind == "fresh" else WarmLocalLauncher(conf, job=job)
 
 
 LOCAL_KINDS = pytest.mark.parametrize("kind", ["fresh", "warm"])
@@ -131,6 +131,7 @@ def die_once(cell):
 # ---- GPU pool ----
 
 
+@pytest.mark.fast
 def test_visible_gpus_narrows_nvml_list_by_cuda_visible_devices():
     every = gpus.visible_gpus(FAKE_NVML, None)
     assert every == [{"visible": "0", "uuid": "GPU-aaaa-0"}, {"visible": "1", "uuid": "GPU-bbbb-1"}]
@@ -286,6 +287,7 @@ def test_torchrun_hung_ranks_are_killed_at_the_timeout(tmp_path):
     assert all(gone(int(path.read_text())) for path in ranks)
 
 
+@pytest.mark.fast
 def test_model_concurrency_caps_cells_per_provider(tmp_path):
     """model.concurrency: cells at once per provider (the smallest cap of its models); other providers and
     scripted models are not held back by it."""

@@ -6,7 +6,7 @@ import json
 
 from kbsweep.live import LiveCells
 from kbsweep.tracking import Tracker
-from tests.test_tracking import make_cell, store, store_template  # noqa: F401  (fixtures)
+from tests.test_tracking import make_cell
 
 
 def append(path, *events):

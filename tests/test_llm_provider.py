@@ -5,43 +5,31 @@ import email.utils
 import json
 import os
 import random
-import sys
 import time
 import urllib.error
 import urllib.request
-from pathlib import Path
 
 import pytest
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
-try:
-    from tests.support.fake_provider import (
-        ContextLengthError,
-        Delay,
-        Disconnect,
-        FakeProvider,
-        HttpError,
-        MalformedToolCall,
-        Reply,
-        ToolCall,
-    )
-except ModuleNotFoundError:  # plain `pytest` without the repo root on sys.path
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from tests.support.fake_provider import (
-        ContextLengthError,
-        Delay,
-        Disconnect,
-        FakeProvider,
-        HttpError,
-        MalformedToolCall,
-        Reply,
-        ToolCall,
-    )
+from tests.support.fake_provider import (
+    ContextLengthError,
+    Delay,
+    Disconnect,
+    FakeProvider,
+    HttpError,
+    MalformedToolCall,
+    Reply,
+    ToolCall,
+)
 
-from kbsweep.agent.llm import ContextOverflow, LiteLLMModel, retry_after_seconds
+from kbsweep.agent.llm import ContextOverflow, LiteLLMModel
 from kbsweep.agent.models import ProviderFault
+from kbsweep.agent.retries import retry_after_seconds
 from kbsweep.outcomes import Outcome
+
+pytestmark = pytest.mark.fast
 
 SHAPES = ["openai", "anthropic"]
 KEY_ENV = "KBSWEEP_TEST_FAKE_KEY"

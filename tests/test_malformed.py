@@ -156,6 +156,7 @@ def test_a_malformed_input_is_one_line_naming_file_and_key_and_launches_nothing(
     assert not (outputs / "sweeps").exists() and not (outputs / "mlflow.db").exists()  # nothing launched
 
 
+@pytest.mark.fast
 def test_the_table_is_large():
     assert len(CASES) >= 60
 

@@ -18,7 +18,6 @@ from kbsweep.audit import audit
 from kbsweep.audit.kinds import KINDS
 from kbsweep.grader import checks, grade, launch_gate
 from kbsweep.problems import load_problem
-from kbsweep.score import load_roofline
 
 REPO = Path(__file__).resolve().parent.parent
 CPU = SimpleNamespace(name="cpu", device="cpu", shape_set="smoke_shapes")
@@ -36,11 +35,6 @@ def load(path: Path, name: str):
     return module
 
 
-@pytest.fixture(scope="module")
-def roofline():
-    return load_roofline([str(REPO / "roofline_specs")], "cpu")
-
-
 def timed(shape: dict, kernels: dict | None) -> dict:
     """One timed shape as the worker reports it; ``kernels`` per call (None: no GPU profile)."""
     entry = {"shape": shape, "candidate": {"median_ms": 1.0}, "baselines": {"baseline": {"median_ms": 3.0}}}
@@ -52,6 +46,7 @@ def timed(shape: dict, kernels: dict | None) -> dict:
 GRAPH_OF_7 = {"rms_norm": 2.0, "gemv_bf16": 3.0, "softmax": 1.0, "elementwise_add": 1.0}  # one replay, 7 kernels
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize(
     "kernels, passed",
     [({"_decode_step": 1.0}, True), ({f"kernel_{i}": 1.0 for i in range(7)}, False), (GRAPH_OF_7, False)],
@@ -68,11 +63,13 @@ def test_launch_gate_needs_exactly_one_kernel_per_call(kernels, passed):
         assert findings[0] == {"kind": "launch_count_gate", "shape": {"ctx": 512}, "launches": 7.0, "kernels": kernels}
 
 
+@pytest.mark.fast
 def test_launch_gate_on_cpu_is_unverified():
     evidence, findings = launch_gate([timed({"ctx": 20}, None)])
     assert evidence == [] and [f["kind"] for f in findings] == ["launch_count_unverified"]
 
 
+@pytest.mark.fast
 @pytest.mark.skipif("launch_count_gate" not in KINDS, reason="kbsweep/audit/kinds.py does not list the gate's kinds yet")
 def test_audit_disqualifies_a_failed_gate_and_ignores_an_unverified_one():
     failed = [{"kind": "launch_count_gate", "shape": {"ctx": 512}, "launches": 7.0, "kernels": GRAPH_OF_7}]
@@ -100,6 +97,7 @@ def test_failed_gate_is_a_verdict_not_a_crash(monkeypatch, roofline, tmp_path):
     assert "launch_count_gate" in {f["kind"] for f in audited["findings"]} and audited["verdict"] != "clean"
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("name", MEGA)
 def test_mega_problem_is_a_single_kernel_latency_problem(name):
     spec = problem(name).spec
@@ -108,6 +106,7 @@ def test_mega_problem_is_a_single_kernel_latency_problem(name):
     assert len({s["ctx"] for s in spec.shapes}) >= 3 and any(s["ctx"] % 64 for s in spec.shapes)
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("name", MEGA)
 def test_bytes_formula_counts_what_a_step_reads_and_writes(name):
     """Weights (for Kimi: only the top_k of the experts' stacks), inputs and outputs of one smoke step."""
@@ -200,6 +199,7 @@ class ProfiledEvent:
         return self._stream
 
 
+@pytest.mark.fast
 def test_kernel_profile_counts_a_calls_own_launches_and_gates_on_the_median_call():
     """Shaped as the H200's profiler reported a Triton megakernel: its driver launch (cuLaunchKernelEx) inside the
     call's host span, the flush's runtime launch outside it, the span repeated on the GPU's timeline. One call

@@ -21,6 +21,9 @@ SLOW = "a sweep of many CPU cells takes minutes: run as `kbsweep plan` with the 
 COMMANDS = {
     "python3 -m venv .venv && .venv/bin/pip install -e '.[cpu]' && .venv/bin/kbsweep": ("skip", "installs a venv (scripts/test.sh does; the default sweep runs below as `kbsweep --force`)"),
     "bash scripts/test.sh": ("skip", "runs this whole test suite"),
+    ".venv/bin/pip install -e '.[cpu,test]'": ("skip", "installs packages (scripts/test.sh does)"),
+    ".venv/bin/python -m pytest -m fast": ("skip", "runs this suite's fast tier"),
+    ".venv/bin/python -m pytest tests/test_launch.py": ("skip", "runs tests/test_launch.py"),
     "kbsweep -m model=opus-4.8,glm-5.2 gpu=h100 track=mega": ("run", {2}, "environment variable ANTHROPIC_API_KEY is not set"),
     "kbsweep -m model=scripted,scripted-lazy repeat=0,1,2": ("plan", SLOW),
     "python -m kbsweep.harness.install": ("skip", "installs the CLI harnesses from npm (needs the network)"),
@@ -48,6 +51,7 @@ def readme_commands() -> list:
     return [line.split("  #")[0].strip() for block in blocks for line in block.splitlines() if line.strip()]
 
 
+@pytest.mark.fast
 def test_every_readme_command_is_covered():
     assert set(readme_commands()) == set(COMMANDS)
 

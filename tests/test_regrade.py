@@ -5,10 +5,13 @@ from __future__ import annotations
 import json
 import shutil
 
+import pytest
+
 from kbsweep.matrix import cell_dir
-from kbsweep.tracking import Tracker, runs_frame
+from kbsweep.mlflow_store import runs_frame
+from kbsweep.tracking import Tracker
 from tests.test_report import REPO, cli
-from tests.test_tracking import make_cell, store, store_template, write_result  # noqa: F401 (fixtures)
+from tests.test_tracking import make_cell, write_result
 
 QUICK = ["grade.timing.min_runs=2", "grade.timing.max_runs=4", "grade.timing.max_time_s=0.5"]
 
@@ -44,3 +47,26 @@ def test_regrade_grades_stored_solutions_beside_the_old_records(store):
     again = cli(outputs, "regrade", "gpu=cpu", "sweep.name=demo", *QUICK)  # done already: nothing graded
     assert again.returncode == 0 and "0 solutions of sweep 'demo' regraded" in again.stderr
     assert len(runs_frame(uri, ["demo"], kind="regrade")) == 1
+
+
+@pytest.mark.fast
+def test_a_cell_counts_as_regraded_by_its_finished_regrade_on_that_gpu():
+    """What a rerun skips (kbsweep/regrade.py): cells with a FINISHED regrade run on the GPU; a failed one is redone."""
+    from types import SimpleNamespace
+
+    from kbsweep.regrade import REGRADE_OF, regraded
+
+    def run(of, run_id, status):
+        return SimpleNamespace(data=SimpleNamespace(tags={REGRADE_OF: of}), info=SimpleNamespace(run_id=run_id, status=status))
+
+    class Page(list):
+        token = None
+
+    class Client:
+        def search_runs(self, experiment_ids, filter_string, max_results, page_token):
+            self.filter = filter_string
+            return Page([run("cell-a", "regrade-1", "FINISHED"), run("cell-b", "regrade-2", "FAILED")])
+
+    client = Client()
+    assert regraded(client, "1", "h200") == {"cell-a": "regrade-1"}
+    assert "tags.gpu = 'h200'" in client.filter and "'regrade'" in client.filter

@@ -13,16 +13,20 @@ from pathlib import Path
 
 import pytest
 
-from kbsweep.report import build_boards, mean_ci95, pareto, pass_at_k, render_terminal, write_report
+from kbsweep.report import build_boards, mean_ci95, pass_at_k
+
+from kbsweep.figures import pareto
+
+from kbsweep.render import render_terminal, write_report
 from kbsweep.tracking import Tracker
-from tests.test_tracking import artifact_paths, log_cell, make_cell, store, store_template, write_result  # noqa: F401 (fixtures)
+from tests.test_tracking import artifact_paths, log_cell, make_cell, write_result
 
 REPO = Path(__file__).resolve().parent.parent
 PARAMS = {"roofline.dram_gbps": "3350", "roofline.peaks_tflops.bf16": "989", "problem.peak": "bf16", "shape0": "m=1024"}
 
 
 def row(model, problem, repeat, outcome="pass", score=0.5, verdict="clean", usd=1.0, start=1, status="FINISHED"):
-    """One cell run as tracking.runs_frame gives it."""
+    """One cell run as mlflow_store.runs_frame gives it."""
     found = {
         "track": "hard", "gpu": "h100", "model": model, "problem": problem, "repeat": str(repeat), "outcome": outcome,
         "verdict": verdict, "cost_usd": usd, "tokens_output": 1000.0, "tokens_input": 9000.0, "run_id": f"{model}-{problem}-{repeat}-{start}",
@@ -46,6 +50,7 @@ ROWS = [
 ]
 
 
+@pytest.mark.fast
 def test_board_ranks_mean_valid_scores_over_the_full_deck_and_the_repeats():
     [board] = build_boards(ROWS)
     assert (board["track"], board["gpu"], board["deck"], board["k"]) == ("hard", "h100", ["hard/p1", "hard/p2"], 3)
@@ -64,6 +69,7 @@ def test_board_ranks_mean_valid_scores_over_the_full_deck_and_the_repeats():
     assert [p["tflops"] for p in board["shapes"]["hard/p1"]["alpha"]] == pytest.approx([50.0, 60.0, 70.0])  # every valid repeat's
 
 
+@pytest.mark.fast
 def test_terminal_table_shows_flagged_cells_without_ranking_them():
     text = render_terminal(build_boards(ROWS))
     assert "kbsweep leaderboard — hard / h100" in text and "pass@3" in text and "audit-flagged — hard / h100" in text
@@ -72,6 +78,7 @@ def test_terminal_table_shows_flagged_cells_without_ranking_them():
     assert "reward_hack" in text and "p1 mean" in text and "deck mean ± CI95" in text and "mean over repeats" in text
 
 
+@pytest.mark.fast
 def test_terminal_table_never_truncates_names_at_160_columns():
     model = "a-model-with-a-very-long-name-from-some-provider/and-its-route"
     rows = [{**r, "model": model} for r in ROWS if r["model"] == "alpha"]
@@ -88,6 +95,7 @@ def test_a_board_per_sweep():
     assert "kbsweep leaderboard — hard / h100" in text and "kbsweep leaderboard — sweep hard-again: hard / h100" in text
 
 
+@pytest.mark.fast
 def test_pareto_pass_at_k_and_confidence_interval():
     assert pareto({"a": (1, 0.5), "b": (2, 0.4), "c": (3, 0.9), "d": (0.5, 0.1), "e": (1, 0.2)}) == ["d", "a", "c"]
     assert pass_at_k(5, 2, 2) == pytest.approx(1 - 3 / 10) and pass_at_k(3, 0, 3) == 0 and pass_at_k(2, 1, 5) == 1

@@ -13,7 +13,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from kbsweep.report import board_figures, build_boards, cell_figures, new_figure, png, write_report
+from kbsweep.figures import cell_figures, new_figure, png
+from kbsweep.render import board_figures, write_report
+from kbsweep.report import build_boards
 from tests.test_browser_mlflow_ui import browser  # noqa: F401 (fixture)
 from tests.test_report import PARAMS, ROWS, row
 

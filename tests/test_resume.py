@@ -17,9 +17,10 @@ import pytest
 
 from kbsweep import KbsweepError, sweep, tracking
 from kbsweep.matrix import cell_dir
+from kbsweep.mlflow_store import latest_per_cell, make_client, page_runs, runs_frame
 from kbsweep.snapshot import load as load_snapshot
-from kbsweep.tracking import Tracker, latest_per_cell, make_client, page_runs, runs_frame
-from tests.test_tracking import dead_pid, make_cell, store, store_template, write_result  # noqa: F401 (fixtures)
+from kbsweep.tracking import Tracker
+from tests.test_tracking import dead_pid, make_cell, write_result
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -152,6 +153,7 @@ def test_a_second_orchestrator_of_the_same_sweep_is_refused(env):
     assert ran == []
 
 
+@pytest.mark.fast
 def test_progress_bar_on_a_terminal_and_lines_otherwise(capsys):
     from rich.console import Console
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import cloudpickle
 import pytest
 
-from kbsweep.launch import SubmititLauncher
+from kbsweep.launch import SlurmLauncher
 from kbsweep.matrix import cell_dir
 from test_launch import launcher_conf, make_cell, run_all, via_run_cell_pinned
 
@@ -162,7 +162,7 @@ def test_a_sweep_through_slurm_records_what_a_local_sweep_records(slurm, tmp_pat
 
 def test_a_multi_gpu_cell_runs_torchrun_inside_one_node_with_n_gpus(slurm, tmp_path, monkeypatch):
     monkeypatch.setenv("KBSWEEP_LOCK_DIR", str(tmp_path / "locks"))
-    launcher = SubmititLauncher(slurm_conf(tmp_path), "slurm", job=via_run_cell_pinned(torchrun_grade))
+    launcher = SlurmLauncher(slurm_conf(tmp_path), job=via_run_cell_pinned(torchrun_grade))
     cell = make_cell(tmp_path, "dist", device="cuda", world_size=2, cap_s=120)
     _, done = run_all(launcher, [cell])
     result = done[0][1]
@@ -177,7 +177,7 @@ def test_a_multi_gpu_cell_runs_torchrun_inside_one_node_with_n_gpus(slurm, tmp_p
 
 
 def test_a_preempted_job_is_node_failure_then_requeued_once(slurm, tmp_path):
-    launcher = SubmititLauncher(slurm_conf(tmp_path), "slurm", job=via_run_cell_pinned(wait_to_be_preempted))
+    launcher = SlurmLauncher(slurm_conf(tmp_path), job=via_run_cell_pinned(wait_to_be_preempted))
     jobs = tmp_path / "jobs.txt"
 
     def preempt() -> None:  # once the cell runs, an `urgent` job that needs the whole node preempts it
@@ -197,7 +197,7 @@ def test_a_preempted_job_is_node_failure_then_requeued_once(slurm, tmp_path):
 
 
 def test_a_hung_job_is_stopped_by_the_slurm_time_limit(slurm, tmp_path):
-    launcher = SubmititLauncher(slurm_conf(tmp_path, requeue_infra=0), "slurm", job=via_run_cell_pinned(hang))
+    launcher = SlurmLauncher(slurm_conf(tmp_path, requeue_infra=0), job=via_run_cell_pinned(hang))
     t0 = time.monotonic()
     _, done = run_all(launcher, [make_cell(tmp_path, "hung", cap_s=30)])
     elapsed = time.monotonic() - t0

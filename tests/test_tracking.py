@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -92,23 +91,6 @@ def write_result(cell: Cell, outcome: str = "pass", score: float = 0.4, verdict:
 def log_cell(tracker: Tracker, cell: Cell, **result_fields: Any) -> str:
     run_id = tracker.start_cell(cell)
     return tracker.finish_cell(run_id, write_result(cell, **result_fields))
-
-
-@pytest.fixture(scope="session")
-def store_template(tmp_path_factory) -> Path:
-    """An initialized empty sqlite store; tests copy it (creating the schema takes seconds)."""
-    folder = tmp_path_factory.mktemp("mlflow-template")
-    tracking.make_client(f"sqlite:///{folder}/mlflow.db").search_experiments()
-    return folder / "mlflow.db"
-
-
-@pytest.fixture
-def store(tmp_path, store_template):
-    """(outputs folder, sqlite tracking URI inside it), the store already initialized."""
-    outputs = tmp_path / "outputs"
-    outputs.mkdir()
-    shutil.copy(store_template, outputs / "mlflow.db")
-    return outputs, f"sqlite:///{outputs}/mlflow.db"
 
 
 def artifact_paths(client, run_id: str, path: str | None = None) -> set:
@@ -208,6 +190,7 @@ def test_batches_stay_within_mlflow_limits(store):
     assert len(tracker.client.get_metric_history(run_id, "m")) == 2500
 
 
+@pytest.mark.fast
 def test_outcome_classes_and_metrics_of_a_failure():
     assert [outcome_class(o) for o in ("pass", "incorrect", "budget_exhausted", "node_failure", "disqualified")] == ["pass", "fail", "fail", "infra", "audit"]
     metrics = cell_metrics({"outcome": "incorrect", "shapes": [{"fraction": 0.5}, {"fraction": None}], "usage": {"output_tokens": 7}})
@@ -215,6 +198,7 @@ def test_outcome_classes_and_metrics_of_a_failure():
     assert cell_metrics({"outcome": "pass", "shapes": [{"fraction": 0.1}, {"fraction": 0.4}]})["fraction_geomean"] == pytest.approx(geomean([0.1, 0.4]))
 
 
+@pytest.mark.fast
 def test_artifact_location_of_a_new_experiment(tmp_path):
     assert tracking.artifact_location("sqlite:///x.db", str(tmp_path), "s") == f"{tmp_path.as_uri()}/s"
     assert tracking.artifact_location("http://127.0.0.1:5000", str(tmp_path), "s") is None  # the server's proxied store

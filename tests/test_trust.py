@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from kbsweep.grader import grade
-from tests.test_grader import CPU, problem, roofline  # noqa: F401 - fixtures
+from tests.test_grader import CPU
 
 HONEST = """
 import torch
@@ -111,3 +111,17 @@ _state = {"calls": 0, "last": None}
                   "_state['last'] is not None else _state.update(last=x * self.weight + self.bias) or _state['last'])")
     result = check(problem, roofline, candidate(tmp_path / "ws", counter, expression), tmp_path, mode="full")
     assert result["outcome"] == "incorrect" and "timed call" in result["message"], result.get("message")
+
+
+@pytest.mark.fast
+def test_the_runner_resolves_only_top_level_helpers_from_the_candidate_folder(tmp_path):
+    """The runner's import hook (kbsweep/grader/runner.py): the candidate's folder is one package, and a top-level
+    name falls through to its helper file; a dotted name or a submodule search never does."""
+    from kbsweep.grader.runner import PACKAGE, CandidateFinder
+
+    (tmp_path / "_kernels.py").write_text("X = 1\n")
+    finder = CandidateFinder(tmp_path)
+    assert finder.find_spec(PACKAGE, None).submodule_search_locations == [str(tmp_path)]
+    assert finder.find_spec("_kernels", None).origin == str(tmp_path / "_kernels.py")
+    assert finder.find_spec("_kernels", ["/elsewhere"]) is None and finder.find_spec("pkg._kernels", None) is None
+    assert finder.find_spec("_missing", None) is None

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from kbsweep.grader import grade
-from tests.test_grader import CASES, CPU, problem, roofline  # noqa: F401 - fixtures
+from tests.test_grader import CASES, CPU
 from tests.test_trust import candidate
 
 LEAVE = """

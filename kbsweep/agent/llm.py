@@ -1,4 +1,5 @@
-"""The litellm-backed chat model: one provider call per turn, with retries, cost and prompt caching.
+"""The litellm-backed chat model: one provider call per turn, with retries (:mod:`kbsweep.agent.retries`), cost
+and prompt caching.
 
 litellm is imported lazily (it takes seconds to import), inside :meth:`LiteLLMModel.complete` and the price
 registration, never at module import time.
@@ -6,45 +7,31 @@ registration, never at module import time.
 from __future__ import annotations
 
 import copy
-import email.utils
 import json
 import logging
 import os
 import random
-import re
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from kbsweep.agent.models import Completion, ContextOverflow, ProviderFault, Usage
+from kbsweep.agent.retries import (MalformedResponse, RetryPolicy, classify_exception, config_value, is_provider_exception, one_line,
+                                   retry_after_seconds, status_of)
 from kbsweep.outcomes import Outcome
-
-__all__ = ["ContextOverflow", "LiteLLMModel", "RetryPolicy", "classify_exception", "retry_after_seconds"]
 
 log = logging.getLogger(__name__)
 
 # litellm's prompt-caching rule (its cache_control_injection_points): the system message, so tools + system prompt are
 # cached across turns, and the last message, so each turn reads the previous turn's prefix (the conversation only grows)
 CACHE_POINTS = [{"location": "message", "role": "system"}, {"location": "message", "index": -1}]
-_CREDIT_RE = re.compile(r"credit|quota|billing|insufficient|payment", re.I)
-# stricter for 400/403: those statuses carry many unrelated errors
-_CREDIT_STRICT_RE = re.compile(r"credit balance|billing|insufficient_quota|insufficient credits|payment required", re.I)
-_MODEL_NOT_FOUND_RE = re.compile(
-    r"model_not_found|model not found|no such model|unknown model|invalid model|model .{0,80} does not exist", re.I
-)
-_CONTEXT_RE = re.compile(
-    r"context_length_exceeded|maximum context length|context window|prompt is too long|too many tokens", re.I
-)
 _COST_KEYS = (
     "input_cost_per_token",
     "output_cost_per_token",
     "cache_read_input_token_cost",
     "cache_creation_input_token_cost",
 )
-# a 400 that is none of the classified ones (context, credits, model) is the provider's own fault as often as not
-_RETRYABLE_STATUSES = frozenset({400, 408, 409, 425, 429}) | frozenset(range(500, 600))
 
 
 # ---------------------------------------------------------------------------------------------- config helpers
@@ -64,180 +51,6 @@ def _plain(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
     return value
-
-
-def _get(cfg: Any, key: str, default: Any = None) -> Any:
-    try:
-        value = cfg[key]
-    except (KeyError, AttributeError, TypeError):
-        return default
-    except Exception:  # omegaconf raises its own errors for missing keys in structured configs
-        return default
-    return default if value is None else value
-
-
-@dataclass(frozen=True)
-class RetryPolicy:
-    """Retry rules of one model: at most ``max_attempts`` calls in all, within ``budget_s`` seconds (the time spent
-    in the calls plus the waits between them). Waits are exponential with full jitter,
-    ``uniform(0, min(max_delay_s, base_delay_s * 2**(n-1)))`` after the n-th failed attempt, unless the response
-    carries ``Retry-After`` (or ``retry-after-ms``): that wait is honoured exactly, and if it would run past the
-    budget the call gives up at once."""
-
-    max_attempts: int = 6
-    base_delay_s: float = 2.0
-    max_delay_s: float = 120.0
-    budget_s: float = 900.0
-
-    @classmethod
-    def from_config(cls, cfg: Any) -> "RetryPolicy":
-        cfg = cfg if cfg is not None else {}
-        d = cls()
-        return cls(
-            max_attempts=max(1, int(_get(cfg, "max_attempts", d.max_attempts))),
-            base_delay_s=float(_get(cfg, "base_delay_s", d.base_delay_s)),
-            max_delay_s=float(_get(cfg, "max_delay_s", d.max_delay_s)),
-            budget_s=float(_get(cfg, "budget_s", d.budget_s)),
-        )
-
-    def backoff(self, failed_attempts: int, rng: random.Random) -> float:
-        cap = min(self.max_delay_s, self.base_delay_s * (2 ** max(0, failed_attempts - 1)))
-        return rng.uniform(0.0, max(0.0, cap))
-
-
-# ------------------------------------------------------------------------------------------- error handling
-def _status(exc: BaseException) -> int | None:
-    status = getattr(exc, "status_code", None)
-    if status is None:
-        response = getattr(exc, "response", None)
-        status = getattr(response, "status_code", None)
-    try:
-        return int(status) if status is not None else None
-    except (TypeError, ValueError):
-        return None
-
-
-def _headers_of(exc: BaseException) -> list[Mapping[str, Any]]:
-    out: list[Mapping[str, Any]] = []
-    for attr in ("litellm_response_headers", "headers"):
-        headers = getattr(exc, attr, None)
-        if headers:
-            out.append(headers)
-    response = getattr(exc, "response", None)
-    headers = getattr(response, "headers", None)
-    if headers:
-        out.append(headers)
-    return out
-
-
-def _header(headers: Mapping[str, Any], name: str) -> str | None:
-    getter = getattr(headers, "get", None)
-    if getter is not None:
-        value = getter(name)
-        if value is not None:
-            return str(value)
-    for key, value in dict(headers).items():
-        if str(key).lower() == name:
-            return str(value)
-    return None
-
-
-def retry_after_seconds(exc: BaseException, now: float | None = None) -> float | None:
-    """Seconds the provider asked us to wait (``retry-after-ms``, or ``Retry-After`` in seconds or as an HTTP
-    date), or None when it did not say."""
-    for headers in _headers_of(exc):
-        try:
-            ms = _header(headers, "retry-after-ms")
-            if ms is not None:
-                return max(0.0, float(ms) / 1000.0)
-        except (TypeError, ValueError):
-            pass
-        value = _header(headers, "retry-after")
-        if value is None:
-            continue
-        value = value.strip()
-        try:
-            return max(0.0, float(value))
-        except ValueError:
-            pass
-        try:
-            when = email.utils.parsedate_to_datetime(value)
-        except (TypeError, ValueError, IndexError):
-            continue
-        if when is None:
-            continue
-        return max(0.0, when.timestamp() - (time.time() if now is None else now))
-    return None
-
-
-def _one_line(exc: BaseException, limit: int = 300) -> str:
-    text = " ".join(str(exc).split()) or type(exc).__name__
-    text = text.replace("litellm.", "")
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _is_provider_exception(exc: BaseException) -> bool:
-    if isinstance(exc, (OSError, TimeoutError)):
-        return True
-    for klass in type(exc).__mro__:
-        module = klass.__module__ or ""
-        if module.split(".")[0] in {"litellm", "openai", "httpx", "httpcore", "anthropic", "aiohttp", "requests"}:
-            return True
-    return False
-
-
-def classify_exception(exc: BaseException) -> tuple[Outcome, bool, bool]:
-    """``(outcome, retryable, context_overflow)`` for an exception raised by a provider call.
-
-    429 → RATE_LIMITED (retryable); 402, or 429 whose text mentions credit/quota/billing/insufficient/payment →
-    CREDITS_EXHAUSTED (also 400/403 with billing text); 404 or a model-not-found error → MODEL_NOT_FOUND;
-    401/403 → AUTHENTICATION; context-window errors → context overflow (PROVIDER_ERROR); 408, 409, 425, 5xx,
-    timeouts, connection errors and status-less API errors → PROVIDER_ERROR (retryable); any other status →
-    PROVIDER_ERROR (not retried).
-    """
-    import_ok = True
-    try:
-        import litellm
-    except ImportError:  # pragma: no cover
-        import_ok = False
-    status = _status(exc)
-    text = str(exc)
-    body = getattr(exc, "body", None)
-    if body:
-        try:
-            text += " " + json.dumps(body)
-        except (TypeError, ValueError):
-            text += " " + str(body)
-
-    if import_ok and isinstance(exc, litellm.ContextWindowExceededError):
-        return Outcome.PROVIDER_ERROR, False, True
-    if status in (400, 413) and _CONTEXT_RE.search(text):
-        return Outcome.PROVIDER_ERROR, False, True
-    if status == 402 or (status == 429 and _CREDIT_RE.search(text)):
-        return Outcome.CREDITS_EXHAUSTED, False, False
-    if status in (400, 403) and _CREDIT_STRICT_RE.search(text):
-        return Outcome.CREDITS_EXHAUSTED, False, False
-    if status == 429:
-        return Outcome.RATE_LIMITED, True, False
-    if (import_ok and isinstance(exc, litellm.NotFoundError)) or status == 404:
-        return Outcome.MODEL_NOT_FOUND, False, False
-    if status in (400, 422) and _MODEL_NOT_FOUND_RE.search(text):
-        return Outcome.MODEL_NOT_FOUND, False, False
-    auth_types = (litellm.AuthenticationError, litellm.PermissionDeniedError) if import_ok else ()
-    if status in (401, 403) or isinstance(exc, auth_types):
-        return Outcome.AUTHENTICATION, False, False
-    if import_ok and isinstance(exc, (litellm.Timeout, litellm.APIConnectionError)):
-        return Outcome.PROVIDER_ERROR, True, False
-    if status is None:
-        # connection resets, undecodable bodies, status-less API errors: transient as far as we can tell
-        return Outcome.PROVIDER_ERROR, True, False
-    return Outcome.PROVIDER_ERROR, status in _RETRYABLE_STATUSES, False
-
-
-# ---------------------------------------------------------------------------------------------- the model
-class MalformedResponse(Exception):
-    """A reply the provider garbled (no choices, tool-call arguments that are not JSON): its fault, not the
-    model's; retried like a transient error, then a PROVIDER_ERROR."""
 
 
 def is_json_object(text: str) -> bool:
@@ -311,26 +124,26 @@ class LiteLLMModel:
         rng: random.Random | None = None,
         on_retry: Callable[[dict[str, Any]], None] | None = None,
     ):
-        self.name: str = str(_get(config, "name") or _get(config, "route") or "model")
-        route = _get(config, "route")
+        self.name: str = str(config_value(config, "name") or config_value(config, "route") or "model")
+        route = config_value(config, "route")
         if not route:
             raise ValueError(f"model {self.name!r}: 'route' (a litellm model string) is required")
         self.route: str = str(route)
-        self.api_key_env: str | None = _get(config, "api_key_env")
-        self.api_base: str | None = _get(config, "api_base")
-        self.context_window: int = int(_get(config, "context_window", 200_000))
-        self.max_output_tokens: int = int(_get(config, "max_output_tokens", 32_000))
-        self.reasoning_effort: str | None = _get(config, "reasoning_effort")
-        self.timeout_s: float = float(_get(config, "timeout_s", 600.0))
-        self.options: dict[str, Any] = dict(_plain(_get(config, "options", {})) or {})
-        self.retry = RetryPolicy.from_config(_get(config, "retry"))
-        prices = _plain(_get(config, "prices", {})) or {}
+        self.api_key_env: str | None = config_value(config, "api_key_env")
+        self.api_base: str | None = config_value(config, "api_base")
+        self.context_window: int = int(config_value(config, "context_window", 200_000))
+        self.max_output_tokens: int = int(config_value(config, "max_output_tokens", 32_000))
+        self.reasoning_effort: str | None = config_value(config, "reasoning_effort")
+        self.timeout_s: float = float(config_value(config, "timeout_s", 600.0))
+        self.options: dict[str, Any] = dict(_plain(config_value(config, "options", {})) or {})
+        self.retry = RetryPolicy.from_config(config_value(config, "retry"))
+        prices = _plain(config_value(config, "prices", {})) or {}
         self.prices: dict[str, float | None] = {
             k: (float(prices[k]) if prices.get(k) is not None else None)
             for k in ("input", "output", "cache_read", "cache_write")
         }
         self.prices_known: bool = self.prices["input"] is not None and self.prices["output"] is not None
-        self.prompt_caching: bool = bool(_get(config, "prompt_caching", False))
+        self.prompt_caching: bool = bool(config_value(config, "prompt_caching", False))
         self.anthropic: bool = _is_anthropic_route(self.route)
         self._sleep = sleep
         self._clock = clock
@@ -461,10 +274,10 @@ class LiteLLMModel:
                 spent += elapsed
                 if isinstance(exc, ProviderFault):
                     raise
-                if not isinstance(exc, MalformedResponse) and not _is_provider_exception(exc):
+                if not isinstance(exc, MalformedResponse) and not is_provider_exception(exc):
                     raise
                 outcome, retryable, overflow = classify_exception(exc)
-                message = f"{self.name}: {_one_line(exc)}"
+                message = f"{self.name}: {one_line(exc)}"
                 if overflow:
                     raise ContextOverflow(message) from exc
                 if not retryable:
@@ -487,11 +300,11 @@ class LiteLLMModel:
                 record = {
                     "attempt": attempt,
                     "error": type(exc).__name__,
-                    "status": _status(exc),
+                    "status": status_of(exc),
                     "outcome": outcome.value,
                     "delay_s": wait,
                     "delay_source": source,
-                    "message": _one_line(exc, 200),
+                    "message": one_line(exc, 200),
                 }
                 self.last_retries.append(record)
                 log.warning(

@@ -19,10 +19,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional
 
-from kbsweep import KbsweepError
 from kbsweep.agent.models import ChatModel, Completion, ContextOverflow, ProviderFault, Usage
 from kbsweep.agent.tools import Toolbox
 from kbsweep.agent.transcript import Transcript
+from kbsweep.errors import KbsweepError
 from kbsweep.outcomes import Outcome, StopReason
 
 SYSTEM_PROMPT = (

@@ -145,16 +145,3 @@ class ReplayModel:
             reasoning=event.get("reasoning"),
         )
 
-
-def build_model(cfg: Any, solutions: Dict[str, Path]) -> ChatModel:
-    """The model a model YAML describes (``provider``: scripted | replay | litellm)."""
-    provider = cfg["provider"]
-    if provider == "scripted":
-        return ScriptedModel(cfg, solutions)
-    if provider == "replay":
-        return ReplayModel(cfg)
-    if provider == "litellm":
-        from kbsweep.agent.llm import LiteLLMModel
-
-        return LiteLLMModel(cfg)
-    raise ValueError(f"unknown model provider {provider!r}")

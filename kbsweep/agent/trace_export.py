@@ -134,6 +134,12 @@ def to_claude_code(
     return header + records
 
 
+def trace_jsonl(events: List[Dict[str, Any]], run_id: str, title: str, model: str) -> str:
+    """One run's transcript as trace-viewer JSONL; the session id derives from the MLflow run id."""
+    session = str(uuid.uuid5(uuid.NAMESPACE_URL, f"kbsweep:run:{run_id}"))
+    return "".join(json.dumps(r, default=str) + "\n" for r in to_claude_code(events, session, title, model))
+
+
 def main(argv: Optional[List[str]] = None) -> None:
     from kbsweep.agent.transcript import read_events
 
@@ -150,3 +156,4 @@ def main(argv: Optional[List[str]] = None) -> None:
 
 if __name__ == "__main__":
     main()
+

@@ -17,6 +17,7 @@ from typing import Any, Dict, List, Optional
 from kbsweep.agent.models import ChatModel
 from kbsweep.audit import contamination, dynamic, judge as judge_layer, static, transcript as transcript_layer
 from kbsweep.audit.kinds import unique, verdict_of
+from kbsweep.audit.static_rules import Forbidden
 
 
 def workspace_helpers(folder: Path, reference: Optional[str] = None) -> Dict[str, str]:
@@ -61,7 +62,7 @@ def audit(
     compute = not (spec and spec.constraints.get("collective"))  # collective problems score the communication
     found = {
         "static": [{**f, "file": name} for name, text in files.items() for f in static.analyze(text, forbidden, precision, reference, own, compute)],
-        "dynamic": dynamic.findings(grade, static.Forbidden(forbidden), kernels, compute) if grade else [],
+        "dynamic": dynamic.findings(grade, Forbidden(forbidden), kernels, compute) if grade else [],
         "contamination": contamination.findings(transcript, files),
     }
     if judge is not None:

@@ -61,7 +61,7 @@ def run_ids(outputs: Path) -> Iterator[str]:
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 
-    from kbsweep.tracking import page_runs
+    from kbsweep.mlflow_store import page_runs
 
     db = outputs / "mlflow.db"
     uri = os.environ.get("MLFLOW_TRACKING_URI") or (f"sqlite:///{db}" if db.exists() else None)

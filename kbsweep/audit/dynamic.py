@@ -7,7 +7,7 @@ import re
 from typing import Any, Dict, List
 
 from kbsweep.audit.kinds import HUMAN, KINDS, finding
-from kbsweep.audit.static import HEAVY, OTHER_RUNS, Forbidden
+from kbsweep.audit.static_rules import HEAVY, OTHER_RUNS, Forbidden
 
 LIBRARY_KERNELS = [
     ("gemm", re.compile(r"gemm|gemv|xmma|cutlass|nvjet|cublas", re.I)),

@@ -3,18 +3,18 @@ excerpts; the model answers one JSON object (verdict, summary, verbatim quotes).
 with a quote found verbatim in the solution or the transcript; a malformed answer is asked again once; a failed
 call (or any other failure of the judge) is a ``judge_error`` finding, never an exception.
 
-The judge is a model YAML of ``conf/model`` (``audit.judge``), loaded by :func:`model_conf` for both places it runs:
+The judge is a model YAML of ``conf/model`` (``audit.judge``), loaded by :func:`kbsweep.config.model_conf` for both
+places it runs:
 inside every cell of a sweep (the cell carries the resolved config) and in ``kbsweep audit``."""
 from __future__ import annotations
 
 import json
 import re
 from dataclasses import asdict
-from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
-from kbsweep import REPO_ROOT, KbsweepError
-from kbsweep.agent.models import ChatModel, ProviderFault, Usage, build_model
+from kbsweep.agent.models import ChatModel, ProviderFault, Usage
+from kbsweep.agent.providers import build_model
 from kbsweep.audit.kinds import finding
 from kbsweep.outcomes import Verdict
 
@@ -97,35 +97,6 @@ def verified(quotes: List[Dict[str, Any]], *texts: str) -> List[Dict[str, Any]]:
     """The quotes found verbatim (whitespace-insensitive) in one of ``texts``."""
     haystacks = [squash(t) for t in texts]
     return [q for q in quotes if squash(q["text"]) and any(squash(q["text"]) in h for h in haystacks)]
-
-
-def model_conf(name: str, hydra_cfg: Any = None) -> Dict[str, Any]:
-    """The judge's model config: ``model/<name>.yaml`` along Hydra's config search path (the running app's, else
-    the repository's ``conf/``), merged onto the model schema and resolved like a cell's model. Plain data (a
-    cell carries it to its launcher); KbsweepError naming the file and key when it is missing or invalid."""
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
-
-    from kbsweep.config import ModelConf, error_line, group_source
-
-    if hydra_cfg is None:
-        from hydra.core.hydra_config import HydraConfig
-
-        hydra_cfg = HydraConfig.get() if HydraConfig.initialized() else None
-    path = Path(group_source(hydra_cfg, "model", name)) if hydra_cfg is not None else REPO_ROOT / "conf" / "model" / f"{name}.yaml"
-    if not path.is_file():
-        raise KbsweepError(f"audit.judge: no model '{name}' (model/{name}.yaml)")
-    try:
-        conf = OmegaConf.merge(OmegaConf.structured(ModelConf), OmegaConf.load(path))
-        resolved = OmegaConf.to_container(conf, resolve=True, throw_on_missing=True)
-    except OmegaConfBaseException as exc:
-        key, msg = error_line(exc)
-        raise KbsweepError(f"{path}: key '{key}': {msg} (audit.judge)") from None
-    try:
-        build_model(resolved, {})  # refused now (no route, unknown provider), before any cell runs
-    except (ValueError, KeyError, TypeError) as exc:
-        raise KbsweepError(f"{path}: {exc} (audit.judge)") from None
-    return resolved
 
 
 class LazyModel:

@@ -1,4 +1,5 @@
-"""Static layer: the candidate's source as an AST, every name resolved, then checked against the rules.
+"""Static layer: the candidate's source as an AST, every name resolved (:mod:`kbsweep.audit.names`), then checked
+against the rules (their tables: :mod:`kbsweep.audit.static_rules`).
 
 Names are resolved through imports and their aliases, assignments (``mm = torch.matmul``, ``self.f = ...``),
 ``getattr``/``importlib.import_module``/``__import__``/``sys.modules[...]``/``vars(m)[...]`` whose string is
@@ -9,319 +10,33 @@ constants are also read as C++/CUDA sources (``load_inline``) for ATen and vendo
 from __future__ import annotations
 
 import ast
-import base64
-import codecs
 import difflib
 import io
-import re
 import tokenize
 from typing import Any, Dict, Iterator, List, Optional, Set, Tuple
 
 from kbsweep.audit.kinds import finding
-
-ALIASES = {"F": "torch.nn.functional", "nn": "torch.nn", "tl": "triton.language", "np": "numpy"}
-FAMILIES = {
-    "gemm": {"matmul", "mm", "bmm", "addmm", "baddbmm", "addbmm", "einsum", "linear", "tensordot", "chain_matmul",
-             "__matmul__", "_scaled_mm", "_grouped_mm", "_scaled_grouped_mm", "_weight_int4pack_mm", "_int_mm", "bilinear"},
-    "softmax": {"softmax", "_softmax", "log_softmax", "_log_softmax", "_safe_softmax"},
-    "select": {"topk", "sort", "argsort", "kthvalue", "msort"},
-    "attention": {"scaled_dot_product_attention", "_scaled_dot_product_attention_math", "_scaled_dot_product_flash_attention",
-                  "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
-                  "_scaled_dot_product_flash_attention_for_cpu", "multi_head_attention_forward", "multiheadattention"},
-    "conv": {"conv1d", "conv2d", "conv3d", "convolution", "_convolution", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d"},
-}
-HEAVY = set().union(*FAMILIES.values()) | {"cumsum", "cumprod", "cdist", "fft", "linalg", "embedding_bag"}
-PREFIX_RULES = [
-    ("frame_inspection", ["inspect.stack", "inspect.currentframe", "inspect.getouterframes", "inspect.getinnerframes",
-                          "inspect.getframeinfo", "inspect.trace", "sys._getframe", "sys._current_frames", "sys.settrace",
-                          "sys.setprofile", "sys.modules", "traceback.extract_stack", "traceback.walk_stack",
-                          "traceback.format_stack", "traceback.print_stack", "gc.get_objects", "gc.get_referrers",
-                          "gc.get_referents", "threading.settrace", "threading.setprofile"]),
-    ("thread", ["threading", "_thread", "concurrent.futures", "multiprocessing", "asyncio"]),
-    ("subprocess", ["subprocess", "os.system", "os.popen", "os.fork", "os.forkpty", "os.exec", "os.spawn", "os.posix_spawn", "pty"]),
-    ("network", ["socket", "urllib", "http", "requests", "httpx", "aiohttp", "ftplib", "smtplib"]),
-    ("dir_listing", ["os.listdir", "os.scandir", "os.walk", "glob"]),
-    ("file_access", ["open", "io.open", "builtins.open", "os.open", "os.remove", "os.unlink", "os.rename", "os.replace",
-                     "os.rmdir", "os.makedirs", "os.mkdir", "os.path", "shutil", "pathlib", "tempfile", "torch.load",
-                     "torch.save", "numpy.load", "numpy.save", "numpy.fromfile", "pickle", "mmap", "linecache"]),
-    ("env_access", ["os.environ", "os.getenv", "os.putenv", "os.unsetenv"]),
-    ("dynamic_code", ["exec", "eval", "compile", "__import__", "builtins", "importlib", "runpy", "types.FunctionType",
-                      "types.CodeType", "marshal", "globals", "vars", "locals"]),
-    ("native_code", ["ctypes", "cffi", "cupy", "numba", "pycuda", "cuda.bindings", "cuda.cudart", "cuda.cuda",
-                     "torch.ops.load_library", "torch.cuda.jiterator", "torch.classes.load_library"]),
-    ("torch_compile", ["torch.compile", "torch._dynamo", "torch._inductor", "torch.jit.script", "torch.jit.trace", "torch.export"]),
-    ("side_stream", ["torch.cuda.Stream", "torch.cuda.stream", "torch.cuda.set_stream", "torch.cuda.ExternalStream",
-                     "torch.Stream", "torch.cuda.StreamContext", "torch.cuda.streams"]),
-    ("cuda_graph", ["torch.cuda.CUDAGraph", "torch.cuda.graph", "torch.cuda.make_graphed_callables", "torch.cuda.graph_pool_handle"]),
-    ("rng_access", ["torch.initial_seed", "torch.seed", "torch.manual_seed", "torch.get_rng_state", "torch.set_rng_state",
-                    "torch.random", "torch.default_generator", "torch.cuda.manual_seed", "torch.cuda.manual_seed_all",
-                    "torch.cuda.initial_seed", "torch.cuda.get_rng_state", "torch.cuda.set_rng_state", "torch.cuda.seed",
-                    "random", "numpy.random"]),
-    ("global_flag", ["torch.set_float32_matmul_precision", "torch.set_default_dtype", "torch.set_default_tensor_type",
-                     "torch.use_deterministic_algorithms", "torch.set_flush_denormal", "torch._C._set_"]),
-    ("reference_use", ["reference", "kbsweep", "kbsweep_reference", "kbsweep_sota", "sota"]),
-    ("tensor_subclass", ["torch.Tensor._make_subclass", "torch.Tensor._make_wrapper_subclass", "torch._C.TensorBase",
-                         "torch._C._TensorBase"]),
-]
-BUILTINS = {"open", "exec", "eval", "compile", "__import__", "globals", "vars", "locals"}
-FRAME_ATTRS = {"f_back", "f_globals", "f_locals", "f_code", "f_builtins", "tb_frame", "gi_frame", "cr_frame", "co_filename"}
-SUBCLASS_ATTRS = {"as_subclass", "__torch_function__", "__torch_dispatch__"}
-VALUE_KEYS = {"data_ptr", "untyped_storage", "storage", "item", "tolist", "tobytes", "numpy", "sum", "mean", "amax", "amin",
-              "max", "min", "norm", "std", "_version", "_cdata"}
-CONTAINER_CALLS = {"dict", "list", "set", "collections.OrderedDict", "collections.defaultdict", "weakref.WeakKeyDictionary",
-                   "weakref.WeakValueDictionary"}
-OTHER_RUNS = re.compile(r"(^|[/\\])(outputs|sweeps|mlruns|mlartifacts)([/\\]|$)|\b(result|grade|audit)\.json\b|transcript\.jsonl|\.\./")
-L2 = re.compile(r"persist\w*l2|l2\w*persist|accesspolicywindow|access_policy_window|streamsetattribute|devicesetlimit|hitprop|missprop", re.I)
-NATIVE = re.compile(r"#include|__global__|\bat::|\btorch::|cublas|cudnn")
-LICENSE = re.compile(r"copyright|spdx-license|licensed under|all rights reserved", re.I)
-CPP_OPS = re.compile(r"\b(?:at|torch)::(?:native::)?(\w+)\s*\(")
-CPP_LIBRARIES = re.compile(r"\b(cublas\w*|cudnn\w*|cutlass)\b")
-CUDA_KERNELS = re.compile(r"__global__\s+void\s+(\w+)")
-MAX_DEPTH = 20
+from kbsweep.audit.names import Resolver
+from kbsweep.audit.static_rules import (BUILTINS, CONTAINER_CALLS, CPP_LIBRARIES, CPP_OPS, CUDA_KERNELS, FRAME_ATTRS, HEAVY, L2, LICENSE, NATIVE,
+                                        OTHER_RUNS, PREFIX_RULES, SUBCLASS_ATTRS, VALUE_KEYS, Forbidden, dtype_class, op_token,
+                                        precision_class, prefix_match)
 
 
-def prefix_match(name: str, prefix: str) -> bool:
-    return name == prefix or name.startswith(prefix + ".") or (prefix.endswith("_") and name.startswith(prefix))
-
-
-def expand_alias(name: str) -> str:
-    head, _, rest = name.partition(".")
-    return f"{ALIASES[head]}.{rest}" if rest and head in ALIASES else name
-
-
-class Forbidden:
-    """problem.yaml's forbidden entries, in their four spellings, plus the op families they name.
-
-    ``from x``/``import x``: module x; ``.op(``: any name ending in op (methods, triton.language too);
-    ``a.b`` (aliases such as ``F.`` expanded): that name; a bare word: any name with that component. An entry
-    naming one op of a family (GEMM, softmax, selection, attention, conv) forbids the family's torch spellings.
-    """
-
-    def __init__(self, entries: List[str]):
-        self.modules: Set[str] = set()
-        self.methods: Set[str] = set()
-        self.dotted: Set[str] = set()
-        self.bare: Set[str] = set()
-        self.families: Set[str] = set()
-        for entry in entries:
-            text = entry.strip()
-            if text.startswith(("from ", "import ")):
-                self.modules.add(text.split(None, 1)[1].strip())
-                continue
-            token = text.strip(".(").rsplit(".", 1)[-1]
-            if text.startswith("."):
-                self.methods.add(token)
-            elif "." in text:
-                self.dotted.add(expand_alias(text.rstrip("(")))
-            else:
-                self.bare.add(text.rstrip("("))
-            self.families |= {name for name, ops in FAMILIES.items() if token in ops}
-        self.family_ops = set().union(*(FAMILIES[f] for f in self.families)) if self.families else set()
-        self.tokens = self.methods | self.bare | {d.rsplit(".", 1)[-1] for d in self.dotted} | self.family_ops
-
-    def name(self, name: str, method: bool = False, in_kernel: bool = False) -> Optional[str]:
-        """The entry (or family) a resolved name falls under, or None."""
-        parts = name.lstrip(".").split(".")
-        for module in self.modules:
-            if prefix_match(name, module):
-                return f"import {module}"
-        for dotted in self.dotted:
-            if prefix_match(name, dotted):
-                return dotted
-        for word in self.bare | self.methods:
-            if word in parts and (word in self.bare or parts[-1] == word):
-                return word
-        torch_like = method or name.startswith("torch.")
-        if not in_kernel and torch_like and op_token(name) in self.family_ops:
-            return f"{'/'.join(sorted(self.families))} family"
-        return None
-
-    def op(self, op: str) -> Optional[str]:
-        """The entry an aten/ATen op name (``mm``, ``topk``) falls under, or None."""
-        return op if op in self.tokens else None
-
-
-def op_token(name: str) -> str:
-    """The op a torch name calls: the last component (``torch.ops.<ns>.<op>.<overload>``: the op), lowercased."""
-    parts = name.lstrip(".").split(".")
-    return (parts[3] if parts[:2] == ["torch", "ops"] and len(parts) > 3 else parts[-1]).lower()
-
-
-def fold_callable(name: Optional[str]) -> Optional[Any]:
-    return {"base64.b64decode": base64.b64decode, "codecs.decode": codecs.decode, "bytes.fromhex": bytes.fromhex, "chr": chr, "str": str}.get(name or "")
-
-
-class Analyzer:
-    """One pass of bindings, then rules over every reference site of the module."""
+class Analyzer(Resolver):
+    """One pass of bindings (:class:`~kbsweep.audit.names.Resolver`), then rules over every reference site of the module."""
 
     def __init__(self, tree: ast.Module, forbidden: Forbidden, precision: Optional[str], depth: int = 0,
                  bindings: Optional[Dict[str, str]] = None, strings: Optional[Dict[str, str]] = None, local_modules: Set[str] = frozenset(),
                  compute_rules: bool = True):
-        self.tree, self.forbidden, self.precision, self.depth = tree, forbidden, precision, depth
+        super().__init__(tree, bindings, strings)
+        self.forbidden, self.precision, self.depth = forbidden, precision, depth
         self.compute_rules = compute_rules
         self.local_modules = set(local_modules)
-        self.bindings: Dict[str, str] = dict(bindings or {})
-        self.strings: Dict[str, str] = dict(strings or {})
-        self.roots: Set[str] = {v.split(".")[0] for v in self.bindings.values()}
-        self.parents: Dict[ast.AST, ast.AST] = {c: p for p in ast.walk(tree) for c in ast.iter_child_nodes(p)}
         self.findings: List[Dict[str, Any]] = []
-        self.bind()
         self.local_names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)} | {
             n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.ClassDef))} | {
             a.arg for n in ast.walk(tree) if isinstance(n, ast.arguments) for a in n.args + n.kwonlyargs}
         self.kernels = {n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and self.is_kernel(n)}
-
-    # -- resolution -------------------------------------------------------------------
-    def bind(self) -> None:
-        for _ in range(3):  # to a fixpoint for chains of assignments in any order
-            for node in ast.walk(self.tree):
-                if isinstance(node, ast.Import):
-                    for alias in node.names:
-                        self.bind_name(alias.asname or alias.name.split(".")[0], alias.name if alias.asname else alias.name.split(".")[0])
-                elif isinstance(node, ast.ImportFrom):
-                    base = node.module or ""
-                    for alias in node.names:
-                        self.bind_name(alias.asname or alias.name, f"{base}.{alias.name}" if base else alias.name)
-                elif isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
-                    targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-                    for target in targets:
-                        for t, v in self.pairs(target, node.value):
-                            self.bind_value(t, v)
-
-    @staticmethod
-    def pairs(target: ast.AST, value: ast.AST) -> Iterator[Tuple[ast.AST, ast.AST]]:
-        if isinstance(target, (ast.Tuple, ast.List)) and isinstance(value, (ast.Tuple, ast.List)) and len(target.elts) == len(value.elts):
-            for t, v in zip(target.elts, value.elts):
-                yield t, v
-        else:
-            yield target, value
-
-    def bind_name(self, name: str, value: str) -> None:
-        self.bindings[name] = value
-        self.roots.add(value.split(".")[0])
-
-    def bind_value(self, target: ast.AST, value: ast.AST) -> None:
-        key = self.raw(target)
-        if key is None:
-            return
-        text = self.fold(value)
-        if text is not None:
-            self.strings[key] = text
-            return
-        resolved = self.resolve(value)
-        if resolved and self.rooted(resolved):
-            self.bindings[key] = resolved
-
-    def raw(self, node: ast.AST) -> Optional[str]:
-        """The dotted spelling of a Name/Attribute chain as written (``self.fn``), without resolution."""
-        if isinstance(node, ast.Name):
-            return node.id
-        if isinstance(node, ast.Attribute):
-            base = self.raw(node.value)
-            return f"{base}.{node.attr}" if base else None
-        return None
-
-    def rooted(self, name: str) -> bool:
-        return name.split(".")[0] in self.roots
-
-    def resolve(self, node: ast.AST) -> Optional[str]:
-        """The dotted name an expression stands for, through aliases, getattr, importlib and sys.modules."""
-        if isinstance(node, ast.Name):
-            return self.bindings.get(node.id, node.id)
-        if isinstance(node, ast.Attribute):
-            written = self.raw(node)
-            if written in self.bindings:
-                return self.bindings[written]
-            base = self.resolve(node.value)
-            return f"{base}.{node.attr}" if base else None
-        if isinstance(node, ast.Call):
-            func = self.resolve(node.func)
-            if func in ("getattr", "builtins.getattr") and len(node.args) >= 2:
-                attr, base = self.fold(node.args[1]), self.resolve(node.args[0])
-                return f"{base}.{attr}" if attr and base else None
-            if func in ("importlib.import_module", "__import__", "builtins.__import__") and node.args:
-                module = self.fold(node.args[0])
-                if module:
-                    self.roots.add(module.split(".")[0])
-                return module
-            if func in ("vars", "builtins.vars") and node.args:
-                return self.resolve(node.args[0])
-        if isinstance(node, ast.Subscript):
-            key, base = self.fold(node.slice), self.resolve(node.value)
-            if key and base == "sys.modules":
-                self.roots.add(key.split(".")[0])
-                return key
-            if key and base and (base.endswith(".__dict__") or isinstance(node.value, ast.Call)):
-                return f"{base.removesuffix('.__dict__')}.{key}"
-        return None
-
-    def fold(self, node: ast.AST, depth: int = 0) -> Optional[str]:
-        """The constant string an expression evaluates to, or None."""
-        if depth > MAX_DEPTH:
-            return None
-        sub = lambda n: self.fold(n, depth + 1)  # noqa: E731
-        if isinstance(node, ast.Constant):
-            return node.value if isinstance(node.value, str) else None
-        if isinstance(node, ast.Name):
-            return self.strings.get(node.id)
-        if isinstance(node, ast.Attribute):
-            return self.strings.get(self.raw(node) or "")
-        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
-            left, right = sub(node.left), sub(node.right)
-            return left + right if left is not None and right is not None else None
-        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult) and isinstance(node.right, ast.Constant):
-            left = sub(node.left)
-            return left * node.right.value if left is not None and isinstance(node.right.value, int) else None
-        if isinstance(node, ast.JoinedStr):
-            parts = [sub(v.value) if isinstance(v, ast.FormattedValue) else sub(v) for v in node.values]
-            return "".join(parts) if all(p is not None for p in parts) else None
-        if isinstance(node, ast.Subscript):
-            text = sub(node.value)
-            if text is None:
-                return None
-            try:
-                if isinstance(node.slice, ast.Slice):
-                    bounds = (node.slice.lower, node.slice.upper, node.slice.step)
-                    return text[slice(*(ast.literal_eval(b) if b is not None else None for b in bounds))]
-                return text[ast.literal_eval(node.slice)]
-            except (ValueError, TypeError, IndexError, SyntaxError):
-                return None
-        if isinstance(node, ast.Call):
-            return self.fold_call(node, sub)
-        return None
-
-    def fold_call(self, node: ast.Call, sub) -> Optional[str]:
-        args = [sub(a) if not isinstance(a, (ast.List, ast.Tuple)) else [sub(e) for e in a.elts] for a in node.args]
-        if isinstance(node.func, ast.Attribute):
-            base = sub(node.func.value)
-            inner = node.func.value
-            if base is None and isinstance(inner, ast.Call):  # bytes-returning helpers: b64decode(...).decode()
-                raw = self.fold_bytes(inner, sub)
-                return raw.decode(errors="replace") if raw is not None and node.func.attr == "decode" else None
-            method = getattr(str, node.func.attr, None) if base is not None else None
-            if method is None or node.func.attr not in ("join", "replace", "lower", "upper", "strip", "lstrip", "rstrip", "format", "title", "swapcase"):
-                return None
-            if any(a is None or (isinstance(a, list) and None in a) for a in args):
-                return None
-            result = method(base, *args)
-            return result if isinstance(result, str) else None
-        function = fold_callable(self.resolve(node.func))
-        if function in (chr, str) and len(node.args) == 1:
-            value = ast.literal_eval(node.args[0]) if isinstance(node.args[0], ast.Constant) else args[0]
-            return function(value) if value is not None else None
-        if function is codecs.decode and len(args) == 2 and None not in args:
-            return codecs.decode(args[0], args[1])
-        return None
-
-    def fold_bytes(self, node: ast.Call, sub) -> Optional[bytes]:
-        function = fold_callable(self.resolve(node.func))
-        text = sub(node.args[0]) if node.args else None
-        if text is None or function not in (base64.b64decode, bytes.fromhex):
-            return None
-        try:
-            return function(text)
-        except ValueError:
-            return None
 
     # -- context ----------------------------------------------------------------------
     def is_kernel(self, node: ast.FunctionDef) -> bool:
@@ -638,24 +353,6 @@ class Analyzer:
         self.check_strings()
         self.check_exec()
         return self.findings
-
-
-def precision_class(precision: Optional[str]) -> Optional[str]:
-    text = (precision or "").lower()
-    if "fp8" in text:
-        return "fp8"
-    if text == "fp32":
-        return "fp32"
-    return "bf16" if "bf16" in text or "fp16" in text else None
-
-
-def dtype_class(name: str) -> str:
-    last = name.rsplit(".", 1)[-1]
-    if last.startswith("float8"):
-        return "fp8"
-    if last in ("bfloat16", "float16", "half"):
-        return "half"
-    return "fp32" if last in ("float32", "float") else "other"
 
 
 def license_lines(source: str) -> List[Tuple[int, str]]:

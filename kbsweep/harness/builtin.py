@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 from kbsweep.agent.loop import AgentResult, run_agent
-from kbsweep.agent.models import build_model
-from kbsweep.harness import AgentJob, Runner, register
+from kbsweep.agent.providers import build_model
+from kbsweep.harness.base import AgentJob, Runner, register
 
 
 @register

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Dict, List, Tuple
 
-from kbsweep.harness import AgentJob, register
+from kbsweep.harness.base import AgentJob, register
 from kbsweep.harness.cli_agent import WORKING_NOTE, CliRunner, Event, Record, assistant_event, kbsweep_usage, tool_call
 
 

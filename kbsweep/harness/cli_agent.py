@@ -2,7 +2,7 @@
 
 Per cell: a :class:`~kbsweep.harness.proxy.ModelProxy` on the orchestrator's loopback; the CLI in bubblewrap with
 the workspace (writable, its cwd), a fresh home (writable), its installed package and a ``kbsweep-check`` command
-(read-only); no network but a forwarder to the proxy (:class:`kbsweep.sandbox.Relay`). Its environment is the
+(read-only); no network but a forwarder to the proxy (:class:`kbsweep.sandbox_net.Relay`). Its environment is the
 sandbox's minimal one plus the proxy's URL and a per-cell token, never the provider key. The CLI's own stream
 (JSON lines on stdout) is kept redacted as ``harness_stream.jsonl`` in the cell's folder and normalized to
 kbsweep's transcript schema by the subclass. The session's wall time, memory and disk are the sandbox's watch's;
@@ -21,13 +21,16 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from kbsweep import REPO_ROOT, KbsweepError
 from kbsweep.agent.loop import AgentResult
-from kbsweep.agent.models import Usage, build_model
-from kbsweep.harness import AgentJob, Runner
+from kbsweep.agent.models import Usage
+from kbsweep.agent.providers import build_model
+from kbsweep.errors import KbsweepError
+from kbsweep.harness.base import AgentJob, Runner
 from kbsweep.harness.proxy import ModelProxy
 from kbsweep.outcomes import StopReason
-from kbsweep.sandbox import BASH, FORWARDER, POLL_S, PROXY_PORT, PROXY_SOCKET, WITH_FORWARDER, WORKSPACE, Relay, Watch, kill, minimal_env
+from kbsweep.paths import REPO_ROOT
+from kbsweep.sandbox import POLL_S, WORKSPACE, Watch, kill, minimal_env
+from kbsweep.sandbox_net import BASH, FORWARDER, PROXY_PORT, PROXY_SOCKET, WITH_FORWARDER, Relay
 
 INSTALL_DIR = REPO_ROOT / ".harnesses"  # `python -m kbsweep.harness.install` puts the pinned packages here
 SANDBOX_HOME = "/home/agent"

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 from kbsweep.agent.models import Usage
-from kbsweep.harness import AgentJob, register
+from kbsweep.harness.base import AgentJob, register
 from kbsweep.harness.cli_agent import WORKING_NOTE, CliRunner, Event, Record, assistant_event, tool_call
 
 TOKEN_VARIABLE = "KBSWEEP_PROXY_KEY"

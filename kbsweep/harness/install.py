@@ -11,8 +11,8 @@ from typing import List
 
 from omegaconf import OmegaConf
 
-from kbsweep import REPO_ROOT
 from kbsweep.harness.cli_agent import INSTALL_DIR
+from kbsweep.paths import REPO_ROOT
 
 
 def packages(names: List[str]) -> List[str]:

@@ -2,13 +2,15 @@
 with atomic adds, and a second kernel rounds the workspace to bf16 (two launches per call).
 
 Problem: hard/w4a16_gemm
+Stage: ../exploits/_packed_int4.py
 """
 import os
 
 import torch
-import torch.nn as nn
 import triton
 import triton.language as tl
+
+from _packed_int4 import PackedInt4
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"  # bf16 tl.dot is wrong in the CPU interpreter
 
@@ -41,13 +43,7 @@ def _round_bf16(acc_ptr, y_ptr, numel, BLOCK: tl.constexpr):
     tl.store(y_ptr + offs, tl.load(acc_ptr + offs, mask=offs < numel).to(tl.bfloat16), mask=offs < numel)
 
 
-class ModelNew(nn.Module):
-    def __init__(self, N: int, K: int):
-        super().__init__()
-        self.register_buffer("qweight", torch.zeros(N, K // 8, dtype=torch.int32))
-        self.register_buffer("scales", torch.zeros(N, K // 128, dtype=torch.bfloat16))
-        self.register_buffer("zeros", torch.zeros(N, K // 128, dtype=torch.bfloat16))
-
+class ModelNew(PackedInt4):
     def forward(self, x):
         x = x.contiguous()
         M, K = x.shape

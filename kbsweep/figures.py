@@ -1,0 +1,121 @@
+"""The plots that explain a report and a cell run: shapes under the GPU's roofline, capability against cost with
+its Pareto frontier, the agent loop's progress. Matplotlib's Figure without pyplot: no global state, Agg canvas."""
+from __future__ import annotations
+
+import io
+import math
+from typing import Any, Dict, List, Tuple
+
+Point = Tuple[float, float]
+
+
+def pareto(points: Dict[str, Point]) -> List[str]:
+    """Names on the frontier: no other point costs as little (x) and scores at least as much (y)."""
+    frontier, best = [], -math.inf
+    for name, (_, y) in sorted(points.items(), key=lambda item: (item[1][0], -item[1][1])):
+        if y > best:
+            frontier.append(name)
+            best = y
+    return frontier
+
+
+def shape_label(shape: Any) -> str:
+    return ", ".join(f"{k}={v}" for k, v in shape.items()) if isinstance(shape, dict) else str(shape)
+
+
+def roofline_of(params: Dict[str, str]) -> Dict[str, Any]:
+    """The GPU's peaks and the problem's governing peak, from a cell run's params."""
+    prefix = "roofline.peaks_tflops."
+    peaks = {k[len(prefix) :]: float(v) for k, v in params.items() if k.startswith(prefix) and v not in ("None", "")}
+    dram = params.get("roofline.dram_gbps")
+    return {
+        "name": params.get("roofline.name"),
+        "peaks_tflops": peaks,
+        "dram_gbps": float(dram) if dram not in (None, "None") else None,
+        "peak": params.get("problem.peak"),
+    }
+
+
+def new_figure(title: str, panels: int = 1):
+    from matplotlib.figure import Figure  # no pyplot: no global state, Agg canvas
+
+    figure = Figure(figsize=(5.5 * panels, 4.2))
+    axes = figure.subplots(1, panels, squeeze=False)[0]
+    figure.subplots_adjust(left=0.15, right=0.96, bottom=0.12, top=0.9, wspace=0.35)  # fixed margins: a layout engine costs more than the plot
+    figure.suptitle(title)
+    for ax in axes:  # past 10^4 a linear axis counts in powers of ten: six-digit tick labels (dollars, tokens) ran together
+        ax.ticklabel_format(style="sci", scilimits=(-3, 4))
+    return figure, axes
+
+
+def roofline_figure(title: str, series: Dict[str, List[Dict[str, Any]]], roofline: Dict[str, Any]):
+    """Achieved TFLOP/s against arithmetic intensity, per shape, under the GPU's memory and compute roofs."""
+    import numpy as np
+
+    figure, (ax,) = new_figure(title)
+    peaks, dram = roofline["peaks_tflops"], roofline["dram_gbps"]
+    peak_key = roofline["peak"] if roofline["peak"] in peaks else max(peaks, key=peaks.get, default=None)
+    intensities = [p["intensity"] for points in series.values() for p in points]
+    if peak_key and dram:
+        peak = peaks[peak_key]
+        ridge = peak * 1e3 / dram
+        xs = np.geomspace(min(intensities + [ridge]) / 8, max(intensities + [ridge]) * 8, 200)
+        ax.plot(xs, np.minimum(peak, xs * dram / 1e3), color="black", label=f"roof: {peak_key} {peak:g} TFLOP/s, {dram:g} GB/s")
+    for model, points in series.items():
+        ax.scatter([p["intensity"] for p in points], [p["tflops"] for p in points], label=model, zorder=3)
+        for p in points:
+            ax.annotate(p["shape"], (p["intensity"], p["tflops"]), fontsize=6, alpha=0.7)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("arithmetic intensity (FLOP/byte)")
+    ax.set_ylabel("achieved TFLOP/s")
+    ax.legend(fontsize=7)
+    return figure
+
+
+def frontier_figure(title: str, xlabel: str, points: Dict[str, Point]):
+    """Capability against a cost, one point per model, with the Pareto frontier drawn through."""
+    figure, (ax,) = new_figure(title)
+    for name, (x, y) in points.items():
+        ax.scatter([x], [y], zorder=3)
+        ax.annotate(name, (x, y), fontsize=8)
+    front = [points[name] for name in pareto(points)]
+    ax.step([p[0] for p in front], [p[1] for p in front], where="post", color="tab:red", label="Pareto frontier")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("deck mean (failures as 0)")
+    ax.legend(fontsize=7)
+    return figure
+
+
+def progress_figure(title: str, steps: List[Dict[str, Any]]):
+    """The agent loop's best score so far against turn, tokens and dollars."""
+    figure, axes = new_figure(title, panels=3)
+    scored = [s for s in steps if s.get("best_score") is not None]
+    for ax, key, label in zip(axes, ("turn", "tokens", "usd"), ("turn", "tokens", "dollars")):
+        ax.step([s[key] for s in scored], [s["best_score"] for s in scored], where="post", marker="o")
+        ax.set_xlabel(label)
+        ax.set_ylabel("best score so far")
+    return figure
+
+
+def cell_figures(result: Dict[str, Any], params: Dict[str, str]) -> Dict[str, Any]:
+    """Plots logged with a cell run: its loop progress and its shapes on the roofline."""
+    figures = {}
+    title = str(result.get("cell", ""))
+    if any(s.get("best_score") is not None for s in result.get("steps") or []):
+        figures["progress"] = progress_figure(title, result["steps"])
+    points = [
+        {"shape": shape_label(s.get("shape")), "tflops": s["tflops"], "gbps": s["gbps"], "intensity": s["tflops"] * 1e3 / s["gbps"]}
+        for s in result.get("shapes") or []
+        if s.get("tflops") and s.get("gbps")
+    ]
+    roofline = roofline_of(params)
+    if points and roofline["peaks_tflops"]:
+        figures["roofline"] = roofline_figure(title, {title.split(" · ")[0]: points}, roofline)
+    return figures
+
+
+def png(figure) -> bytes:
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=110, bbox_inches="tight")  # long tick labels widen the image, never clipped
+    return buffer.getvalue()

@@ -219,12 +219,12 @@ def test_kernelbench_correct_kbsweep_failed_is_timed_for_kernelbench_only(roofli
 # Forward calls per stage of a CPU grade of a KernelBench problem, as its checks need them (candidate, reference)
 PASS_FORWARDS = {
     "import_candidate": (0, 0),
-    "baselines": (0, timing.HOST_MAX_RUNS),  # the eager reference timed: one host batch, no warm-up batch
+    "baselines": (0, timing.KERNELBENCH_HOST_RUNS),  # the eager reference timed: one host batch, no warm-up batch
     "kernelbench_correctness": (5, 5 + 1),  # KernelBench's 5 trials; the reference once more on the first timing inputs
     # 3 public seeds + the secret one; one more call under the second poison fill (the first seed's own call is the
     # first fill's); the pointer-cache probe's 11 warm calls and the call after the inputs changed in place
     "correctness": (4 + 1 + 12, 4 + 1),
-    "timing": (timing.HOST_MAX_RUNS, 2),  # one host batch, 2 calls picked and compared
+    "timing": (timing.KERNELBENCH_HOST_RUNS, 2),  # one host batch, 2 calls picked and compared
     "audit": (1, 0),  # the ghost replays' real call, compared with the first timing inputs' known output
 }
 

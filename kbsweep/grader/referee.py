@@ -114,7 +114,8 @@ class Referee:
         self.barrier: Optional[Callable[[], None]] = None  # ranks: across the referee ranks, as the runner ranks have theirs
         # A KernelBench problem: both models in training mode, built from the same seed, weights never copied
         self.kernelbench = kernelbench_eval.from_spec(self.spec)
-        self.cfg = timing.for_device(timing.TimingConfig(**request.get("timing", {})), self.device.type)
+        host_runs = timing.KERNELBENCH_HOST_RUNS if self.kernelbench else timing.HOST_MAX_RUNS
+        self.cfg = timing.for_device(timing.TimingConfig(**request.get("timing", {})), self.device.type, host_runs)
         # per shape: (arena size, the reference's output on the first timing inputs), computed once a grade
         self.firsts: Dict[str, tuple] = {}
         self.kernelbench_verdict: Optional[Dict[str, Any]] = None

@@ -67,7 +67,8 @@ def configured_grader(problem, roofline: Dict[str, Any], folder: Path, gpu_conf:
     )
     world_size = int(track.get("world_size", 1))
     policy = SandboxPolicy.of(track)
-    prewarm(problem, gpu.device, world_size, hidden, policy, folder / "grades")
+    zygotes = Path(paths["outputs"]) / "zygotes"  # not the cell's folder: a worker's next cells grade with the same runner zygote
+    prewarm(problem, gpu.device, world_size, hidden, policy, zygotes)
 
     def run(mode: str, solution: Path, log_name: str) -> Dict[str, Any]:
         with device_lock(gpu.device, count=world_size):
@@ -89,6 +90,7 @@ def configured_grader(problem, roofline: Dict[str, Any], folder: Path, gpu_conf:
                 hide_env=hidden,
                 sandbox=policy,
                 timers=grade_conf.get("timers"),
+                zygote_home=zygotes,
             )
 
     return run

@@ -226,10 +226,11 @@ def grade_file(cfg: DictConfig) -> tuple:
     folder, fmt = (cfg.track.problems_dir, cfg.track.format) if track == cfg.track.name else (track, "kbsweep")
     problem = load_problem(find_problem_dir(list(cfg.paths.problems), folder, name, fmt, cfg.track.kernelbench_version), track)
     roofline = load_roofline(list(cfg.paths.roofline_specs), cfg.gpu.roofline)
+    conf = OmegaConf.to_container(cfg, resolve=True)
+    # the grading zygotes start here (torch imported in each) and the checks below run meanwhile
+    run = configured_grader(problem, roofline, Path(cfg.paths.outputs), conf["gpu"], conf["track"], conf["grade"], conf["paths"])
     check_problem(problem, cfg.gpu.shape_set, roofline, cfg.gpu.roofline)
     check_references([reference_probe(problem)])
-    conf = OmegaConf.to_container(cfg, resolve=True)
-    run = configured_grader(problem, roofline, Path(cfg.paths.outputs), conf["gpu"], conf["track"], conf["grade"], conf["paths"])
     result = run("full", solution, f"{track}-{name}-{time.strftime('%Y%m%d-%H%M%S')}")
     outcome = Outcome(result["outcome"])
     return result, ExitCode.OK if outcome == Outcome.PASS else ExitCode.INFRA if outcome.is_infra else ExitCode.MODEL

@@ -139,6 +139,7 @@ class LauncherConf:
     slurm: SlurmConf = field(default_factory=SlurmConf)
     requeue_infra: int = 1
     cap_slack_s: float = 600.0  # a cell is killed at track.time_cap_s + track.grade_timeout_s + this
+    warm_workers: bool = True  # local: cells run one after another in `concurrency` long-lived workers; false: a fresh process per cell
 
 
 @dataclass

@@ -43,6 +43,8 @@ def new_figure(title: str, panels: int = 1):
     axes = figure.subplots(1, panels, squeeze=False)[0]
     figure.subplots_adjust(left=0.15, right=0.96, bottom=0.12, top=0.9, wspace=0.35)  # fixed margins: a layout engine costs more than the plot
     figure.suptitle(title)
+    for ax in axes:  # past 10^4 a linear axis counts in powers of ten: six-digit tick labels (dollars, tokens) ran together
+        ax.ticklabel_format(style="sci", scilimits=(-3, 4))
     return figure, axes
 
 

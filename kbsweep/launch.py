@@ -24,6 +24,8 @@ import math
 import os
 import shutil
 import signal
+import struct
+import subprocess
 import sys
 import threading
 import time
@@ -99,6 +101,11 @@ class Launcher(ABC):
 
     def __init__(self, conf: Dict[str, Any]):
         self.conf = conf
+
+    @classmethod
+    def from_conf(cls, conf: Dict[str, Any]) -> "Launcher":
+        """The launcher ``conf`` asks for (a kind may pick a variant by its other keys)."""
+        return cls(conf)
 
     @abstractmethod
     def run(self, cells: List[Cell], on_start: OnStart, on_done: OnDone) -> None: ...
@@ -204,7 +211,8 @@ class SubmititLauncher(Launcher):
         attempts: Dict[str, int] = {}
         concurrency = max(1, int(self.conf["concurrency"]))
         caps = provider_caps(pending)
-        while pending or running:
+
+        def fill() -> None:
             while len(running) < concurrency:
                 cell = next_cell(pending, [state.cell for state in running.values()], caps)
                 if cell is None:
@@ -214,7 +222,10 @@ class SubmititLauncher(Launcher):
                     on_start(cell)
                 attempts[cell.key] = attempts.get(cell.key, 0) + 1
                 running[self.submit(cell)] = Running(cell, time.monotonic())
-            time.sleep(POLL_S)
+
+        while pending or running:
+            fill()
+            self.wait(POLL_S)
             for job, state in list(running.items()):
                 result = self.poll(job, state)
                 if result is None:
@@ -225,7 +236,12 @@ class SubmititLauncher(Launcher):
                     shutil.rmtree(cell_dir(state.cell), ignore_errors=True)
                     pending.append(state.cell)
                     continue
+                fill()  # the freed slot runs its next cell while this one is logged
                 on_done(state.cell, result)
+
+    def wait(self, timeout_s: float) -> None:
+        """Until a job may have ended: a poll interval."""
+        time.sleep(timeout_s)
 
     def poll(self, job: Any, state: Running) -> Optional[Dict[str, Any]]:
         """The job's result once it has ended, else None; ends a job :meth:`overdue` says must end."""
@@ -261,6 +277,11 @@ class LocalLauncher(SubmititLauncher):
     def __init__(self, conf: Dict[str, Any], job: Job = run_cell_pinned):
         super().__init__(conf, job)
         self.pool = [g["visible"] for g in gpus.visible_gpus()]
+
+    @classmethod
+    def from_conf(cls, conf: Dict[str, Any]) -> Launcher:
+        """Warm workers unless ``launcher.warm_workers`` is off."""
+        return WarmLocalLauncher(conf) if conf.get("warm_workers", True) else cls(conf)
 
     def parameters(self, cell: Cell) -> Dict[str, Any]:
         # a backstop: the orchestrator kills the job at the cap
@@ -345,6 +366,137 @@ class SlurmLauncher(SubmititLauncher):
         return f"Slurm job {job.job_id} was preempted" if job.state == "PREEMPTED" else None
 
 
+FRAME = struct.Struct("<Q")  # a length prefix: one pickled (job, cell, visible GPUs) in, one pickled result out
+
+
+def send_frame(stream, payload: bytes) -> None:
+    stream.write(FRAME.pack(len(payload)) + payload)
+    stream.flush()
+
+
+def read_frame(stream) -> Optional[bytes]:
+    """The next frame, None at the end of the stream (or a torn frame: its writer died)."""
+    head = stream.read(FRAME.size)
+    if len(head) < FRAME.size:
+        return None
+    payload = stream.read(FRAME.unpack(head)[0])
+    return payload if len(payload) == FRAME.unpack(head)[0] else None
+
+
+class Worker:
+    """A local process that runs cells one after another (:func:`serve_cells`), so its imports and its grading
+    zygotes stay warm from one cell to the next. It is a session and process group of its own, ended with its
+    whole tree like a fresh job's when its cell passes the cap or the orchestrator goes."""
+
+    def __init__(self, folder: Path, supervisor: str, answered: threading.Event):
+        import cloudpickle
+
+        self.pickle = cloudpickle
+        self.log = folder / f"worker-{time.time_ns()}.log"
+        with open(self.log, "wb") as err:
+            self.proc = subprocess.Popen([sys.executable, "-c", "from kbsweep.launch import serve_cells; serve_cells()", supervisor],
+                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, start_new_session=True)
+        self.job_id = str(self.proc.pid)
+        self.result: Optional[Dict[str, Any]] = None
+        self.finished = threading.Event()
+        self.answered = answered  # the launcher's: some worker answered
+
+    def start(self, job: Job, cell: Cell, visible: Optional[str]) -> None:
+        self.result = None
+        self.finished.clear()
+        send_frame(self.proc.stdin, self.pickle.dumps((job, cell, visible)))
+        threading.Thread(target=self.receive, daemon=True).start()
+
+    def receive(self) -> None:
+        payload = read_frame(self.proc.stdout)
+        self.result = self.pickle.loads(payload) if payload is not None else None
+        self.finished.set()
+        self.answered.set()
+
+    def done(self) -> bool:
+        return self.finished.is_set()
+
+    def kill(self) -> None:
+        kill_tree(self.proc.pid)
+        self.proc.wait()
+
+    def close(self) -> None:
+        """Let an idle worker exit on its own (its zygotes are closed at its exit; the stdin of each worker is
+        closed first, so they wind down together)."""
+        if not self.proc.stdin.closed:
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.kill()
+
+    def stderr(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+def serve_cells() -> None:
+    """A worker's loop: (job, cell, visible GPUs) frames in on stdin, each ``job(cell, visible)``'s result out on
+    a private copy of stdout (the cells' own prints go to stderr, the worker's log); ends at the end of stdin,
+    or with its process group once the orchestrator (``sys.argv[-1]``, a process stamp) is gone."""
+    import pickle
+
+    replies = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)
+    threading.Thread(target=end_when_gone, args=(sys.argv[-1],), daemon=True).start()
+    while (payload := read_frame(sys.stdin.buffer)) is not None:
+        job, cell, visible = pickle.loads(payload)
+        try:
+            result = job(cell, visible)
+        except Exception as exc:  # noqa: BLE001 - the job's failure is the cell's node failure, not the worker's
+            result = infra_result(cell, Outcome.NODE_FAILURE, f"worker {os.getpid()} failed: {type(exc).__name__}: {exc}"[:300])
+        send_frame(replies, pickle.dumps(result))
+
+
+class WarmLocalLauncher(LocalLauncher):
+    """Local cells in ``concurrency`` long-lived workers (:class:`Worker`) instead of a fresh process per cell:
+    the same caps, requeues and supervision, without paying Python's, torch's and MLflow's imports and the
+    grading zygotes' start for every cell (~15 CPU-seconds a cell on a 2-core machine)."""
+
+    def __init__(self, conf: Dict[str, Any], job: Job = run_cell_pinned):
+        Launcher.__init__(self, conf)  # no submitit executor: the workers are this launcher's jobs
+        self.job = job
+        self.pool = [g["visible"] for g in gpus.visible_gpus()]
+        self.idle: List[Worker] = []
+        self.answered = threading.Event()
+        Path(conf["folder"]).mkdir(parents=True, exist_ok=True)
+
+    def submit(self, cell: Cell) -> Worker:
+        worker = self.idle.pop() if self.idle else Worker(Path(self.conf["folder"]), owner(), self.answered)
+        worker.start(self.job, cell, ",".join(self.pool) if cell.gpu["device"] == "cuda" else "")
+        return worker
+
+    def stop(self, job: Worker) -> None:
+        job.kill()
+
+    def wait(self, timeout_s: float) -> None:
+        """Until a worker answers (a cell's next one starts at once), at most a poll interval."""
+        self.answered.wait(timeout_s)
+        self.answered.clear()
+
+    def collect(self, job: Worker, cell: Cell) -> Dict[str, Any]:
+        if job.result is None:  # the worker died mid-cell
+            job.kill()
+            tail = job.stderr().strip().splitlines()[-1:]
+            return infra_result(cell, Outcome.NODE_FAILURE, f"worker {job.job_id} ended without a result{': ' + tail[0][:300] if tail else ''}")
+        self.idle.append(job)
+        return job.result
+
+    def run(self, cells: List[Cell], on_start: OnStart, on_done: OnDone) -> None:
+        try:
+            super().run(cells, on_start, on_done)
+        finally:
+            for worker in self.idle:
+                worker.proc.stdin.close()
+            for worker in self.idle:
+                worker.close()
+            self.idle.clear()
+
+
 def make_launcher(conf: Dict[str, Any]) -> Launcher:
     """The launcher a launcher YAML's ``kind`` names (config validation has refused any other name already)."""
-    return LAUNCHERS.lookup(conf["kind"], "launcher")(conf)
+    return LAUNCHERS.lookup(conf["kind"], "launcher").from_conf(conf)

@@ -1,6 +1,7 @@
 """Problems as data: a folder with problem.yaml, reference.py, prompt.md (see docs/problem-format.md)."""
 from __future__ import annotations
 
+import copy
 import hashlib
 import math
 from dataclasses import dataclass, field
@@ -142,7 +143,20 @@ def evaluate(formula: Optional[str], shape: Dict[str, Any], where: str) -> Optio
         raise KbsweepError(f"{where}: formula {formula!r} fails on shape {shape}: {exc}") from None
 
 
+SPECS: Dict[tuple, ProblemSpec] = {}  # parsed problem.yaml by (path, mtime, size)
+
+
 def load_spec(path: Path) -> ProblemSpec:
+    """problem.yaml, checked against ProblemSpec; parsed once per version of the file (a sweep's matrix loads each
+    problem once per cell and again to check it: 200 OmegaConf merges for a 100-cell demo sweep), a copy returned."""
+    stat = path.stat()
+    key = (str(path.resolve()), stat.st_mtime_ns, stat.st_size)
+    if key not in SPECS:
+        SPECS[key] = parse_spec(path)
+    return copy.deepcopy(SPECS[key])
+
+
+def parse_spec(path: Path) -> ProblemSpec:
     try:
         merged = OmegaConf.merge(OmegaConf.structured(ProblemSpec), OmegaConf.load(path))
         return OmegaConf.to_object(merged)

@@ -213,6 +213,19 @@ def process_tree(pid: int) -> List[int]:
     return tree
 
 
+def rss_mib(pids: Iterable[int]) -> float:
+    """The processes' resident sizes summed (shared pages once per process): never below :func:`pss_mib`, and
+    read from ``statm`` without the page-table walk of ``smaps_rollup`` (~12 ms for a process holding torch)."""
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/statm") as fh:
+                total += int(fh.read().split()[1])
+        except (OSError, IndexError, ValueError):
+            pass
+    return total * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
 def pss_mib(pids: Iterable[int]) -> float:
     """Memory the processes hold together: the sum of their proportional set sizes (a page shared by n of them
     counts 1/n in each), so a fork's copy-on-write pages are not counted once per process; a process whose
@@ -324,7 +337,10 @@ class Watch:
         now = time.monotonic()
         if now - self.started > self.wall_s:
             return "wall", f"stopped after {self.wall_s:.0f} s (wall-clock limit)"
-        if self.memory_mib and pss_mib(process_tree(self.proc.pid)) > self.memory_mib:
+        # the exact figure (PSS) only when the cheap upper bound (RSS) is over the cap: polled every 0.1 s, the PSS
+        # walk alone took a third of a core beside a CPU grade on a 2-core host
+        tree = process_tree(self.proc.pid) if self.memory_mib else []
+        if self.memory_mib and rss_mib(tree) > self.memory_mib and pss_mib(tree) > self.memory_mib:
             return "memory", f"stopped: its processes held more than {self.memory_mib:.0f} MiB of memory"
         if self.folders and now - self.disk_checked > DISK_POLL_S:  # a quota for sandboxes with writable folders
             self.disk_checked = now

@@ -11,6 +11,7 @@ naming the file and key.
 """
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import math
@@ -112,10 +113,7 @@ def cache_file() -> Path:
 def check_references(probes: Iterable[Tuple[Path, Dict[str, Any], bool]]) -> None:
     """Probe every reference not already known good (one subprocess for all); remember the good ones."""
     cache = cache_file()
-    try:
-        known = set(json.loads(cache.read_text()))
-    except (OSError, ValueError):  # none yet, or unreadable: probe again
-        known = set()
+    known = known_good(cache)
     todo = [(path, shape, forward, digest(path, shape)) for path, shape, forward in probes]
     todo = [t for t in todo if t[3] not in known]
     if not todo:
@@ -137,9 +135,18 @@ def check_references(probes: Iterable[Tuple[Path, Dict[str, Any], bool]]) -> Non
             raise KbsweepError(f"{path}: {error}")
         known.add(key)
     cache.parent.mkdir(parents=True, exist_ok=True)
-    partial = cache.with_name(f".{cache.name}.{os.getpid()}")
-    partial.write_text(json.dumps(sorted(known)))
-    partial.replace(cache)
+    with open(cache.with_name(f".{cache.name}.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # what other processes added since the read is merged, not overwritten
+        partial = cache.with_name(f".{cache.name}.{os.getpid()}")
+        partial.write_text(json.dumps(sorted(known | known_good(cache))))
+        partial.replace(cache)
+
+
+def known_good(cache: Path) -> set:
+    try:
+        return set(json.loads(cache.read_text()))
+    except (OSError, ValueError):  # none yet, or unreadable: probe again
+        return set()
 
 
 def digest(reference: Path, shape: Dict[str, Any]) -> str:

@@ -7,7 +7,10 @@ Per problem, three full grades of its example solution: baselines (eager, compil
 then served from that cache, then none. Then, per shape, the same call in this process with the same weights,
 inputs and read flush between calls: CUDA-graph-amortized time (a graph of flush+call pairs less a graph of the
 flushes alone), and triton's do_bench with its zeroing flush swapped for the read, each beside NVML clock
-samples, each in three interleaved rounds (their median is the reference). ``--probe`` adds the figures that tell a gap's cause apart: the graph over the grader's rotation of input
+samples, each in three interleaved rounds (their median is the reference), each opened by the grader's warm
+calls (``timing.WARM_US`` of flush+call) so the power controller holds the clock a scored batch sees; the graph
+also under the runner's profiler session (the grader keeps CUPTI on over every scored call), and cycling through
+``DRAWS`` input sets drawn with seeds of their own (the grader times every batch on a fresh draw). ``--probe`` adds the figures that tell a gap's cause apart: the graph over the grader's rotation of input
 sets, the graph behind stronger flushes (a buffer of 8x the L2, the 2x buffer read twice), and the grader's own
 back-to-back batches run in this process on one set and on the rotation. Rewrites OUT_DIR/timer_fidelity.json
 after every step.
@@ -15,6 +18,7 @@ after every step.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import tempfile
@@ -41,12 +45,33 @@ CASES = {  # name: (problem, example solution, shapes kept)
 CONDITIONS = (("baselines_timed_first", ["eager", "compile"]), ("baselines_cached", ["eager", "compile"]), ("no_baselines", []))
 GRAPH_TARGET_MS = 20.0  # one replay of the flush+call graph
 ROUNDS = 3  # of each outside reference, interleaved
+IDLE_S = 1.0
+DRAWS = 8  # input sets drawn with seeds of their own, which one graph cycles through (the grader draws per batch)
 
 
-def graph_flush_ms(fn, flush, rotation=None) -> dict:
+def warm(fn, flush) -> None:
+    """A scored batch's history before a reference: the GPU idle for ``IDLE_S`` (a batch follows the referee's
+    host work), then the grader's warm calls, flush+call for ``timing.WARM_US`` of GPU work, untimed. Without the
+    idle, under the power cap a reference read the heat of the one before it (do_bench, always last in a round,
+    read 1.61 ms for the 8192³ GEMM where the graph before it read 1.53)."""
+    time.sleep(IDLE_S)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    flush()
+    fn()
+    end.record()
+    torch.cuda.synchronize()
+    for _ in range(min(500, int(timing.WARM_US / 1e3 / max(start.elapsed_time(end), 1e-3)))):
+        flush()
+        fn()
+    torch.cuda.synchronize()
+
+
+def graph_flush_ms(fn, flush, rotation=None, profiled=False) -> dict:
     """Per-call time of ``fn`` replayed in a CUDA graph as flush, call, flush, call ...; the flushes' own graph is
-    timed alternately and subtracted. ``rotation``: callables the pairs cycle through instead of ``fn``. None
-    when the call cannot be captured (a host sync inside it)."""
+    timed alternately and subtracted. ``rotation``: callables the pairs cycle through instead of ``fn``;
+    ``profiled``: replayed inside the runner's profiler session. None when the call cannot be captured (a host
+    sync inside it)."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     calls = rotation or [fn]
 
@@ -73,7 +98,9 @@ def graph_flush_ms(fn, flush, rotation=None) -> dict:
         torch.cuda.synchronize()
         return {"ms": None, "error": f"{type(exc).__name__}: {str(exc)[:200]}"}
     both, flushes = [], []
-    with ClockSampler(torch.device("cuda")) as clocks:
+    warm(fn, flush)
+    session = timing.profiler_session(torch.device("cuda")) if profiled else contextlib.nullcontext()
+    with session, ClockSampler(torch.device("cuda")) as clocks:
         for rep in range(12):
             b, f = timed(graphs[0].replay), timed(graphs[1].replay)
             if rep >= 2:  # the first replays warm the graphs up
@@ -91,6 +118,7 @@ def do_bench_read_flush(fn, flush) -> dict:
     zeroing = driver.clear_cache
     driver.clear_cache = lambda cache: flush()
     try:
+        warm(fn, flush)
         with ClockSampler(torch.device("cuda")) as clocks:
             ms = triton.testing.do_bench(fn, return_mode="median")
     finally:
@@ -133,12 +161,18 @@ def outside(problem, solution: Path, shape: dict, probe: bool = False) -> dict:
     inputs = list(ref.get_inputs(dict(shape), torch.device("cuda")))
     l2_bytes = int(float(ROOFLINE.get("l2_mib") or 50) * 2**20)
     flush = L2Flush(l2_bytes)
+    draws = []
+    for seed in range(DRAWS):
+        torch.manual_seed(7 + seed)
+        draws.append(list(ref.get_inputs(dict(shape), torch.device("cuda"))))
     with torch.no_grad():
         call = lambda: model(*inputs)  # noqa: E731
+        drawn = [lambda d=d: model(*d) for d in draws]
         # interleaved rounds: under the power cap a large GEMM's reference moves by several % from one
         # measurement to the next (the clock follows the load before it), so each reference is a median
-        rounds = [(graph_flush_ms(call, flush), do_bench_read_flush(call, flush)) for _ in range(ROUNDS)]
-        found = {"graph_flush": [g for g, _ in rounds], "do_bench_read_flush": [d for _, d in rounds]}
+        rounds = [(graph_flush_ms(call, flush), graph_flush_ms(call, flush, profiled=True), graph_flush_ms(call, flush, drawn),
+                   do_bench_read_flush(call, flush)) for _ in range(ROUNDS)]
+        found = {key: [r[i] for r in rounds] for i, key in enumerate(("graph_flush", "graph_flush_profiled", "graph_flush_draws", "do_bench_read_flush"))}
         if probe:
             count = timing.input_set_count(sum(t.numel() * t.element_size() for t in inputs if isinstance(t, torch.Tensor)), l2_bytes)
             sets = [inputs] + [list(ref.get_inputs(dict(shape), torch.device("cuda"))) for _ in range(count - 1)]
@@ -160,15 +194,20 @@ def shape_rows(name: str, pid: str, grades: dict, local: list, host: dict) -> li
         valid = [m for m in regrade if m]
         scored = statistics.median(valid) if valid else None
         graph, bench = median_ms(here["graph_flush"]), median_ms(here["do_bench_read_flush"])
+        profiled, drawn = median_ms(here["graph_flush_profiled"]), median_ms(here["graph_flush_draws"])
         rows.append({
             "kernel": f"{name} ({pid})", "shape": here["shape"], "scored_ms": scored,
-            "graph_ms": graph, "do_bench_ms": bench, "regrade_ms": regrade,
+            "graph_ms": graph, "graph_profiled_ms": profiled, "graph_draws_ms": drawn, "do_bench_ms": bench, "regrade_ms": regrade,
             **{f"score_{cond.replace('baselines_timed_first', 'baselines_first').replace('baselines_cached', 'cached')}": g.get("score")
                for cond, g in grades.items()},
             "regrade_spread": (max(valid) - min(valid)) / statistics.mean(valid) if len(valid) > 1 else None,
             "scored_over_graph": scored / graph if scored and graph else None,
+            "scored_over_graph_profiled": scored / profiled if scored and profiled else None,
+            "scored_over_graph_draws": scored / drawn if scored and drawn else None,
             "scored_over_do_bench": scored / bench if scored and bench else None,
-            "graph_rounds_ms": [f.get("ms") for f in here["graph_flush"]], "do_bench_rounds_ms": [f.get("ms") for f in here["do_bench_read_flush"]],
+            "graph_rounds_ms": [f.get("ms") for f in here["graph_flush"]],
+            "graph_profiled_rounds_ms": [f.get("ms") for f in here["graph_flush_profiled"]],
+            "graph_draws_rounds_ms": [f.get("ms") for f in here["graph_flush_draws"]], "do_bench_rounds_ms": [f.get("ms") for f in here["do_bench_read_flush"]],
             "scored_clocks": {cond: t.get("clocks") for cond, t in timed.items()}, "outside": here,
             "mode": next((t.get("mode") for t in timed.values() if t), None), "host": host,
         })
@@ -179,13 +218,15 @@ def markdown(rows: list) -> str:
     """The benchmarks table: scored ms per grade, the outside references (median of rounds), the ratios the issue bounds."""
     pct = lambda v: f"{(v - 1) * 100:+.1f}%" if v else "-"  # noqa: E731
     num = lambda v: f"{v:.4f}" if v else "-"  # noqa: E731
-    lines = ["| kernel | shape | scored ms (timed first / cached / none) | spread | graph+flush ms (rounds) | vs graph | do_bench read-flush ms (rounds) | vs do_bench | scores (first / cached / none) |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| kernel | shape | scored ms (timed first / cached / none) | spread | graph+flush ms (rounds) | vs graph | graph+flush profiled ms (rounds) | vs profiled graph | graph+flush over draws ms (rounds) | vs graph over draws | do_bench read-flush ms (rounds) | vs do_bench | scores (first / cached / none) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         rounds = lambda key: ", ".join(num(v) for v in r[key])  # noqa: E731
         scores = " / ".join(f"{r[k]:.4g}" if r.get(k) else "-" for k in ("score_baselines_first", "score_cached", "score_no_baselines"))
         lines.append(f"| {r['kernel']} | {','.join(f'{k}={v}' for k, v in r['shape'].items())} | {' / '.join(num(m) for m in r['regrade_ms'])} | "
                      f"{(r['regrade_spread'] or 0) * 100:.1f}% | {num(r['graph_ms'])} ({rounds('graph_rounds_ms')}) | {pct(r['scored_over_graph'])} | "
+                     f"{num(r['graph_profiled_ms'])} ({rounds('graph_profiled_rounds_ms')}) | {pct(r['scored_over_graph_profiled'])} | "
+                     f"{num(r['graph_draws_ms'])} ({rounds('graph_draws_rounds_ms')}) | {pct(r['scored_over_graph_draws'])} | "
                      f"{num(r['do_bench_ms'])} ({rounds('do_bench_rounds_ms')}) | {pct(r['scored_over_do_bench'])} | {scores} |")
     return "\n".join(lines) + "\n"
 
@@ -228,7 +269,7 @@ def main() -> None:
             local = [{"shape": shape, **outside(problem, solution, shape, args.probe)} for shape in problem.shapes("shapes")]
             report["rows"] += shape_rows(name, pid, grades, local, host)
             for row in report["rows"][-len(local):]:
-                print(json.dumps({k: row[k] for k in ("kernel", "shape", "regrade_ms", "graph_rounds_ms", "do_bench_rounds_ms")}, default=str), flush=True)
+                print(json.dumps({k: row[k] for k in ("kernel", "shape", "regrade_ms", "graph_rounds_ms", "graph_profiled_rounds_ms", "graph_draws_rounds_ms", "do_bench_rounds_ms")}, default=str), flush=True)
                 for label, figure in (row["outside"].get("probe") or {}).items():
                     print(f"  probe {label}: {figure if label == 'sets' else figure.get('ms')}", flush=True)
             save()

@@ -33,6 +33,14 @@ def test_wrong_kernelbench_solution_fails(cli, outputs, tmp_path):
     assert json.loads(proc.stdout)["outcome"] == "incorrect"
 
 
+def test_relative_outputs_folder(cli, outputs, tmp_path):
+    """KBSWEEP_OUTPUTS relative to the caller's folder: the zygotes fork elsewhere, and every grade was a harness_error."""
+    proc = cli("grade", "track=kernelbench", "problem=kernelbench/1_relu", f"solution={SAMPLE}/solutions/1_relu/triton.py", "gpu=cpu",
+               cwd=tmp_path, env={"KBSWEEP_OUTPUTS": "relative-outputs"})
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert (tmp_path / "relative-outputs/grades").is_dir()
+
+
 def test_sweep_over_an_outside_folder(cli, outputs, tmp_path):
     deck = tmp_path / "level0"
     deck.mkdir()
@@ -83,3 +91,24 @@ def test_unknown_timer_in_config_is_one_line(cli, outputs):
     assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
         f"kbsweep: error: {REPO}/conf/config.yaml: key 'grade.timers': must be a list of kernelbench "
         "(null: kernelbench for KernelBench problems on GPUs), got ['do_bench']"]
+
+
+def test_reference_probe_cache_merges_concurrent_writers(tmp_path, monkeypatch):
+    """A grade's probe adds its reference to what other processes wrote meanwhile, never overwriting it (four
+    concurrent KernelBench grades lost entries, and a wrong solution's grade probed its reference again)."""
+    from kbsweep import validate
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    cache = validate.cache_file()
+    cache.parent.mkdir(parents=True)
+    cache.write_text(json.dumps(["before"]))
+    reference = tmp_path / "reference.py"
+    reference.write_text("x = 1\n")
+
+    def probe(*args, **kwargs):  # another process records its own probe while this one runs
+        cache.write_text(json.dumps(["before", "meanwhile"]))
+        return subprocess.CompletedProcess(args, 0, stdout=json.dumps([None]), stderr="")
+
+    monkeypatch.setattr(validate.subprocess, "run", probe)
+    validate.check_references([(reference, {}, False)])
+    assert set(json.loads(cache.read_text())) == {"before", "meanwhile", validate.digest(reference, {})}

@@ -214,3 +214,37 @@ def test_kernelbench_correct_kbsweep_failed_is_timed_for_kernelbench_only(roofli
     wrong = grade(problem, CASES / "solutions/6_relu/double.py", CPU, roofline, mode="full", baselines=["eager"], timeout_s=300,
                   log_dir=tmp_path / "double", timing=quick)
     assert wrong["verdicts"]["kernelbench"] == "incorrect" and "candidate_timing" not in wrong["kernelbench"]
+
+
+# Forward calls per stage of a CPU grade of a KernelBench problem, as its checks need them (candidate, reference)
+PASS_FORWARDS = {
+    "import_candidate": (0, 0),
+    "baselines": (0, timing.HOST_MAX_RUNS),  # the eager reference timed: one host batch, no warm-up batch
+    "kernelbench_correctness": (5, 5 + 1),  # KernelBench's 5 trials; the reference once more on the first timing inputs
+    # 3 public seeds + the secret one; one more call under the second poison fill (the first seed's own call is the
+    # first fill's); the pointer-cache probe's 11 warm calls and the call after the inputs changed in place
+    "correctness": (4 + 1 + 12, 4 + 1),
+    "timing": (timing.HOST_MAX_RUNS, 2),  # one host batch, 2 calls picked and compared
+    "audit": (1, 0),  # the ghost replays' real call, compared with the first timing inputs' known output
+}
+
+
+def forwards(result):
+    return {stage: (v["candidate_calls"], v["reference_calls"]) for stage, v in result["evidence"]["stages"].items() if stage != "load_reference"}
+
+
+def test_a_grade_makes_the_forwards_its_checks_need(roofline, tmp_path):
+    """Counted by the referee per stage: no reference forward whose output is already known is run again (the
+    nominal seed's output serves the poison and pointer-cache probes, the first timing inputs' output the arena's
+    size, the timed calls' and the audit's comparisons), and a failed grade stops where its check failed."""
+    problem = load_problem(materialize(CASES, "6_relu"), "kernelbench")
+    passed = grade(problem, CASES / "solutions/6_relu/exact.py", CPU, roofline, mode="full", baselines=["eager"], timeout_s=300,
+                   log_dir=tmp_path / "exact")
+    assert passed["outcome"] == "pass", passed.get("message")
+    assert forwards(passed) == PASS_FORWARDS
+    assert passed["evidence"]["probe"]["calls"] == sum(c for c, _ in PASS_FORWARDS.values()) == 31
+    wrong = grade(problem, CASES / "solutions/6_relu/leaky.py", CPU, roofline, mode="full", baselines=["eager"], timeout_s=300,
+                  log_dir=tmp_path / "leaky")
+    assert wrong["outcome"] == "incorrect" and wrong["kernelbench"]["trials"] == "(0 / 5)"
+    assert forwards(wrong) == {**{k: PASS_FORWARDS[k] for k in ("import_candidate", "baselines", "kernelbench_correctness")},
+                               "correctness": (1, 1)}

@@ -14,7 +14,7 @@ import cloudpickle
 import pytest
 
 from kbsweep import KbsweepError, gpus
-from kbsweep.launch import LocalLauncher, SubmititLauncher
+from kbsweep.launch import LocalLauncher, SubmititLauncher, WarmLocalLauncher
 from kbsweep.matrix import Cell, cell_dir
 from kbsweep.torchrun import run_torchrun, torchrun_command
 
@@ -42,6 +42,14 @@ def make_cell(outputs: Path, name: str = "c", device: str = "cpu", world_size: i
         launcher={},
         grade={},
     )
+
+
+def local_launcher(kind: str, conf: dict, job):
+    """The local launcher of ``kind``: ``fresh`` (a submitit process per cell) or ``warm`` (long-lived workers)."""
+    return LocalLauncher(conf, job=job) if kind == "fresh" else WarmLocalLauncher(conf, job=job)
+
+
+LOCAL_KINDS = pytest.mark.parametrize("kind", ["fresh", "warm"])
 
 
 def launcher_conf(tmp_path: Path, **over) -> dict:
@@ -133,10 +141,11 @@ def test_visible_gpus_narrows_nvml_list_by_cuda_visible_devices():
     assert gpus.visible_gpus([], "3,5") == [{"visible": "3", "uuid": "3"}, {"visible": "5", "uuid": "5"}]
 
 
-def test_local_jobs_get_the_nvml_pool_pinned_and_a_process_group_of_their_own(tmp_path, monkeypatch):
+@LOCAL_KINDS
+def test_local_jobs_get_the_nvml_pool_pinned_and_a_process_group_of_their_own(tmp_path, monkeypatch, kind):
     monkeypatch.setattr(gpus, "list_gpus", lambda: FAKE_NVML)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    launcher = LocalLauncher(launcher_conf(tmp_path), job=via_run_cell_pinned(report_env))
+    launcher = local_launcher(kind, launcher_conf(tmp_path), via_run_cell_pinned(report_env))
     assert launcher.pool == ["0", "1"]
     gpu_cell, cpu_cell = make_cell(tmp_path, "g", device="cuda"), make_cell(tmp_path, "c")
     started, done = run_all(launcher, [gpu_cell, cpu_cell])
@@ -184,8 +193,9 @@ def test_grade_lock_is_exclusive_per_gpu_across_processes(tmp_path):
 # ---- wall-clock cap and requeue ----
 
 
-def test_hung_cell_is_killed_at_its_cap_with_its_process_tree_and_requeued_once(tmp_path):
-    launcher = LocalLauncher(launcher_conf(tmp_path, cap_slack_s=0.0), job=via_run_cell_pinned(hang))
+@LOCAL_KINDS
+def test_hung_cell_is_killed_at_its_cap_with_its_process_tree_and_requeued_once(tmp_path, kind):
+    launcher = local_launcher(kind, launcher_conf(tmp_path, cap_slack_s=0.0), via_run_cell_pinned(hang))
     cell = make_cell(tmp_path, "hung", cap_s=4)
     t0 = time.monotonic()
     started, done = run_all(launcher, [cell])
@@ -200,7 +210,8 @@ def test_hung_cell_is_killed_at_its_cap_with_its_process_tree_and_requeued_once(
     assert all(gone(pid) for a in attempts for pid in a["pids"])
 
 
-def test_cells_stop_with_the_orchestrator(tmp_path):
+@LOCAL_KINDS
+def test_cells_stop_with_the_orchestrator(tmp_path, kind):
     """A crash in the orchestrator (here: its on_done) kills the cells still running."""
     quick, hung = make_cell(tmp_path, "quick"), make_cell(tmp_path, "hung")
 
@@ -210,21 +221,38 @@ def test_cells_stop_with_the_orchestrator(tmp_path):
         raise RuntimeError("orchestrator crash")
 
     body = lambda cell: hang(cell) if cell.key == hung.key else {"outcome": "pass"}  # noqa: E731
-    launcher = LocalLauncher(launcher_conf(tmp_path), job=via_run_cell_pinned(body))
+    launcher = local_launcher(kind, launcher_conf(tmp_path), via_run_cell_pinned(body))
     with pytest.raises(RuntimeError, match="orchestrator crash"):
         launcher.run([hung, quick], lambda cell: None, crash)
     (attempt,) = [json.loads(line) for line in (tmp_path / "attempts.jsonl").read_text().splitlines()]
     assert all(gone(pid) for pid in attempt["pids"])
 
 
+@LOCAL_KINDS
 @pytest.mark.parametrize("requeue, outcome", [(1, "pass"), (0, "node_failure")])
-def test_job_that_dies_is_node_failure_and_requeued_once(tmp_path, requeue, outcome):
-    launcher = LocalLauncher(launcher_conf(tmp_path, requeue_infra=requeue), job=via_run_cell_pinned(die_once))
+def test_job_that_dies_is_node_failure_and_requeued_once(tmp_path, requeue, outcome, kind):
+    launcher = local_launcher(kind, launcher_conf(tmp_path, requeue_infra=requeue), via_run_cell_pinned(die_once))
     started, done = run_all(launcher, [make_cell(tmp_path, "dies")])
     assert len(started) == 1 and len(done) == 1
     assert done[0][1]["outcome"] == outcome
     if outcome == "node_failure":
         assert "ended without a result" in done[0][1]["message"]
+
+
+def test_warm_workers_run_cells_one_after_another_and_exit_with_the_sweep(tmp_path):
+    """Two workers for five cells: each worker process runs several cells (what keeps its imports and zygotes
+    warm), a cell's prints do not reach the result channel, and the workers are gone once the sweep ends."""
+
+    def body(cell):
+        print("a cell's own output")
+        return {"outcome": "pass", "pid": os.getpid()}
+
+    launcher = local_launcher("warm", launcher_conf(tmp_path), via_run_cell_pinned(body))
+    started, done = run_all(launcher, [make_cell(tmp_path, str(i)) for i in range(5)])
+    pids = {result["pid"] for _, result in done}
+    assert len(started) == 5 and [r["outcome"] for _, r in done] == ["pass"] * 5
+    assert 1 <= len(pids) <= 2
+    assert all(gone(pid) for pid in pids)
 
 
 # ---- torchrun ----

@@ -26,6 +26,7 @@ from kbsweep import REPO_ROOT, KbsweepError, gpus
 from kbsweep.config import BASELINE_TIMERS
 from kbsweep.grader import zygote
 from kbsweep.grader.baselines import BaselineCache, conditions, entry_key
+from kbsweep.grader.failures import COMM_FINDINGS
 from kbsweep.problems import Problem, asdict_spec
 from kbsweep.sandbox import Sandbox, SandboxPolicy, Watch, give, grading_view, is_root, minimal_env, sandbox_uid
 from kbsweep.score import score_grade, shape_speedups
@@ -39,15 +40,30 @@ def software_versions() -> Dict[str, str]:
     """Python, torch, Triton and CUDA versions, and the host runtime (the kernel release: a hypervisor's shows)."""
     from importlib.metadata import version
 
-    import torch
-
-    versions = {"python": platform.python_version(), "cuda": str(torch.version.cuda), "runtime": platform.release()}
+    versions = {"python": platform.python_version(), "cuda": torch_cuda(), "runtime": platform.release()}
     for name in ("torch", "triton"):
         try:
             versions[name] = version(name)
         except Exception:
             versions[name] = "absent"
     return versions
+
+
+def torch_cuda() -> str:
+    """``str(torch.version.cuda)``, read from torch's generated ``version.py``: importing torch costs a process
+    3-6 s on a loaded 2-core host, and a single grade's orchestrator needs nothing else of it."""
+    import ast
+    import importlib.util
+
+    spec = importlib.util.find_spec("torch")
+    try:
+        tree = ast.parse(Path(spec.origin).with_name("version.py").read_text())
+        return next(str(ast.literal_eval(node.value)) for node in tree.body if isinstance(node, (ast.Assign, ast.AnnAssign))
+                    and any(getattr(t, "id", None) == "cuda" for t in (node.targets if isinstance(node, ast.Assign) else [node.target])))
+    except (AttributeError, OSError, SyntaxError, ValueError, StopIteration):  # a torch laid out otherwise
+        import torch
+
+        return str(torch.version.cuda)
 
 
 def stage_candidate(solution: Path, folder: Path) -> Path:
@@ -252,6 +268,7 @@ def grade(
     hide_env: Sequence[str] = (),
     sandbox: Optional[SandboxPolicy] = None,
     timers: Optional[Sequence[str]] = None,
+    zygote_home: Optional[Path] = None,
 ) -> Dict[str, Any]:
     """Grade one solution file. ``mode``: check (correctness only), bench or full (correctness + timing).
 
@@ -260,21 +277,24 @@ def grade(
     by ``sandbox`` (default: :class:`~kbsweep.sandbox.SandboxPolicy`'s defaults). The processes get a minimal
     environment (never ``hide_env`` nor *_API_KEY/_TOKEN/_SECRET). ``timers``: timers of
     :data:`kbsweep.config.BASELINE_TIMERS` that time the baselines too, beside kbsweep's scored figure
-    (default: ``kernelbench`` for a KernelBench problem on a GPU, where its figure means something)."""
-    from kbsweep.grader import distributed  # not at import time: ``python -m kbsweep.grader.distributed`` imports this package
-
+    (default: ``kernelbench`` for a KernelBench problem on a GPU, where its figure means something).
+    ``zygote_home``: the folder the runner's zygote keeps its home under (default: ``log_dir``'s parent); grades
+    that share it share the zygote (a worker's cells, one after another)."""
     multi = world_size > 1 or bool(problem.spec.constraints.get("collective"))
+    if multi:  # not at import time (``python -m kbsweep.grader.distributed`` imports this package), nor for one
+        from kbsweep.grader import distributed  # process: it imports torch, which a single grade's orchestrator need not
+
     work = (lambda shape: distributed.multi_work(problem, shape, world_size)) if multi else problem.work
     started = time.time()  # start-up (warm zygotes or not) counts in grade_s and startup_s
     original = Path(solution).resolve()
-    log_dir = Path(log_dir or tempfile.mkdtemp(prefix="kbsweep-grade-"))
+    log_dir = Path(log_dir or tempfile.mkdtemp(prefix="kbsweep-grade-")).resolve()  # the zygotes fork in other folders
     spec = asdict_spec(problem.spec)
     shape_set = gpu.shape_set
     device = gpu.device
     env = grading_env(hide_env, device)
     confined = Sandbox(sandbox or SandboxPolicy(), gpu=device == "cuda")
     view = grading_view(problem.root)  # bundled solutions stay out of reach
-    warm = warm_runner(confined, env, view, log_dir.parent) if not multi else None
+    warm = warm_runner(confined, env, view, zygote_home or log_dir.parent) if not multi else None
     solution = stage_candidate(original, warm.home if warm else log_dir / "candidate")
     if warm and confined.confined and is_root():
         give([warm.home], sandbox_uid())  # staged after the zygote started: the sandbox's uid must own it
@@ -362,7 +382,7 @@ def grade(
         findings=worker["findings"] + scored.get("findings", []),
         **{k: v for k, v in scored.items() if k != "findings"},
     )
-    if any(f["kind"] in UNSCORED_FINDINGS + distributed.COMM_FINDINGS for f in result["findings"]):
+    if any(f["kind"] in UNSCORED_FINDINGS + COMM_FINDINGS for f in result["findings"]):
         result["score"] = None
     kernelbench = worker.get("kernelbench")
     if kernelbench is not None and result["score"] is not None:  # KernelBench's speedup of a pass is kbsweep's

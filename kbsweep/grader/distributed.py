@@ -47,12 +47,11 @@ import torch.distributed as dist
 
 from kbsweep.grader import checks
 from kbsweep.grader.channel import Channel, ChannelError, accept_rank, listen
-from kbsweep.grader.failures import GradeFailure
+from kbsweep.grader.failures import COMM_FINDINGS, GradeFailure  # noqa: F401 - COMM_FINDINGS: this module's findings
 from kbsweep.grader.referee import Referee, referee_message
 from kbsweep.sandbox import POLL_S, Sandbox, Watch
 
 RANK_SEED_STRIDE = 1_000_003
-COMM_FINDINGS = ("c10d_collective", "nccl_kernel")  # dynamic findings that disqualify a multi-GPU candidate
 # c10d operations (the profiler's CPU-side names) that are collectives; send/recv are point-to-point
 COLLECTIVE_OP = re.compile(r"^(c10d|_c10d_functional|c10d_functional)::(?!(send|recv))|^(nccl|gloo):(?!(send|recv))")
 NCCL_KERNEL = re.compile(r"nccl", re.IGNORECASE)

@@ -1,6 +1,8 @@
 """How a grade fails: the exception that carries an outcome, and the classification of candidate exceptions."""
 from __future__ import annotations
 
+COMM_FINDINGS = ("c10d_collective", "nccl_kernel")  # dynamic findings that disqualify a multi-GPU candidate
+
 
 class GradeFailure(Exception):
     def __init__(self, outcome: str, message: str):

@@ -13,14 +13,16 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
-import torch
-
 from kbsweep.grader.failures import GradeFailure
 
 if TYPE_CHECKING:
+    import torch
+
     from kbsweep.grader.referee import Referee
 
-PRECISIONS = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+# torch's dtype names; torch is imported where tensors are made, so the CLI that only reads the semantics (a
+# problem's folder, a plan) does not import it (3-6 s a process on a loaded 2-core host)
+PRECISIONS = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 
 
 @dataclass(frozen=True)
@@ -70,6 +72,8 @@ def from_spec(spec: Dict[str, Any]) -> Optional[Semantics]:
 
 def trial_seeds(seed: int, trials: int) -> List[int]:
     """KernelBench's per-trial seeds: drawn one by one from torch's generator seeded with ``seed``."""
+    import torch
+
     generator = torch.Generator().manual_seed(seed)
     return [int(torch.randint(0, 2**32 - 1, (1,), generator=generator).item()) for _ in range(trials)]
 
@@ -78,7 +82,9 @@ def cast(values: List[Any], sem: Semantics) -> List[Any]:
     """Inputs as KernelBench hands them over: every tensor cast to the eval precision (integers included)."""
     if not sem.cast_inputs:
         return values
-    dtype = PRECISIONS[sem.precision]
+    import torch
+
+    dtype = getattr(torch, PRECISIONS[sem.precision])
     return [v.to(dtype) if isinstance(v, torch.Tensor) else v for v in values]
 
 
@@ -115,6 +121,8 @@ def run(referee: "Referee", sem: Semantics) -> Dict[str, Any]:
     """KernelBench's correctness pass over the referee's candidate process (first shape: a KernelBench file has
     one). A trial that runs but mismatches is counted and the next runs; an exception ends the pass, as in
     KernelBench's ``run_and_check_correctness``."""
+    import torch
+
     shape = referee.req["shapes"][0]
     referee.shape, referee.tag = shape, "/kernelbench"
     referee.open_arena(referee.arena_size(shape))

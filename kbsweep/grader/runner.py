@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
 import torch
+import torch._inductor  # noqa: F401 - the profiler session's start imports it (hasattr(torch, "_inductor")): ~3 CPU-s, paid once in the zygote, not per grade
 import torch.profiler
 
 from kbsweep.audit import runtime
@@ -277,6 +278,16 @@ def join_ranks() -> tuple:
     control = dist.new_group(backend="gloo")
     token = os.environ.pop("KBSWEEP_RANK_TOKEN", "")
     return connect_rank(Path(sys.argv[-1]), rank, token), lambda: dist.barrier(group=control)
+
+
+def warm() -> None:
+    """Run once by the runner's zygote before it forks: the host profiler's first start sets up Kineto (2-3 s
+    on CPU), which every grade's session then paid again. CPU grades only (``CUDA_VISIBLE_DEVICES`` empty): a
+    zygote that forks GPU grades must not touch CUDA."""
+    if os.environ.get("CUDA_VISIBLE_DEVICES") == "":
+        session = timing.profiler_session("cpu")
+        session.start()
+        session.stop()
 
 
 def main() -> None:

@@ -104,6 +104,7 @@ def serve() -> None:
     request and report its pid and, once reaped, its exit status."""
     side, control = sys.argv[-2], socket.socket(fileno=int(sys.argv[-1]))
     module = importlib.import_module(MODULES[side])  # torch with it: the cost this process exists to pay once
+    getattr(module, "warm", lambda: None)()  # the side's other one-time set-up, before any fork
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
     libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)

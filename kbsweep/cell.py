@@ -67,7 +67,8 @@ def configured_grader(problem, roofline: Dict[str, Any], folder: Path, gpu_conf:
     )
     world_size = int(track.get("world_size", 1))
     policy = SandboxPolicy.of(track)
-    zygotes = Path(paths["outputs"]) / "zygotes"  # not the cell's folder: a worker's next cells grade with the same runner zygote
+    # not the cell's folder: a worker's next cells grade with the same runner zygote; absolute: the zygotes fork elsewhere
+    zygotes = (Path(paths["outputs"]) / "zygotes").resolve()
     prewarm(problem, gpu.device, world_size, hidden, policy, zygotes)
 
     def run(mode: str, solution: Path, log_name: str) -> Dict[str, Any]:

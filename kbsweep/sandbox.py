@@ -18,7 +18,6 @@ import functools
 import os
 import shutil
 import signal
-import stat
 import subprocess
 import sys
 import tempfile
@@ -29,6 +28,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from kbsweep.errors import KbsweepError
 from kbsweep.paths import REPO_ROOT
+from kbsweep.sandbox_usage import output_files, pss_mib, rss_mib, used_mib
 from kbsweep.sandbox_net import BASH, FORWARDER, PROXY_PORT, PROXY_SOCKET, WITH_FORWARDER, AllowProxy
 
 MODES = ("bwrap", "unsafe")
@@ -213,37 +213,6 @@ def process_tree(pid: int) -> List[int]:
     return tree
 
 
-def rss_mib(pids: Iterable[int]) -> float:
-    """The processes' resident sizes summed (shared pages once per process): never below :func:`pss_mib`, and
-    read from ``statm`` without the page-table walk of ``smaps_rollup`` (~12 ms for a process holding torch)."""
-    total = 0
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/statm") as fh:
-                total += int(fh.read().split()[1])
-        except (OSError, IndexError, ValueError):
-            pass
-    return total * os.sysconf("SC_PAGE_SIZE") / 2**20
-
-
-def pss_mib(pids: Iterable[int]) -> float:
-    """Memory the processes hold together: the sum of their proportional set sizes (a page shared by n of them
-    counts 1/n in each), so a fork's copy-on-write pages are not counted once per process; a process whose
-    smaps cannot be read counts its resident size."""
-    total_kib = 0
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/smaps_rollup") as fh:
-                total_kib += next(int(line.split()[1]) for line in fh if line.startswith("Pss:"))
-        except (OSError, StopIteration, IndexError, ValueError):
-            try:
-                with open(f"/proc/{pid}/statm") as fh:
-                    total_kib += int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") // 1024
-            except (OSError, IndexError, ValueError):
-                pass
-    return total_kib / 1024
-
-
 def host_memory_mib() -> float:
     """This host's memory, or less where a cgroup (a Slurm job's, a container's) limits this process."""
     with open("/proc/meminfo") as fh:
@@ -263,31 +232,6 @@ def memory_cap_mib(configured: Optional[float]) -> float:
     has (past it the kernel's OOM killer, not the watch, would end the process, and nobody could say why)."""
     host = host_memory_mib()
     return min(float(configured), host) if configured else HOST_SHARE * host
-
-
-def used_mib(folders: Iterable[Path], files: Iterable[str] = ()) -> float:
-    """Disk blocks under ``folders`` and of ``files``."""
-    total = 0
-    paths = [os.path.join(root, name) for folder in folders for root, dirs, names in os.walk(folder) for name in dirs + names]
-    for path in [*paths, *files]:
-        try:
-            total += os.stat(path, follow_symlinks=path in files).st_blocks * 512
-        except OSError:
-            pass
-    return total / 2**20
-
-
-def output_files(pid: int) -> List[str]:
-    """Where a process's stdout and stderr go, when those are files (its logs count against its disk quota)."""
-    found = []
-    for fd in (1, 2):
-        link = f"/proc/{pid}/fd/{fd}"
-        try:
-            if stat.S_ISREG(os.stat(link).st_mode):
-                found.append(link)
-        except OSError:
-            pass
-    return found
 
 
 def give(folders: Iterable[Path], uid: int) -> None:

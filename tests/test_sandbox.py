@@ -18,7 +18,8 @@ import pytest
 
 from kbsweep import sandbox
 from kbsweep.agent.tools import Toolbox
-from kbsweep.sandbox import Sandbox, SandboxPolicy, SandboxUnavailable, used_mib
+from kbsweep.sandbox import Sandbox, SandboxPolicy, SandboxUnavailable
+from kbsweep.sandbox_usage import used_mib
 
 REPO = Path(__file__).resolve().parent.parent
 PLANTED = "planted-0f9e8d7c6b5a4"

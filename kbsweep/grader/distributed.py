@@ -184,8 +184,8 @@ def watch_ranks(referee, runner, timeout_s: float, memory_mib: float, disk_mib: 
         while runner.poll() is None and time.monotonic() - ended < RUNNER_GRACE_S:
             time.sleep(POLL_S)
         return None
-    finally:
-        for proc in (runner, referee):
+    finally:  # the referee ranks first: past a limit, a broken line is all they could report, not the cause
+        for proc in (referee, runner):
             kill_tree(proc.pid)
             proc.wait()
 

@@ -211,9 +211,11 @@ def grade_verb(cfgs: List[DictConfig]) -> int:
 def grade_file(cfg: DictConfig) -> tuple:
     """(the grader's result, the exit code it means) for ``cfg.solution`` on ``cfg.problem``."""
     from kbsweep.cell import configured_grader
+    from kbsweep.grader import referee_prober
     from kbsweep.outcomes import Outcome
     from kbsweep.problem_folders import find_problem_dir
     from kbsweep.problems import load_problem
+    from kbsweep.sandbox import SandboxPolicy
     from kbsweep.score import load_roofline
     from kbsweep.validate import check_problem, check_references, reference_probe
 
@@ -230,7 +232,8 @@ def grade_file(cfg: DictConfig) -> tuple:
     # the grading zygotes start here (torch imported in each) and the checks below run meanwhile
     run = configured_grader(problem, roofline, Path(cfg.paths.outputs), conf["gpu"], conf["track"], conf["grade"], conf["paths"])
     check_problem(problem, cfg.gpu.shape_set, roofline, cfg.gpu.roofline)
-    check_references([reference_probe(problem)])
+    prober = referee_prober(problem, conf["gpu"]["device"], int(conf["track"].get("world_size", 1)), (), SandboxPolicy.of(conf["track"]))
+    check_references([reference_probe(problem)], prober)  # in the referee's zygote: one torch import fewer
     result = run("full", solution, f"{track}-{name}-{time.strftime('%Y%m%d-%H%M%S')}")
     outcome = Outcome(result["outcome"])
     return result, ExitCode.OK if outcome == Outcome.PASS else ExitCode.INFRA if outcome.is_infra else ExitCode.MODEL

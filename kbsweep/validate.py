@@ -20,7 +20,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 from kbsweep.config import is_number
 from kbsweep.errors import KbsweepError
@@ -110,8 +110,9 @@ def cache_file() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kbsweep" / "validated.json"
 
 
-def check_references(probes: Iterable[Tuple[Path, Dict[str, Any], bool]]) -> None:
-    """Probe every reference not already known good (one subprocess for all); remember the good ones."""
+def check_references(probes: Iterable[Tuple[Path, Dict[str, Any], bool]], prober: Optional[Callable] = None) -> None:
+    """Probe every reference not already known good (one process for all: forked by ``prober``, see
+    :func:`kbsweep.grader.referee_prober`, else a subprocess); remember the good ones."""
     cache = cache_file()
     known = known_good(cache)
     todo = [(path, shape, forward, digest(path, shape)) for path, shape, forward in probes]
@@ -122,13 +123,17 @@ def check_references(probes: Iterable[Tuple[Path, Dict[str, Any], bool]]) -> Non
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "CUDA_VISIBLE_DEVICES": ""}
     limit = PROBE_TIMEOUT_S + PROBE_EACH_S * len(todo)
     try:
-        proc = subprocess.run([sys.executable, "-m", "kbsweep.validate"], input=request, capture_output=True, text=True, env=env,
-                              timeout=limit, cwd=REPO_ROOT)
+        ran = prober(request, limit) if prober else None
+        if ran is None:
+            proc = subprocess.run([sys.executable, "-m", "kbsweep.validate"], input=request, capture_output=True, text=True, env=env,
+                                  timeout=limit, cwd=REPO_ROOT)
+            ran = proc.returncode, proc.stdout, proc.stderr
     except subprocess.TimeoutExpired:
         raise KbsweepError(f"{todo[0][0]}: probing the references took over {limit:.0f} s (a reference hangs on import or forward?)") from None
-    lines = proc.stdout.strip().splitlines()
-    if proc.returncode != 0 or not lines:
-        tail = (proc.stderr.strip().splitlines() or [f"exit code {proc.returncode}"])[-1]
+    code, stdout, stderr = ran
+    lines = stdout.strip().splitlines()
+    if code != 0 or not lines:
+        tail = (stderr.strip().splitlines() or [f"exit code {code}"])[-1]
         raise KbsweepError(f"{todo[0][0]}: the reference probe died ({tail[:300]})")
     for (path, _, _, key), error in zip(todo, json.loads(lines[-1])):
         if error:

@@ -8,7 +8,8 @@ it), so the second forks from the zygotes the first started, as a sweep cell's g
 ``process_s`` is the whole process, start-up included. ``--sample N`` grades N problems per level drawn at random
 (seeded); without it, every problem. Problems are
 graded in a random order (seeded), the levels taking turns, so a run stopped early has graded a random sample
-of each level. ``--jobs N`` grades N problems at once (each problem's two grades one after the other): more
+of each level. ``--skip EARLIER.json ...``: leave out the problems an earlier run's output graded (both
+solutions), so a run cut short can be finished. ``--jobs N`` grades N problems at once (each problem's two grades one after the other): more
 problems an hour, each slower. OUT.json is rewritten after every grade (a long run can be read, or stopped, at
 any point): each grade's wall time, the 1-minute load average before and after it, exit code, outcome, both
 verdicts, message and the referee's seconds and forward calls per stage, and per level and solution the count of
@@ -108,6 +109,15 @@ def summary(grades: List[Dict[str, Any]]) -> Dict[str, Any]:
     return out
 
 
+def already_graded(outputs: List[Path]) -> set:
+    """(level, problem) of every problem these earlier outputs hold both solutions' grades of."""
+    solutions: Dict[tuple, set] = {}
+    for path in outputs:
+        for grade in json.loads(path.read_text())["grades"]:
+            solutions.setdefault((grade["level"], grade["problem"]), set()).add(grade["solution"])
+    return {problem for problem, done in solutions.items() if done >= set(SOLUTIONS)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("kernelbench", type=Path, help="the KernelBench/ folder of a checkout (holds level1, level2, ...)")
@@ -118,17 +128,19 @@ def main() -> None:
     parser.add_argument("--timeout-s", type=float, default=1800.0, help="per grade, on top of the grade's own limit")
     parser.add_argument("--jobs", type=int, default=1, help="problems graded at once")
     parser.add_argument("--one-process", action="store_true", help="a problem's two grades in one process (kbsweep.grade)")
+    parser.add_argument("--skip", nargs="+", type=Path, default=[], help="earlier OUT.json files: their problems graded both ways are left out")
     parser.add_argument("--reverse", action="store_true", help="the order from its end: a second run meets the first halfway")
     args = parser.parse_args()
     outputs = args.out.with_suffix(".outputs").resolve()
     record: Dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "host": platform.node(), "cpus": os.cpu_count(),
                               "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]), "sample": args.sample, "seed": args.seed, "jobs": args.jobs, "one_process": args.one_process, "reverse": args.reverse,
-                              "levels": {}, "grades": []}
-    queues = []
+                              "skipped": [str(p) for p in args.skip], "levels": {}, "grades": []}
+    queues, graded = [], already_graded(args.skip)
     for level in args.levels:
         folder = (args.kernelbench / level).resolve()
         names = kernelbench_names(folder)
         picked = random.Random(args.seed).sample(names, args.sample or len(names))  # a random order: any prefix is a random sample
+        picked = [name for name in picked if (level, name) not in graded]
         started = time.perf_counter()
         generated = materialize_all(folder, picked)  # one sizing child for the level
         record["levels"][level] = {"problems": len(names), "order": picked, "materialize_s": time.perf_counter() - started}

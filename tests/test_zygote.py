@@ -62,3 +62,46 @@ def test_a_breach_discards_the_zygotes(problem, roofline, tmp_path):  # noqa: F8
     after = grade(problem, candidate(tmp_path / "b", LOOK), CPU, roofline, mode="check", timeout_s=180, log_dir=grades / "3")
     assert (before["outcome"], hung["outcome"], after["outcome"]) == ("pass", "grade_timeout", "pass")
     assert seen(grades / "1")["zygote"] != seen(grades / "3")["zygote"]  # a fresh zygote after the breach
+
+
+def test_the_referee_zygote_probes_references(problem, tmp_path, monkeypatch):  # noqa: F811
+    """A one-file grade probes its reference in a child of the referee's zygote (no process of its own): a good
+    reference passes, a broken one is named, one that hangs is stopped at the probe's limit (and its zygote with
+    it); a zygote runs no module its side does not list."""
+    import shutil
+    import subprocess
+    from types import SimpleNamespace
+
+    import pytest
+
+    from kbsweep import KbsweepError, validate
+    from kbsweep.grader import referee_prober, zygote, zygote_view
+    from kbsweep.problems import load_problem
+    from kbsweep.sandbox import SandboxPolicy, grading_view
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    no_subprocess = SimpleNamespace(run=lambda *a, **k: pytest.fail("probed in a subprocess"), TimeoutExpired=subprocess.TimeoutExpired)
+    monkeypatch.setattr(validate, "subprocess", no_subprocess)
+
+    def probed(source: str) -> tuple:
+        root = tmp_path / f"p{len(list(tmp_path.iterdir()))}"
+        shutil.copytree(problem.root, root)
+        if source:
+            (root / "reference.py").write_text(source)
+        copy = load_problem(root, "demo")
+        return copy, referee_prober(copy, "cpu", 1, (), SandboxPolicy())
+
+    good, prober = probed("")
+    validate.check_references([validate.reference_probe(good)], prober)
+    assert validate.digest(good.grader_reference, validate.smallest(good)) in validate.known_good(validate.cache_file())
+    broken, prober = probed("raise RuntimeError('deck bug')\n")
+    with pytest.raises(KbsweepError, match="does not import: RuntimeError: deck bug"):
+        validate.check_references([validate.reference_probe(broken)], prober)
+    hang, prober = probed("import time\ntime.sleep(600)\n")
+    monkeypatch.setattr(validate, "PROBE_TIMEOUT_S", 5.0)
+    with pytest.raises(KbsweepError, match="took over 15 s"):
+        validate.check_references([validate.reference_probe(hang)], prober)
+    assert not [z for z in zygote.LIVE if z.key[4] == tuple(map(str, grading_view(hang.root)))]  # closed with its child
+    judge = zygote.take("referee", *zygote_view(good, "cpu", 1, (), SandboxPolicy()))
+    assert judge.run("kbsweep.cli", "", 60)[0] == 70  # not one of the referee's entries: the child exits at once
+    zygote.discard(judge)

@@ -220,15 +220,44 @@ def warm_runner(sandbox: Sandbox, env: Dict[str, str], view: Sequence[Path], par
     return warm
 
 
+def zygote_view(problem: Problem, device: str, world_size: int, hide_env: Sequence[str], policy: SandboxPolicy):
+    """(sandbox, the referee's environment, its read-only view) of ``problem``'s grades, the key of the zygotes they
+    fork from; None where grades spawn cold (multi-rank, unconfined)."""
+    sandbox = Sandbox(policy, gpu=device == "cuda")
+    if world_size > 1 or problem.spec.constraints.get("collective") or not sandbox.confined:
+        return None
+    return sandbox, grading_env(hide_env, device), grading_view(problem.root)
+
+
 def prewarm(problem: Problem, device: str, world_size: int, hide_env: Sequence[str], policy: SandboxPolicy, grades: Path) -> None:
     """Start the zygotes the grades of ``problem`` under ``grades/`` will fork from, so their imports run while
     the agent works (no-op for multi-rank grades and unconfined ones)."""
-    sandbox = Sandbox(policy, gpu=device == "cuda")
-    if world_size > 1 or problem.spec.constraints.get("collective") or not sandbox.confined:
-        return
-    env = grading_env(hide_env, device)
-    zygote.prewarm("referee", sandbox, env, grading_view(problem.root))
-    zygote.prewarm("runner", sandbox, runner_env(env), [REPO_ROOT / "kbsweep"], grades)
+    view = zygote_view(problem, device, world_size, hide_env, policy)
+    if view is not None:
+        sandbox, env, readonly = view
+        zygote.prewarm("referee", sandbox, env, readonly)
+        zygote.prewarm("runner", sandbox, runner_env(env), [REPO_ROOT / "kbsweep"], grades)
+
+
+def referee_prober(problem: Problem, device: str, world_size: int, hide_env: Sequence[str], policy: SandboxPolicy):
+    """``probe(request, limit_s)`` for :func:`kbsweep.validate.check_references`: the probe forked by the referee's
+    zygote that ``problem``'s grades fork from (the probe sees what the referee sees), so it pays no torch import
+    of its own; None where grades spawn cold. ``probe`` returns None when the zygote did not start (probe cold)."""
+    view = zygote_view(problem, device, world_size, hide_env, policy)
+    if view is None:
+        return None
+
+    def probe(request: str, limit_s: float) -> Optional[Tuple[int, str, str]]:
+        judge = zygote.take("referee", *view)
+        try:
+            ran = judge.run("kbsweep.validate", request, limit_s)
+        except OSError:
+            zygote.discard(judge)
+            return None
+        zygote.keep(judge) if ran[0] == 0 else zygote.discard(judge)
+        return ran
+
+    return probe
 
 
 def launch_gate(timings: List[Dict[str, Any]]) -> Tuple[List[Dict[str, Any]], List[Dict[str, Any]]]:

@@ -28,6 +28,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
@@ -35,6 +36,9 @@ from kbsweep import REPO_ROOT
 
 BOOT = "import sys; sys.path.append({root!r}); from kbsweep.grader.zygote import serve; serve()"
 MODULES = {"runner": "kbsweep.grader.runner", "referee": "kbsweep.grader.referee"}
+# other modules whose ``main`` a side's child may run, named by the orchestrator's request: the referee's zygote
+# also probes references (deck code, which its grades run anyway), so a grade's probe pays no torch import of its own
+ENTRIES = {"runner": (), "referee": ("kbsweep.validate",)}
 PR_SET_DUMPABLE, PR_SET_CHILD_SUBREAPER = 4, 36
 MAX_FDS = 8
 WAIT_S = 10.0  # for a zygote to report a killed child's exit
@@ -95,7 +99,12 @@ def child(control: socket.socket, request: Dict[str, Any], fds: List[int], modul
         os.dup2(names.pop(name), target)
     os.chdir(request["cwd"])
     sys.argv = [request["side"], *(str(names[a[3:]]) if a.startswith("fd:") else a for a in request["argv"])]
-    module.main()
+    entry = request.get("entry")
+    if entry is not None and entry not in ENTRIES[request["side"]]:
+        raise ValueError(f"the {request['side']} zygote runs no {entry}")
+    (importlib.import_module(entry) if entry else module).main()
+    sys.stdout.flush()  # os._exit skips it
+    sys.stderr.flush()
     os._exit(0)
 
 
@@ -197,18 +206,48 @@ class Zygote:
         if not self.ready:
             self.ready = bool(self.message(None))
 
-    def fork(self, cwd: Path, argv: Sequence[str], fds: Dict[str, int]) -> Forked:
-        """A child running the side's ``main`` with ``argv`` (``fd:<name>`` items become the child's numbers of
-        the passed descriptors ``fds``: stdin, stdout and stderr among them)."""
+    def fork(self, cwd: Path, argv: Sequence[str], fds: Dict[str, int], entry: Optional[str] = None) -> Forked:
+        """A child running the side's ``main`` (or ``entry``'s, one of the side's :data:`ENTRIES`) with ``argv``
+        (``fd:<name>`` items become the child's numbers of the passed descriptors ``fds``: stdin, stdout and
+        stderr among them)."""
         self.started()
         names = list(fds)
-        request = {"side": self.side, "cwd": str(cwd), "argv": list(argv), "fds": names}
+        request = {"side": self.side, "cwd": str(cwd), "argv": list(argv), "fds": names, "entry": entry}
         socket.send_fds(self.control, [json.dumps(request).encode()], [fds[n] for n in names])
         reply = self.message(None)
         pid = host_pid(self.proc.pid, int(reply["pid"]))
         if pid is None:
             raise OSError(f"the {self.side} zygote's child {reply['pid']} is not under it")
         return Forked(self, pid)
+
+    def run(self, entry: str, text: str, timeout_s: float) -> Tuple[int, str, str]:
+        """(exit code, stdout, stderr) of a child running ``entry``'s ``main`` on ``text`` (stdin, under 64 KiB:
+        written whole before reading); past ``timeout_s`` the zygote is closed and TimeoutExpired raised."""
+        self.started()  # the zygote's own start-up is not the child's time
+        deadline = time.monotonic() + timeout_s
+        (stdin, feed), (out_read, out), (err_read, err) = os.pipe(), os.pipe(), os.pipe()
+        try:
+            forked = self.fork(self.home, [], {"stdin": stdin, "stdout": out, "stderr": err}, entry)
+        finally:
+            for fd in (stdin, out, err):
+                os.close(fd)
+        with os.fdopen(feed, "wb") as fh:
+            fh.write(text.encode())
+        read: Dict[int, List[bytes]] = {out_read: [], err_read: []}
+        pending = list(read)
+        try:
+            while pending:
+                ready = select.select(pending, [], [], max(deadline - time.monotonic(), 0.0))[0]
+                if not ready:
+                    self.close()
+                    raise subprocess.TimeoutExpired(entry, timeout_s)
+                for fd in ready:
+                    data = os.read(fd, 1 << 16)
+                    read[fd].append(data) if data else pending.remove(fd)
+        finally:
+            for fd in read:
+                os.close(fd)
+        return forked.wait(), b"".join(read[out_read]).decode(errors="replace"), b"".join(read[err_read]).decode(errors="replace")
 
     def status(self, timeout: Optional[float]) -> Optional[int]:
         """The last child's exit code once the zygote reports it (swept), else None; -SIGKILL if the zygote died."""

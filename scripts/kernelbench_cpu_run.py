@@ -9,7 +9,9 @@ it), so the second forks from the zygotes the first started, as a sweep cell's g
 (seeded); without it, every problem. Problems are
 graded in a random order (seeded), the levels taking turns, so a run stopped early has graded a random sample
 of each level. ``--skip EARLIER.json ...``: leave out the problems an earlier run's output graded (both
-solutions), so a run cut short can be finished. ``--jobs N`` grades N problems at once (each problem's two grades one after the other): more
+solutions), so a run cut short can be finished; ``--problems LEVEL/NAME ...``: these problems only.
+``--summarize A.json B.json ...``: no grading; the summary of these outputs' grades together (OUT.json is
+written with it). ``--jobs N`` grades N problems at once (each problem's two grades one after the other): more
 problems an hour, each slower. OUT.json is rewritten after every grade (a long run can be read, or stopped, at
 any point): each grade's wall time, the 1-minute load average before and after it, exit code, outcome, both
 verdicts, message and the referee's seconds and forward calls per stage, and per level and solution the count of
@@ -89,10 +91,12 @@ def median(values) -> Any:
 
 
 def summary(grades: List[Dict[str, Any]]) -> Dict[str, Any]:
-    """Per level and solution: outcome counts (kbsweep's, KernelBench's) and the median wall time; per problem too."""
+    """Per level (and all levels, when more than one) and solution: outcome counts (kbsweep's, KernelBench's) and
+    the median wall time; per problem too, with the median 1-minute load before its first grade."""
     out: Dict[str, Any] = {}
-    for level in sorted({g["level"] for g in grades}):
-        mine = [g for g in grades if g["level"] == level]
+    levels = sorted({g["level"] for g in grades})
+    for level in levels + (["all"] if len(levels) > 1 else []):
+        mine = [g for g in grades if level in ("all", g["level"])]
         entry: Dict[str, Any] = {}
         for solution in SOLUTIONS:
             these = [g for g in mine if g["solution"] == solution]
@@ -100,11 +104,15 @@ def summary(grades: List[Dict[str, Any]]) -> Dict[str, Any]:
                 entry[solution] = {"grades": len(these), "kbsweep": dict(Counter(g["outcome"] for g in these)),
                                    "kernelbench": dict(Counter((g.get("verdicts") or {}).get("kernelbench", "none") for g in these)),
                                    "median_wall_s": median(g["wall_s"] for g in these)}
-        per_problem = Counter()
+        per_problem, load = Counter(), {}
         for g in mine:  # one process for both grades: its own wall time, start-up included
-            per_problem[g["problem"]] = g["process_s"] if "process_s" in g else per_problem[g["problem"]] + g["wall_s"]
+            key = g["level"], g["problem"]
+            per_problem[key] = g["process_s"] if "process_s" in g else per_problem[key] + (g["wall_s"] or 0)
+            load.setdefault(key, g["load"][0])
         entry["median_wall_s_per_grade"] = median(g["wall_s"] for g in mine)
         entry["median_wall_s_per_problem_both_grades"] = statistics.median(per_problem.values())
+        entry["problems_within_60_s"] = sum(seconds <= 60 for seconds in per_problem.values())
+        entry["median_load_1min"] = statistics.median(load.values())
         out[level] = entry
     return out
 
@@ -129,8 +137,16 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=1, help="problems graded at once")
     parser.add_argument("--one-process", action="store_true", help="a problem's two grades in one process (kbsweep.grade)")
     parser.add_argument("--skip", nargs="+", type=Path, default=[], help="earlier OUT.json files: their problems graded both ways are left out")
+    parser.add_argument("--problems", nargs="+", default=[], help="LEVEL/NAME of each problem to grade (default: all)")
+    parser.add_argument("--summarize", nargs="+", type=Path, default=[], help="earlier OUT.json files: summarize their grades, grade nothing")
     parser.add_argument("--reverse", action="store_true", help="the order from its end: a second run meets the first halfway")
     args = parser.parse_args()
+    if args.summarize:
+        grades = [g for path in args.summarize for g in json.loads(path.read_text())["grades"]]
+        merged = {"sources": [str(p) for p in args.summarize], "summary": summary(grades)}
+        args.out.write_text(json.dumps(merged, indent=1))
+        print(json.dumps(merged["summary"], indent=1))
+        return
     outputs = args.out.with_suffix(".outputs").resolve()
     record: Dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "host": platform.node(), "cpus": os.cpu_count(),
                               "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]), "sample": args.sample, "seed": args.seed, "jobs": args.jobs, "one_process": args.one_process, "reverse": args.reverse,
@@ -140,7 +156,7 @@ def main() -> None:
         folder = (args.kernelbench / level).resolve()
         names = kernelbench_names(folder)
         picked = random.Random(args.seed).sample(names, args.sample or len(names))  # a random order: any prefix is a random sample
-        picked = [name for name in picked if (level, name) not in graded]
+        picked = [name for name in picked if (level, name) not in graded and (not args.problems or f"{level}/{name}" in args.problems)]
         started = time.perf_counter()
         generated = materialize_all(folder, picked)  # one sizing child for the level
         record["levels"][level] = {"problems": len(names), "order": picked, "materialize_s": time.perf_counter() - started}

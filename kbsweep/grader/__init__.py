@@ -15,7 +15,7 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 from kbsweep import gpus
 from kbsweep.config import BASELINE_TIMERS
@@ -24,12 +24,14 @@ from kbsweep.grader import processes
 from kbsweep.grader.baselines import BaselineCache, conditions, entry_key
 from kbsweep.grader.failures import COMM_FINDINGS
 from kbsweep.grader.processes import Supervision, grading_env, warm_runner
-from kbsweep.grader.request import GradeRequest, RefereeRequest
 from kbsweep.grader.result import GradeResult
 from kbsweep.outcomes import Outcome
 from kbsweep.problems import asdict_spec
 from kbsweep.sandbox import Sandbox, SandboxPolicy, give, grading_view, is_root, sandbox_uid
 from kbsweep.score import score_grade, shape_speedups
+
+if TYPE_CHECKING:  # the runner imports this package: it must not hold even the request's field names
+    from kbsweep.grader.request import GradeRequest
 
 BASELINE_SHARE = 0.4  # of the grade's time limit, for timing the baselines before the candidate is imported
 UNSCORED_FINDINGS = ("grader_tamper", "time_disagreement", "forged_result")  # the figures themselves are not believed
@@ -104,6 +106,8 @@ def grade(request: GradeRequest) -> GradeResult:
     under torchrun (:mod:`kbsweep.grader.distributed`); every other grade is a referee and a runner
     (:mod:`kbsweep.grader.processes`), each confined by the request's sandbox. The processes get a minimal
     environment (never ``hide_env`` nor *_API_KEY/_TOKEN/_SECRET)."""
+    from kbsweep.grader.request import RefereeRequest
+
     problem, gpu, world_size, cache = request.problem, request.gpu, request.world_size, request.baseline_cache
     multi = world_size > 1 or bool(problem.spec.constraints.get("collective"))
     if multi:  # not at import time (``python -m kbsweep.grader.distributed`` imports this package), nor for one

@@ -13,14 +13,16 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence
 
 from kbsweep.grader import zygote
-from kbsweep.grader.request import RefereeRequest
 from kbsweep.outcomes import Outcome
 from kbsweep.paths import REPO_ROOT
 from kbsweep.problems import Problem
 from kbsweep.sandbox import Sandbox, SandboxPolicy, Watch, grading_view, minimal_env
+
+if TYPE_CHECKING:  # the runner imports this package: it must not hold even the request's field names
+    from kbsweep.grader.request import RefereeRequest
 
 BREACH_OUTCOMES = {"wall": Outcome.GRADE_TIMEOUT, "memory": Outcome.GRADE_OOM, "disk": Outcome.RUNTIME_ERROR}
 RUNNER_BOOT = "import sys; sys.path.append({root!r}); from kbsweep.grader.runner import main; main()"

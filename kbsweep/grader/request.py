@@ -3,8 +3,8 @@ resolved config by :meth:`GradeRequest.from_config`, for a sweep's cells, ``kbsw
 alike), and :class:`RefereeRequest`, what the grade hands its trusted referee (secret seed included; the
 candidate's runner gets :meth:`RefereeRequest.for_runner` of it, nothing more).
 
-Stdlib only at import time: the referee and the runner import this package, and the orchestrator must not pay
-for torch.
+The candidate's runner never imports this module (not even the field names reach it: tests/test_trust.py), and
+it imports no torch (the orchestrator need not pay for it).
 """
 from __future__ import annotations
 

@@ -38,7 +38,8 @@ def counts(value: Any) -> Dict[str, int]:
 
 
 class ProbeStage(CandidateContext):
-    """The audit's probes and the runner's records, as evidence."""
+    """The audit's probes and the runner's records, as evidence (the ghost replays' real call is the correctness
+    stage's ``check_case``: they run within a :class:`~kbsweep.grader.referee.Referee`)."""
 
     def audit_probes(self) -> None:
         """Ghost replays on the first shape: the candidate's kernel launches stubbed there, fresh allocations

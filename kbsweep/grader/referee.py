@@ -1,9 +1,10 @@
 """The trusted side of a grade: a process that never imports candidate code.
 
-Run by :func:`kbsweep.grader.supervise` as ``python -m kbsweep.grader.referee <result fd> <runner fd>``. It holds
-the grade request (the secret seed included), loads the reference, times the baselines, makes every input,
-keeps the reference's weights and outputs to itself, compares, owns the clock that corroborates time, and writes
-the one result message. The candidate runs in another process (:mod:`kbsweep.grader.runner`) that gets inputs
+Run by :func:`kbsweep.grader.processes.supervise` as ``python -m kbsweep.grader.referee <result fd> <runner fd>``.
+It holds the grade request (the secret seed included), loads the reference, times the baselines, makes every
+input, keeps the reference's weights and outputs to itself, compares, owns the clock that corroborates time, and
+writes the one result message. Its stages (:mod:`kbsweep.grader.correctness`, :mod:`kbsweep.grader.timing_stage`,
+:mod:`kbsweep.grader.probes`) work over one candidate context (:mod:`kbsweep.grader.candidate`). The candidate runs in another process (:mod:`kbsweep.grader.runner`) that gets inputs
 and its own copies of the weights through shared memory (:mod:`kbsweep.grader.arena`) and writes its outputs
 there; commands and replies cross a JSON channel (:mod:`kbsweep.grader.channel`). What the runner reports
 (times, structure, evidence) is untrusted: times are checked against this process's clock, outputs of calls

@@ -5,7 +5,7 @@ module included. It exists so that honest candidates are easy to run and dishone
 referee (:mod:`kbsweep.grader.referee`) decides correctness from the outputs it reads back from shared memory
 and corroborates every reported time with its own clock.
 
-Started by :func:`kbsweep.grader.supervise` as ``python -I -c <bootstrap> <channel fd>``, or once per rank under
+Started by :func:`kbsweep.grader.processes.supervise` as ``python -I -c <bootstrap> <channel fd>``, or once per rank under
 torchrun by :func:`kbsweep.grader.distributed.supervise_ranks` as ``... ranks <rendezvous folder>`` (it joins the
 ranks' process group, then dials its referee rank): isolated mode (no
 PYTHON* variables, no user site, no script folder on ``sys.path``); kbsweep's root is appended *after* the

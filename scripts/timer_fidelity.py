@@ -32,7 +32,7 @@ from kbsweep.audit.cases import private_deck
 from kbsweep.grader import grade, software_versions
 from kbsweep.grader.request import GradeRequest
 from kbsweep.grader.baselines import BaselineCache
-from kbsweep.grader.referee import load_module
+from kbsweep.grader.candidate import load_module
 from kbsweep.grader import timing
 from kbsweep.grader.timing import ClockSampler, L2Flush
 

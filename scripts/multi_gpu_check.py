@@ -19,7 +19,6 @@ import torch
 from gpu_common import H200, REPO, ROOFLINE, SANDBOX, SANDBOX_NOTE
 
 from kbsweep.grader import grade
-
 from kbsweep.grader.request import GradeRequest
 from kbsweep.problems import load_problem
 

@@ -261,7 +261,7 @@ def main() -> None:
             grades = {}
             for cond, baselines in (c for c in CONDITIONS if c[0] in args.conditions.split(",")):
                 result = grade(GradeRequest(problem, solution, H200, ROOFLINE, baselines=baselines, baseline_cache=cache, compile_mode="default",
-                               timeout_s=min(300, args.budget_s - (time.time() - began)), log_dir=Path(folder) / cond, sandbox=SANDBOX)).to_json()
+                                            timeout_s=min(300, args.budget_s - (time.time() - began)), log_dir=Path(folder) / cond, sandbox=SANDBOX)).to_json()
                 grades[cond] = result
                 report["grades"][f"{name}/{cond}"] = {k: result.get(k) for k in ("outcome", "message", "score", "speedup", "grade_s")}
                 print(f"[{time.time() - began:4.0f} s] {name} {cond}: {result['outcome']} score={result.get('score')} "

@@ -98,7 +98,7 @@ def main() -> None:
 
                 prob = private_deck(REPO / "problems", pid, Path(folder), keep)
                 result = grade(GradeRequest(prob, REPO / "problems" / track / name / "solutions" / f"{solution}.py", H200, ROOFLINE, mode="bench",
-                               timing=TIMING, timeout_s=left(), log_dir=Path(folder) / "grade", sandbox=SANDBOX)).to_json()
+                                            timing=TIMING, timeout_s=left(), log_dir=Path(folder) / "grade", sandbox=SANDBOX)).to_json()
             record(smoke_row(pid, result))
     if args.only in (None, "suites"):
         cases = sorted((REPO / "tests/legit").glob("*.py")) + sorted(p for p in (REPO / "tests/exploits").glob("*.py") if not p.name.startswith("_"))

@@ -211,7 +211,7 @@ def grade_verb(cfgs: List[DictConfig]) -> int:
 def grade_file(cfg: DictConfig) -> tuple:
     """(the grader's result, the exit code it means) for ``cfg.solution`` on ``cfg.problem``."""
     from kbsweep.cell import configured_grader
-    from kbsweep.grader import referee_prober
+    from kbsweep.grader.processes import referee_prober
     from kbsweep.outcomes import Outcome
     from kbsweep.problem_folders import find_problem_dir
     from kbsweep.problems import load_problem

@@ -48,9 +48,14 @@ class KbsweepLauncher(Launcher):
         return cfg
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
-        from kbsweep.cli import dispatch, prepare_or_fail
+        from kbsweep.cli import dispatch, fail, prepare_or_fail
+        from kbsweep.errors import ExitCode, KbsweepError
         from kbsweep.jobs import prepared_configs
 
         setup_globals()
-        dispatch(prepared_configs(job_overrides, self.compose, prepare_or_fail))  # exits with the verb's code (Hydra would drop a returned one)
+        try:
+            cfgs = prepared_configs(job_overrides, self.compose, prepare_or_fail)
+        except KbsweepError as exc:  # a copy's repeat out of range
+            fail(ExitCode.CONFIG, exc)
+        dispatch(cfgs)  # exits with the verb's code (Hydra would drop a returned one)
         return []

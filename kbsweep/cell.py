@@ -23,14 +23,15 @@ from kbsweep.agent.models import Usage
 from kbsweep.agent.tools import Toolbox
 from kbsweep.agent.transcript import Redactor, Transcript
 from kbsweep.audit.judge import LazyModel
-from kbsweep.grader import grade, prewarm
-from kbsweep.grader.baselines import BaselineCache
+from kbsweep.grader import grade
+from kbsweep.grader.processes import prewarm
+from kbsweep.grader.request import GradeRequest
 from kbsweep.harness import AgentJob, runner_for
 from kbsweep.locks import device_lock
 from kbsweep.matrix import Cell, cell_dir
 from kbsweep.outcomes import Outcome, StopReason
 from kbsweep.problems import load_problem
-from kbsweep.sandbox import Sandbox, SandboxPolicy, memory_cap_mib
+from kbsweep.sandbox import Sandbox, SandboxPolicy
 from kbsweep.score import load_roofline
 from kbsweep.tracking import owner, owner_alive
 
@@ -58,41 +59,14 @@ def grader_for(cell: Cell, problem, roofline: Dict[str, Any], folder: Path):
 def configured_grader(problem, roofline: Dict[str, Any], folder: Path, gpu_conf: Dict[str, Any], track: Dict[str, Any],
                       grade_conf: Dict[str, Any], paths: Dict[str, Any], deck_version: Optional[str] = None, hidden: Sequence[str] = ()):
     """``run(mode, solution, log_name)``: a grade under the configuration's GPU, track limits, timing, baselines
-    and baseline cache, the same for a sweep's cells and a one-file ``kbsweep grade``."""
-    gpu = SimpleNamespace(**gpu_conf)
-    baselines = gpu_conf.get("baselines") or grade_conf["baselines"]
-    cache = BaselineCache(
-        Path(paths["outputs"]) / "baselines" / f"{gpu.name}.json",
-        seed_files=[Path(root).parent / "baselines" / f"{gpu.name}.json" for root in paths["problems"]],
-    )
-    world_size = int(track.get("world_size", 1))
-    policy = SandboxPolicy.of(track)
-    # not the cell's folder: a worker's next cells grade with the same runner zygote; absolute: the zygotes fork elsewhere
-    zygotes = (Path(paths["outputs"]) / "zygotes").resolve()
-    prewarm(problem, gpu.device, world_size, hidden, policy, zygotes)
+    and baseline cache (:meth:`GradeRequest.from_config`), the same for a sweep's cells and a one-file
+    ``kbsweep grade``; its result as stored (JSON)."""
+    configured = GradeRequest.from_config(problem, roofline, gpu_conf, track, grade_conf, paths, deck_version, hidden)
+    prewarm(problem, configured.gpu.device, configured.world_size, hidden, configured.sandbox, configured.zygote_home)
 
     def run(mode: str, solution: Path, log_name: str) -> Dict[str, Any]:
-        with device_lock(gpu.device, count=world_size):
-            return grade(
-                problem,
-                solution,
-                gpu,
-                roofline,
-                mode=mode,
-                baselines=baselines if mode == "full" else [],
-                timeout_s=track["grade_timeout_s"],
-                memory_mib=memory_cap_mib(grade_conf["memory_mib"]),  # the grading host's, where the grade runs
-                log_dir=folder / "grades" / log_name,
-                timing=grade_conf["timing"],
-                compile_mode=grade_conf["compile_mode"],
-                deck_version=deck_version,
-                baseline_cache=cache,
-                world_size=world_size,
-                hide_env=hidden,
-                sandbox=policy,
-                timers=grade_conf.get("timers"),
-                zygote_home=zygotes,
-            )
+        with device_lock(configured.gpu.device, count=configured.world_size):
+            return grade(configured.of(mode, solution, folder / "grades" / log_name)).to_json()
 
     return run
 

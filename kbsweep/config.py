@@ -38,10 +38,12 @@ class ExpectedTokens:
 
 @dataclass
 class RetryConf:
-    max_attempts: int = 6
-    base_delay_s: float = 2.0
-    max_delay_s: float = 120.0
-    budget_s: float = 900.0
+    """``model.retry``: the fields of :class:`kbsweep.agent.retries.RetryPolicy`, which says how they combine."""
+
+    max_attempts: int = 6  # calls in all, the first included
+    base_delay_s: float = 2.0  # the first wait's ceiling, doubled after each failure
+    max_delay_s: float = 120.0  # no wait's ceiling above this
+    budget_s: float = 900.0  # seconds of calls and waits, at most
 
 
 @dataclass
@@ -195,9 +197,7 @@ RULES: List[Tuple[str, Callable[[Any], bool], str]] = [
     ("model.concurrency", at_least(1), "an integer >= 1"),
     ("model.timeout_s", positive, "a number of seconds > 0"),
     ("model.retry.max_attempts", at_least(1), "an integer >= 1"),
-    ("model.retry.base_delay_s", at_least(0), "a number of seconds >= 0"),
-    ("model.retry.max_delay_s", at_least(0), "a number of seconds >= 0"),
-    ("model.retry.budget_s", at_least(0), "a number of seconds >= 0"),
+    *((f"model.retry.{k}", at_least(0), "a number of seconds >= 0") for k in ("base_delay_s", "max_delay_s", "budget_s")),
     *((f"model.prices.{k}", at_least(0), "USD per million tokens >= 0") for k in ("input", "output", "cache_read", "cache_write")),
     ("gpu.device", one_of("cuda", "cpu"), "one of cuda, cpu"),
     ("gpu.shape_set", one_of("shapes", "smoke_shapes"), "one of shapes, smoke_shapes"),
@@ -206,9 +206,7 @@ RULES: List[Tuple[str, Callable[[Any], bool], str]] = [
     ("gpu.baselines", lambda v: set(v) <= set(BASELINES), f"a list of {', '.join(BASELINES)}"),
     ("track.format", one_of("kbsweep", "kernelbench"), "one of kbsweep, kernelbench"),
     ("track.time_cap_s", positive, "a number of seconds > 0"),
-    ("track.world_size", at_least(1), "an integer >= 1"),
-    ("track.max_turns", at_least(1), "an integer >= 1"),
-    ("track.max_tokens", at_least(1), "an integer >= 1"),
+    *((f"track.{k}", at_least(1), "an integer >= 1") for k in ("world_size", "max_turns", "max_tokens")),
     ("track.max_usd", positive, "USD > 0"),
     ("track.grade_timeout_s", positive, "a number of seconds > 0"),
     ("launcher.concurrency", at_least(1), "an integer >= 1"),
@@ -216,15 +214,11 @@ RULES: List[Tuple[str, Callable[[Any], bool], str]] = [
     ("launcher.cap_slack_s", at_least(0), "a number of seconds >= 0"),
     ("launcher.slurm.cpus_per_task", at_least(1), "an integer >= 1"),
     ("launcher.slurm.mem_gb", positive, "a number of GB > 0"),
-    ("sandbox.cpu_s", at_least(1), "an integer >= 1"),
-    ("sandbox.memory_mib", at_least(1), "an integer >= 1"),
-    ("sandbox.max_procs", at_least(1), "an integer >= 1"),
-    ("sandbox.disk_mib", at_least(1), "an integer >= 1"),
+    *((f"sandbox.{k}", at_least(1), "an integer >= 1") for k in ("cpu_s", "memory_mib", "max_procs", "disk_mib")),
     ("sandbox.wall_s", positive, "a number of seconds > 0"),
     ("grade.baselines", lambda v: set(v) <= set(BASELINES), f"a list of {', '.join(BASELINES)}"),
     ("grade.memory_mib", at_least(1), "a number of MiB >= 1 (null: from the host)"),
-    ("grade.timing.min_runs", at_least(1), "an integer >= 1"),
-    ("grade.timing.max_runs", at_least(1), "an integer >= 1"),
+    *((f"grade.timing.{k}", at_least(1), "an integer >= 1") for k in ("min_runs", "max_runs")),
     ("grade.timing.rel_err", positive, "a number > 0"),
     ("grade.timing.max_time_s", positive, "a number of seconds > 0"),
     ("grade.timers", lambda v: set(v) <= set(BASELINE_TIMERS), f"a list of {', '.join(BASELINE_TIMERS)} (null: kernelbench for KernelBench problems on GPUs)"),

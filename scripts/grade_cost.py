@@ -21,14 +21,15 @@ import sys, time
 from pathlib import Path
 from types import SimpleNamespace
 from kbsweep.grader import grade
+from kbsweep.grader.request import GradeRequest
 from kbsweep.problems import load_problem
 from kbsweep.score import load_roofline
 repo = Path(sys.argv[1])
 cpu = SimpleNamespace(name="cpu", device="cpu", shape_set="smoke_shapes")
 problem = load_problem(repo / "problems/demo/scale_shift", "demo")
 started = time.perf_counter()
-result = grade(problem, problem.root / "solutions/triton.py", cpu, load_roofline([str(repo / "roofline_specs")], "cpu"), mode=sys.argv[2],
-               baselines=["eager"], timing={"min_runs": 2, "max_runs": 10, "max_time_s": 0.5}, timeout_s=300)
+result = grade(GradeRequest(problem, problem.root / "solutions/triton.py", cpu, load_roofline([str(repo / "roofline_specs")], "cpu"),
+                            mode=sys.argv[2], baselines=["eager"], timing={"min_runs": 2, "max_runs": 10, "max_time_s": 0.5}, timeout_s=300)).to_json()
 assert result["outcome"] == "pass", result.get("message")
 print(time.perf_counter() - started)
 """

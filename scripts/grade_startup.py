@@ -22,6 +22,7 @@ import torch  # noqa: F401 - the orchestrator's own import is not a grading proc
 
 from kbsweep import REPO_ROOT
 from kbsweep.grader import grade, zygote
+from kbsweep.grader.request import GradeRequest
 from kbsweep.problems import load_problem
 from kbsweep.score import load_roofline
 
@@ -36,7 +37,7 @@ def main(out: Path, repeats: int) -> None:
         for mode in ("cold", "warm"):
             if mode == "cold":
                 zygote.close_all()
-            result = grade(problem, problem.root / "solutions/triton.py", cpu, roofline, mode="check", timeout_s=300, log_dir=grades / f"{mode}-{i}")
+            result = grade(GradeRequest(problem, problem.root / "solutions/triton.py", cpu, roofline, mode="check", timeout_s=300, log_dir=grades / f"{mode}-{i}")).to_json()
             assert result["outcome"] == "pass", result.get("message")
             record[mode].append(result["startup_s"])
             record[f"{mode}_grade_s"].append(result["grade_s"])

@@ -37,6 +37,7 @@ def one(root: Path, device: str, timeout_s: float) -> Dict[str, Any]:
     from gpu_common import SANDBOX, SANDBOX_NOTE
 
     from kbsweep.grader import grade
+    from kbsweep.grader.request import GradeRequest
     from kbsweep.problems import load_problem
     from kbsweep.score import load_roofline
 
@@ -45,8 +46,8 @@ def one(root: Path, device: str, timeout_s: float) -> Dict[str, Any]:
     gpu = SimpleNamespace(name="h200" if cuda else "cpu", device=device, shape_set="shapes" if cuda else "smoke_shapes")
     roofline = load_roofline([str(repo / "roofline_specs")], gpu.name)
     problem = load_problem(root, "kernelbench")
-    result = grade(problem, root / "solutions/reference.py", gpu, roofline, mode="full", baselines=["eager"], timeout_s=timeout_s,
-                   timing=None if cuda else QUICK_CPU_TIMING, timers=["kernelbench"], sandbox=SANDBOX)
+    result = grade(GradeRequest(problem, root / "solutions/reference.py", gpu, roofline, mode="full", baselines=["eager"], timeout_s=timeout_s,
+                                timing=None if cuda else QUICK_CPU_TIMING, timers=["kernelbench"], sandbox=SANDBOX)).to_json()
     record = {"outcome": result["outcome"], "verdicts": result.get("verdicts"), "grade_s": result["grade_s"], "sandbox": SANDBOX_NOTE,
               "gpus": result["env"].get("gpus"), "shape": (result.get("timings") or [{}])[0].get("shape")}
     if result["outcome"] != "pass":

@@ -23,6 +23,7 @@ import torch
 from gpu_common import H200, REPO, ROOFLINE, SANDBOX, SANDBOX_NOTE
 
 from kbsweep.grader import grade
+from kbsweep.grader.request import GradeRequest
 from kbsweep.problems import load_problem
 
 TIMING = {"min_runs": 5, "max_runs": 50, "rel_err": 0.005, "max_time_s": 1.5}
@@ -127,8 +128,8 @@ def main() -> None:
         problem = load_problem(REPO / "problems/mega" / name, "mega")
         if label == "reference":  # many launches whatever the shape: two shapes, one seed keep it short
             problem = dataclasses.replace(problem, spec=dataclasses.replace(problem.spec, shapes=problem.spec.shapes[:2], seeds=1))
-        result = grade(problem, candidate(problem, label, args.out), H200, ROOFLINE, baselines=["baseline", "eager"], sandbox=SANDBOX,
-                       timeout_s=min(left, 240), timing=TIMING, log_dir=args.out / "logs" / f"{name}-{label}")
+        result = grade(GradeRequest(problem, candidate(problem, label, args.out), H200, ROOFLINE, baselines=["baseline", "eager"], sandbox=SANDBOX,
+                                    timeout_s=min(left, 240), timing=TIMING, log_dir=args.out / "logs" / f"{name}-{label}")).to_json()
         (args.out / f"{name}-{label}.json").write_text(json.dumps(result, indent=1, default=str))
         summary["grades"][f"{name}/{label}"] = {k: result.get(k) for k in ("outcome", "message", "score", "speedup", "grade_s")}
         rows += rows_of(name, label, expect_pass, result)

@@ -19,6 +19,7 @@ import torch
 from gpu_common import H200, REPO, ROOFLINE, SANDBOX, SANDBOX_NOTE
 
 from kbsweep.grader import grade
+from kbsweep.grader.request import GradeRequest
 from kbsweep.problems import load_problem
 
 PROBLEMS = ["allreduce_residual", "gemm_allreduce", "allgather_gemm", "ring_attention", "moe_dispatch_combine"]
@@ -78,10 +79,10 @@ def main() -> None:
             continue
         problem = problems[name]
         solution = reference_solution(problem, args.out) if label == "reference" else problem.root / "solutions" / f"{label}.py"
-        result = grade(
+        result = grade(GradeRequest(
             problem, solution, H200, ROOFLINE, mode=mode, sandbox=SANDBOX, baselines=["eager"] if mode == "full" else [],
             timeout_s=left, timing=TIMING, world_size=world, log_dir=args.out / "logs" / f"{world}-{name}-{label}",
-        )
+        )).to_json()
         (args.out / f"{world}-{name}-{label}.json").write_text(json.dumps(result, indent=1, default=str))
         rows.append(row(world, name, label, result))
         print(f"[{time.time() - began:5.0f} s] {rows[-1]}", flush=True)

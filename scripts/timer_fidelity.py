@@ -30,8 +30,9 @@ from gpu_common import H200, REPO, ROOFLINE, SANDBOX, SANDBOX_NOTE
 
 from kbsweep.audit.cases import private_deck
 from kbsweep.grader import grade, software_versions
+from kbsweep.grader.request import GradeRequest
 from kbsweep.grader.baselines import BaselineCache
-from kbsweep.grader.referee import load_module
+from kbsweep.grader.candidate import load_module
 from kbsweep.grader import timing
 from kbsweep.grader.timing import ClockSampler, L2Flush
 
@@ -259,8 +260,8 @@ def main() -> None:
             cache = BaselineCache(Path(folder) / "baselines.json")
             grades = {}
             for cond, baselines in (c for c in CONDITIONS if c[0] in args.conditions.split(",")):
-                result = grade(problem, solution, H200, ROOFLINE, baselines=baselines, baseline_cache=cache, compile_mode="default",
-                               timeout_s=min(300, args.budget_s - (time.time() - began)), log_dir=Path(folder) / cond, sandbox=SANDBOX)
+                result = grade(GradeRequest(problem, solution, H200, ROOFLINE, baselines=baselines, baseline_cache=cache, compile_mode="default",
+                                            timeout_s=min(300, args.budget_s - (time.time() - began)), log_dir=Path(folder) / cond, sandbox=SANDBOX)).to_json()
                 grades[cond] = result
                 report["grades"][f"{name}/{cond}"] = {k: result.get(k) for k in ("outcome", "message", "score", "speedup", "grade_s")}
                 print(f"[{time.time() - began:4.0f} s] {name} {cond}: {result['outcome']} score={result.get('score')} "

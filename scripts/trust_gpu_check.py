@@ -21,6 +21,7 @@ from gpu_common import H200, REPO, ROOFLINE, SANDBOX, SANDBOX_NOTE
 
 from kbsweep.audit.cases import run_case
 from kbsweep.grader import grade
+from kbsweep.grader.request import GradeRequest
 
 TIMING = {"min_runs": 3, "max_runs": 40, "max_time_s": 1.0}
 SMOKE = [  # (problem, solution, shapes kept)
@@ -96,8 +97,8 @@ def main() -> None:
                 from kbsweep.audit.cases import private_deck
 
                 prob = private_deck(REPO / "problems", pid, Path(folder), keep)
-                result = grade(prob, REPO / "problems" / track / name / "solutions" / f"{solution}.py", H200, ROOFLINE, mode="bench",
-                               timing=TIMING, timeout_s=left(), log_dir=Path(folder) / "grade", sandbox=SANDBOX)
+                result = grade(GradeRequest(prob, REPO / "problems" / track / name / "solutions" / f"{solution}.py", H200, ROOFLINE, mode="bench",
+                                            timing=TIMING, timeout_s=left(), log_dir=Path(folder) / "grade", sandbox=SANDBOX)).to_json()
             record(smoke_row(pid, result))
     if args.only in (None, "suites"):
         cases = sorted((REPO / "tests/legit").glob("*.py")) + sorted(p for p in (REPO / "tests/exploits").glob("*.py") if not p.name.startswith("_"))

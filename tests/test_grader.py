@@ -3,17 +3,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
-from kbsweep.grader import grade, timing
+from kbsweep.grader import timing
 from kbsweep.grader.baselines import BaselineCache
 from kbsweep.problems import load_problem
+from tests.support.grading import CPU, graded
 
 REPO = Path(__file__).resolve().parent.parent
 CASES = Path(__file__).parent / "grader_cases"
-CPU = SimpleNamespace(name="cpu", device="cpu", shape_set="smoke_shapes")
 
 
 @pytest.mark.parametrize(
@@ -31,32 +30,32 @@ CPU = SimpleNamespace(name="cpu", device="cpu", shape_set="smoke_shapes")
     ],
 )
 def test_bad_solutions_are_classified(problem, roofline, tmp_path, case, outcome, needle):
-    result = grade(problem, CASES / f"{case}.py", CPU, roofline, mode="check", timeout_s=120, log_dir=tmp_path)
+    result = graded(problem, CASES / f"{case}.py", CPU, roofline, mode="check", timeout_s=120, log_dir=tmp_path)
     assert result["outcome"] == outcome, result
     assert needle in result["message"], result["message"]
     assert result["score"] is None
 
 
 def test_hang_is_killed_at_the_timeout(problem, roofline, tmp_path):
-    result = grade(problem, CASES / "hang.py", CPU, roofline, mode="check", timeout_s=8, log_dir=tmp_path)
+    result = graded(problem, CASES / "hang.py", CPU, roofline, mode="check", timeout_s=8, log_dir=tmp_path)
     assert result["outcome"] == "grade_timeout"
     assert result["grade_s"] < 30
 
 
 def test_memory_cap_ends_a_hog(problem, roofline, tmp_path):
-    result = grade(problem, CASES / "memory_hog.py", CPU, roofline, mode="check", timeout_s=120, memory_mib=1200, log_dir=tmp_path)
+    result = graded(problem, CASES / "memory_hog.py", CPU, roofline, mode="check", timeout_s=120, memory_mib=1200, log_dir=tmp_path)
     assert result["outcome"] == "grade_oom", result
 
 
 def test_timer_patch_is_caught_and_unscored(problem, roofline, tmp_path):
-    result = grade(problem, CASES / "timer_patch.py", CPU, roofline, mode="full", timeout_s=120, log_dir=tmp_path)
+    result = graded(problem, CASES / "timer_patch.py", CPU, roofline, mode="full", timeout_s=120, log_dir=tmp_path)
     kinds = {f["kind"] for f in result["findings"]}
     assert "time_disagreement" in kinds  # the referee's clock, outside the candidate's process, saw the real time
     assert result["score"] is None
 
 
 def test_forged_result_message_is_rejected(problem, roofline, tmp_path):
-    result = grade(problem, CASES / "forged_result.py", CPU, roofline, mode="check", timeout_s=120, log_dir=tmp_path)
+    result = graded(problem, CASES / "forged_result.py", CPU, roofline, mode="check", timeout_s=120, log_dir=tmp_path)
     assert result["outcome"] != "pass"
     assert "forged_result" in {f["kind"] for f in result["findings"]}
 
@@ -64,7 +63,7 @@ def test_forged_result_message_is_rejected(problem, roofline, tmp_path):
 def test_good_solution_passes_with_scores_and_cached_baselines(problem, roofline, tmp_path):
     cache = BaselineCache(tmp_path / "baselines.json")
     solution = problem.root / "solutions/triton.py"
-    first = grade(problem, solution, CPU, roofline, baselines=["eager"], log_dir=tmp_path / "a", baseline_cache=cache)
+    first = graded(problem, solution, CPU, roofline, baselines=["eager"], log_dir=tmp_path / "a", baseline_cache=cache)
     assert first["outcome"] == "pass", first.get("message")
     assert first["correctness"]["seeds"] == problem.spec.seeds + 1  # plus the secret seed
     assert len(first["shapes"]) == len(problem.spec.smoke_shapes)
@@ -81,13 +80,13 @@ def test_good_solution_passes_with_scores_and_cached_baselines(problem, roofline
     cached = json.loads((tmp_path / "baselines.json").read_text())
     assert len(cached) == len(problem.spec.smoke_shapes)
     # a second grade reuses the cached eager timings instead of timing them again
-    second = grade(problem, solution, CPU, roofline, baselines=["eager"], log_dir=tmp_path / "b", baseline_cache=cache)
+    second = graded(problem, solution, CPU, roofline, baselines=["eager"], log_dir=tmp_path / "b", baseline_cache=cache)
     for a, b in zip(first["timings"], second["timings"]):
         assert a["baselines"]["eager"]["median_ms"] == b["baselines"]["eager"]["median_ms"]
 
 
 def test_wrong_kernel_reports_where(problem, roofline, tmp_path):
-    result = grade(problem, problem.root / "solutions/wrong.py", CPU, roofline, mode="check", log_dir=tmp_path)
+    result = graded(problem, problem.root / "solutions/wrong.py", CPU, roofline, mode="check", log_dir=tmp_path)
     assert result["outcome"] == "incorrect"
     assert "elements off" in result["message"] and "shape" in result["message"]
 
@@ -122,13 +121,13 @@ def test_baselines_past_their_budget_are_left_for_a_later_grade(problem, rooflin
     solution = problem.root / "solutions/triton.py"
     cache = BaselineCache(tmp_path / "baselines.json")
     monkeypatch.setattr(grader, "BASELINE_SHARE", 0.0)
-    spent = grade(problem, solution, CPU, roofline, baselines=["eager"], log_dir=tmp_path / "a", baseline_cache=cache)
+    spent = graded(problem, solution, CPU, roofline, baselines=["eager"], log_dir=tmp_path / "a", baseline_cache=cache)
     assert spent["outcome"] == "pass" and spent["score"] is not None
     for entry in spent["timings"]:
         assert entry["baselines"]["eager"]["retry"] and "budget" in entry["baselines"]["eager"]["error"]
     assert not (tmp_path / "baselines.json").exists()
     monkeypatch.setattr(grader, "BASELINE_SHARE", 0.4)
-    timed = grade(problem, solution, CPU, roofline, baselines=["eager"], log_dir=tmp_path / "b", baseline_cache=cache)
+    timed = graded(problem, solution, CPU, roofline, baselines=["eager"], log_dir=tmp_path / "b", baseline_cache=cache)
     assert all(entry["baselines"]["eager"]["median_ms"] > 0 for entry in timed["timings"])
     assert len(json.loads((tmp_path / "baselines.json").read_text())) == len(problem.spec.smoke_shapes)
 
@@ -143,7 +142,7 @@ def test_a_baseline_that_disagrees_with_the_reference_is_flagged(roofline, tmp_p
     shutil.copytree(REPO / "problems/demo/scale_shift", deck)
     (deck / "sota.py").write_text(f"def is_available():\n    return True\n\n\ndef sota_forward(model, x):\n    return {sota_body}\n")
     problem = load_problem(deck, "demo")
-    result = grade(problem, deck / "solutions/triton.py", CPU, roofline, baselines=["eager", "sota"], log_dir=tmp_path / "log")
+    result = graded(problem, deck / "solutions/triton.py", CPU, roofline, baselines=["eager", "sota"], log_dir=tmp_path / "log")
     assert result["outcome"] == "pass", result.get("message")
     for entry in result["timings"]:
         sota = entry["baselines"]["sota"]
@@ -203,7 +202,7 @@ def test_a_runner_killed_from_outside_is_infrastructure(problem, roofline, tmp_p
 
     killer = threading.Thread(target=kill_the_runner)
     killer.start()
-    result = grade(problem, solution, CPU, roofline, mode="check", timeout_s=120, log_dir=tmp_path / "grade")
+    result = graded(problem, solution, CPU, roofline, mode="check", timeout_s=120, log_dir=tmp_path / "grade")
     killer.join()
     assert result["outcome"] == "harness_error", result.get("message")
     assert "killed from outside" in result["message"]

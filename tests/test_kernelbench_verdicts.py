@@ -8,19 +8,18 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
 
 from kbsweep import kernelbench
-from kbsweep.grader import grade, kernelbench_eval, timing
+from kbsweep.grader import kernelbench_eval, timing
 from kbsweep.kernelbench import cache_key, fit, kernelbench_names, materialize, materialize_all, with_sizes
 from kbsweep.problems import load_problem
+from tests.support.grading import CPU, graded
 
 REPO = Path(__file__).resolve().parent.parent
 CASES = Path(__file__).parent / "kernelbench_cases"
-CPU = SimpleNamespace(name="cpu", device="cpu", shape_set="smoke_shapes")
 
 # (problem/solution, KernelBench's verdict, kbsweep's outcome): the disagreement classes of issue 20 first
 EXPECTED = [
@@ -57,7 +56,7 @@ EXPECTED = [
 def test_both_verdicts(roofline, tmp_path, case, kernelbench, kbsweep):
     name, solution = case.split("/")
     problem = load_problem(materialize(CASES, name), "kernelbench")
-    result = grade(problem, CASES / "solutions" / name / f"{solution}.py", CPU, roofline, mode="check", timeout_s=300,
+    result = graded(problem, CASES / "solutions" / name / f"{solution}.py", CPU, roofline, mode="check", timeout_s=300,
                    log_dir=tmp_path)
     assert result["verdicts"] == {"kernelbench": kernelbench, "kbsweep": kbsweep}, json.dumps(result, default=str)[:2000]
     assert result["kernelbench"]["semantics"]["version"] == "0.2"
@@ -65,14 +64,14 @@ def test_both_verdicts(roofline, tmp_path, case, kernelbench, kbsweep):
 
 def test_in_place_aliasing_is_named_in_kbsweeps_verdict(roofline, tmp_path):
     problem = load_problem(materialize(CASES, "6_relu"), "kernelbench")
-    result = grade(problem, CASES / "solutions/6_relu/in_place.py", CPU, roofline, mode="check", timeout_s=300, log_dir=tmp_path)
+    result = graded(problem, CASES / "solutions/6_relu/in_place.py", CPU, roofline, mode="check", timeout_s=300, log_dir=tmp_path)
     assert "aliases an input" in result["message"] and result["kernelbench"]["trials"] == "(5 / 5)"
 
 
 def test_version_pins_the_tolerance(roofline, tmp_path):
     """Under 0.1 (atol = rtol = 1e-2) the fp16 matmul passes both verdicts; under 0.2 it fails both."""
     problem = load_problem(materialize(CASES, "1_matmul", "0.1"), "kernelbench")
-    result = grade(problem, CASES / "solutions/1_matmul/fp16.py", CPU, roofline, mode="check", timeout_s=300, log_dir=tmp_path)
+    result = graded(problem, CASES / "solutions/1_matmul/fp16.py", CPU, roofline, mode="check", timeout_s=300, log_dir=tmp_path)
     assert result["verdicts"] == {"kernelbench": "correct", "kbsweep": "pass"}
     assert result["kernelbench"]["semantics"]["atol"] == 1e-2
 
@@ -81,7 +80,7 @@ def test_kernelbench_timer_beside_kbsweeps(roofline, tmp_path):
     """Named by the grade, KernelBench's timer times the eager baseline in the referee beside kbsweep's figure, and
     the kernelbench record carries both; the scored speedup stays kbsweep's."""
     problem = load_problem(materialize(CASES, "6_relu"), "kernelbench")
-    result = grade(problem, CASES / "solutions/6_relu/exact.py", CPU, roofline, mode="full", baselines=["eager"], timeout_s=300,
+    result = graded(problem, CASES / "solutions/6_relu/exact.py", CPU, roofline, mode="full", baselines=["eager"], timeout_s=300,
                    log_dir=tmp_path, timing={"min_runs": 2, "max_runs": 5, "max_time_s": 0.5}, timers=["kernelbench"])
     assert result["outcome"] == "pass", result.get("message")
     eager = result["kernelbench"]["timing"]["eager"]
@@ -94,7 +93,7 @@ def test_kernelbench_timer_beside_kbsweeps(roofline, tmp_path):
 def test_unknown_timer_is_one_line(roofline, tmp_path):
     problem = load_problem(materialize(CASES, "6_relu"), "kernelbench")
     with pytest.raises(Exception, match="timers: unknown timer do_bench"):
-        grade(problem, CASES / "solutions/6_relu/exact.py", CPU, roofline, timers=["do_bench"], log_dir=tmp_path)
+        graded(problem, CASES / "solutions/6_relu/exact.py", CPU, roofline, timers=["do_bench"], log_dir=tmp_path)
 
 
 @pytest.mark.fast
@@ -202,7 +201,7 @@ def test_kernelbench_correct_kbsweep_failed_is_timed_for_kernelbench_only(roofli
     its speedup goes into the kernelbench record, kbsweep's outcome, score and speedups stay failed."""
     problem = load_problem(materialize(CASES, "6_relu"), "kernelbench")
     quick = {"min_runs": 2, "max_runs": 5, "max_time_s": 0.5}
-    result = grade(problem, CASES / "solutions/6_relu/in_place.py", CPU, roofline, mode="full", baselines=["eager"], timeout_s=300,
+    result = graded(problem, CASES / "solutions/6_relu/in_place.py", CPU, roofline, mode="full", baselines=["eager"], timeout_s=300,
                    log_dir=tmp_path / "in_place", timing=quick)
     assert result["verdicts"] == {"kernelbench": "correct", "kbsweep": "incorrect"} and result["score"] is None and "speedup" not in result
     timed = result["kernelbench"]["candidate_timing"]
@@ -211,7 +210,7 @@ def test_kernelbench_correct_kbsweep_failed_is_timed_for_kernelbench_only(roofli
         assert [f["kind"] for f in timed["findings"]] == ["time_disagreement"] and result["kernelbench"]["speedup"] == {}
     else:
         assert result["kernelbench"]["speedup"]["eager"] == pytest.approx(timed["baselines"]["eager"]["median_ms"] / timed["candidate"]["median_ms"])
-    wrong = grade(problem, CASES / "solutions/6_relu/double.py", CPU, roofline, mode="full", baselines=["eager"], timeout_s=300,
+    wrong = graded(problem, CASES / "solutions/6_relu/double.py", CPU, roofline, mode="full", baselines=["eager"], timeout_s=300,
                   log_dir=tmp_path / "double", timing=quick)
     assert wrong["verdicts"]["kernelbench"] == "incorrect" and "candidate_timing" not in wrong["kernelbench"]
 
@@ -238,12 +237,12 @@ def test_a_grade_makes_the_forwards_its_checks_need(roofline, tmp_path):
     nominal seed's output serves the poison and pointer-cache probes, the first timing inputs' output the arena's
     size, the timed calls' and the audit's comparisons), and a failed grade stops where its check failed."""
     problem = load_problem(materialize(CASES, "6_relu"), "kernelbench")
-    passed = grade(problem, CASES / "solutions/6_relu/exact.py", CPU, roofline, mode="full", baselines=["eager"], timeout_s=300,
+    passed = graded(problem, CASES / "solutions/6_relu/exact.py", CPU, roofline, mode="full", baselines=["eager"], timeout_s=300,
                    log_dir=tmp_path / "exact")
     assert passed["outcome"] == "pass", passed.get("message")
     assert forwards(passed) == PASS_FORWARDS
     assert passed["evidence"]["probe"]["calls"] == sum(c for c, _ in PASS_FORWARDS.values()) == 31
-    wrong = grade(problem, CASES / "solutions/6_relu/leaky.py", CPU, roofline, mode="full", baselines=["eager"], timeout_s=300,
+    wrong = graded(problem, CASES / "solutions/6_relu/leaky.py", CPU, roofline, mode="full", baselines=["eager"], timeout_s=300,
                   log_dir=tmp_path / "leaky")
     assert wrong["outcome"] == "incorrect" and wrong["kernelbench"]["trials"] == "(0 / 5)"
     assert forwards(wrong) == {**{k: PASS_FORWARDS[k] for k in ("import_candidate", "baselines", "kernelbench_correctness")},

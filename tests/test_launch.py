@@ -196,17 +196,17 @@ def test_grade_lock_is_exclusive_per_gpu_across_processes(tmp_path):
 @LOCAL_KINDS
 def test_hung_cell_is_killed_at_its_cap_with_its_process_tree_and_requeued_once(tmp_path, kind):
     launcher = local_launcher(kind, launcher_conf(tmp_path, cap_slack_s=0.0), via_run_cell_pinned(hang))
-    cell = make_cell(tmp_path, "hung", cap_s=4)
+    cell = make_cell(tmp_path, "hung", cap_s=10)  # a fresh job's start (Python, its imports) must fit well inside it under load
     t0 = time.monotonic()
     started, done = run_all(launcher, [cell])
     elapsed = time.monotonic() - t0
     assert started == [cell]  # one MLflow run, whatever the requeues
     assert len(done) == 1 and done[0][1]["outcome"] == "node_failure"
-    assert "wall-clock cap of 4 s" in done[0][1]["message"]
+    assert "wall-clock cap of 10 s" in done[0][1]["message"]
     attempts = [json.loads(line) for line in (tmp_path / "attempts.jsonl").read_text().splitlines()]
     assert len(attempts) == 2
     assert [a["saw_previous"] for a in attempts] == [False, False]  # the requeue starts on a fresh folder
-    assert 8 <= elapsed < 40
+    assert 20 <= elapsed < 80
     assert all(gone(pid) for a in attempts for pid in a["pids"])
 
 

@@ -8,19 +8,17 @@ from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
 
-import kbsweep.grader as grader
 from kbsweep.audit import audit
 from kbsweep.audit.kinds import KINDS
-from kbsweep.grader import checks, grade, launch_gate
+from kbsweep.grader import checks, launch_gate, processes
 from kbsweep.problems import load_problem
+from tests.support.grading import CPU, graded
 
 REPO = Path(__file__).resolve().parent.parent
-CPU = SimpleNamespace(name="cpu", device="cpu", shape_set="smoke_shapes")
 MEGA = ("dense_decode", "kimi_linear_decode")
 
 
@@ -88,8 +86,8 @@ def test_failed_gate_is_a_verdict_not_a_crash(monkeypatch, roofline, tmp_path):
         "evidence": {},
         "findings": [],
     }
-    monkeypatch.setattr(grader, "supervise", lambda *args, **kwargs: {"ok": True, "result": worker_result})
-    result = grade(prob, prob.root / "solutions/graph.py", CPU, roofline, mode="full", log_dir=tmp_path)
+    monkeypatch.setattr(processes, "supervise", lambda *args, **kwargs: {"ok": True, "result": worker_result})
+    result = graded(prob, prob.root / "solutions/graph.py", CPU, roofline, mode="full", log_dir=tmp_path)
     assert result["outcome"] == "pass" and result["score"] == pytest.approx(3.0)
     assert [g["passed"] for g in result["evidence"]["launch_gate"]] == [False] * len(shapes)
     assert {f["kind"] for f in result["findings"]} == {"launch_count_gate"}
@@ -130,7 +128,7 @@ def test_bytes_formula_counts_what_a_step_reads_and_writes(name):
 )
 def test_dense_decode_solutions_graded_on_cpu(roofline, tmp_path, solution, outcome):
     prob = problem("dense_decode")
-    result = grade(prob, prob.root / f"solutions/{solution}.py", CPU, roofline, mode="check", timeout_s=300, log_dir=tmp_path)
+    result = graded(prob, prob.root / f"solutions/{solution}.py", CPU, roofline, mode="check", timeout_s=300, log_dir=tmp_path)
     assert result["outcome"] == outcome, result.get("message")
     if outcome == "incorrect":
         assert "cosine" in result["message"]
@@ -138,7 +136,7 @@ def test_dense_decode_solutions_graded_on_cpu(roofline, tmp_path, solution, outc
 
 def test_cpu_full_grade_marks_the_launch_count_unverified(roofline, tmp_path):
     prob = problem("dense_decode")
-    result = grade(prob, prob.root / "solutions/graph.py", CPU, roofline, baselines=["baseline"], timeout_s=300, log_dir=tmp_path)
+    result = graded(prob, prob.root / "solutions/graph.py", CPU, roofline, baselines=["baseline"], timeout_s=300, log_dir=tmp_path)
     assert result["outcome"] == "pass", result.get("message")
     assert {f["kind"] for f in result["findings"]} == {"launch_count_unverified"}
     assert result["basis"] == "speedup" and result["score"] == pytest.approx(result["speedup"]["baseline"])
@@ -146,7 +144,7 @@ def test_cpu_full_grade_marks_the_launch_count_unverified(roofline, tmp_path):
 
 def test_kimi_wrong_solution_is_incorrect(roofline, tmp_path):
     prob = problem("kimi_linear_decode")
-    result = grade(prob, prob.root / "solutions/wrong.py", CPU, roofline, mode="check", timeout_s=300, log_dir=tmp_path)
+    result = graded(prob, prob.root / "solutions/wrong.py", CPU, roofline, mode="check", timeout_s=300, log_dir=tmp_path)
     assert result["outcome"] == "incorrect", result.get("message")
 
 

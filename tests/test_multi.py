@@ -9,20 +9,18 @@ import json
 import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Dict, Optional, Tuple
 
 import pytest
 
 from kbsweep.audit.static import analyze
-from kbsweep.grader import grade
 from kbsweep.grader.distributed import COMM_FINDINGS
 from kbsweep.problems import load_problem
 from kbsweep.score import load_roofline
+from tests.support.grading import CPU, graded
 
 REPO = Path(__file__).resolve().parent.parent
 PROBLEMS = ["allreduce_residual", "gemm_allreduce", "allgather_gemm", "ring_attention", "moe_dispatch_combine"]
-CPU = SimpleNamespace(name="cpu", device="cpu", shape_set="smoke_shapes")
 ROOFLINE = load_roofline([str(REPO / "roofline_specs")], "cpu")
 SHORT_TIMING = {"min_runs": 3, "max_runs": 8, "max_time_s": 1.0}
 
@@ -38,7 +36,7 @@ def grade_many(name: str, jobs: Dict[str, Tuple[Path, int]], folder: Path, **kwa
 
     def one(label: str) -> dict:
         solution, world = jobs[label]
-        return grade(prob, solution, CPU, ROOFLINE, world_size=world, log_dir=folder / label, **kwargs)
+        return graded(prob, solution, CPU, ROOFLINE, world_size=world, log_dir=folder / label, **kwargs)
 
     with ThreadPoolExecutor(len(jobs)) as pool:
         return dict(zip(jobs, pool.map(one, jobs)))
@@ -294,7 +292,7 @@ def test_ranks_are_confined_and_unsafe_mode_still_grades(tmp_path):
 
     def one(label: str) -> dict:
         path, log_dir, policy = runs[label]
-        return grade(prob, path, CPU, ROOFLINE, mode="check", timeout_s=300, world_size=2, log_dir=log_dir, sandbox=policy)
+        return graded(prob, path, CPU, ROOFLINE, mode="check", timeout_s=300, world_size=2, log_dir=log_dir, sandbox=policy)
 
     with ThreadPoolExecutor(len(runs)) as pool:
         results = dict(zip(runs, pool.map(one, runs)))

@@ -183,9 +183,9 @@ def test_file_tools_do_not_follow_symlinks_out(tree):
 
 
 def test_grading_is_confined_and_still_passes(tree, server, tmp_path):
-    from kbsweep.grader import grade
     from kbsweep.problems import load_problem
     from kbsweep.score import load_roofline
+    from tests.support.grading import CPU, graded
 
     problem = load_problem(REPO / "problems/demo/scale_shift", "demo")
     snoop = f'''import json, os, socket
@@ -208,8 +208,7 @@ print("SEEN " + json.dumps(_seen()), flush=True)
 '''
     candidate = tmp_path / "solution.py"
     candidate.write_text(snoop + (problem.root / "solutions/triton.py").read_text())
-    cpu = SimpleNamespace(name="cpu", device="cpu", shape_set="smoke_shapes")
-    result = grade(problem, candidate, cpu, load_roofline([str(REPO / "roofline_specs")], "cpu"), mode="check", timeout_s=300, log_dir=tmp_path / "grade")
+    result = graded(problem, candidate, CPU, load_roofline([str(REPO / "roofline_specs")], "cpu"), mode="check", timeout_s=300, log_dir=tmp_path / "grade")
     assert result["outcome"] == "pass", result.get("message")
     [line] = [l for l in (tmp_path / "grade/grade_stdout.log").read_text().splitlines() if l.startswith("SEEN ")]
     seen = json.loads(line[5:])

@@ -8,8 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from kbsweep.grader import grade
-from tests.test_grader import CPU
+from tests.support.grading import CPU, graded
 
 HONEST = """
 import torch
@@ -35,7 +34,7 @@ def candidate(folder: Path, prelude: str = "", expression: str = "x * self.weigh
 
 
 def check(problem, roofline, solution: Path, tmp_path: Path, mode: str = "check"):  # noqa: F811
-    return grade(problem, solution, CPU, roofline, mode=mode, timeout_s=180, log_dir=tmp_path / "grade")
+    return graded(problem, solution, CPU, roofline, mode=mode, timeout_s=180, log_dir=tmp_path / "grade")
 
 
 def test_runner_never_sees_the_request_reference_or_deck(problem, roofline, tmp_path):  # noqa: F811

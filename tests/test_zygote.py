@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from kbsweep.grader import grade
-from tests.test_grader import CASES, CPU
+from tests.support.grading import CPU, graded
+from tests.test_grader import CASES
 from tests.test_trust import candidate
 
 LEAVE = """
@@ -46,8 +46,8 @@ def seen(log_dir: Path) -> dict:
 
 def test_a_warm_runner_starts_clean_and_cannot_read_its_zygote(problem, roofline, tmp_path):  # noqa: F811
     grades = tmp_path / "grades"
-    first = grade(problem, candidate(tmp_path / "a", LEAVE), CPU, roofline, mode="check", timeout_s=180, log_dir=grades / "1")
-    second = grade(problem, candidate(tmp_path / "b", LOOK), CPU, roofline, mode="check", timeout_s=180, log_dir=grades / "2")
+    first = graded(problem, candidate(tmp_path / "a", LEAVE), CPU, roofline, mode="check", timeout_s=180, log_dir=grades / "1")
+    second = graded(problem, candidate(tmp_path / "b", LOOK), CPU, roofline, mode="check", timeout_s=180, log_dir=grades / "2")
     assert first["outcome"] == second["outcome"] == "pass", (first.get("message"), second.get("message"))
     left, looked = seen(grades / "1"), seen(grades / "2")
     assert left["zygote"] == looked["zygote"]  # both runners forked from one zygote (its start time)
@@ -57,8 +57,8 @@ def test_a_warm_runner_starts_clean_and_cannot_read_its_zygote(problem, roofline
 
 def test_a_breach_discards_the_zygotes(problem, roofline, tmp_path):  # noqa: F811
     grades = tmp_path / "grades"
-    before = grade(problem, candidate(tmp_path / "a", LOOK), CPU, roofline, mode="check", timeout_s=180, log_dir=grades / "1")
-    hung = grade(problem, CASES / "hang.py", CPU, roofline, mode="check", timeout_s=8, log_dir=grades / "2")
-    after = grade(problem, candidate(tmp_path / "b", LOOK), CPU, roofline, mode="check", timeout_s=180, log_dir=grades / "3")
+    before = graded(problem, candidate(tmp_path / "a", LOOK), CPU, roofline, mode="check", timeout_s=180, log_dir=grades / "1")
+    hung = graded(problem, CASES / "hang.py", CPU, roofline, mode="check", timeout_s=8, log_dir=grades / "2")
+    after = graded(problem, candidate(tmp_path / "b", LOOK), CPU, roofline, mode="check", timeout_s=180, log_dir=grades / "3")
     assert (before["outcome"], hung["outcome"], after["outcome"]) == ("pass", "grade_timeout", "pass")
     assert seen(grades / "1")["zygote"] != seen(grades / "3")["zygote"]  # a fresh zygote after the breach

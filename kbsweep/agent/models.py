@@ -13,11 +13,11 @@ from kbsweep.outcomes import Outcome
 class Usage:
     """Token counts of one call or a whole run."""
 
-    input_tokens: int = 0
+    input_tokens: int = 0  # the prompt's, cache reads and writes included
     output_tokens: int = 0
-    cached_tokens: int = 0
-    cache_write_tokens: int = 0
-    reasoning_tokens: int = 0
+    cached_tokens: int = 0  # of the input, read from the provider's prompt cache
+    cache_write_tokens: int = 0  # of the input, written to it
+    reasoning_tokens: int = 0  # of the output, spent reasoning
 
     @property
     def total(self) -> int:

@@ -15,6 +15,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from kbsweep.audit import audit, workspace_helpers
 from kbsweep.grader import grade
+from kbsweep.grader.request import GradeRequest
 from kbsweep.problems import load_problem
 
 
@@ -81,9 +82,9 @@ def run_case(
     for helper in staged_files(path):
         shutil.copy2(helper, workspace / helper.name)
     shutil.copy2(path, workspace / "solution.py")
-    result = grade(problem, workspace / "solution.py", gpu, roofline, mode=mode or meta.get("mode", "check"), baselines=[],
-                   timeout_s=timeout_s, log_dir=folder / "grade", timing=timing, sandbox=sandbox,
-                   world_size=min(int(meta.get("world", 1)), max_world or int(meta.get("world", 1))))
+    result = grade(GradeRequest(problem, workspace / "solution.py", gpu, roofline, mode=mode or meta.get("mode", "check"), baselines=[],
+                                timeout_s=timeout_s, log_dir=folder / "grade", timing=timing or {}, sandbox=sandbox,
+                                world_size=min(int(meta.get("world", 1)), max_world or int(meta.get("world", 1))))).to_json()
     helpers = workspace_helpers(workspace, problem.reference.read_text())
     return meta, result, audit(path.read_text(), problem.spec.forbidden, result, problem=problem, helpers=helpers)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import ctypes
 import mmap
 import os
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 
@@ -184,3 +184,20 @@ def apply_swaps(inputs: List[Any], swaps: List[List[Any]]) -> None:
 def prepared_swaps(swaps: List[List[Any]], device: torch.device) -> List[List[Any]]:
     """The swaps with their indices already on ``device`` (no host-to-device copy inside a timed batch)."""
     return [[index, torch.tensor(dst, device=device), torch.tensor(src, device=device)] for index, dst, src in swaps]
+
+
+def encode(value: Any, arena: Arena) -> Dict[str, Any]:
+    """A value for the runner: tensors as arena slots (copies), dtypes by name, lists element-wise (the runner's
+    ``decode`` reads it back)."""
+    if isinstance(value, torch.Tensor):
+        return {"slot": arena.put(value)}
+    if isinstance(value, (list, tuple)):
+        return {"list": [encode(v, arena) for v in value]}
+    if isinstance(value, torch.dtype):
+        return {"dtype": str(value).replace("torch.", "")}
+    return {"value": value}
+
+
+def clone(values: Sequence[Any]) -> List[Any]:
+    """The referee's own copies of a call's arguments (the reference may write to its inputs)."""
+    return [v.clone() if isinstance(v, torch.Tensor) else v for v in values]

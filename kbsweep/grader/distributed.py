@@ -48,8 +48,12 @@ import torch.distributed as dist
 from kbsweep.grader import checks
 from kbsweep.grader.channel import Channel, ChannelError, accept_rank, listen
 from kbsweep.grader.failures import COMM_FINDINGS, GradeFailure  # noqa: F401 - COMM_FINDINGS: this module's findings
+from kbsweep.grader.processes import BREACH_OUTCOMES, RUNNER_BOOT, Supervision, runner_env
 from kbsweep.grader.referee import Referee, referee_message
-from kbsweep.sandbox import POLL_S, Sandbox, Watch
+from kbsweep.grader.request import RefereeRequest
+from kbsweep.outcomes import Outcome
+from kbsweep.paths import REPO_ROOT
+from kbsweep.sandbox import POLL_S, Watch
 
 RANK_SEED_STRIDE = 1_000_003
 # c10d operations (the profiler's CPU-side names) that are collectives; send/recv are point-to-point
@@ -190,43 +194,34 @@ def watch_ranks(referee, runner, timeout_s: float, memory_mib: float, disk_mib: 
             proc.wait()
 
 
-def supervise_ranks(
-    request: Dict[str, Any],
-    log_dir: Path,
-    timeout_s: float,
-    memory_mib: float,
-    env: Dict[str, str],
-    sandbox: Sandbox,
-    readonly: Sequence[Path],
-) -> Dict[str, Any]:
-    """One grade at ``request['world_size']`` ranks: the referee ranks' torchrun (``readonly`` seen; its private
+def supervise_ranks(request: RefereeRequest, how: Supervision) -> Dict[str, Any]:
+    """One grade at ``request.world_size`` ranks: the referee ranks' torchrun (``how.readonly`` seen; its private
     request/result folder and the rendezvous folder writable) and the runner ranks' torchrun (kbsweep's package and
     the rendezvous folder read-only, the candidate's folder writable), each in a sandbox of its own like the two
-    processes of :func:`kbsweep.grader.supervise`; returns the one result message."""
-    from kbsweep import REPO_ROOT
-    from kbsweep.grader import BREACH_OUTCOMES, RUNNER_BOOT
+    processes of :func:`kbsweep.grader.processes.supervise`; returns the one result message."""
     from kbsweep.torchrun import launcher, spawn_torchrun, torchrun_command
 
-    world, workdir = request["world_size"], Path(request["workdir"])
+    log_dir, env, sandbox = how.log_dir, how.env, how.sandbox
+    world, workdir = request.world_size, Path(request.workdir)
     private = Path(tempfile.mkdtemp(prefix="kbsweep-referee-"))  # mode 0700: the request (secret seed) and the results
     rendezvous = Path(tempfile.mkdtemp(prefix="kbsweep-ranks-"))  # only the referee ranks' sockets
     token = secrets.token_hex(16)  # a process that can reach the sockets but was not started by this grade cannot pose as a rank
     request_path = private / "request.json"
-    request_path.write_text(json.dumps({**request, "token": token, "rendezvous": str(rendezvous)}))
+    request_path.write_text(json.dumps({**request.to_json(), "token": token, "rendezvous": str(rendezvous)}))
     # the host's communication-library settings reach the ranks whatever the grade's environment keeps
     # (NCCL_NVLS_ENABLE=0 and the like are operators' safety switches, not secrets)
     comm = {k: v for k, v in os.environ.items() if k.startswith(COMM_ENV_PREFIXES)}
     if sandbox.confined:  # its network namespace has loopback only: the host's interface names mean nothing there
         comm.update(GLOO_SOCKET_IFNAME="lo", NCCL_SOCKET_IFNAME="lo")
-    runner_env = {**{k: v for k, v in env.items() if k != "PYTHONPATH"}, **comm, "KBSWEEP_RANK_TOKEN": token}
+    ranks_env = {**runner_env(env), **comm, "KBSWEEP_RANK_TOKEN": token}
     runner_command = [*launcher(world), "--no-python", sys.executable, "-I", "-B", "-c", RUNNER_BOOT.format(root=str(REPO_ROOT)),
                       "ranks", str(rendezvous)]
     try:
         referee = spawn_torchrun(torchrun_command(world, __name__, [request_path]), log_dir=log_dir, name="referee", cwd=private,
-                                 env={**env, **comm}, sandbox=sandbox, writable=[private, rendezvous], readonly=readonly)
-        runner = spawn_torchrun(runner_command, log_dir=log_dir, name="torchrun", cwd=workdir, env=runner_env, sandbox=sandbox,
+                                 env={**env, **comm}, sandbox=sandbox, writable=[private, rendezvous], readonly=how.readonly)
+        runner = spawn_torchrun(runner_command, log_dir=log_dir, name="torchrun", cwd=workdir, env=ranks_env, sandbox=sandbox,
                                 writable=[workdir], readonly=[REPO_ROOT / "kbsweep", rendezvous])
-        breach = watch_ranks(referee, runner, timeout_s, memory_mib, sandbox.policy.disk_mib, [workdir, log_dir])
+        breach = watch_ranks(referee, runner, how.timeout_s, how.memory_mib, sandbox.policy.disk_mib, [workdir, log_dir])
         messages = [json.loads(path.read_text()) for path in sorted(private.glob("rank*.json"))]
     finally:
         shutil.rmtree(private, ignore_errors=True)
@@ -234,10 +229,10 @@ def supervise_ranks(
     failures = sorted((m for m in messages if not m["ok"]), key=lambda m: m["at"])
     exits = rank_exits(log_dir / "torchrun_stderr.log")
     if breach and breach[0] == "memory":
-        return {"ok": False, "outcome": "grade_oom", "message": breach[1]}
+        return {"ok": False, "outcome": Outcome.GRADE_OOM, "message": breach[1]}
     if crashed(exits):  # a runner rank killed by a signal is the cause; its peers and referee only saw a broken line
         rank = min(crashed(exits))
-        return {"ok": False, "outcome": "runtime_error", "message": f"rank {rank}: the candidate's process died ({exits[rank]})"}
+        return {"ok": False, "outcome": Outcome.RUNTIME_ERROR, "message": f"rank {rank}: the candidate's process died ({exits[rank]})"}
     if failures:
         message = failures[0]  # the earliest: the cause, not a peer's broken connection
         if not re.search(r"\brank \d+:", message["message"]):
@@ -249,7 +244,7 @@ def supervise_ranks(
         done = [m for m in messages if m["ok"] and m["rank"] == 0]
         if not done:  # the candidate's processes failing show in a referee rank's message: this is the harness's
             detail = "; ".join(f"runner rank {rank}: {line}" for rank, line in sorted(exits.items()))
-            return {"ok": False, "outcome": "harness_error",
+            return {"ok": False, "outcome": Outcome.HARNESS_ERROR,
                     "message": f"the referee ranks ended without a result (torchrun exit code {referee.returncode}{'; ' + detail if detail else ''})"}
         message = done[0]
     for key in ("rank", "at"):
@@ -262,7 +257,7 @@ class RankReferee(Referee):
     """One referee rank: the single-process referee's grade, its verdicts and timing agreed with its peers over a
     gloo group of their own (no NCCL traffic, no GPU work), its reference run with them."""
 
-    def __init__(self, request: Dict[str, Any], runner: Channel, rank: int, world: int, control: Any):
+    def __init__(self, request: RefereeRequest, runner: Channel, rank: int, world: int, control: Any):
         super().__init__(request, runner)
         self.rank, self.world, self.control = rank, world, control
         self.barrier = lambda: dist.barrier(group=control)
@@ -280,7 +275,7 @@ class RankReferee(Referee):
         names = self.gather(name)
         self.evidence["devices"] = names
         if len(set(names)) > 1:
-            raise GradeFailure("harness_error", f"device gate: ranks run on different devices {names}")
+            raise GradeFailure(Outcome.HARNESS_ERROR, f"device gate: ranks run on different devices {names}")
 
     def rank_seed(self, seed: int) -> int:
         return seed + self.rank * RANK_SEED_STRIDE
@@ -368,16 +363,16 @@ def main() -> None:
 
     request_path = Path(sys.argv[1])
     rank, world, device = init_distributed()  # NCCL on GPUs (the reference's collectives), gloo on CPU
-    request = json.loads(request_path.read_text())
+    fields = json.loads(request_path.read_text())
     control = dist.new_group(backend="gloo")
-    listener = listen(Path(request.pop("rendezvous")), rank)
-    token = request.pop("token")
-    request["device"] = device
+    listener = listen(Path(fields.pop("rendezvous")), rank)
+    token = fields.pop("token")
+    request = RefereeRequest(**{**fields, "device": device})
     try:
         runner = accept_rank(listener, token, rank, ACCEPT_TIMEOUT_S)
         message = referee_message(request, runner, lambda req, channel: RankReferee(req, channel, rank, world, control))
     except ChannelError as exc:
-        message = {"ok": False, "outcome": "harness_error", "message": f"the candidate's process never dialled in ({exc})", "at": time.time()}
+        message = {"ok": False, "outcome": Outcome.HARNESS_ERROR, "message": f"the candidate's process never dialled in ({exc})", "at": time.time()}
     if rank == 0 or not message["ok"]:
         partial = request_path.with_name(f".rank{rank}.json")
         partial.write_text(json.dumps({**message, "rank": rank}, default=str))

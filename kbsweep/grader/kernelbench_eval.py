@@ -13,12 +13,13 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
+from kbsweep.grader.arena import encode
 from kbsweep.grader.failures import GradeFailure
 
 if TYPE_CHECKING:
     import torch
 
-    from kbsweep.grader.referee import Referee
+    from kbsweep.grader.candidate import CandidateContext
 
 # torch's dtype names; torch is imported where tensors are made, so the CLI that only reads the semantics (a
 # problem's folder, a plan) does not import it (3-6 s a process on a loaded 2-core host)
@@ -107,23 +108,21 @@ def not_compiled(sem: Semantics, message: str) -> Dict[str, Any]:
     return Verdict(sem.record(), compiled=False, issue=message[:500]).record()
 
 
-def call(referee: "Referee", model: int, inputs: List[Any], expected: torch.Tensor) -> torch.Tensor:
+def call(referee: "CandidateContext", model: int, inputs: List[Any], expected: torch.Tensor) -> torch.Tensor:
     """One call of the candidate, no poison, its output one tensor that may alias an input (as KernelBench takes it)."""
-    from kbsweep.grader.referee import encode
-
     slots = referee.output_slots(expected)
     referee.ask("call", model=model, inputs=encode(inputs, referee.arena), outputs=slots, kernelbench=True)
     referee.count_work(referee.shape, 1)
     return referee.read(slots, expected)
 
 
-def run(referee: "Referee", sem: Semantics) -> Dict[str, Any]:
+def run(referee: "CandidateContext", sem: Semantics) -> Dict[str, Any]:
     """KernelBench's correctness pass over the referee's candidate process (first shape: a KernelBench file has
     one). A trial that runs but mismatches is counted and the next runs; an exception ends the pass, as in
     KernelBench's ``run_and_check_correctness``."""
     import torch
 
-    shape = referee.req["shapes"][0]
+    shape = referee.req.shapes[0]
     referee.shape, referee.tag = shape, "/kernelbench"
     referee.open_arena(referee.arena_size(shape))
     verdict = Verdict(sem.record())

@@ -5,7 +5,7 @@ module included. It exists so that honest candidates are easy to run and dishone
 referee (:mod:`kbsweep.grader.referee`) decides correctness from the outputs it reads back from shared memory
 and corroborates every reported time with its own clock.
 
-Started by :func:`kbsweep.grader.supervise` as ``python -I -c <bootstrap> <channel fd>``, or once per rank under
+Started by :func:`kbsweep.grader.processes.supervise` as ``python -I -c <bootstrap> <channel fd>``, or once per rank under
 torchrun by :func:`kbsweep.grader.distributed.supervise_ranks` as ``... ranks <rendezvous folder>`` (it joins the
 ranks' process group, then dials its referee rank): isolated mode (no
 PYTHON* variables, no user site, no script folder on ``sys.path``); kbsweep's root is appended *after* the
@@ -34,6 +34,7 @@ from kbsweep.grader import timing
 from kbsweep.grader.arena import Arena, apply_swaps, prepared_swaps
 from kbsweep.grader.channel import Channel, ChannelError
 from kbsweep.grader.failures import GradeFailure, classify, one_line
+from kbsweep.outcomes import Outcome
 
 PACKAGE = "kbsweep_candidate"
 
@@ -59,7 +60,7 @@ class CandidateFinder(importlib.abc.MetaPathFinder):
 
 
 def decode(value: Any, arena: Arena) -> Any:
-    """A value the referee encoded (:func:`kbsweep.grader.referee.encode`)."""
+    """A value the referee encoded (:func:`kbsweep.grader.arena.encode`)."""
     if "slot" in value:
         return arena.view(value["slot"])
     if "list" in value:
@@ -119,10 +120,10 @@ class Runner:
             with self.monitor.watch("import_candidate"):
                 self.cand = importlib.import_module(f"{PACKAGE}.solution")
         except BaseException as exc:  # noqa: BLE001 - any import failure is the candidate's
-            outcome = "grade_oom" if classify(exc) == "grade_oom" else "compile_error"
+            outcome = Outcome.GRADE_OOM if classify(exc) == Outcome.GRADE_OOM else Outcome.COMPILE_ERROR
             raise GradeFailure(outcome, f"import failed: {one_line(exc)}") from None
         if not hasattr(self.cand, "ModelNew"):
-            raise GradeFailure("compile_error", "solution.py defines no ModelNew")
+            raise GradeFailure(Outcome.COMPILE_ERROR, "solution.py defines no ModelNew")
         self.session = timing.profiler_session(self.device)  # over every call from here on, all alike
         self.session.start()
 
@@ -135,7 +136,7 @@ class Runner:
                 try:
                     model.load_state_dict(state, strict=True)
                 except Exception as exc:
-                    raise GradeFailure("incorrect", f"load_state_dict(strict=True) failed: {one_line(exc)}") from None
+                    raise GradeFailure(Outcome.INCORRECT, f"load_state_dict(strict=True) failed: {one_line(exc)}") from None
         self.models[int(message["model"])] = model
 
     # -- calls ----------------------------------------------------------------------
@@ -158,20 +159,20 @@ class Runner:
         """Copy the outputs into the referee's slots, refusing what does not fit exactly. ``kernelbench``: what
         KernelBench's eval accepts instead: one tensor (it reads ``output.shape``), aliasing an input or not."""
         if kernelbench and not isinstance(out, torch.Tensor):
-            raise GradeFailure("incorrect", f"the output is {type(out).__name__}, not a tensor")
+            raise GradeFailure(Outcome.INCORRECT, f"the output is {type(out).__name__}, not a tensor")
         outs = tuple(out) if isinstance(out, (tuple, list)) else (out,)
         if len(outs) != len(slots):
-            raise GradeFailure("incorrect", f"expected {len(slots)} outputs, got {len(outs)}")
+            raise GradeFailure(Outcome.INCORRECT, f"expected {len(slots)} outputs, got {len(outs)}")
         spans = [(t.untyped_storage().data_ptr(), t.untyped_storage().nbytes()) for t in inputs if isinstance(t, torch.Tensor)]
         for i, (o, slot) in enumerate(zip(outs, slots)):
             target = self.arena.view(slot)
             if type(o) is not torch.Tensor:
-                raise GradeFailure("incorrect", f"output {i} is {type(o).__name__}, not exactly torch.Tensor")
+                raise GradeFailure(Outcome.INCORRECT, f"output {i} is {type(o).__name__}, not exactly torch.Tensor")
             if o.dtype != target.dtype or o.shape != target.shape or o.device.type != target.device.type:
-                raise GradeFailure("incorrect", f"output {i}: got {o.dtype} {tuple(o.shape)} on {o.device}, expected {target.dtype} {tuple(target.shape)} on {target.device}")
+                raise GradeFailure(Outcome.INCORRECT, f"output {i}: got {o.dtype} {tuple(o.shape)} on {o.device}, expected {target.dtype} {tuple(target.shape)} on {target.device}")
             start, size = o.untyped_storage().data_ptr(), o.untyped_storage().nbytes()
             if not kernelbench and o.numel() and any(start < s + n and s < start + size for s, n in spans):
-                raise GradeFailure("incorrect", f"output {i} aliases an input's memory")
+                raise GradeFailure(Outcome.INCORRECT, f"output {i} aliases an input's memory")
             target.copy_(o)
 
     def poison(self, fill: Optional[int]) -> None:

@@ -39,10 +39,12 @@ COMM_PREFIXES = ("c10d::", "_c10d_functional::", "c10d_functional::", "nccl:", "
 
 @dataclass
 class TimingConfig:
-    min_runs: int = 3
-    max_runs: int = 100
-    rel_err: float = 0.001
-    max_time_s: float = 10.0
+    """When a shape's timing stops (:func:`stop`): ``config.yaml``'s ``grade.timing``."""
+
+    min_runs: int = 3  # samples, at least
+    max_runs: int = 100  # samples, at most
+    rel_err: float = 0.001  # the mean's standard error over the mean, enough to stop once below
+    max_time_s: float = 10.0  # seconds of a shape's timed batches, at most (then it stops whatever the error)
 
 
 def summarize(samples_ms: List[float], wall_ms: List[float]) -> Dict[str, Any]:

@@ -31,7 +31,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
-from kbsweep import REPO_ROOT
+from kbsweep.paths import REPO_ROOT
 
 BOOT = "import sys; sys.path.append({root!r}); from kbsweep.grader.zygote import serve; serve()"
 MODULES = {"runner": "kbsweep.grader.runner", "referee": "kbsweep.grader.referee"}

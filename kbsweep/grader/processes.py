@@ -1,0 +1,183 @@
+"""The processes of a single-process grade: the trusted referee and the candidate's runner, each in its own sandbox,
+forked by warm zygotes or spawned cold, joined by a socket pair, watched for time, memory and disk; and their
+environments. (A multi-rank grade's: :mod:`kbsweep.grader.distributed`.)"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence
+
+from kbsweep.grader import zygote
+from kbsweep.outcomes import Outcome
+from kbsweep.paths import REPO_ROOT
+from kbsweep.problems import Problem
+from kbsweep.sandbox import Sandbox, SandboxPolicy, Watch, grading_view, minimal_env
+
+if TYPE_CHECKING:  # the runner imports this package: it must not hold even the request's field names
+    from kbsweep.grader.request import RefereeRequest
+
+BREACH_OUTCOMES = {"wall": Outcome.GRADE_TIMEOUT, "memory": Outcome.GRADE_OOM, "disk": Outcome.RUNTIME_ERROR}
+RUNNER_BOOT = "import sys; sys.path.append({root!r}); from kbsweep.grader.runner import main; main()"
+
+
+@dataclass
+class Supervision:
+    """How a grade's processes run: their logs' folder, the time and per-process memory limits, the referee's
+    environment, the sandbox, and what the referee sees read-only."""
+
+    log_dir: Path
+    timeout_s: float
+    memory_mib: float
+    env: Dict[str, str]
+    sandbox: Sandbox
+    readonly: Sequence[Path]
+
+
+def supervise(request: RefereeRequest, how: Supervision, warm: Optional[zygote.Zygote] = None) -> Dict[str, Any]:
+    """Start the referee (trusted: sees ``how.readonly``, holds the request) and the candidate's runner (sees only
+    kbsweep's package and the candidate's folder, in an isolated interpreter), each in its own sandbox, joined by
+    a socket pair: forked by warm zygotes (``warm``: the runner's, whose home holds the staged candidate), else
+    spawned cold. Watch both (time, memory of each process tree, disk of the candidate's folder and the logs);
+    read the referee's one result message from a pipe the runner never holds."""
+    log_dir, env, sandbox, readonly = how.log_dir, how.env, how.sandbox, how.readonly
+    log_dir.mkdir(parents=True, exist_ok=True)
+    workdir = Path(request.workdir)
+    read_fd, write_fd = os.pipe()
+    referee_end, runner_end = socket.socketpair()
+    with open(log_dir / "grade_stdout.log", "wb") as out, open(log_dir / "grade_stderr.log", "wb") as err, \
+            open(log_dir / "referee.log", "wb") as referee_log, open(os.devnull, "rb") as null:
+        if warm is not None:
+            judge = zygote.take("referee", sandbox, env, readonly)
+            runner = warm.fork(workdir, ["fd:channel"], {"stdin": null.fileno(), "stdout": out.fileno(), "stderr": err.fileno(),
+                                                          "channel": runner_end.fileno()})
+            request_in, request_out = os.pipe()
+            referee = judge.fork(judge.home, ["fd:result", "fd:channel"], {"stdin": request_in, "stdout": referee_log.fileno(),
+                                 "stderr": referee_log.fileno(), "result": write_fd, "channel": referee_end.fileno()})
+            os.close(request_in)
+            stdin = os.fdopen(request_out, "wb")
+        else:
+            runner = sandbox.popen(
+                [sys.executable, "-I", "-B", "-c", RUNNER_BOOT.format(root=str(REPO_ROOT)), str(runner_end.fileno())],
+                cwd=str(workdir), env=runner_env(env), writable=[(workdir, str(workdir))], readonly=[REPO_ROOT / "kbsweep"],
+                stdin=subprocess.DEVNULL, stdout=out, stderr=err, pass_fds=(runner_end.fileno(),),
+            )
+            referee_dir = log_dir / "referee"
+            referee_dir.mkdir(exist_ok=True)
+            referee = sandbox.popen(
+                [sys.executable, "-m", "kbsweep.grader.referee", str(write_fd), str(referee_end.fileno())],
+                cwd=str(referee_dir), env=env, writable=[(referee_dir, str(referee_dir))], readonly=readonly,
+                stdin=subprocess.PIPE, stdout=referee_log, stderr=subprocess.STDOUT, pass_fds=(write_fd, referee_end.fileno()),
+            )
+            stdin = referee.stdin
+        runner_end.close()
+        os.close(write_fd)
+        referee_end.close()
+        try:
+            stdin.write(json.dumps(request.to_json()).encode())
+            stdin.close()
+        except BrokenPipeError:  # the referee died at once: its log says why
+            pass
+        breach = watch_both(referee, runner, how.timeout_s, how.memory_mib, sandbox.policy.disk_mib, [workdir, log_dir])
+    if warm is not None:  # zygotes are reused only after a grade whose processes both ended as they should
+        healthy = not breach and referee.returncode == 0 and runner.wait() == 0
+        if not healthy:
+            warm.stop()  # nothing of the candidate runs on while its folder is taken
+        (log_dir / "candidate").mkdir(exist_ok=True)  # the record: the candidate's folder as the grade left it
+        for entry in warm.home.iterdir():
+            shutil.move(str(entry), str(log_dir / "candidate" / entry.name))
+        for found in (judge, warm):
+            zygote.keep(found) if healthy else zygote.discard(found)
+    with os.fdopen(read_fd) as channel:
+        lines = channel.read().splitlines()
+    if breach:
+        kind, message = breach
+        return {"ok": False, "outcome": BREACH_OUTCOMES[kind], "message": f"grading process {message}"}
+    if len(lines) != 1:
+        tail = (log_dir / "referee.log").read_text(errors="replace").strip().splitlines()[-1:]
+        detail = tail[0][:300] if tail else f"exit code {referee.returncode}"
+        return {"ok": False, "outcome": Outcome.HARNESS_ERROR, "message": f"the referee died ({detail})"}
+    message = json.loads(lines[0])
+    signum = -runner.returncode if (runner.returncode or 0) < 0 else (runner.returncode or 0) - 128  # bwrap: 128 + signal
+    if not message.get("ok") and signum > 0 and "died" in message.get("message", ""):
+        cause = died_of(signum)
+        if message["outcome"] == Outcome.HARNESS_ERROR:  # died before the candidate was imported: never the model's
+            cause["outcome"] = Outcome.HARNESS_ERROR
+        message.update(cause)
+    return message
+
+
+def died_of(signum: int) -> Dict[str, Any]:
+    """Outcome of a runner killed by ``signum`` that kbsweep's watch did not send: SIGKILL comes from outside the
+    grade (the host's OOM killer, an operator), which is never the model's result; a crash signal is."""
+    name = signal.Signals(signum).name if signum in signal.Signals._value2member_map_ else str(signum)
+    if signum == signal.SIGKILL:
+        return {"outcome": Outcome.HARNESS_ERROR, "message": f"the candidate's process was killed from outside the grade ({name}: the host's OOM killer?)"}
+    return {"outcome": Outcome.RUNTIME_ERROR, "message": f"the candidate's process died of {name}"}
+
+
+def watch_both(referee, runner, timeout_s: float, memory_mib: float, disk_mib: float, folders: Sequence[Path]):
+    """Until the referee ends or either process passes a limit (then both are killed); returns the breach."""
+    from kbsweep.sandbox import POLL_S, kill
+
+    watches = [Watch(referee, timeout_s, memory_mib, disk_mib, []), Watch(runner, timeout_s, memory_mib, disk_mib, folders)]
+    try:
+        while referee.poll() is None:
+            for watch in watches:
+                found = watch.breach() if watch.proc.poll() is None else None
+                if found:
+                    return found
+            time.sleep(POLL_S)
+        return None
+    finally:
+        for proc in (runner, referee):
+            if proc.poll() is None:
+                kill(proc, settle_s=2.0)
+
+
+def grading_env(hide_env: Sequence[str], device: str) -> Dict[str, str]:
+    """The referee's environment (the runner's is :func:`runner_env` of it): minimal, never a secret."""
+    env = minimal_env(hide_env, PYTHONPATH=str(REPO_ROOT), PYTHONDONTWRITEBYTECODE="1")
+    if device == "cpu":
+        env["TRITON_INTERPRET"] = "1"
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    return env
+
+
+def runner_env(env: Dict[str, str]) -> Dict[str, str]:
+    return {k: v for k, v in env.items() if k != "PYTHONPATH"}  # isolated mode ignores it anyway
+
+
+def warm_runner(sandbox: Sandbox, env: Dict[str, str], view: Sequence[Path], parent: Path) -> Optional[zygote.Zygote]:
+    """The runner's zygote for a single-process grade, once both sides' zygotes are ready; None (spawn cold)
+    unconfined, or when a zygote fails to start (its log says why)."""
+    if not sandbox.confined:
+        return None
+    warm = zygote.take("runner", sandbox, runner_env(env), [REPO_ROOT / "kbsweep"], parent)
+    judge = zygote.take("referee", sandbox, env, view)
+    try:
+        warm.started()
+        judge.started()
+    except OSError:
+        zygote.discard(warm, judge)
+        return None
+    zygote.keep(judge)  # taken again by supervise, still warm
+    return warm
+
+
+def prewarm(problem: Problem, device: str, world_size: int, hide_env: Sequence[str], policy: SandboxPolicy, grades: Path) -> None:
+    """Start the zygotes the grades of ``problem`` under ``grades/`` will fork from, so their imports run while
+    the agent works (no-op for multi-rank grades and unconfined ones)."""
+    sandbox = Sandbox(policy, gpu=device == "cuda")
+    if world_size > 1 or problem.spec.constraints.get("collective") or not sandbox.confined:
+        return
+    env = grading_env(hide_env, device)
+    zygote.prewarm("referee", sandbox, env, grading_view(problem.root))
+    zygote.prewarm("runner", sandbox, runner_env(env), [REPO_ROOT / "kbsweep"], grades)

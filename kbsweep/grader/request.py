@@ -1,0 +1,114 @@
+"""What a grade is asked: :class:`GradeRequest`, the one argument of :func:`kbsweep.grader.grade` (built from a
+resolved config by :meth:`GradeRequest.from_config`, for a sweep's cells, ``kbsweep grade`` and ``kbsweep regrade``
+alike), and :class:`RefereeRequest`, what the grade hands its trusted referee (secret seed included; the
+candidate's runner gets :meth:`RefereeRequest.for_runner` of it, nothing more).
+
+The candidate's runner never imports this module (not even the field names reach it: tests/test_trust.py), and
+it imports no torch (the orchestrator need not pay for it).
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence
+
+if TYPE_CHECKING:
+    from kbsweep.grader.baselines import BaselineCache
+    from kbsweep.problems import Problem
+    from kbsweep.sandbox import SandboxPolicy
+
+
+@dataclass
+class GradeRequest:
+    """One grade: ``solution`` on ``problem`` on ``gpu`` (``name``, ``device``, ``shape_set``: a GPU config's).
+
+    ``mode``: check (correctness only), bench or full (correctness + timing). ``baselines``: timed when the mode
+    times, served from ``baseline_cache`` where it holds them. ``world_size`` > 1 (or a problem with a
+    ``collective``) grades at that many ranks. ``hide_env``: names never passed to the grading processes.
+    ``sandbox``: their confinement (default: :class:`~kbsweep.sandbox.SandboxPolicy`'s defaults). ``timers``:
+    timers of :data:`kbsweep.config.BASELINE_TIMERS` that time the baselines too, beside kbsweep's scored figure
+    (default: ``kernelbench`` for a KernelBench problem on a GPU). ``zygote_home``: the folder the runner's
+    zygote keeps its home under (default: ``log_dir``'s parent); grades that share it share the zygote."""
+
+    problem: "Problem"
+    solution: Path
+    gpu: Any
+    roofline: Dict[str, Any]
+    mode: str = "full"
+    baselines: List[str] = field(default_factory=list)
+    timeout_s: float = 1800.0
+    memory_mib: float = 0.0
+    log_dir: Optional[Path] = None
+    timing: Dict[str, Any] = field(default_factory=dict)
+    compile_mode: Optional[str] = None
+    deck_version: Optional[str] = None
+    baseline_cache: Optional["BaselineCache"] = None
+    world_size: int = 1
+    hide_env: Sequence[str] = ()
+    sandbox: Optional["SandboxPolicy"] = None
+    timers: Optional[Sequence[str]] = None
+    zygote_home: Optional[Path] = None
+
+    @classmethod
+    def from_config(cls, problem: "Problem", roofline: Dict[str, Any], gpu: Dict[str, Any], track: Dict[str, Any],
+                    grade: Dict[str, Any], paths: Dict[str, Any], deck_version: Optional[str] = None,
+                    hide_env: Sequence[str] = ()) -> "GradeRequest":
+        """The grade a resolved config's sections ask for on ``problem``: its GPU, track limits (time, world size,
+        sandbox), timing, baselines and their cache under ``paths.outputs``; :meth:`of` names the solution."""
+        from types import SimpleNamespace
+
+        from kbsweep.grader.baselines import BaselineCache
+        from kbsweep.sandbox import SandboxPolicy, memory_cap_mib
+
+        return cls(
+            problem, Path(), SimpleNamespace(**gpu), roofline,
+            baselines=list(gpu.get("baselines") or grade["baselines"]),
+            timeout_s=track["grade_timeout_s"],
+            memory_mib=memory_cap_mib(grade["memory_mib"]),  # the grading host's, where the grade runs
+            timing=grade["timing"],
+            compile_mode=grade["compile_mode"],
+            deck_version=deck_version,
+            baseline_cache=BaselineCache(
+                Path(paths["outputs"]) / "baselines" / f"{gpu['name']}.json",
+                seed_files=[Path(root).parent / "baselines" / f"{gpu['name']}.json" for root in paths["problems"]],
+            ),
+            world_size=int(track.get("world_size", 1)),
+            hide_env=tuple(hide_env),
+            sandbox=SandboxPolicy.of(track),
+            timers=grade.get("timers"),
+            # a worker's next cells grade with the same runner zygote; absolute: the zygotes fork elsewhere
+            zygote_home=(Path(paths["outputs"]) / "zygotes").resolve(),
+        )
+
+    def of(self, mode: str, solution: Path, log_dir: Path) -> "GradeRequest":
+        """This grade of ``solution`` in ``mode``, logged under ``log_dir``: the baselines are timed by full grades only."""
+        return replace(self, mode=mode, solution=Path(solution), log_dir=log_dir, baselines=self.baselines if mode == "full" else [])
+
+
+@dataclass
+class RefereeRequest:
+    """What the referee gets (as JSON on its stdin, or a file only the referee ranks see): the problem's spec and
+    reference, the staged solution and its folder, the shapes, what to time and how, and the secret seed."""
+
+    spec: Dict[str, Any]
+    reference: str
+    solution: str
+    workdir: str
+    device: str  # "cuda:0" or "cpu" (a rank: its own device)
+    shapes: List[Dict[str, Any]]
+    mode: str
+    baselines: List[str]  # the ones to time now (the cache holds the others)
+    compile_mode: Optional[str]
+    l2_bytes: int
+    timing: Dict[str, Any]  # kbsweep.grader.timing.TimingConfig's fields
+    baseline_budget_s: float
+    secret_seed: Optional[int]  # never sent to the runner; the referee keeps it out of its request once read
+    world_size: int
+    timers: List[str]
+
+    def to_json(self) -> Dict[str, Any]:
+        return asdict(self)
+
+    def for_runner(self) -> Dict[str, Any]:
+        """The runner's whole share of the request: where it runs, its folder, and the L2 size it flushes."""
+        return {"device": self.device, "workdir": self.workdir, "l2_bytes": self.l2_bytes}

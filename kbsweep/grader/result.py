@@ -1,0 +1,69 @@
+"""What a grade returns: :class:`GradeResult`, stored as today's JSON (``grade.json``, a cell's journal, the API's
+``Grade.result``) by :meth:`GradeResult.to_json` and read back, stored results of earlier versions included, by
+:meth:`GradeResult.from_json`."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any, Dict, List, Optional
+
+from kbsweep.outcomes import Outcome
+
+# The keys of a result by when they are written: every grade's, a passed grade's, a failed grade's, a timed pass's
+# scores (absent when nothing was timed), and a KernelBench problem's two verdicts.
+COMMON = ("problem", "deck_version", "solution", "mode", "gpu", "device", "shape_set", "world_size", "grade_s", "timeout_s", "env",
+          "outcome")
+PASSED = ("startup_s", "correctness", "timings", "evidence", "findings", "score")
+FAILED = ("message", "stage", "findings", "evidence", "score")
+SCORED = ("basis", "shapes", "speedup")
+VERDICTS = ("kernelbench", "verdicts")
+
+
+@dataclass
+class GradeResult:
+    """One grade: where and how it ran, its outcome, and for a pass the correctness record, per-shape timings,
+    scores and speedups; for a failure the message and the stage it failed in. Findings and evidence either way."""
+
+    problem: str
+    deck_version: str
+    solution: str
+    mode: str
+    gpu: str
+    device: str
+    shape_set: str
+    world_size: int
+    grade_s: float
+    timeout_s: float
+    env: Dict[str, Any]
+    outcome: Outcome
+    message: Optional[str] = None
+    stage: Optional[str] = None
+    findings: List[Dict[str, Any]] = field(default_factory=list)
+    evidence: Dict[str, Any] = field(default_factory=dict)
+    score: Optional[float] = None
+    startup_s: Optional[float] = None
+    correctness: Optional[Dict[str, Any]] = None
+    timings: List[Dict[str, Any]] = field(default_factory=list)
+    basis: Optional[str] = None  # "roofline" or "speedup"; None: nothing was scored
+    shapes: List[Dict[str, Any]] = field(default_factory=list)
+    speedup: Dict[str, Any] = field(default_factory=dict)
+    kernelbench: Optional[Dict[str, Any]] = None  # KernelBench's own verdict, with ``verdicts`` beside kbsweep's
+    verdicts: Optional[Dict[str, str]] = None
+    extra: Dict[str, Any] = field(default_factory=dict)  # keys of a stored result this version does not write
+
+    @property
+    def passed(self) -> bool:
+        return self.outcome == Outcome.PASS
+
+    def to_json(self) -> Dict[str, Any]:
+        """The stored form, key for key as the grader has always written it (outcomes as their strings)."""
+        keys = COMMON + (PASSED + (SCORED if self.basis is not None else ()) if self.passed else FAILED)
+        out = {key: getattr(self, key) for key in keys + (VERDICTS if self.verdicts is not None else ())}
+        return {**out, "outcome": self.outcome.value, **self.extra}
+
+    @classmethod
+    def from_json(cls, data: Dict[str, Any]) -> "GradeResult":
+        """A stored result; keys it lacks take their defaults (None where every grade writes one)."""
+        known = {f.name for f in fields(cls)} - {"extra"}
+        values = {key: data.get(key) for key in COMMON}
+        values.update({key: value for key, value in data.items() if key in known and key not in COMMON})
+        return cls(**{**values, "outcome": Outcome(data["outcome"])}, extra={k: v for k, v in data.items() if k not in known})

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
-from omegaconf import DictConfig, open_dict
+from omegaconf import DictConfig
 
 from kbsweep.errors import ExitCode
 from kbsweep.paths import REPO_ROOT
@@ -59,6 +59,7 @@ def compose(overrides: Sequence[str], verb: str, config_dir: Optional[str] = Non
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     from kbsweep.cli import prepare
+    from kbsweep.jobs import prepared_configs
     from kbsweep.overrides import check_overrides
 
     argv = check_overrides([*overrides, *(["-cd", str(config_dir)] if config_dir else [])])
@@ -66,16 +67,10 @@ def compose(overrides: Sequence[str], verb: str, config_dir: Optional[str] = Non
     axes = [[f"{o.get_key_element()}={v}" for v in o.sweep_string_iterator()] if o.is_sweep_override() else [o.input_line]
             for o in OverridesParser.create().parse_overrides(argv)]
     extra = [f"verb={verb}"] + ([f"hydra.searchpath=[file://{Path(config_dir).resolve()}]"] if config_dir else [])
-    cfgs = []
     GlobalHydra.instance().clear()
     with initialize_config_dir(version_base="1.3", config_dir=str(REPO_ROOT / "conf")):
-        for combo in itertools.product(*axes):
-            cfg = hydra_compose(config_name="config", overrides=[*combo, *extra], return_hydra_config=True)
-            hydra_cfg = cfg.hydra
-            with open_dict(cfg):
-                del cfg["hydra"]
-            cfgs.append(prepare(cfg, hydra_cfg))
-    return cfgs
+        return prepared_configs([[*combo, *extra] for combo in itertools.product(*axes)],
+                                lambda job: hydra_compose(config_name="config", overrides=job, return_hydra_config=True), prepare)
 
 
 def plan(*overrides: str, config_dir: Optional[str] = None) -> Plan:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Callable, Container, Dict, Iterable, List, Optional, Tuple
 
 from omegaconf import II, MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -225,11 +225,11 @@ RULES: List[Tuple[str, Callable[[Any], bool], str]] = [
 ]
 
 
-def check_rules(cfg: DictConfig, sources: Dict[str, str], registries: Iterable[Registry] = ()) -> None:
-    """Every :data:`RULES` key holds a value in range, and every registry's key a registered name, else a
-    KbsweepError naming the file and key."""
+def check_rules(cfg: DictConfig, sources: Dict[str, str], registries: Iterable[Registry] = (), keys: Optional[Container[str]] = None) -> None:
+    """Every :data:`RULES` key (of ``keys`` when given) holds a value in range, and every registry's key a
+    registered name, else a KbsweepError naming the file and key."""
     names = [(r.key, one_of(*r), f"one of {r.choices()}") for r in registries]
-    for key, test, want in RULES + names:
+    for key, test, want in [rule for rule in RULES + names if keys is None or rule[0] in keys]:
         value = OmegaConf.select(cfg, key)
         if OmegaConf.is_config(value):
             value = OmegaConf.to_container(value)

@@ -51,6 +51,7 @@ def new_figure(title: str, panels: int = 1):
 def roofline_figure(title: str, series: Dict[str, List[Dict[str, Any]]], roofline: Dict[str, Any]):
     """Achieved TFLOP/s against arithmetic intensity, per shape, under the GPU's memory and compute roofs."""
     import numpy as np
+    from matplotlib.ticker import LogLocator
 
     figure, (ax,) = new_figure(title)
     peaks, dram = roofline["peaks_tflops"], roofline["dram_gbps"]
@@ -67,6 +68,8 @@ def roofline_figure(title: str, series: Dict[str, List[Dict[str, Any]]], rooflin
             ax.annotate(p["shape"], (p["intensity"], p["tflops"]), fontsize=6, alpha=0.7)
     ax.set_xscale("log")
     ax.set_yscale("log")
+    for axis in (ax.xaxis, ax.yaxis):  # minor ticks at 2 and 5 of each decade, not 2..9: each tick is an artist, and they were most of the plot's cost
+        axis.set_minor_locator(LogLocator(subs=(2.0, 5.0)))
     ax.set_xlabel("arithmetic intensity (FLOP/byte)")
     ax.set_ylabel("achieved TFLOP/s")
     ax.legend(fontsize=7)

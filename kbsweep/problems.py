@@ -1,7 +1,6 @@
 """Problems as data: a folder with problem.yaml, reference.py, prompt.md (see docs/problem-format.md)."""
 from __future__ import annotations
 
-import copy
 import hashlib
 import math
 from dataclasses import dataclass, field
@@ -13,6 +12,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from kbsweep.errors import KbsweepError
+from kbsweep.file_versions import parsed
 
 DECK_FILES = ("problem.yaml", "reference.py", "prompt.md", "sota.py", "baseline.py")
 BASELINE_FILES = ("reference.py", "sota.py", "baseline.py")
@@ -143,17 +143,9 @@ def evaluate(formula: Optional[str], shape: Dict[str, Any], where: str) -> Optio
         raise KbsweepError(f"{where}: formula {formula!r} fails on shape {shape}: {exc}") from None
 
 
-SPECS: Dict[tuple, ProblemSpec] = {}  # parsed problem.yaml by (path, mtime, size)
-
-
 def load_spec(path: Path) -> ProblemSpec:
-    """problem.yaml, checked against ProblemSpec; parsed once per version of the file (a sweep's matrix loads each
-    problem once per cell and again to check it: 200 OmegaConf merges for a 100-cell demo sweep), a copy returned."""
-    stat = path.stat()
-    key = (str(path.resolve()), stat.st_mtime_ns, stat.st_size)
-    if key not in SPECS:
-        SPECS[key] = parse_spec(path)
-    return copy.deepcopy(SPECS[key])
+    """problem.yaml, checked against ProblemSpec; parsed once per version of the file (:mod:`kbsweep.file_versions`)."""
+    return parsed(path, parse_spec)
 
 
 def parse_spec(path: Path) -> ProblemSpec:

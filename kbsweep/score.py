@@ -23,10 +23,15 @@ def find_roofline(roots: List[str], name: str) -> Path:
 
 def load_roofline(roots: List[str], name: str) -> Dict[str, Any]:
     """roofline_specs/<name>.yaml, checked: datasheet peaks are finite positive numbers (a typo would score every
-    kernel against nonsense, and only after its grade)."""
+    kernel against nonsense, and only after its grade); parsed once per version of the file."""
+    from kbsweep.file_versions import parsed
+
+    return parsed(find_roofline(roots, name), parse_roofline)
+
+
+def parse_roofline(path: Path) -> Dict[str, Any]:
     from kbsweep.config import positive
 
-    path = find_roofline(roots, name)
     try:
         spec = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
     except Exception as exc:  # broken YAML, a bad interpolation

@@ -1,7 +1,8 @@
 """Wall time, CPU-seconds and load of a fresh scripted demo sweep on this machine: ``kbsweep -m gpu=cpu
 preflight=off repeat=range(0,R)`` (R repeats × the demo track's two problems) on an empty outputs folder, the load
-average sampled every 5 s while it runs (this machine is shared: the load says how much of it the sweep had), and
-per cell its agent and final-grade seconds from its result.json.
+average sampled every 5 s while it runs (this machine is shared: the load says how much of it the sweep had), its
+CPU-seconds (every process it started, counted by a cgroup of its own), and per cell its agent and final-grade
+seconds from its result.json.
 
     python scripts/demo_sweep_cost.py KBSWEEP OUTPUTS OUT.json [REPEATS] [OVERRIDE ...]
 """
@@ -18,6 +19,8 @@ import threading
 import time
 from pathlib import Path
 
+CPUACCT = "/sys/fs/cgroup/cpuacct"  # a cgroup v1 CPU accounting hierarchy (needs root): the sweep's CPU-seconds, exact
+
 
 def main(kbsweep: str, outputs: Path, out: Path, repeats: int, extra: list) -> None:
     shutil.rmtree(outputs, ignore_errors=True)
@@ -29,16 +32,23 @@ def main(kbsweep: str, outputs: Path, out: Path, repeats: int, extra: list) -> N
             load.append(round(os.getloadavg()[0], 2))
 
     threading.Thread(target=sample, daemon=True).start()
+    group = Path(CPUACCT) / f"kbsweep-demo-{os.getpid()}"
+    group.mkdir(exist_ok=True)  # every process the sweep starts stays in it, reaped by whoever
     before, started = os.getloadavg(), time.perf_counter()
-    run = subprocess.run(command, env={**os.environ, "KBSWEEP_OUTPUTS": str(outputs)}, capture_output=True, text=True)
+    run = subprocess.run(command, env={**os.environ, "KBSWEEP_OUTPUTS": str(outputs)}, capture_output=True, text=True,
+                         preexec_fn=lambda: (group / "cgroup.procs").write_text(str(os.getpid())))
     wall = time.perf_counter() - started
     done.set()
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)  # the sweep's whole tree: workers and zygotes are reaped under it
+    while (group / "cgroup.procs").read_text().strip():  # the last zygotes, dying with their workers
+        time.sleep(0.1)
+    cpu_s = int((group / "cpuacct.usage").read_text()) / 1e9
+    group.rmdir()
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)  # undercounts: a killed sandbox's processes are reaped outside the tree
     cells = [json.loads(p.read_text()) for p in sorted(outputs.glob("sweeps/*/*/result.json"))]
     first = min((c["started"] for c in cells), default=0.0)
     summary = {
         "date": time.strftime("%Y-%m-%d %H:%M"), "cpus": os.cpu_count(), "command": " ".join(command[1:]), "exit_code": run.returncode,
-        "wall_s": wall, "cpu_s": usage.ru_utime + usage.ru_stime, "cells": len(cells), "cells_per_s": len(cells) / wall,
+        "wall_s": wall, "cpu_s": cpu_s, "cpu_s_rusage": usage.ru_utime + usage.ru_stime, "cells": len(cells), "cells_per_s": len(cells) / wall,
         "outcomes": {o: sum(c["outcome"] == o for c in cells) for o in sorted({c["outcome"] for c in cells})},
         "load_before": before, "load_during": load, "load_after": os.getloadavg(),
         "load_median": statistics.median(load) if load else None,

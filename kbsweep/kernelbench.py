@@ -82,32 +82,45 @@ def integer(node: ast.AST) -> Optional[int]:
 
 
 def size_constants(source: str) -> Dict[str, int]:
-    """Module-level ``name = <integer>`` assignments (``a = b = 128`` gives both names) of at least 2 * MIN_SIZE."""
+    """Module-level ``name = <integer>`` assignments (``a = b = 128`` gives both names) and the integer elements of
+    ``name = (<integer>, ...)`` (as ``name[i]``) of at least 2 * MIN_SIZE."""
     found: Dict[str, int] = {}
     for node in ast.parse(source).body:
-        value = integer(node.value) if isinstance(node, ast.Assign) else None
-        if value is not None and value >= 2 * MIN_SIZE:
-            found.update({t.id: value for t in node.targets if isinstance(t, ast.Name)})
+        if not isinstance(node, ast.Assign):
+            continue
+        names = [t.id for t in node.targets if isinstance(t, ast.Name)]
+        elements = node.value.elts if isinstance(node.value, ast.Tuple) else [node.value]
+        for index, element in enumerate(elements):
+            value = integer(element)
+            if value is not None and value >= 2 * MIN_SIZE:
+                found.update({f"{n}[{index}]" if isinstance(node.value, ast.Tuple) else n: value for n in names})
     return found
 
 
 def with_sizes(source: str, sizes: Dict[str, int]) -> str:
-    """``source`` with the module-level constants in ``sizes`` assigned those values instead; what is derived from
-    them at import time (``bias_shape = (out_channels, 1, 1)``) follows."""
+    """``source`` with the module-level constants in ``sizes`` (names, or ``name[i]`` for a tuple's element)
+    assigned those values instead; what is derived from them at import time (``bias_shape = (out_channels, 1, 1)``)
+    follows."""
     if not sizes:
         return source
     tree = ast.parse(source)
     body = []
     for node in tree.body:
         names = [t.id for t in getattr(node, "targets", []) if isinstance(t, ast.Name)]
-        if isinstance(node, ast.Assign) and any(n in sizes for n in names):
+        if isinstance(node, ast.Assign) and any(n == k.split("[")[0] for n in names for k in sizes):
             for name in names:  # one assignment per name: `height = width = 128` may scale one of the two
-                value = ast.Constant(sizes[name]) if name in sizes else node.value
-                body.append(ast.copy_location(ast.Assign([ast.Name(name, ast.Store())], value), node))
+                body.append(ast.copy_location(ast.Assign([ast.Name(name, ast.Store())], sized_value(node.value, name, sizes)), node))
         else:
             body.append(node)
     tree.body = body
     return ast.unparse(ast.fix_missing_locations(tree))
+
+
+def sized_value(value: ast.expr, name: str, sizes: Dict[str, int]) -> ast.expr:
+    """``value`` of the assignment to ``name`` with what ``sizes`` overrides of it."""
+    if isinstance(value, ast.Tuple):
+        return ast.Tuple([ast.Constant(sizes[f"{name}[{i}]"]) if f"{name}[{i}]" in sizes else e for i, e in enumerate(value.elts)], ast.Load())
+    return ast.Constant(sizes[name]) if name in sizes else value
 
 
 def load_sized(path: Path, sizes: Dict[str, int]) -> ModuleType:
@@ -171,26 +184,35 @@ def footprint(module: ModuleType) -> Tuple[int, float, bool]:
 
 def fit(path: Path, budget: int = SMOKE_BYTES, flop_budget: float = SMOKE_FLOPS) -> Dict[str, Any]:
     """Overrides that fit ``budget`` bytes and ``flop_budget`` FLOPs a forward: the largest constant halved, one
-    step at a time; a step after which the forward no longer runs on meta (while it did at full size) is undone
-    and that constant left alone."""
+    step at a time; when the forward no longer runs on meta after a step (while it did at full size), the step is
+    tried again with every constant of the same value halved together, tuples' elements included (sizes tied by
+    broadcasting: ``batch_size = 32768`` beside ``input_shape = (32768,)``), and else undone and that constant left
+    alone. A tuple's element is never halved on its own."""
     source = path.read_text()
     constants = size_constants(source)
     full, full_flops, runs = footprint(load_sized(path, {}))
     sizes, left, used, flops = dict(constants), set(constants), full, full_flops
-    while (used > budget or flops > flop_budget) and left:
-        name = max(left, key=lambda n: sizes[n])
+
+    def measure(trial: Dict[str, int]) -> Tuple[int, float, bool]:
+        try:
+            return footprint(load_sized(path, {k: v for k, v in trial.items() if v != constants[k]}))
+        except Exception:  # noqa: BLE001 - the file rejects the size (an assert, a shape mismatch)
+            return used, flops, False
+
+    while (used > budget or flops > flop_budget) and (names := [n for n in left if "[" not in n]):
+        name = max(names, key=lambda n: sizes[n])  # a tuple's element moves only with a name it is tied to
         if sizes[name] // 2 < MIN_SIZE:
             left.discard(name)
             continue
-        trial = {**sizes, name: sizes[name] // 2}
-        try:
-            bytes_, flops_, ok = footprint(load_sized(path, {k: v for k, v in trial.items() if v != constants[k]}))
-        except Exception:  # noqa: BLE001 - the file rejects the size (an assert, a shape mismatch)
-            bytes_, flops_, ok = used, flops, False
-        if runs and not ok:
+        tied = [n for n in left if sizes[n] == sizes[name]]
+        for group in ([name], tied) if len(tied) > 1 else ([name],):
+            trial = {**sizes, **{n: sizes[n] // 2 for n in group}}
+            bytes_, flops_, ok = measure(trial)
+            if ok or not runs:
+                sizes, used, flops = trial, bytes_, flops_
+                break
+        else:
             left.discard(name)
-            continue
-        sizes, used, flops = trial, bytes_, flops_
     return {"sizes": {k: v for k, v in sizes.items() if v != constants[k]}, "full_bytes": full, "bytes": used,
             "full_flops": full_flops, "flops": flops, "fits": used <= budget and flops <= flop_budget}
 
@@ -305,7 +327,7 @@ def fit_key(original: Path) -> str:
     budget; edits elsewhere in this module keep the fits."""
     import inspect
 
-    rule = "".join(inspect.getsource(f) for f in (integer, size_constants, with_sizes, load_sized, footprint, fit))
+    rule = "".join(inspect.getsource(f) for f in (integer, size_constants, with_sizes, sized_value, load_sized, footprint, fit))
     digest = hashlib.sha256(original.read_bytes() + b"\0" + rule.encode() + f"\0{SMOKE_BYTES}\0{SMOKE_FLOPS}\0{MIN_SIZE}".encode())
     return digest.hexdigest()[:24]
 

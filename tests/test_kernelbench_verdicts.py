@@ -142,6 +142,43 @@ def test_smoke_sizes_fit_the_budget(tmp_path):
     assert "height = 8" in rewritten and "width = 16" in rewritten and "bias_shape = (features, height)" in rewritten
 
 
+TIED = """import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def forward(self, predictions, targets):  # (rows, cols) * (rows,): broadcasts only while cols == rows
+        return torch.mean(torch.clamp(1 - predictions * targets, min=0))
+
+rows = 4096
+feature_shape = (4096,)
+kernel_shape = (3, 64)
+
+def get_inputs():
+    return [torch.rand(rows, *feature_shape), torch.rand(rows)]
+
+def get_init_inputs():
+    return []
+"""
+
+
+@pytest.mark.fast
+def test_sizes_tied_by_broadcasting_are_halved_together(tmp_path):
+    """A tuple's integer elements are sizes too (``name[i]``); a step that breaks the forward alone is taken with
+    every size of the same value, so a file whose sizes only work together still fits (KernelBench's HingeLoss)."""
+    (tmp_path / "7_tied.py").write_text(TIED)
+    fitted = fit(tmp_path / "7_tied.py", budget=1 << 20)
+    assert fitted["full_bytes"] > 64 << 20 and fitted["fits"], fitted
+    sizes = fitted["sizes"]
+    assert sizes["rows"] == sizes["feature_shape[0]"] < 4096 and "kernel_shape[1]" not in sizes, sizes  # 64 never had to move
+    rewritten = with_sizes(TIED, sizes)
+    assert f"feature_shape = ({sizes['rows']},)" in rewritten and "kernel_shape = (3, 64)" in rewritten
+    untied = with_sizes(TIED, {"rows": 512})  # alone, the forward no longer broadcasts
+    with pytest.raises(RuntimeError):
+        namespace = {}
+        exec(compile(untied, "untied", "exec"), namespace)  # noqa: S102 - test data
+        namespace["Model"]()(*namespace["get_inputs"]())
+
+
 @pytest.mark.fast
 def test_smoke_sizes_fit_the_flop_budget(tmp_path):
     """A compute-bound file within the byte budget is halved until one forward (counted on meta) fits the FLOPs."""

@@ -72,7 +72,7 @@ def configured_grader(problem, roofline: Dict[str, Any], folder: Path, gpu_conf:
 
 
 def final_outcome(agent_fault: Outcome | None, stop: StopReason, graded: Dict[str, Any] | None) -> Outcome:
-    if agent_fault is not None and (graded is None or graded["outcome"] != "pass"):
+    if agent_fault is not None and (graded is None or graded["outcome"] != Outcome.PASS):
         return agent_fault  # infra: the run is retried, never scored
     if graded is None:
         budget = stop in (StopReason.WALL_CLOCK, StopReason.MAX_TURNS, StopReason.TOKEN_BUDGET, StopReason.DOLLAR_BUDGET)

@@ -18,6 +18,7 @@ from typing import Any, Dict, List
 from kbsweep.errors import KbsweepError
 from kbsweep.locks import exclusive
 from kbsweep.mlflow_store import CELL_KEY_TAG, KIND_TAG, latest_per_cell, make_client, page_runs, runs_frame
+from kbsweep.outcomes import Outcome
 from kbsweep.tracking import Tracker, cell_metrics, owner
 
 REGRADE_OF = "kbsweep.regrade_of"
@@ -72,7 +73,7 @@ def log_regrade(tracker: Tracker, row: Dict[str, Any], gpu: str, result: Dict[st
     tags = {KIND_TAG: "regrade", REGRADE_OF: row["run_id"], CELL_KEY_TAG: row["cell_key"], "kbsweep.orchestrator": owner(),
             "gpu": gpu, "outcome": result["outcome"], **{k: str(row.get(k)) for k in ("track", "problem", "model", "harness", "repeat")}}
     run = tracker.client.create_run(tracker.experiment_id, tags=tags, run_name=f"regrade_{row['cell_key']}_{gpu}")
-    scored = {**result, "score": result.get("score") if result["outcome"] == "pass" else None}
+    scored = {**result, "score": result.get("score") if result["outcome"] == Outcome.PASS else None}
     metrics = {k: v for k, v in cell_metrics(scored).items() if k.startswith(("shape", "speedup", "score", "passed", "grade_s"))}
     tracker.log_batch(run.info.run_id, metrics=[(k, v, 0) for k, v in metrics.items()])
     tracker.client.log_artifact(run.info.run_id, str(folder / "grade.json"))

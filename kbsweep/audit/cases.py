@@ -16,6 +16,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from kbsweep.audit import audit, workspace_helpers
 from kbsweep.grader import grade
 from kbsweep.grader.request import GradeRequest
+from kbsweep.outcomes import Outcome
 from kbsweep.problems import load_problem
 
 
@@ -92,7 +93,7 @@ def run_case(
 def catching_layers(result: Dict[str, Any], audited: Dict[str, Any]) -> set:
     """The layers with a verdict-bearing finding on the case itself, and "grader" when the grade failed."""
     layers = {f["layer"] for f in audited["findings"] if f["verdict"] and f.get("file", "solution.py") == "solution.py"}
-    return layers | ({"grader"} if result["outcome"] != "pass" else set())
+    return layers | ({"grader"} if result["outcome"] != Outcome.PASS else set())
 
 
 def summary(result: Dict[str, Any], audited: Dict[str, Any]) -> str:

@@ -8,6 +8,7 @@ from typing import Any, Dict, List
 
 from kbsweep.audit.kinds import HUMAN, KINDS, finding
 from kbsweep.audit.static_rules import HEAVY, OTHER_RUNS, Forbidden
+from kbsweep.outcomes import Outcome
 
 LIBRARY_KERNELS = [
     ("gemm", re.compile(r"gemm|gemv|xmma|cutlass|nvjet|cublas", re.I)),
@@ -31,12 +32,12 @@ def findings(grade: Dict[str, Any], forbidden: Forbidden, own_kernels: List[str]
         finding(f["kind"], "dynamic", f.get("detail") or str(f.get("shape") or ""), verdict=None if f["kind"] in KINDS else HUMAN)
         for f in grade.get("findings") or []
     ]
-    if grade.get("outcome") == "incorrect" and grade.get("stage") in ("timing", "audit"):
+    if grade.get("outcome") == Outcome.INCORRECT and grade.get("stage") in ("timing", "audit"):
         out.append(finding("dual_path", "dynamic", grade.get("message") or ""))
     probe = evidence.get("probe")
     if probe:
         out += probe_findings(probe, forbidden, compute_rules)
-    elif grade.get("outcome") == "pass":
+    elif grade.get("outcome") == Outcome.PASS:
         out.append(finding("evidence_missing", "dynamic", "no audit probe in this grade (graded before the probes existed?)"))
     out += event_findings(evidence, forbidden)
     for entry in grade.get("timings") or []:

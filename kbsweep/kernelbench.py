@@ -205,7 +205,8 @@ def fit(path: Path, budget: int = SMOKE_BYTES, flop_budget: float = SMOKE_FLOPS)
             left.discard(name)
             continue
         tied = [n for n in left if sizes[n] == sizes[name]]
-        for group in ([name], tied) if len(tied) > 1 else ([name],):
+        groups = [[name], tied] if len(tied) > 1 else [[name]]
+        for group in groups:
             trial = {**sizes, **{n: sizes[n] // 2 for n in group}}
             bytes_, flops_, ok = measure(trial)
             if ok or not runs:

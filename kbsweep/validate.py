@@ -112,7 +112,7 @@ def cache_file() -> Path:
 
 def check_references(probes: Iterable[Tuple[Path, Dict[str, Any], bool]], prober: Optional[Callable] = None) -> None:
     """Probe every reference not already known good (one process for all: forked by ``prober``, see
-    :func:`kbsweep.grader.referee_prober`, else a subprocess); remember the good ones."""
+    :func:`kbsweep.grader.processes.referee_prober`, else a subprocess); remember the good ones."""
     cache = cache_file()
     known = known_good(cache)
     todo = [(path, shape, forward, digest(path, shape)) for path, shape, forward in probes]

@@ -33,7 +33,7 @@ from kbsweep.grader import grade, software_versions
 from kbsweep.grader.request import GradeRequest
 from kbsweep.grader.baselines import BaselineCache
 from kbsweep.grader.candidate import load_module
-from kbsweep.grader import timing
+from kbsweep.grader import profiling, timing
 from kbsweep.grader.timing import ClockSampler, L2Flush
 
 CASES = {  # name: (problem, example solution, shapes kept)
@@ -100,7 +100,7 @@ def graph_flush_ms(fn, flush, rotation=None, profiled=False) -> dict:
         return {"ms": None, "error": f"{type(exc).__name__}: {str(exc)[:200]}"}
     both, flushes = [], []
     warm(fn, flush)
-    session = timing.profiler_session(torch.device("cuda")) if profiled else contextlib.nullcontext()
+    session = profiling.profiler_session(torch.device("cuda")) if profiled else contextlib.nullcontext()
     with session, ClockSampler(torch.device("cuda")) as clocks:
         for rep in range(12):
             b, f = timed(graphs[0].replay), timed(graphs[1].replay)
@@ -211,6 +211,9 @@ def shape_rows(name: str, pid: str, grades: dict, local: list, host: dict) -> li
             "graph_draws_rounds_ms": [f.get("ms") for f in here["graph_flush_draws"]], "do_bench_rounds_ms": [f.get("ms") for f in here["do_bench_read_flush"]],
             "scored_clocks": {cond: t.get("clocks") for cond, t in timed.items()}, "outside": here,
             "mode": next((t.get("mode") for t in timed.values() if t), None), "host": host,
+            # which figure each grade scored (a graph replay of the calls, or their events), and the events' beside it
+            "timer": [t.get("timer") for t in timed.values()], "events_ms": [(t.get("events") or {}).get("median_ms") for t in timed.values()],
+            "replay_refused": [t.get("replay_refused") for t in timed.values() if t.get("replay_refused")],
         })
     return rows
 
@@ -219,12 +222,13 @@ def markdown(rows: list) -> str:
     """The benchmarks table: scored ms per grade, the outside references (median of rounds), the ratios the issue bounds."""
     pct = lambda v: f"{(v - 1) * 100:+.1f}%" if v else "-"  # noqa: E731
     num = lambda v: f"{v:.4f}" if v else "-"  # noqa: E731
-    lines = ["| kernel | shape | scored ms (timed first / cached / none) | spread | graph+flush ms (rounds) | vs graph | graph+flush profiled ms (rounds) | vs profiled graph | graph+flush over draws ms (rounds) | vs graph over draws | do_bench read-flush ms (rounds) | vs do_bench | scores (first / cached / none) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| kernel | shape | timer | scored ms (timed first / cached / none) | events ms | spread | graph+flush ms (rounds) | vs graph | graph+flush profiled ms (rounds) | vs profiled graph | graph+flush over draws ms (rounds) | vs graph over draws | do_bench read-flush ms (rounds) | vs do_bench | scores (first / cached / none) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         rounds = lambda key: ", ".join(num(v) for v in r[key])  # noqa: E731
         scores = " / ".join(f"{r[k]:.4g}" if r.get(k) else "-" for k in ("score_baselines_first", "score_cached", "score_no_baselines"))
-        lines.append(f"| {r['kernel']} | {','.join(f'{k}={v}' for k, v in r['shape'].items())} | {' / '.join(num(m) for m in r['regrade_ms'])} | "
+        lines.append(f"| {r['kernel']} | {','.join(f'{k}={v}' for k, v in r['shape'].items())} | {'/'.join(sorted(set(filter(None, r['timer']))))} | "
+                     f"{' / '.join(num(m) for m in r['regrade_ms'])} | {' / '.join(num(m) for m in r['events_ms'])} | "
                      f"{(r['regrade_spread'] or 0) * 100:.1f}% | {num(r['graph_ms'])} ({rounds('graph_rounds_ms')}) | {pct(r['scored_over_graph'])} | "
                      f"{num(r['graph_profiled_ms'])} ({rounds('graph_profiled_rounds_ms')}) | {pct(r['scored_over_graph_profiled'])} | "
                      f"{num(r['graph_draws_ms'])} ({rounds('graph_draws_rounds_ms')}) | {pct(r['scored_over_graph_draws'])} | "

@@ -202,7 +202,7 @@ def test_kernel_profile_counts_a_calls_own_launches_and_gates_on_the_median_call
     """Shaped as the H200's profiler reported a Triton megakernel: its driver launch (cuLaunchKernelEx) inside the
     call's host span, the flush's runtime launch outside it, the span repeated on the GPU's timeline. One call
     that also launched a warm-up kernel (a graph capture's) moves the mean, not the gate."""
-    from kbsweep.grader.timing import kernel_profile
+    from kbsweep.grader.profiling import kernel_profile
 
     events, ranges = [], []
     for call in range(10):

@@ -289,6 +289,10 @@ class RankReferee(Referee):
         return {**shape_, "per_batch": min(s["per_batch"] for s in shapes), "spin_us": max(s["spin_us"] for s in shapes),
                 "warm_calls": max(s.get("warm_calls", 0) for s in shapes)}
 
+    def replays(self, mode: str, kernelbench: bool = False) -> bool:
+        """Never across ranks: a rank whose capture failed would strand its peers in a captured collective."""
+        return False
+
     def slowest(self, ms: List[float], elapsed_s: float) -> tuple:
         rows = self.gather([ms, elapsed_s])
         for rank, (times, _) in enumerate(rows):

@@ -30,7 +30,7 @@ import torch.profiler
 import torch.utils.cpp_extension  # noqa: F401 - the kernel gate patches its loaders in every grade: imported here once, not per grade
 
 from kbsweep.audit import runtime
-from kbsweep.grader import timing
+from kbsweep.grader import profiling, timing
 from kbsweep.grader.arena import Arena, apply_swaps, prepared_swaps
 from kbsweep.grader.channel import Channel, ChannelError
 from kbsweep.grader.failures import GradeFailure, classify, one_line
@@ -89,6 +89,7 @@ class Runner:
             self.evidence["persisting_l2_inherited"] = runtime.persisting_l2_limit()
             timing.reset_persisting_l2()
         self.ops = {"calls": 0, "aten_ops": {}, "own_ops": {}, "torch_flops": 0, "torch_bytes": 0}
+        self.replay: Optional[timing.Replay] = None  # the last batch's captured calls
 
     def serve(self) -> None:
         while True:
@@ -124,7 +125,7 @@ class Runner:
             raise GradeFailure(outcome, f"import failed: {one_line(exc)}") from None
         if not hasattr(self.cand, "ModelNew"):
             raise GradeFailure(Outcome.COMPILE_ERROR, "solution.py defines no ModelNew")
-        self.session = timing.profiler_session(self.device)  # over every call from here on, all alike
+        self.session = profiling.profiler_session(self.device)  # over every call from here on, all alike
         self.session.start()
 
     def op_build(self, message, fds) -> None:
@@ -142,7 +143,7 @@ class Runner:
     # -- calls ----------------------------------------------------------------------
     def invoke(self, model: Any, inputs: List[Any]) -> Any:
         """One call of the candidate, its torch ops recorded (every call alike: no probe looks different)."""
-        with self.monitor.watch(self.stage), torch.profiler.record_function(timing.CALL_RANGE + self.tag), self.recorded():
+        with self.monitor.watch(self.stage), torch.profiler.record_function(profiling.CALL_RANGE + self.tag), self.recorded():
             return model(*inputs)
 
     @contextlib.contextmanager
@@ -209,29 +210,50 @@ class Runner:
             torch.cuda.synchronize()
 
     # -- timing ---------------------------------------------------------------------
-    def op_arm(self, message, fds) -> None:
+    def op_arm(self, message, fds) -> Optional[Dict[str, Any]]:
         """A timed batch's plan (its inputs arrive after this answer): the calls' views, slots and canaries made
-        ready outside the referee's clock."""
-        model = self.models[int(message["model"])] if message["calls"] else None
+        ready outside the referee's clock. ``replay_from``: the calls from there on run as a CUDA graph replay
+        instead (captured now, or the last capture reused for the same plan, its canary indices refilled)."""
+        calls = message["calls"]
+        model = self.models[int(message["model"])] if calls else None
         kernelbench = bool(message.get("kernelbench"))  # outputs as KernelBench takes them (may alias an input)
         align = timing.call_barrier(self.barrier, message["mode"])
-        steps = []
-        for call in message["calls"]:
+        split = len(calls) if message.get("replay_from") is None else int(message["replay_from"])
+
+        def step(call: Dict[str, Any], swaps: List[List[Any]]) -> tuple:
             inputs, slots = decode(call["inputs"], self.arena), call["outputs"]
-            swaps = prepared_swaps(call.get("swaps") or [], self.device)
-            steps.append((
-                lambda inputs=inputs, swaps=swaps: (apply_swaps(inputs, swaps), align()),
-                lambda inputs=inputs: self.invoke(model, inputs),
-                lambda out, inputs=inputs, slots=slots: self.deliver(out, slots, inputs, kernelbench=kernelbench),
-            ))
-        self.armed = (steps, message["mode"], float(message.get("spin_us") or 0))
+            return (lambda: (apply_swaps(inputs, swaps), align()), lambda: self.invoke(model, inputs),
+                    lambda out: self.deliver(out, slots, inputs, kernelbench=kernelbench))
+
+        steps = [step(call, prepared_swaps(call.get("swaps") or [], self.device)) for call in calls[:split]]
+        replay = None
+        if split < len(calls):
+            replayed = calls[split:]
+            key = (message["model"], repr([(c["inputs"], c["outputs"], [(i, len(d)) for i, d, _ in c.get("swaps") or []]) for c in replayed]))
+            if self.replay is None or self.replay.key != key:
+                self.replay = None  # the last capture's memory pool goes before the next is taken
+                buffers = [prepared_swaps(c.get("swaps") or [], self.device) for c in replayed]
+                try:
+                    with torch.no_grad():
+                        self.replay = timing.Replay([step(c, b) for c, b in zip(replayed, buffers)], self.flush, key, held=buffers)
+                except Exception as exc:  # noqa: BLE001 - a call a graph cannot hold is timed by events alone (re-armed so)
+                    self.armed = None
+                    return {"replay_error": f"{self.stage}: capture failed: {one_line(exc)}"}
+            else:  # the graph reads its canaries' indices from these buffers
+                for call, buffers in zip(replayed, self.replay.held):
+                    for (_, dst, src), (_, dst_at, src_at) in zip(call.get("swaps") or [], buffers):
+                        dst_at.copy_(torch.tensor(dst))
+                        src_at.copy_(torch.tensor(src))
+            replay = self.replay
+        self.armed = (steps, message["mode"], float(message.get("spin_us") or 0), replay)
 
     def op_batch(self, message, fds) -> Dict[str, Any]:
         """The armed batch, timed by this process's clock (:func:`kbsweep.grader.timing.run_batch`): each call's
-        canaries before it, its output copied to its slot outside the timed interval."""
-        steps, mode, spin_us = self.armed
+        canaries before it, its output copied to its slot outside the timed interval; then the replay, if armed,
+        with the profiler's kernel records paused."""
+        steps, mode, spin_us, replay = self.armed
         with torch.no_grad():
-            return timing.run_batch(steps, mode, spin_us, self.flush)
+            return timing.run_batch(steps, mode, spin_us, self.flush, replay, lambda: profiling.kernels_unrecorded(self.session))
 
     def op_graph(self, message, fds) -> Dict[str, Any]:
         model = self.models[int(message["model"])]
@@ -246,7 +268,7 @@ class Runner:
         profiled = {}
         if session is not None:
             session.stop()
-            profiled = {"profiled": timing.session_evidence(session, message.get("calls") or {})}
+            profiled = {"profiled": profiling.session_evidence(session, message.get("calls") or {})}
         ops = {**self.ops, "aten_ops": dict(self.recorder.ops), "own_ops": dict(self.recorder.own_ops),
                "torch_flops": self.recorder.flops, "torch_bytes": self.recorder.bytes}
         extra = {"persisting_l2_limit": runtime.persisting_l2_limit()} if self.device.type == "cuda" else {}
@@ -291,7 +313,7 @@ def warm() -> None:
         with contextlib.suppress(ImportError):  # a host without Triton grades torch-only solutions
             import triton.experimental.gluon  # noqa: F401
 
-        session = timing.profiler_session("cpu")
+        session = profiling.profiler_session("cpu")
         session.start()
         session.stop()
 

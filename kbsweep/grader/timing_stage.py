@@ -12,7 +12,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 import torch
 
-from kbsweep.grader import checks, timing
+from kbsweep.grader import checks, profiling, timing
 from kbsweep.grader.arena import apply_swaps, clone, encode, nbytes, prepared_swaps
 from kbsweep.grader.candidate import CandidateContext, load_module
 from kbsweep.grader.failures import GradeFailure, one_line
@@ -70,43 +70,80 @@ class TimingStage(CandidateContext):
         per_batch, warm = min(int(shape_["per_batch"]), calls), int(shape_.get("warm_calls", 0))
         slots = [warm_slots[i % len(warm_slots)] for i in range(warm)] + [self.output_slots(expected) for _ in range(per_batch)]
         overhead = self.overheads(model, template, sets, expected, mode, shape_["spin_us"], warm + per_batch)
+        # a replay batch: the warm calls by events, then the timed calls as one graph; its bare twin (canaries,
+        # flushes, output copies, no call) is this process's own, so what the calls added is not the runner's word
+        bare = self.bare_replay(template, sets, expected, per_batch) if self.replays(mode, kernelbench) else None
+        replay_overhead = self.overheads(model, template, sets, expected, mode, shape_["replay_spin_us"], warm) if bare else None
         samples: List[float] = []
+        replayed: List[float] = []
         ratios: List[float] = []
         shares: List[float] = []  # of the batch's wall time, what the calls claim: how much of it the ratio can see
+        refused = None
         began, elapsed = time.perf_counter(), 0.0
         with timing.ClockSampler(self.device) as clocks:
-            while not timing.stop(samples, self.cfg, elapsed):
-                batch = self.batch(ref_model, model, shape, sets, slots, mode, shape_["spin_us"], check=not kernelbench, warm=warm,
-                                   kernelbench=kernelbench)
+            while not timing.stop(replayed if bare else samples, self.cfg, elapsed):
+                as_replay = bare is not None and len(ratios) % 2 == 1  # batches alternate: events, replay, events...
+                batch = self.batch(ref_model, model, shape, sets, slots, mode, shape_["replay_spin_us" if as_replay else "spin_us"],
+                                   check=not kernelbench, warm=warm, kernelbench=kernelbench, replay_from=warm if as_replay else None)
+                if batch.get("replay_error"):
+                    bare, refused = None, batch["replay_error"]
+                    continue
                 ms, elapsed = self.slowest(batch["ms"], time.perf_counter() - began)
-                samples += ms[warm:]
+                claimed = sum(ms)
+                if as_replay:
+                    claimed += batch["replay_ms"]
+                    replayed.append(timing.replay_sample(batch["replay_ms"], timing.run_batch([], mode, replay=bare)["replay_ms"], per_batch))
+                else:
+                    samples += ms[warm:]
                 # this process's clock against the figures; across ranks each call lasts as long as its slowest rank
                 # on every rank (they wait for each other), and one rank's low figures cannot lower that maximum
-                ratios.append((batch["wall_ms"] - overhead["total_ms"]) / max(sum(ms), 1e-9))
-                shares.append(sum(ms) / max(batch["wall_ms"], 1e-9))
-        timed = {**timing.summarize(samples, samples), "mode": mode, "per_batch": per_batch, "warm_calls": warm, "batches": len(ratios),
-                 "spin_us": shape_["spin_us"], "input_sets": len(sets), "clocks": clocks.summary()}
+                ratios.append((batch["wall_ms"] - (replay_overhead if as_replay else overhead)["total_ms"]) / max(claimed, 1e-9))
+                shares.append(claimed / max(batch["wall_ms"], 1e-9))
+        events = timing.summarize(samples, samples)
+        replay = timing.summarize(replayed, replayed) if replayed else ({"error": refused} if refused else None)
+        timed = {**(timing.scored(events, replay) if mode == "back_to_back" else events), "mode": mode, "per_batch": per_batch,
+                 "warm_calls": warm, "batches": len(ratios), "spin_us": shape_["spin_us"], "input_sets": len(sets), "clocks": clocks.summary()}
         ratio = statistics.median(ratios)
         timed["corroboration"] = {**overhead, "wall_over_claimed": ratio, "max_ratio": max(ratios), "band": BAND[mode],
                                   "claimed_share_of_wall": statistics.median(shares)}
         if ratio > BAND[mode]:
             self.findings.append({"kind": "time_disagreement", "shape": shape,
                                   "detail": f"{shape}: the referee's clock saw {ratio:.2f}x the time the candidate's process reported"})
+        if timed.get("replay_refused") and replayed:
+            self.findings.append({"kind": "replay_outside_band", "shape": shape, "detail": f"{shape}: {timed['replay_refused']}"})
         entry: Dict[str, Any] = {"shape": shape, "input_sets": len(sets), "candidate": timed, "baselines": {}}
         # no graph figure across ranks: a rank whose capture fails would strand its peers in a captured collective
-        if mode != "host" and (mode == "isolated" or timed["median_ms"] < 0.05) and self.req.world_size == 1 and not kernelbench:
+        if mode != "host" and (mode == "isolated" or timed["median_ms"] < 0.05) and timed.get("timer") != "replay" \
+                and self.req.world_size == 1 and not kernelbench:
             graph = self.ask("graph", model=model, inputs=sets[0]).get("graph_ms")
             timed["graph_ms"] = float(graph) if isinstance(graph, (int, float)) else None
         return entry
 
+    def replays(self, mode: str, kernelbench: bool = False) -> bool:
+        """Whether back-to-back batches alternate with graph replays here (not for a KernelBench timing: its metrics
+        time eagerly)."""
+        return mode == "back_to_back" and self.cfg.replay and not kernelbench
+
+    def bare_replay(self, template: List[Any], sets, expected: Any, calls: int) -> timing.Replay:
+        """A replay batch's calls without the calls: canaries, flushes and output copies, captured here."""
+        local = clone(template)
+        outputs = [torch.empty_like(t) for t in checks.as_tuple(expected)]
+        steps = [(lambda swaps=prepared_swaps(self.canaries(sets[i % len(sets)]), self.device): apply_swaps(local, swaps),
+                  lambda: expected,
+                  lambda out: [o.copy_(t) for o, t in zip(outputs, checks.as_tuple(out))]) for i in range(calls)]
+        return timing.Replay(steps, timing.L2Flush(self.req.l2_bytes), held=(local, outputs))
+
     def batch(self, ref_model, model: int, shape, sets, slots, mode: str, spin_us: float, check: bool = True, warm: int = 0,
-              kernelbench: bool = False) -> Dict[str, Any]:
+              kernelbench: bool = False, replay_from: Optional[int] = None) -> Dict[str, Any]:
         """One timed batch there: the plan (slots, canaries) sent when the runner is armed, fresh inputs written
         after that, the referee's clock read around the go, then every output slot checked and some compared.
         The first ``warm`` calls are ordinary calls whose times are not samples (they share a few slots, so only
-        calls after them are picked)."""
+        calls after them are picked). ``replay_from``: the calls from there on run as one graph replay
+        (``replay_ms``); a capture the runner could not make comes back as ``replay_error``, nothing run."""
         plan = [{"inputs": sets[i % len(sets)], "outputs": slots[i], "swaps": self.canaries(sets[i % len(sets)])} for i in range(len(slots))]
-        self.ask("arm", model=model, calls=plan, mode=mode, spin_us=spin_us, kernelbench=kernelbench)
+        armed = self.ask("arm", model=model, calls=plan, mode=mode, spin_us=spin_us, kernelbench=kernelbench, replay_from=replay_from)
+        if replay_from is not None and armed.get("replay_error"):
+            return {"replay_error": str(armed["replay_error"])[:300]}
         seeds = [self.rng.randrange(2**31) for _ in sets]
         for encoded, seed in zip(sets, seeds):
             for sent, value in zip(encoded["list"], self.inputs(shape, seed)):
@@ -116,13 +153,16 @@ class TimingStage(CandidateContext):
             self.poison_slots(call_slots)
         wall_ms, reply = self.timed_go()
         ms = reply.get("ms")
-        if not isinstance(ms, list) or len(ms) != len(plan) or not all(isinstance(m, (int, float)) and m > 0 for m in ms):
+        timed_calls = len(plan) if replay_from is None else replay_from
+        replay_ms = reply.get("replay_ms") if replay_from is not None else 1.0
+        if not isinstance(ms, list) or len(ms) != timed_calls or not all(isinstance(m, (int, float)) and m > 0 for m in [*ms, replay_ms]):
             raise GradeFailure(Outcome.RUNTIME_ERROR, "timing: the candidate's process returned no valid call times")
         self.count_work(shape, len(plan))
         if check:
             self.check_batch(ref_model, shape, sets, seeds, plan, warm)
         enqueue = [float(u) for u in reply.get("enqueue_us") or [] if isinstance(u, (int, float))]
-        return {"ms": [float(m) for m in ms], "wall_ms": wall_ms, "enqueue_us": enqueue}
+        timed = {"ms": [float(m) for m in ms], "wall_ms": wall_ms, "enqueue_us": enqueue}
+        return {**timed, "replay_ms": float(replay_ms)} if replay_from is not None else timed
 
     def timed_go(self):
         """The armed batch run there, timed here: (wall ms of the command, reply)."""
@@ -206,25 +246,41 @@ class TimingStage(CandidateContext):
         return {**timed, "timers": others} if others else timed
 
     def time_here(self, fn: Callable, sets: List[List[Any]]) -> Dict[str, Any]:
-        """A trusted callable timed in this process by the same batches the candidate's runner uses."""
+        """A trusted callable timed in this process by the same batches the candidate's runner uses, alternating
+        with replays of the same calls where they can be captured, the scored figure chosen by the same rule."""
         mode = self.timing_mode()
         flush = timing.L2Flush(self.req.l2_bytes) if mode != "host" else None
         align = timing.call_barrier(self.barrier, mode)
-        steps = lambda n: [(align, lambda i=i: fn(*sets[i % len(sets)]), lambda out: None) for i in range(n)]  # noqa: E731
+        steps = lambda n, call=fn: [(align, lambda i=i: call(*sets[i % len(sets)]), lambda out: None) for i in range(n)]  # noqa: E731
         shape_ = self.agreed_batch(timing.calibrate_batch(lambda spin_us: timing.run_batch(steps(3), mode, spin_us, flush), mode != "back_to_back",
                                                           mode == "host"))
+        warm, per_batch = int(shape_.get("warm_calls", 0)), int(shape_["per_batch"])  # as the candidate's batches open
+        replays, refused = None, None
+        if self.replays(mode):
+            try:
+                replays = (timing.Replay(steps(per_batch), flush), timing.Replay(steps(per_batch, lambda *a: None), flush))
+            except Exception as exc:  # noqa: BLE001 - a baseline a graph cannot hold is timed by events alone
+                refused = f"capture failed: {one_line(exc)}"
         samples: List[float] = []
-        warm = int(shape_.get("warm_calls", 0))  # as the candidate's batches open
+        replayed: List[float] = []
         began, elapsed = time.perf_counter(), 0.0
         # under the profiler the runner keeps on over the candidate's calls: CUPTI's cost per kernel (1.4% of a
-        # 4096³ GEMM in a graph on the H200) is then in both sides of a speedup
-        with profiled(self.device), timing.ClockSampler(self.device) as clocks:
-            while not timing.stop(samples, self.cfg, elapsed):
-                ms, elapsed = self.slowest(timing.run_batch(steps(warm + int(shape_["per_batch"])), mode, shape_["spin_us"], flush)["ms"],
-                                           time.perf_counter() - began)
+        # 4096³ GEMM in a graph on the H200) is then in both sides of a speedup; replays run without it there and here
+        with profiled(self.device) as session, timing.ClockSampler(self.device) as clocks:
+            while not timing.stop(replayed if replays else samples, self.cfg, elapsed):
+                if replays and len(samples) > len(replayed) * per_batch:  # events, replay, events...
+                    unrecorded = lambda: profiling.kernels_unrecorded(session)  # noqa: E731
+                    full = timing.run_batch(steps(warm), mode, shape_["replay_spin_us"], flush, replays[0], unrecorded)["replay_ms"]
+                    bare = timing.run_batch([], mode, replay=replays[1], unrecorded=unrecorded)["replay_ms"]
+                    replayed.append(timing.replay_sample(full, bare, per_batch))
+                    elapsed = time.perf_counter() - began
+                    continue
+                ms, elapsed = self.slowest(timing.run_batch(steps(warm + per_batch), mode, shape_["spin_us"], flush)["ms"], time.perf_counter() - began)
                 samples += ms[warm:]
-        return {**timing.summarize(samples, samples), "mode": mode, "per_batch": int(shape_["per_batch"]), "warm_calls": warm,
-                "clocks": clocks.summary()}
+        events = timing.summarize(samples, samples)
+        replay = timing.summarize(replayed, replayed) if replayed else ({"error": refused} if refused else None)
+        return {**(timing.scored(events, replay) if mode == "back_to_back" else events), "mode": mode, "per_batch": per_batch,
+                "warm_calls": warm, "clocks": clocks.summary()}
 
 
 def time_baselines(request: RefereeRequest, ref_model: Any, sets: List[List[Any]], spent: Callable[[], bool], timer: Callable) -> Dict[str, Any]:
@@ -281,10 +337,9 @@ def baseline_callable(name: str, ref_model: Any, reference: Path, compile_mode: 
 @contextlib.contextmanager
 def profiled(device: torch.device):
     """The profiler session the runner keeps on over timed batches, here too on GPUs (its host overhead is part of
-    a batch, its per-kernel cost part of every timed call)."""
+    a batch, its per-kernel cost part of every event-timed call); yields the session (None off GPUs)."""
     if device.type != "cuda":
-        yield
+        yield None
         return
-    with timing.profiler_session(device):
-        yield
-
+    with profiling.profiler_session(device) as session:
+        yield session

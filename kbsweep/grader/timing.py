@@ -240,7 +240,7 @@ class Replay:
     launches on a stream of its own cannot be captured, and is then timed by events alone."""
 
     def __init__(self, steps: Sequence[tuple], flush: "L2Flush", key: Any = None, held: Any = None):
-        self.key, self.calls, self.held = key, len(steps), held
+        self.key, self.calls, self.held, self.flush = key, len(steps), held, flush  # the graph reads the flush's buffer too
         self.graph = torch.cuda.CUDAGraph()
         torch.cuda.synchronize()
         try:

@@ -240,7 +240,8 @@ class Replay:
     launches on a stream of its own cannot be captured, and is then timed by events alone."""
 
     def __init__(self, steps: Sequence[tuple], flush: "L2Flush", key: Any = None, held: Any = None):
-        self.key, self.calls, self.held, self.flush = key, len(steps), held, flush  # the graph reads the flush's buffer too
+        # the graph reads what the steps and the flush hold (canary indices, buffers): they live as long as it
+        self.key, self.calls, self.held, self.steps, self.flush = key, len(steps), held, list(steps), flush
         self.graph = torch.cuda.CUDAGraph()
         torch.cuda.synchronize()
         try:

@@ -25,9 +25,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
 import torch
-import torch._inductor  # noqa: F401 - the profiler session's start imports it (hasattr(torch, "_inductor")): ~3 CPU-s, paid once in the zygote, not per grade
 import torch.profiler
-import torch.utils.cpp_extension  # noqa: F401 - the kernel gate patches its loaders in every grade: imported here once, not per grade
 
 from kbsweep.audit import runtime
 from kbsweep.grader import profiling, timing
@@ -305,11 +303,16 @@ def join_ranks() -> tuple:
 
 
 def warm() -> None:
-    """Run once by the runner's zygote before it forks: the host profiler's first start sets up Kineto (2-3 s
-    on CPU), which every grade's session then paid again, and Triton's argument specialisation imports
-    ``triton.experimental.gluon`` at a grade's first interpreted launch (~0.1 CPU-s a grade). CPU grades only
-    (``CUDA_VISIBLE_DEVICES`` empty): a zygote that forks GPU grades must not touch CUDA."""
+    """Run once by the runner's zygote before it forks, for CPU grades only (``CUDA_VISIBLE_DEVICES`` empty: a
+    zygote that forks GPU grades imports no more than the runner needs, since CUDA must be untouched at the
+    fork): ``torch._inductor`` (the profiler session's start imports it, ~3 CPU-s),
+    ``torch.utils.cpp_extension`` (whose loaders the kernel gate patches in every grade), Triton's gluon (its
+    argument specialisation imports it at a grade's first interpreted launch), and the host profiler's first
+    start, which sets up Kineto (2-3 s on CPU)."""
     if os.environ.get("CUDA_VISIBLE_DEVICES") == "":
+        import torch._inductor  # noqa: F401
+        import torch.utils.cpp_extension  # noqa: F401
+
         with contextlib.suppress(ImportError):  # a host without Triton grades torch-only solutions
             import triton.experimental.gluon  # noqa: F401
 

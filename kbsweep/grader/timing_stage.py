@@ -81,7 +81,7 @@ class TimingStage(CandidateContext):
         refused = None
         began, elapsed = time.perf_counter(), 0.0
         with timing.ClockSampler(self.device) as clocks:
-            while not timing.stop(replayed if bare else samples, self.cfg, elapsed):
+            while not timing.stop(samples, self.cfg, elapsed) or (bare and len(replayed) < self.cfg.min_runs):
                 as_replay = bare is not None and len(ratios) % 2 == 1  # batches alternate: events, replay, events...
                 batch = self.batch(ref_model, model, shape, sets, slots, mode, shape_["replay_spin_us" if as_replay else "spin_us"],
                                    check=not kernelbench, warm=warm, kernelbench=kernelbench, replay_from=warm if as_replay else None)
@@ -267,7 +267,7 @@ class TimingStage(CandidateContext):
         # under the profiler the runner keeps on over the candidate's calls: CUPTI's cost per kernel (1.4% of a
         # 4096³ GEMM in a graph on the H200) is then in both sides of a speedup; replays run without it there and here
         with profiled(self.device) as session, timing.ClockSampler(self.device) as clocks:
-            while not timing.stop(replayed if replays else samples, self.cfg, elapsed):
+            while not timing.stop(samples, self.cfg, elapsed) or (replays and len(replayed) < self.cfg.min_runs):
                 if replays and len(samples) > len(replayed) * per_batch:  # events, replay, events...
                     unrecorded = lambda: profiling.kernels_unrecorded(session)  # noqa: E731
                     full = timing.run_batch(steps(warm), mode, shape_["replay_spin_us"], flush, replays[0], unrecorded)["replay_ms"]

@@ -29,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
@@ -127,6 +128,9 @@ def serve() -> None:
         if pid == 0:
             try:
                 child(control, request, fds, module)
+            except BaseException:  # on the child's stderr: os._exit below skips Python's own report
+                traceback.print_exc()
+                sys.stderr.flush()
             finally:
                 os._exit(70)
         for fd in fds:

@@ -221,6 +221,7 @@ RULES: List[Tuple[str, Callable[[Any], bool], str]] = [
     *((f"grade.timing.{k}", at_least(1), "an integer >= 1") for k in ("min_runs", "max_runs")),
     ("grade.timing.rel_err", positive, "a number > 0"),
     ("grade.timing.max_time_s", positive, "a number of seconds > 0"),
+    ("grade.timing.replay", lambda v: isinstance(v, bool), "true or false"),
     ("grade.timers", lambda v: set(v) <= set(BASELINE_TIMERS), f"a list of {', '.join(BASELINE_TIMERS)} (null: kernelbench for KernelBench problems on GPUs)"),
 ]
 

@@ -82,6 +82,7 @@ CASES = {
     "zero grade memory": Case(["grade.memory_mib=0"], [CONFIG, "key 'grade.memory_mib'"]),
     "zero timing runs": Case(["grade.timing.min_runs=0"], [CONFIG, "key 'grade.timing.min_runs'"]),
     "negative timing error": Case(["grade.timing.rel_err=-1"], [CONFIG, "key 'grade.timing.rel_err'"]),
+    "replay not a boolean": Case(["grade.timing.replay=often"], [CONFIG, "key 'grade.timing.replay'"]),
     "unknown baseline": Case(["grade.baselines=[eager,magic]"], [CONFIG, "key 'grade.baselines'"]),
     # config files of the user's folder
     "gpu yaml syntax error": Case(["-cd", "{user}", "gpu=broken"], ["gpu/broken.yaml:2", "broken YAML"], {"user/gpu/broken.yaml": "name: [x\n"}),

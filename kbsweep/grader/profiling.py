@@ -12,6 +12,9 @@ from kbsweep.audit.runtime import KERNEL_RANGE
 
 CALL_RANGE = "kbsweep::call"  # the profiler annotation around each candidate call (its tag follows)
 COMM_PREFIXES = ("c10d::", "_c10d_functional::", "c10d_functional::", "nccl:", "gloo:")  # torch.distributed's ops, per backend
+# the tag suffix of calls invoked while a replay's graph is captured: nothing ran in their ranges, so a timed shape's
+# kernel profile (launches per call, the single-kernel gate) counts the event-timed calls only
+CAPTURE_TAG = "/capture"
 
 
 def profiler_session(device: Any):

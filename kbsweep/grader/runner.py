@@ -211,7 +211,8 @@ class Runner:
     def op_arm(self, message, fds) -> Optional[Dict[str, Any]]:
         """A timed batch's plan (its inputs arrive after this answer): the calls' views, slots and canaries made
         ready outside the referee's clock. ``replay_from``: the calls from there on run as a CUDA graph replay
-        instead (captured now, or the last capture reused for the same plan, its canary indices refilled)."""
+        instead (captured now, or the last capture reused for the same plan, its canary indices refilled);
+        answers how many calls it invoked to capture them."""
         calls = message["calls"]
         model = self.models[int(message["model"])] if calls else None
         kernelbench = bool(message.get("kernelbench"))  # outputs as KernelBench takes them (may alias an input)
@@ -224,19 +225,23 @@ class Runner:
                     lambda out: self.deliver(out, slots, inputs, kernelbench=kernelbench))
 
         steps = [step(call, prepared_swaps(call.get("swaps") or [], self.device)) for call in calls[:split]]
-        replay = None
+        replay, captured = None, 0
         if split < len(calls):
             replayed = calls[split:]
             key = (message["model"], repr([(c["inputs"], c["outputs"], [(i, len(d)) for i, d, _ in c.get("swaps") or []]) for c in replayed]))
             if self.replay is None or self.replay.key != key:
                 self.replay = None  # the last capture's memory pool goes before the next is taken
                 buffers = [prepared_swaps(c.get("swaps") or [], self.device) for c in replayed]
+                tag, self.tag = self.tag, self.tag + profiling.CAPTURE_TAG
                 try:
                     with torch.no_grad():
                         self.replay = timing.Replay([step(c, b) for c, b in zip(replayed, buffers)], self.flush, key, held=buffers)
                 except Exception as exc:  # noqa: BLE001 - a call a graph cannot hold is timed by events alone (re-armed so)
                     self.armed = None
                     return {"replay_error": f"{self.stage}: capture failed: {one_line(exc)}"}
+                finally:
+                    self.tag = tag
+                captured = len(replayed)
             else:  # the graph reads its canaries' indices from these buffers
                 for call, buffers in zip(replayed, self.replay.held):
                     for (_, dst, src), (_, dst_at, src_at) in zip(call.get("swaps") or [], buffers):
@@ -244,6 +249,7 @@ class Runner:
                         src_at.copy_(torch.tensor(src))
             replay = self.replay
         self.armed = (steps, message["mode"], float(message.get("spin_us") or 0), replay)
+        return {"captured": captured}
 
     def op_batch(self, message, fds) -> Dict[str, Any]:
         """The armed batch, timed by this process's clock (:func:`kbsweep.grader.timing.run_batch`): each call's

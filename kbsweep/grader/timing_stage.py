@@ -153,11 +153,16 @@ class TimingStage(CandidateContext):
             self.poison_slots(call_slots)
         wall_ms, reply = self.timed_go()
         ms = reply.get("ms")
-        timed_calls = len(plan) if replay_from is None else replay_from
+        timed_calls = len(plan) if replay_from is None else replay_from  # by events (the rest replayed)
         replay_ms = reply.get("replay_ms") if replay_from is not None else 1.0
         if not isinstance(ms, list) or len(ms) != timed_calls or not all(isinstance(m, (int, float)) and m > 0 for m in [*ms, replay_ms]):
             raise GradeFailure(Outcome.RUNTIME_ERROR, "timing: the candidate's process returned no valid call times")
-        self.count_work(shape, len(plan))
+        self.count_work(shape, timed_calls)
+        captured = armed.get("captured")
+        if isinstance(captured, int) and 0 < captured <= len(plan):  # invoked to capture the replay: work done, no kernel ran
+            tag, self.tag = self.tag, self.tag + profiling.CAPTURE_TAG
+            self.count_work(shape, captured)
+            self.tag = tag
         if check:
             self.check_batch(ref_model, shape, sets, seeds, plan, warm)
         enqueue = [float(u) for u in reply.get("enqueue_us") or [] if isinstance(u, (int, float))]

@@ -244,6 +244,11 @@ class Replay:
         self.key, self.calls, self.held, self.steps, self.flush = key, len(steps), held, list(steps), flush
         self.graph = torch.cuda.CUDAGraph()
         torch.cuda.synchronize()
+        # a capture that fails ends before torch closes it on the CUDA generator, whose every later draw then
+        # raises "Offset increment outside graph capture" (on the H200: the next shape's inputs, after a reference
+        # that syncs failed its capture); the generator gets back the state it had before
+        generator = torch.cuda.default_generators[torch.cuda.current_device()]
+        untouched = generator.clone_state()
         try:
             with torch.cuda.graph(self.graph):
                 for before, call, after in steps:
@@ -252,6 +257,7 @@ class Replay:
                     after(call())
         except BaseException:
             torch.cuda.synchronize()
+            generator.graphsafe_set_state(untouched)
             raise
         REPLAY(self.graph)  # the first launch uploads the graph: never inside a timed replay
         torch.cuda.synchronize()

@@ -309,9 +309,9 @@ def join_ranks() -> tuple:
 
 
 def warm() -> None:
-    """Run once by the runner's zygote before it forks, for CPU grades only (``CUDA_VISIBLE_DEVICES`` empty: a
-    zygote that forks GPU grades imports no more than the runner needs, since CUDA must be untouched at the
-    fork): ``torch._inductor`` (the profiler session's start imports it, ~3 CPU-s),
+    """Run once by the runner's zygote before it forks, for CPU grades only (``CUDA_VISIBLE_DEVICES`` empty: on
+    the H200 a zygote that had imported these forked runners that died at their start, exit 70; a zygote of GPU
+    grades imports no more than the runner needs): ``torch._inductor`` (the profiler session's start imports it, ~3 CPU-s),
     ``torch.utils.cpp_extension`` (whose loaders the kernel gate patches in every grade), Triton's gluon (its
     argument specialisation imports it at a grade's first interpreted launch), and the host profiler's first
     start, which sets up Kineto (2-3 s on CPU)."""

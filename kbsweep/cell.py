@@ -14,7 +14,6 @@ import subprocess
 import time
 import traceback
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any, Dict, Optional, Sequence
 
 from kbsweep import audit as audit_stage
@@ -23,6 +22,7 @@ from kbsweep.agent.models import Usage
 from kbsweep.agent.tools import Toolbox
 from kbsweep.agent.transcript import Redactor, Transcript
 from kbsweep.audit.judge import LazyModel
+from kbsweep.gpus import GpuSpec
 from kbsweep.grader import grade
 from kbsweep.grader.processes import prewarm
 from kbsweep.grader.request import GradeRequest
@@ -56,12 +56,12 @@ def grader_for(cell: Cell, problem, roofline: Dict[str, Any], folder: Path):
     return configured_grader(problem, roofline, folder, cell.gpu, cell.track, cell.grade, cell.paths, cell.deck_version, secret_env(cell))
 
 
-def configured_grader(problem, roofline: Dict[str, Any], folder: Path, gpu_conf: Dict[str, Any], track: Dict[str, Any],
+def configured_grader(problem, roofline: Dict[str, Any], folder: Path, gpu: GpuSpec, track: Dict[str, Any],
                       grade_conf: Dict[str, Any], paths: Dict[str, Any], deck_version: Optional[str] = None, hidden: Sequence[str] = ()):
     """``run(mode, solution, log_name)``: a grade under the configuration's GPU, track limits, timing, baselines
     and baseline cache (:meth:`GradeRequest.from_config`), the same for a sweep's cells and a one-file
     ``kbsweep grade``; its result as stored (JSON)."""
-    configured = GradeRequest.from_config(problem, roofline, gpu_conf, track, grade_conf, paths, deck_version, hidden)
+    configured = GradeRequest.from_config(problem, roofline, gpu, track, grade_conf, paths, deck_version, hidden)
     prewarm(problem, configured.gpu.device, configured.world_size, hidden, configured.sandbox, configured.zygote_home)
 
     def run(mode: str, solution: Path, log_name: str) -> Dict[str, Any]:
@@ -190,7 +190,7 @@ def spend(agent, audited: Dict[str, Any] | None) -> Dict[str, Any]:
 def work_cell(cell: Cell, folder: Path, redactor: Redactor) -> Dict[str, Any]:
     started = time.monotonic()
     problem = load_problem(Path(cell.problem_dir), cell.track["name"])
-    roofline = load_roofline(cell.paths["roofline_specs"], cell.gpu["roofline"])
+    roofline = load_roofline(cell.paths["roofline_specs"], cell.gpu.roofline)
     workspace = prepare_workspace(folder / "workspace", problem.root)
     grade_with = grader_for(cell, problem, roofline, folder)
     counter = iter(range(1, 1_000_000))
@@ -198,11 +198,11 @@ def work_cell(cell: Cell, folder: Path, redactor: Redactor) -> Dict[str, Any]:
         workspace=workspace,
         grade=lambda mode: grade_with(mode, workspace / "solution.py", f"{mode}-{next(counter)}"),
         allow_shell=cell.track["allow_shell"],
-        sandbox=Sandbox(SandboxPolicy.of(cell.track), gpu=cell.gpu["device"] == "cuda"),
+        sandbox=Sandbox(SandboxPolicy.of(cell.track), gpu=cell.gpu.cuda),
         secret_env=redactor.names,
     )
     transcript = Transcript(folder / "transcript.jsonl", redactor)
-    prompt = problem.render_prompt(SimpleNamespace(**cell.gpu), cell.gpu["shape_set"])
+    prompt = problem.render_prompt(cell.gpu, cell.gpu.shape_set)
     job = AgentJob(workspace=workspace, prompt=prompt, budgets=Budgets.of_cell(cell.model, cell.track), model=cell.model,
                    toolbox=toolbox, transcript=transcript, folder=folder, solutions=problem.solutions())
     agent = runner_for(cell.harness).run(job)

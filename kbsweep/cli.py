@@ -152,6 +152,7 @@ def grade_verb(cfgs: List[DictConfig]) -> int:
 def grade_file(cfg: DictConfig) -> tuple:
     """(the grader's result, the exit code it means) for ``cfg.solution`` on ``cfg.problem``."""
     from kbsweep.cell import configured_grader
+    from kbsweep.gpus import GpuSpec
     from kbsweep.grader.processes import referee_prober
     from kbsweep.outcomes import Outcome
     from kbsweep.problem_folders import find_problem_dir
@@ -171,9 +172,10 @@ def grade_file(cfg: DictConfig) -> tuple:
     roofline = load_roofline(list(cfg.paths.roofline_specs), cfg.gpu.roofline)
     conf = OmegaConf.to_container(cfg, resolve=True)
     # the grading zygotes start here (torch imported in each) and the checks below run meanwhile
-    run = configured_grader(problem, roofline, Path(cfg.paths.outputs), conf["gpu"], conf["track"], conf["grade"], conf["paths"])
+    gpu = GpuSpec(**conf["gpu"])
+    run = configured_grader(problem, roofline, Path(cfg.paths.outputs), gpu, conf["track"], conf["grade"], conf["paths"])
     check_problem(problem, cfg.gpu.shape_set, roofline, cfg.gpu.roofline)
-    prober = referee_prober(problem, conf["gpu"]["device"], int(conf["track"].get("world_size", 1)), (), SandboxPolicy.of(conf["track"]))
+    prober = referee_prober(problem, gpu.device, int(conf["track"].get("world_size", 1)), (), SandboxPolicy.of(conf["track"]))
     check_references([reference_probe(problem)], prober)  # in the referee's zygote: one torch import fewer
     result = run("full", solution, f"{track}-{name}-{time.strftime('%Y%m%d-%H%M%S')}")
     outcome = Outcome(result["outcome"])

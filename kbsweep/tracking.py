@@ -14,6 +14,7 @@ import platform
 import re
 import socket
 import time
+from dataclasses import asdict
 from importlib import metadata
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Set, Tuple
@@ -102,8 +103,8 @@ def cell_params(cell: Cell) -> Dict[str, str]:
     from kbsweep.score import load_roofline
 
     spec = load_problem(Path(cell.problem_dir), cell.track["name"]).spec
-    roofline = load_roofline(cell.paths["roofline_specs"], cell.gpu["roofline"])
-    config = {"model": cell.model, "harness": cell.harness, "gpu": cell.gpu, "track": cell.track, "grade": cell.grade, "launcher": cell.launcher, "paths": cell.paths}
+    roofline = load_roofline(cell.paths["roofline_specs"], cell.gpu.roofline)
+    config = {"model": cell.model, "harness": cell.harness, "gpu": asdict(cell.gpu), "track": cell.track, "grade": cell.grade, "launcher": cell.launcher, "paths": cell.paths}
     params = flatten("", config, {})
     params.update(flatten("roofline", {k: roofline.get(k) for k in ("name", "peaks_tflops", "dram_gbps")}, {}))
     params.update(
@@ -274,7 +275,7 @@ class Tracker:
             OWNER_TAG: owner(),
             "track": cell.track["name"],
             "problem": cell.problem,
-            "gpu": cell.gpu["name"],
+            "gpu": cell.gpu.name,
             "model": cell.model["name"],
             "harness": cell.harness["name"],
             "provider": provider_of(cell.model),

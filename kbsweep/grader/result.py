@@ -7,6 +7,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Dict, List, Optional
 
 from kbsweep.outcomes import Outcome
+from kbsweep.score import ShapeScore
 
 # The keys of a result by when they are written: every grade's, a passed grade's, a failed grade's, a timed pass's
 # scores (absent when nothing was timed), and a KernelBench problem's two verdicts.
@@ -44,7 +45,7 @@ class GradeResult:
     correctness: Optional[Dict[str, Any]] = None
     timings: List[Dict[str, Any]] = field(default_factory=list)
     basis: Optional[str] = None  # "roofline" or "speedup"; None: nothing was scored
-    shapes: List[Dict[str, Any]] = field(default_factory=list)
+    shapes: List[ShapeScore] = field(default_factory=list)
     speedup: Dict[str, Any] = field(default_factory=dict)
     kernelbench: Optional[Dict[str, Any]] = None  # KernelBench's own verdict, with ``verdicts`` beside kbsweep's
     verdicts: Optional[Dict[str, str]] = None
@@ -58,6 +59,8 @@ class GradeResult:
         """The stored form, key for key as the grader has always written it (outcomes as their strings)."""
         keys = COMMON + (PASSED + (SCORED if self.basis is not None else ()) if self.passed else FAILED)
         out = {key: getattr(self, key) for key in keys + (VERDICTS if self.verdicts is not None else ())}
+        if "shapes" in out:
+            out["shapes"] = [shape.to_json() for shape in self.shapes]
         return {**out, "outcome": self.outcome.value, **self.extra}
 
     @classmethod
@@ -66,4 +69,5 @@ class GradeResult:
         known = {f.name for f in fields(cls)} - {"extra"}
         values = {key: data.get(key) for key in COMMON}
         values.update({key: value for key, value in data.items() if key in known and key not in COMMON})
+        values["shapes"] = [ShapeScore.from_json(shape) for shape in data.get("shapes") or []]
         return cls(**{**values, "outcome": Outcome(data["outcome"])}, extra={k: v for k, v in data.items() if k not in known})

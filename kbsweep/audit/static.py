@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import ast
 import difflib
+from dataclasses import replace
 import io
 import tokenize
-from typing import Any, Dict, Iterator, List, Optional, Set, Tuple
+from typing import Dict, Iterator, List, Optional, Set, Tuple
 
-from kbsweep.audit.kinds import finding
+from kbsweep.audit.kinds import Finding, finding
 from kbsweep.audit.names import Resolver
 from kbsweep.audit.static_values import ValueRules
 from kbsweep.audit.static_rules import (BUILTINS, CPP_LIBRARIES, CPP_OPS, CUDA_KERNELS, FRAME_ATTRS, HEAVY, L2, LICENSE, NATIVE, OTHER_RUNS,
@@ -33,7 +34,7 @@ class Analyzer(ValueRules, Resolver):
         self.forbidden, self.precision, self.depth = forbidden, precision, depth
         self.compute_rules = compute_rules
         self.local_modules = set(local_modules)
-        self.findings: List[Dict[str, Any]] = []
+        self.findings: List[Finding] = []
         self.local_names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)} | {
             n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.ClassDef))} | {
             a.arg for n in ast.walk(tree) if isinstance(n, ast.arguments) for a in n.args + n.kwonlyargs}
@@ -169,7 +170,7 @@ class Analyzer(ValueRules, Resolver):
 
     def check_strings(self) -> None:
         """String constants: other runs' paths, L2 persistence, C++/CUDA sources, exec'd code."""
-        file_use = any(f["kind"] in ("file_access", "dir_listing") for f in self.findings)
+        file_use = any(f.kind in ("file_access", "dir_listing") for f in self.findings)
         docstrings = {id(n.body[0].value) for n in ast.walk(self.tree)
                       if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef)) and n.body
                       and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
@@ -213,9 +214,9 @@ class Analyzer(ValueRules, Resolver):
                 sub = Analyzer(inner, self.forbidden, self.precision, self.depth + 1, self.bindings, self.strings, self.local_modules,
                                self.compute_rules)
                 for f in sub.run():
-                    self.findings.append({**f, "line": node.lineno, "detail": f"in exec'd code: {f['detail']}"})
+                    self.findings.append(replace(f, detail=f"in exec'd code: {f.detail}", where={**f.where, "line": node.lineno}))
 
-    def run(self) -> List[Dict[str, Any]]:
+    def run(self) -> List[Finding]:
         self.check_sites()
         self.check_stores()
         self.check_classes()
@@ -260,7 +261,7 @@ def kernel_names(source: str) -> List[str]:
 
 
 def analyze(source: str, forbidden: List[str], precision: Optional[str] = None, reference: Optional[str] = None,
-            local_modules: Set[str] = frozenset(), compute_rules: bool = True) -> List[Dict[str, Any]]:
+            local_modules: Set[str] = frozenset(), compute_rules: bool = True) -> List[Finding]:
     """Static findings for one candidate file (``reference``: the problem's reference source, for copies;
     ``local_modules``: the candidate's own helper modules, whose names are its own; ``compute_rules``: torch
     compute is a finding, as it is where the problem scores the candidate's own kernels)."""

@@ -3,11 +3,12 @@ logs), stored as it has always been written by :meth:`CellResult.to_json` and re
 versions included, by :meth:`CellResult.from_json`."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 from kbsweep.outcomes import Outcome
 from kbsweep.score import ShapeScore
+from kbsweep.stored import from_stored, to_stored
 
 # The keys of a journal by when they are written: every result's; a cell whose agent ran (its final grade's
 # scores, the audit's verdict, the agent's turns, spend and times); a KernelBench problem's two verdicts; the
@@ -55,15 +56,9 @@ class CellResult:
     def to_json(self) -> Dict[str, Any]:
         """The stored form, key for key as cells have always written it (the outcome as its string)."""
         keys = EVERY + (WORKED if self.stop_reason is not None else ()) + (VERDICTS if self.verdicts is not None else ())
-        out = {key: getattr(self, key) for key in keys}
-        out.update({key: getattr(self, key) for key in STAMPS if getattr(self, key) is not None})
-        if "shapes" in out:
-            out["shapes"] = [shape.to_json() for shape in self.shapes]
-        return {**out, "outcome": self.outcome.value, **self.extra}
+        return to_stored(self, keys + tuple(key for key in STAMPS if getattr(self, key) is not None))
 
     @classmethod
     def from_json(cls, data: Dict[str, Any]) -> "CellResult":
-        known = {f.name for f in fields(cls)} - {"extra"}
-        values = {key: value for key, value in data.items() if key in known}
-        values.update(outcome=Outcome(data["outcome"]), shapes=[ShapeScore.from_json(s) for s in data.get("shapes") or []])
-        return cls(**values, extra={key: value for key, value in data.items() if key not in known})
+        """A stored journal; keys it lacks take their defaults."""
+        return from_stored(cls, data)

@@ -3,11 +3,12 @@
 :meth:`GradeResult.from_json`."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 from kbsweep.outcomes import Outcome
 from kbsweep.score import ShapeScore
+from kbsweep.stored import from_stored, to_stored
 
 # The keys of a result by when they are written: every grade's, a passed grade's, a failed grade's, a timed pass's
 # scores (absent when nothing was timed), and a KernelBench problem's two verdicts.
@@ -58,16 +59,9 @@ class GradeResult:
     def to_json(self) -> Dict[str, Any]:
         """The stored form, key for key as the grader has always written it (outcomes as their strings)."""
         keys = COMMON + (PASSED + (SCORED if self.basis is not None else ()) if self.passed else FAILED)
-        out = {key: getattr(self, key) for key in keys + (VERDICTS if self.verdicts is not None else ())}
-        if "shapes" in out:
-            out["shapes"] = [shape.to_json() for shape in self.shapes]
-        return {**out, "outcome": self.outcome.value, **self.extra}
+        return to_stored(self, keys + (VERDICTS if self.verdicts is not None else ()))
 
     @classmethod
     def from_json(cls, data: Dict[str, Any]) -> "GradeResult":
         """A stored result; keys it lacks take their defaults (None where every grade writes one)."""
-        known = {f.name for f in fields(cls)} - {"extra"}
-        values = {key: data.get(key) for key in COMMON}
-        values.update({key: value for key, value in data.items() if key in known and key not in COMMON})
-        values["shapes"] = [ShapeScore.from_json(shape) for shape in data.get("shapes") or []]
-        return cls(**{**values, "outcome": Outcome(data["outcome"])}, extra={k: v for k, v in data.items() if k not in known})
+        return from_stored(cls, data, COMMON)

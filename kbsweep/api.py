@@ -58,7 +58,7 @@ def compose(overrides: Sequence[str], verb: str, config_dir: Optional[str] = Non
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    from kbsweep.cli import prepare
+    from kbsweep.compose import prepare
     from kbsweep.jobs import prepared_configs
     from kbsweep.overrides import check_overrides
 

@@ -14,7 +14,6 @@ import subprocess
 import time
 import traceback
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any, Dict, Optional, Sequence
 
 from kbsweep import audit as audit_stage
@@ -23,6 +22,8 @@ from kbsweep.agent.models import Usage
 from kbsweep.agent.tools import Toolbox
 from kbsweep.agent.transcript import Redactor, Transcript
 from kbsweep.audit.judge import LazyModel
+from kbsweep.cell_result import CellResult
+from kbsweep.gpus import GpuSpec
 from kbsweep.grader import grade
 from kbsweep.grader.processes import prewarm
 from kbsweep.grader.request import GradeRequest
@@ -32,7 +33,7 @@ from kbsweep.matrix import Cell, cell_dir
 from kbsweep.outcomes import Outcome, StopReason
 from kbsweep.problems import load_problem
 from kbsweep.sandbox import Sandbox, SandboxPolicy
-from kbsweep.score import load_roofline
+from kbsweep.score import ShapeScore, load_roofline
 from kbsweep.tracking import owner, owner_alive
 
 PUBLIC_FILES = ("reference.py", "prompt.md")
@@ -56,12 +57,12 @@ def grader_for(cell: Cell, problem, roofline: Dict[str, Any], folder: Path):
     return configured_grader(problem, roofline, folder, cell.gpu, cell.track, cell.grade, cell.paths, cell.deck_version, secret_env(cell))
 
 
-def configured_grader(problem, roofline: Dict[str, Any], folder: Path, gpu_conf: Dict[str, Any], track: Dict[str, Any],
+def configured_grader(problem, roofline: Dict[str, Any], folder: Path, gpu: GpuSpec, track: Dict[str, Any],
                       grade_conf: Dict[str, Any], paths: Dict[str, Any], deck_version: Optional[str] = None, hidden: Sequence[str] = ()):
     """``run(mode, solution, log_name)``: a grade under the configuration's GPU, track limits, timing, baselines
     and baseline cache (:meth:`GradeRequest.from_config`), the same for a sweep's cells and a one-file
     ``kbsweep grade``; its result as stored (JSON)."""
-    configured = GradeRequest.from_config(problem, roofline, gpu_conf, track, grade_conf, paths, deck_version, hidden)
+    configured = GradeRequest.from_config(problem, roofline, gpu, track, grade_conf, paths, deck_version, hidden)
     prewarm(problem, configured.gpu.device, configured.world_size, hidden, configured.sandbox, configured.zygote_home)
 
     def run(mode: str, solution: Path, log_name: str) -> Dict[str, Any]:
@@ -123,7 +124,8 @@ def reclaim(cell: Cell, wait_s: float = RECLAIM_WAIT_S) -> bool:
 
 def run_cell(cell: Cell) -> Dict[str, Any]:
     """Run one cell under its lock (never twice at once) and write its result.json; any harness failure
-    becomes a harness_error result. The lock file names its holder (for :func:`reclaim`)."""
+    becomes a harness_error result. The lock file names its holder (for :func:`reclaim`). Returns the journal as
+    stored (:meth:`CellResult.to_json`), what launchers carry to the sweep and tracking logs."""
     path = cell_lock_path(cell)
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a") as handle:
@@ -146,13 +148,13 @@ def run_cell_locked(cell: Cell) -> Dict[str, Any]:
         result = work_cell(cell, folder, redactor)
     except Exception as exc:  # the harness's fault, not the model's: retried by the next run
         (folder / "harness_error.log").write_text(redactor.text(traceback.format_exc()))
-        result = {"outcome": Outcome.HARNESS_ERROR.value, "message": f"{type(exc).__name__}: {exc}".splitlines()[0]}
-    result = redactor.data(result)
-    result.update(key=cell.key, cell=cell.label, started=started, finished=time.time(), folder=str(folder))
+        result = CellResult(Outcome.HARNESS_ERROR, f"{type(exc).__name__}: {exc}".splitlines()[0])
+    result.key, result.cell, result.started, result.finished, result.folder = cell.key, cell.label, started, time.time(), str(folder)
+    stored = redactor.data(result.to_json())
     tmp = journal.with_suffix(".tmp")
-    tmp.write_text(json.dumps(result, indent=1, default=str))
+    tmp.write_text(json.dumps(stored, indent=1, default=str))
     tmp.replace(journal)
-    return result
+    return stored
 
 
 def secret_env(cell: Cell) -> list:
@@ -187,10 +189,10 @@ def spend(agent, audited: Dict[str, Any] | None) -> Dict[str, Any]:
     }
 
 
-def work_cell(cell: Cell, folder: Path, redactor: Redactor) -> Dict[str, Any]:
+def work_cell(cell: Cell, folder: Path, redactor: Redactor) -> CellResult:
     started = time.monotonic()
     problem = load_problem(Path(cell.problem_dir), cell.track["name"])
-    roofline = load_roofline(cell.paths["roofline_specs"], cell.gpu["roofline"])
+    roofline = load_roofline(cell.paths["roofline_specs"], cell.gpu.roofline)
     workspace = prepare_workspace(folder / "workspace", problem.root)
     grade_with = grader_for(cell, problem, roofline, folder)
     counter = iter(range(1, 1_000_000))
@@ -198,11 +200,11 @@ def work_cell(cell: Cell, folder: Path, redactor: Redactor) -> Dict[str, Any]:
         workspace=workspace,
         grade=lambda mode: grade_with(mode, workspace / "solution.py", f"{mode}-{next(counter)}"),
         allow_shell=cell.track["allow_shell"],
-        sandbox=Sandbox(SandboxPolicy.of(cell.track), gpu=cell.gpu["device"] == "cuda"),
+        sandbox=Sandbox(SandboxPolicy.of(cell.track), gpu=cell.gpu.cuda),
         secret_env=redactor.names,
     )
     transcript = Transcript(folder / "transcript.jsonl", redactor)
-    prompt = problem.render_prompt(SimpleNamespace(**cell.gpu), cell.gpu["shape_set"])
+    prompt = problem.render_prompt(cell.gpu, cell.gpu.shape_set)
     job = AgentJob(workspace=workspace, prompt=prompt, budgets=Budgets.of_cell(cell.model, cell.track), model=cell.model,
                    toolbox=toolbox, transcript=transcript, folder=folder, solutions=problem.solutions())
     agent = runner_for(cell.harness).run(job)
@@ -224,20 +226,22 @@ def work_cell(cell: Cell, folder: Path, redactor: Redactor) -> Dict[str, Any]:
         (folder / "grade.json").write_text(json.dumps(graded, indent=1, default=str))
     if audited:
         (folder / "audit.json").write_text(json.dumps(audited, indent=1, default=str))
-    return {
-        "outcome": outcome.value,
-        "message": (agent.fault or {}).get("message") or (graded or {}).get("message"),
-        "score": (graded or {}).get("score") if outcome == Outcome.PASS else None,
-        "basis": (graded or {}).get("basis"),
-        "speedup": (graded or {}).get("speedup", {}),
-        "shapes": (graded or {}).get("shapes", []),
-        "verdict": audited["verdict"] if audited else None,
-        "stop_reason": agent.stop_reason.value,
-        "turns": agent.turns,
+    graded = graded or {}
+    return CellResult(
+        outcome,
+        message=(agent.fault or {}).get("message") or graded.get("message"),
+        score=graded.get("score") if outcome == Outcome.PASS else None,
+        basis=graded.get("basis"),
+        speedup=graded.get("speedup", {}),
+        shapes=[ShapeScore.from_json(shape) for shape in graded.get("shapes", [])],
+        verdict=audited["verdict"] if audited else None,
+        stop_reason=agent.stop_reason.value,
+        turns=agent.turns,
         **spend(agent, audited),
-        "agent_s": agent.wall_s,
-        "grade_s": (graded or {}).get("grade_s"),
-        "steps": agent.steps,
-        "env": (graded or {}).get("env"),
-        **({"verdicts": graded["verdicts"], "kernelbench": graded["kernelbench"]} if graded and "verdicts" in graded else {}),
-    }
+        agent_s=agent.wall_s,
+        grade_s=graded.get("grade_s"),
+        steps=agent.steps,
+        env=graded.get("env"),
+        verdicts=graded.get("verdicts"),
+        kernelbench=graded.get("kernelbench") if "verdicts" in graded else None,
+    )

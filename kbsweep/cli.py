@@ -12,9 +12,9 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List
 
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, OmegaConf
 
-from kbsweep.config import group_source, validate
+from kbsweep.compose import prepare
 from kbsweep.errors import ExitCode, InfraError, KbsweepError
 from kbsweep.overrides import check_overrides, check_yaml, split_options
 from kbsweep.paths import REPO_ROOT
@@ -29,11 +29,6 @@ Overrides are Hydra's: model=opus-4.8 gpu=h100 track=hard problem=topk repeat=0,
 Add a user folder of YAML with -cd DIR. Hydra's own help: kbsweep --hydra-help.
 """
 
-if not OmegaConf.has_resolver("kbsweep_root"):
-    OmegaConf.register_new_resolver("kbsweep_root", lambda: str(REPO_ROOT))
-    OmegaConf.register_new_resolver("kbsweep_cwd", os.getcwd)
-
-
 def verb(name: str):
     """Register a verb: ``fn(cfgs) -> exit code``."""
 
@@ -42,60 +37,6 @@ def verb(name: str):
         return fn
 
     return register
-
-
-def resolve_gpu(cfg: DictConfig, hydra_cfg) -> None:
-    """gpu=auto: the gpu YAML whose nvml_names match the local GPU, else cpu."""
-    from kbsweep import gpus
-
-    found = gpus.list_gpus()
-    name = "cpu"
-    if found:
-        for source in hydra_cfg.runtime.config_sources:
-            folder = Path(source.path) / "gpu"
-            if source.schema != "file" or not folder.is_dir():
-                continue
-            for path in sorted(folder.glob("*.yaml")):
-                if found[0]["name"] in (OmegaConf.load(path).get("nvml_names") or []):
-                    name = path.stem
-        if name == "cpu":
-            raise KbsweepError(f"gpu=auto: no gpu/*.yaml lists '{found[0]['name']}' in nvml_names; add one")
-    path = Path(group_source(hydra_cfg, "gpu", name))
-    with open_dict(cfg):
-        cfg.gpu = OmegaConf.load(path)
-
-
-def grade_track(cfg: DictConfig, hydra_cfg) -> str:
-    """``kbsweep grade problem=<track>/<name>`` grades under that track's YAML (its time limit, world size, sandbox:
-    what a sweep's grade of the same file gets) unless ``track=`` was given; returns the track's choice."""
-    chosen = str(hydra_cfg.runtime.choices.get("track"))
-    problem = str(cfg.get("problem") or "")
-    if cfg.get("verb") != "grade" or "/" not in problem or any(o.split("=")[0].lstrip("+~") == "track" for o in hydra_cfg.overrides.task):
-        return chosen
-    wanted = problem.split("/", 1)[0]
-    path = Path(group_source(hydra_cfg, "track", wanted))
-    if wanted == cfg.track.name or not path.is_file():
-        return chosen
-    given = [o.lstrip("+")[len("track."):] for o in hydra_cfg.overrides.task if o.lstrip("+").startswith("track.")]
-    with open_dict(cfg):
-        cfg.track = OmegaConf.merge(OmegaConf.load(path), OmegaConf.from_dotlist(given))
-    return wanted
-
-
-def prepare(cfg: DictConfig, hydra_cfg) -> DictConfig:
-    """Validate every group against its schema (one line naming file and key on error), resolve gpu=auto and a
-    one-file grade's track."""
-    choices = {g: str(hydra_cfg.runtime.choices.get(g)) for g in ("model", "gpu", "track", "harness", "launcher", "tracking")}
-    choices["track"] = grade_track(cfg, hydra_cfg)
-    sources = {g: group_source(hydra_cfg, g, choice) for g, choice in choices.items()}
-    if cfg.gpu.get("name") == "auto":
-        resolve_gpu(cfg, hydra_cfg)
-        sources["gpu"] = f"gpu/{cfg.gpu.name}.yaml"
-    from kbsweep.agent.providers import MODEL_KINDS
-    from kbsweep.harness import RUNNERS
-    from kbsweep.launch import LAUNCHERS
-
-    return validate(cfg, sources, (MODEL_KINDS, RUNNERS, LAUNCHERS))
 
 
 def fail(code: ExitCode, error: object) -> None:
@@ -211,6 +152,7 @@ def grade_verb(cfgs: List[DictConfig]) -> int:
 def grade_file(cfg: DictConfig) -> tuple:
     """(the grader's result, the exit code it means) for ``cfg.solution`` on ``cfg.problem``."""
     from kbsweep.cell import configured_grader
+    from kbsweep.gpus import GpuSpec
     from kbsweep.grader.processes import referee_prober
     from kbsweep.outcomes import Outcome
     from kbsweep.problem_folders import find_problem_dir
@@ -230,9 +172,10 @@ def grade_file(cfg: DictConfig) -> tuple:
     roofline = load_roofline(list(cfg.paths.roofline_specs), cfg.gpu.roofline)
     conf = OmegaConf.to_container(cfg, resolve=True)
     # the grading zygotes start here (torch imported in each) and the checks below run meanwhile
-    run = configured_grader(problem, roofline, Path(cfg.paths.outputs), conf["gpu"], conf["track"], conf["grade"], conf["paths"])
+    gpu = GpuSpec(**conf["gpu"])
+    run = configured_grader(problem, roofline, Path(cfg.paths.outputs), gpu, conf["track"], conf["grade"], conf["paths"])
     check_problem(problem, cfg.gpu.shape_set, roofline, cfg.gpu.roofline)
-    prober = referee_prober(problem, conf["gpu"]["device"], int(conf["track"].get("world_size", 1)), (), SandboxPolicy.of(conf["track"]))
+    prober = referee_prober(problem, gpu.device, int(conf["track"].get("world_size", 1)), (), SandboxPolicy.of(conf["track"]))
     check_references([reference_probe(problem)], prober)  # in the referee's zygote: one torch import fewer
     result = run("full", solution, f"{track}-{name}-{time.strftime('%Y%m%d-%H%M%S')}")
     outcome = Outcome(result["outcome"])

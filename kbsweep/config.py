@@ -10,6 +10,7 @@ from omegaconf import II, MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from kbsweep.errors import KbsweepError
+from kbsweep.gpus import GpuSpec
 from kbsweep.paths import REPO_ROOT
 from kbsweep.registry import Registry
 
@@ -65,19 +66,6 @@ class ModelConf:
     options: Dict[str, Any] = field(default_factory=dict)
     script: Optional[List[Any]] = None  # scripted: the steps it plays
     transcript: Optional[str] = None  # replay: the transcript it plays back
-
-
-@dataclass
-class GpuConf:
-    name: str = MISSING
-    description: str = MISSING  # filled into prompts
-    roofline: str = MISSING  # roofline_specs/<roofline>.yaml
-    nvml_names: List[str] = field(default_factory=list)  # matched by gpu=auto
-    device: str = "cuda"  # cuda | cpu
-    shape_set: str = "shapes"  # shapes | smoke_shapes
-    hourly_usd: Optional[float] = None  # rental price of one GPU, for plan estimates
-    gpus_per_node: int = 1
-    baselines: Optional[List[str]] = None  # replaces grade.baselines on this GPU when set
 
 
 @dataclass
@@ -160,7 +148,7 @@ class AuditConf:
 
 GROUP_SCHEMAS = {
     "model": ModelConf,
-    "gpu": GpuConf,
+    "gpu": GpuSpec,
     "track": TrackConf,
     "harness": HarnessConf,
     "launcher": LauncherConf,
@@ -289,6 +277,40 @@ def group_source(hydra_cfg: Any, group: str, choice: str) -> str:
     return f"{group}/{choice}.yaml"
 
 
+def broken_yaml(path: Path, exc: Exception) -> KbsweepError:
+    """A YAML parser's error as one line naming the file and line."""
+    mark = getattr(exc, "problem_mark", None)
+    where = f"{path}:{mark.line + 1}" if mark else str(path)
+    return KbsweepError(f"{where}: broken YAML ({getattr(exc, 'problem', None) or exc})")
+
+
+def load_yaml(path: Path, schema: type, context: str = "") -> Dict[str, Any]:
+    """``path`` merged onto ``schema`` and resolved, as plain data; KbsweepError naming the file and key (and
+    ``context``, in parentheses) when it is broken, missing a required key or of the wrong type."""
+    import yaml
+
+    suffix = f" ({context})" if context else ""
+    try:
+        conf = OmegaConf.merge(OmegaConf.structured(schema), OmegaConf.load(path))
+        return OmegaConf.to_container(conf, resolve=True, throw_on_missing=True)
+    except yaml.YAMLError as exc:
+        raise KbsweepError(f"{broken_yaml(path, exc)}{suffix}") from None
+    except OmegaConfBaseException as exc:
+        key, msg = error_line(exc)
+        raise KbsweepError(f"{path}: key '{key}': {msg}{suffix}") from None
+
+
+def load_gpu(name: str, conf_dir: Path = REPO_ROOT / "conf") -> GpuSpec:
+    """``gpu/<name>.yaml`` of ``conf_dir`` (the repository's ``conf/``), checked as a composed config's GPU is (its
+    types, then :data:`RULES`): for scripts and tests that grade outside a composed config."""
+    path = conf_dir / "gpu" / f"{name}.yaml"
+    if not path.is_file():
+        raise KbsweepError(f"no gpu '{name}' ({path})")
+    loaded = load_yaml(path, GpuSpec)
+    check_rules(OmegaConf.create({"gpu": loaded}), {"gpu": str(path)}, keys={key for key, _, _ in RULES if key.startswith("gpu.")})
+    return GpuSpec(**loaded)
+
+
 def model_conf(name: str, hydra_cfg: Any = None) -> Dict[str, Any]:
     """The judge's model config (``audit.judge``): ``model/<name>.yaml`` along Hydra's config search path (the
     running app's, else the repository's ``conf/``), merged onto the model schema, resolved like a cell's model and
@@ -303,12 +325,7 @@ def model_conf(name: str, hydra_cfg: Any = None) -> Dict[str, Any]:
     path = Path(group_source(hydra_cfg, "model", name)) if hydra_cfg is not None else REPO_ROOT / "conf" / "model" / f"{name}.yaml"
     if not path.is_file():
         raise KbsweepError(f"audit.judge: no model '{name}' (model/{name}.yaml)")
-    try:
-        conf = OmegaConf.merge(OmegaConf.structured(ModelConf), OmegaConf.load(path))
-        resolved = OmegaConf.to_container(conf, resolve=True, throw_on_missing=True)
-    except OmegaConfBaseException as exc:
-        key, msg = error_line(exc)
-        raise KbsweepError(f"{path}: key '{key}': {msg} (audit.judge)") from None
+    resolved = load_yaml(path, ModelConf, "audit.judge")
     build = MODEL_KINDS.lookup(resolved["provider"], f"{path} (audit.judge)")
     try:
         build(resolved, {})

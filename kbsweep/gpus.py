@@ -1,4 +1,5 @@
-"""GPU discovery through NVML (nvidia-ml-py); an empty list on machines without a GPU.
+"""The GPU a cell grades on (:class:`GpuSpec`, a ``gpu/<name>.yaml``), and GPU discovery through NVML
+(nvidia-ml-py; an empty list on machines without a GPU).
 
 NVML numbers GPUs in PCI bus order; a process that pins GPUs by index sets ``CUDA_DEVICE_ORDER=PCI_BUS_ID``
 so that CUDA numbers them the same way.
@@ -6,7 +7,29 @@ so that CUDA numbers them the same way.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
+
+
+@dataclass
+class GpuSpec:
+    """One ``gpu/<name>.yaml``: the config group's schema (:data:`kbsweep.config.GROUP_SCHEMAS`; a field without a
+    default is a required key) and the record a cell, a grade request and a prompt carry. Loaded and checked by
+    :func:`kbsweep.config.load_gpu` or a composed config's validation."""
+
+    name: str
+    description: str  # filled into prompts
+    roofline: str  # roofline_specs/<roofline>.yaml
+    nvml_names: List[str] = field(default_factory=list)  # matched by gpu=auto
+    device: str = "cuda"  # cuda | cpu
+    shape_set: str = "shapes"  # shapes | smoke_shapes
+    hourly_usd: Optional[float] = None  # rental price of one GPU, for plan estimates
+    gpus_per_node: int = 1
+    baselines: Optional[List[str]] = None  # replaces grade.baselines on this GPU when set
+
+    @property
+    def cuda(self) -> bool:
+        return self.device == "cuda"
 
 
 def _text(value: Any) -> str:

@@ -272,7 +272,7 @@ class LocalLauncher(SubmititLauncher):
     def check(self, cells: List[Cell]) -> None:
         """Every GPU cell's world size must fit the pool."""
         for cell in cells:
-            if cell.gpu["device"] == "cuda" and world_size(cell) > len(self.pool):
+            if cell.gpu.cuda and world_size(cell) > len(self.pool):
                 raise KbsweepError(
                     f"{cell.label} needs {world_size(cell)} GPU(s); this machine offers {len(self.pool)} "
                     f"(NVML, narrowed by CUDA_VISIBLE_DEVICES){' — use gpu=cpu' if not self.pool else ''}"
@@ -280,7 +280,7 @@ class LocalLauncher(SubmititLauncher):
 
     def submit(self, cell: Cell) -> Any:
         self.executor.update_parameters(**self.parameters(cell))
-        visible = ",".join(self.pool) if cell.gpu["device"] == "cuda" else ""
+        visible = ",".join(self.pool) if cell.gpu.cuda else ""
         return self.executor.submit(supervised, self.job, cell, visible, owner())
 
     def stop(self, job: Any) -> None:
@@ -321,7 +321,7 @@ class SlurmLauncher(SubmititLauncher):
             slurm_signal_delay_s=SIGNAL_DELAY_S,
             nodes=1,
             tasks_per_node=1,
-            gpus_per_node=world_size(cell) if cell.gpu["device"] == "cuda" else None,
+            gpus_per_node=world_size(cell) if cell.gpu.cuda else None,
             cpus_per_task=slurm["cpus_per_task"],
             mem_gb=slurm["mem_gb"],
             slurm_partition=slurm["partition"],
@@ -363,7 +363,7 @@ class WarmLocalLauncher(LocalLauncher):
 
     def submit(self, cell: Cell) -> Worker:
         worker = self.idle.pop() if self.idle else Worker(Path(self.conf["folder"]), owner(), self.answered)
-        worker.start(self.job, cell, ",".join(self.pool) if cell.gpu["device"] == "cuda" else "")
+        worker.start(self.job, cell, ",".join(self.pool) if cell.gpu.cuda else "")
         return worker
 
     def stop(self, job: Worker) -> None:

@@ -11,6 +11,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from kbsweep.agent.loop import Budgets
 from kbsweep.errors import KbsweepError
+from kbsweep.gpus import GpuSpec
 from kbsweep.harness import runner_for
 from kbsweep.problem_folders import find_problem_dirs, track_problem_names
 from kbsweep.problems import load_problem
@@ -25,7 +26,7 @@ class Cell:
     sweep: str
     key: str
     model: Dict[str, Any]
-    gpu: Dict[str, Any]
+    gpu: GpuSpec
     track: Dict[str, Any]
     problem: str  # <track>/<name>
     problem_dir: str
@@ -41,19 +42,19 @@ class Cell:
     def label(self) -> str:
         """``model · problem · gpu · rN``; a harness other than the built-in loop shows as ``model@harness``."""
         who = self.model["name"] if self.harness["name"] == BUILTIN_HARNESS["name"] else f"{self.model['name']}@{self.harness['name']}"
-        return f"{who} · {self.problem} · {self.gpu['name']} · r{self.repeat}"
+        return f"{who} · {self.problem} · {self.gpu.name} · r{self.repeat}"
 
 
 BUILTIN_HARNESS = {"name": "builtin", "runner": "builtin"}
 
 
-def cell_key(model: Dict, gpu: Dict, track: Dict, problem: str, deck_version: str, repeat: int, harness: Optional[Dict] = None) -> str:
+def cell_key(model: Dict, gpu: GpuSpec, track: Dict, problem: str, deck_version: str, repeat: int, harness: Optional[Dict] = None) -> str:
     """Hash of what makes a result: the resolved config without volatile fields, the deck version, the repeat,
     the harness. The judge is not part of it: adding or changing ``audit.judge`` redoes no finished cell
     (``kbsweep audit`` re-audits those)."""
     stable = {
         "model": {k: v for k, v in model.items() if k not in VOLATILE_MODEL_KEYS},
-        "gpu": gpu["name"],
+        "gpu": gpu.name,
         "track": {k: v for k, v in track.items() if k != "problems"},
         "problem": problem,
         "deck_version": deck_version,
@@ -89,13 +90,14 @@ def cells_of(cfg: DictConfig) -> List[Cell]:
     for folder in folders:
         problem = load_problem(folder, cfg.track.name)
         deck = problem.deck_hash()
-        key = cell_key(container["model"], container["gpu"], container["track"], problem.id, deck, cfg.repeat, container["harness"])
+        gpu = GpuSpec(**container["gpu"])
+        key = cell_key(container["model"], gpu, container["track"], problem.id, deck, cfg.repeat, container["harness"])
         cells.append(
             Cell(
                 sweep=cfg.sweep.name,
                 key=key,
                 model=container["model"],
-                gpu=container["gpu"],
+                gpu=gpu,
                 track=container["track"],
                 problem=problem.id,
                 problem_dir=str(folder),
@@ -148,7 +150,7 @@ def estimate(cells: List[Cell]) -> Dict[str, Any]:
             usd += (tokens["input"] * prices["input"] + tokens["output"] * prices["output"]) / 1e6
         hours = cell.track["time_cap_s"] / 3600 * max(1, cell.track["world_size"])
         gpu_hours += hours
-        rent += hours * (cell.gpu.get("hourly_usd") or 0.0)
+        rent += hours * (cell.gpu.hourly_usd or 0.0)
     expected = {c.model["name"]: dict(c.model["expected_tokens"]) for c in cells if c.model.get("provider") == "litellm"}
     return {"cells": len(cells), "model_usd": usd, "unpriced_models": sorted(unpriced), "gpu_hours_cap": gpu_hours, "rent_usd_cap": rent,
             "expected_tokens": expected}

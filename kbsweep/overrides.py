@@ -79,15 +79,15 @@ def check_yaml(argv: List[str]) -> None:
     parser where installed: this runs on every command.)"""
     import yaml
 
+    from kbsweep.config import broken_yaml
+
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     for folder in config_folders(argv):
         for path in sorted(folder.rglob("*.yaml")):
             try:
                 yaml.load(path.read_text(), Loader=loader)
             except yaml.YAMLError as exc:
-                mark = getattr(exc, "problem_mark", None)
-                where = f"{path}:{mark.line + 1}" if mark else str(path)
-                raise KbsweepError(f"{where}: broken YAML ({getattr(exc, 'problem', None) or exc})") from None
+                raise broken_yaml(path, exc) from None
 
 
 VALUED_OPTIONS = {"-cd", "--config-dir", "-cn", "--config-name", "-cp", "--config-path", "-c", "--cfg", "-p", "--package", "--experimental-rerun"}

@@ -35,7 +35,7 @@ class Plan:
 
 
 def planned(cell: Any) -> PlannedCell:
-    return PlannedCell(cell.key, cell.label, cell.model["name"], cell.harness["name"], cell.problem, cell.gpu["name"], cell.repeat)
+    return PlannedCell(cell.key, cell.label, cell.model["name"], cell.harness["name"], cell.problem, cell.gpu.name, cell.repeat)
 
 
 def plan_of(cells: List[Any]) -> Plan:

@@ -33,24 +33,25 @@ def regraded(client, experiment_id: str, gpu: str) -> Dict[str, str]:
 def regrade_sweep(conf: Dict[str, Any], force: bool) -> List[Dict[str, Any]]:
     """Regrade the cells of ``conf['sweep']['name']`` under ``conf`` (a resolved config); one summary per grade."""
     from kbsweep.cell import configured_grader
+    from kbsweep.gpus import GpuSpec
     from kbsweep.problem_folders import find_problem_dir
     from kbsweep.problems import load_problem
     from kbsweep.score import load_roofline
 
-    uri, sweep, gpu, track = conf["tracking"]["uri"], conf["sweep"]["name"], conf["gpu"], conf["track"]
+    uri, sweep, gpu, track = conf["tracking"]["uri"], conf["sweep"]["name"], GpuSpec(**conf["gpu"]), conf["track"]
     cells = [r for r in latest_per_cell(runs_frame(uri, [sweep])) if r.get("track") == track["name"]]
     if not cells:
         raise KbsweepError(f"sweep.name={sweep}: no finished cell of track '{track['name']}' in {uri}")
     tracker = Tracker(uri, conf["tracking"]["artifact_root"], sweep)
     client = tracker.client
-    done = {} if force else regraded(client, tracker.experiment_id, gpu["name"])
-    roofline = load_roofline(conf["paths"]["roofline_specs"], gpu["roofline"])
+    done = {} if force else regraded(client, tracker.experiment_id, gpu.name)
+    roofline = load_roofline(conf["paths"]["roofline_specs"], gpu.roofline)
     summaries = []
-    with exclusive(f"regrade-{gpu['name']}"):
+    with exclusive(f"regrade-{gpu.name}"):
         for row in cells:
             if row["run_id"] in done:
                 continue
-            folder = Path(conf["paths"]["outputs"]) / "regrades" / sweep / gpu["name"] / row["cell_key"]
+            folder = Path(conf["paths"]["outputs"]) / "regrades" / sweep / gpu.name / row["cell_key"]
             shutil.rmtree(folder, ignore_errors=True)
             folder.mkdir(parents=True)
             if "solution.py" not in {a.path for a in client.list_artifacts(row["run_id"])}:
@@ -62,9 +63,9 @@ def regrade_sweep(conf: Dict[str, Any], force: bool) -> List[Dict[str, Any]]:
             grade = configured_grader(problem, roofline, folder, gpu, track, conf["grade"], conf["paths"])
             result = grade("full", solution, "regrade")
             (folder / "grade.json").write_text(json.dumps(result, indent=1, default=str))
-            summaries.append(log_regrade(tracker, row, gpu["name"], result, folder))
+            summaries.append(log_regrade(tracker, row, gpu.name, result, folder))
             print(f"[kbsweep] regraded {row.get('model')} · {row['problem']} · r{row.get('repeat')}: {row.get('gpu')} "
-                  f"{row.get('score')} -> {gpu['name']} {result['outcome']} {result.get('score')}", file=sys.stderr, flush=True)
+                  f"{row.get('score')} -> {gpu.name} {result['outcome']} {result.get('score')}", file=sys.stderr, flush=True)
     return summaries
 
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
@@ -65,9 +66,47 @@ def geomean(values: List[float]) -> Optional[float]:
     return math.exp(sum(math.log(max(v, FRACTION_FLOOR)) for v in values) / len(values))
 
 
+@dataclass
+class ShapeScore:
+    """One timed shape's score (an entry of a grade's ``shapes``): achieved rates, the fractions of the datasheet
+    peaks and the governing one, each baseline's speedup; stored by :meth:`to_json` as the grader has always
+    written it."""
+
+    shape: Dict[str, Any]
+    ms: float
+    tflops: Optional[float]
+    gbps: Optional[float]
+    compute_fraction: Optional[float]
+    memory_fraction: Optional[float]
+    fraction: Optional[float]
+    speedup: Dict[str, float] = field(default_factory=dict)
+    baselines_outside_tolerance: List[str] = field(default_factory=list)  # stored only when any
+    # a collective (the multi track): bus bandwidth and its fraction of one NVLink direction, stored with it
+    collective: bool = False
+    busbw_gbps: Optional[float] = None
+    comm_fraction: Optional[float] = None
+
+    def to_json(self) -> Dict[str, Any]:
+        out = {key: getattr(self, key) for key in ALWAYS_STORED}
+        if self.baselines_outside_tolerance:
+            out["baselines_outside_tolerance"] = self.baselines_outside_tolerance
+        if self.collective:
+            out.update(busbw_gbps=self.busbw_gbps, comm_fraction=self.comm_fraction)
+        return out
+
+    @classmethod
+    def from_json(cls, data: Dict[str, Any]) -> "ShapeScore":
+        """A stored entry; a rate it lacks reads as None."""
+        optional = {f.name: data[f.name] for f in fields(cls) if f.name not in ALWAYS_STORED and f.name in data}
+        return cls(**{key: data.get(key) for key in ALWAYS_STORED}, **{**optional, "collective": "busbw_gbps" in data})
+
+
+ALWAYS_STORED = ("shape", "ms", "tflops", "gbps", "compute_fraction", "memory_fraction", "fraction", "speedup")
+
+
 def shape_score(
-    ms: float, work: Dict[str, Optional[float]], regime: str, peak_key: Optional[str], roofline: Dict[str, Any]
-) -> Dict[str, Any]:
+    ms: float, work: Dict[str, Optional[float]], regime: str, peak_key: Optional[str], roofline: Dict[str, Any], shape: Dict[str, Any]
+) -> ShapeScore:
     """Achieved rates and the fraction of the governing datasheet peak for one shape."""
     seconds = ms * 1e-3
     flops, nbytes = work.get("flops"), work.get("bytes")
@@ -82,35 +121,28 @@ def shape_score(
         fraction = memory_frac
     else:  # latency: whichever roof is closer
         fraction = max((f for f in (compute_frac, memory_frac) if f is not None), default=None)
-    return {
-        "ms": ms,
-        "tflops": tflops,
-        "gbps": gbps,
-        "compute_fraction": compute_frac,
-        "memory_fraction": memory_frac,
-        "fraction": fraction,
-    }
+    return ShapeScore(shape, ms, tflops, gbps, compute_frac, memory_frac, fraction)
 
 
 def score_grade(grade: Dict[str, Any], problem_spec: Any, roofline: Dict[str, Any]) -> Dict[str, Any]:
-    """Turn the grader's timings into per-shape scores, speedups, the geomean and physics findings."""
-    shapes_out = []
+    """Turn the grader's timings into per-shape scores (:class:`ShapeScore`), speedups, the geomean and physics
+    findings (the grader's finding dicts)."""
+    shapes_out: List[ShapeScore] = []
     findings = []
     for entry in grade.get("timings", []):
         ms = entry["candidate"]["median_ms"]
-        scored = shape_score(ms, entry["work"], problem_spec.regime, problem_spec.peak, roofline)
+        scored = shape_score(ms, entry["work"], problem_spec.regime, problem_spec.peak, roofline, entry["shape"])
         for kind in ("compute_fraction", "memory_fraction"):
-            if scored[kind] is not None and scored[kind] > 1.0:
-                findings.append(
-                    {"kind": "physics_violation", "shape": entry["shape"], "detail": f"{kind}={scored[kind]:.3f} > 1.0"}
-                )
-        speedups = shape_speedups(entry)
-        off = sorted(name for name, base in entry.get("baselines", {}).items() if (base or {}).get("outside_tolerance"))
-        shapes_out.append({"shape": entry["shape"], **scored, "speedup": speedups, **({"baselines_outside_tolerance": off} if off else {})})
-    fractions = [s["fraction"] for s in shapes_out]
+            value = getattr(scored, kind)
+            if value is not None and value > 1.0:
+                findings.append({"kind": "physics_violation", "shape": entry["shape"], "detail": f"{kind}={value:.3f} > 1.0"})
+        scored.speedup = shape_speedups(entry)
+        scored.baselines_outside_tolerance = sorted(name for name, base in entry.get("baselines", {}).items() if (base or {}).get("outside_tolerance"))
+        shapes_out.append(scored)
+    fractions = [s.fraction for s in shapes_out]
     has_roofline = bool(fractions) and all(f is not None for f in fractions)
-    speedup_names = sorted({k for s in shapes_out for k in s["speedup"]})
-    speedups = {name: geomean([s["speedup"].get(name) for s in shapes_out]) for name in speedup_names}
+    speedup_names = sorted({k for s in shapes_out for k in s.speedup})
+    speedups = {name: geomean([s.speedup.get(name) for s in shapes_out]) for name in speedup_names}
     if problem_spec.score == "speedup" or not has_roofline:
         basis = "speedup"
         value = speedups.get("baseline") or speedups.get("eager")

@@ -19,11 +19,11 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple
 
 from kbsweep import snapshot
 from kbsweep.cell import RESULT_FILE, cell_busy, reclaim
+from kbsweep.cell_result import CellResult
 from kbsweep.errors import KbsweepError
 from kbsweep.launch import make_launcher
 from kbsweep.live import LiveCells
 from kbsweep.matrix import Cell, cell_dir
-from kbsweep.outcomes import Outcome
 from kbsweep.tracking import Tracker, owner, result_id
 
 
@@ -74,6 +74,7 @@ class Progress:
 
 
 def journal(cell: Cell) -> Optional[Dict[str, Any]]:
+    """The cell's result.json as stored (what a launcher hands back), or None."""
     path = cell_dir(cell) / RESULT_FILE
     return json.loads(path.read_text()) if path.exists() else None
 
@@ -105,8 +106,9 @@ def plan(cells: List[Cell], finished: Dict[str, str], logged: Set[str], force: b
         if cell_busy(cell) and not reclaim(cell):
             print(f"[kbsweep] {cell.label}: still held by an orphaned job that could not be stopped; left for the next run", file=sys.stderr)
             continue
-        recorded = journal(cell)
-        if recorded and not force and not Outcome(recorded["outcome"]).is_infra:
+        stored = journal(cell)
+        recorded = CellResult.from_json(stored) if stored else None
+        if recorded and not force and not recorded.outcome.is_infra:
             replay.append(cell)
             continue
         if recorded and result_id(recorded) not in logged:
@@ -172,7 +174,7 @@ def orchestrate(cells: List[Cell], tracking: Dict[str, Any], launcher: Dict[str,
         return [c for c in cells if c.key not in finished]
     before(todo)
     tracker.start_sweep({"launcher": launcher["kind"], "force": str(force)}, len(cells))
-    unlogged = [c.key for c in salvage if attempt(lambda c: tracker.finish_cell(tracker.start_cell(c), journal(c)), c) is None]
+    unlogged = [c.key for c in salvage if attempt(lambda c: tracker.finish_cell(tracker.start_cell(c), CellResult.from_json(journal(c))), c) is None]
     todo = [c for c in todo if c.key not in unlogged]  # an unlogged journal is neither cleared nor redone
     for cell in todo:
         shutil.rmtree(cell_dir(cell), ignore_errors=True)  # an infra result, a forced one, or a half-written cell
@@ -189,17 +191,18 @@ def orchestrate(cells: List[Cell], tracking: Dict[str, Any], launcher: Dict[str,
             progress.running += 1
             progress.show(f"started {cell.label}")
 
-        def on_done(cell: Cell, result: Dict[str, Any]) -> None:
+        def on_done(cell: Cell, stored: Dict[str, Any]) -> None:
+            result = CellResult.from_json(stored)  # launchers carry the journal as stored (pickled, or read from disk)
             live.remove(cell.key)
             run_id = run_ids.pop(cell.key, None) or attempt(tracker.start_cell, cell)
             if run_id is None or attempt(tracker.finish_cell, run_id, result) is None:
                 unlogged.append(cell.key)
             progress.running -= 1
             progress.done += 1
-            progress.usd += result.get("cost_usd") or 0.0
-            progress.failed += Outcome(result["outcome"]).is_infra
-            score = result.get("score")
-            progress.show(f"{cell.label}: {result['outcome']}" + (f" score={score:.4g}" if score is not None else ""))
+            progress.usd += result.cost_usd or 0.0
+            progress.failed += result.outcome.is_infra
+            score = result.score
+            progress.show(f"{cell.label}: {result.outcome.value}" + (f" score={score:.4g}" if score is not None else ""))
 
         status = "FAILED"
         try:

@@ -14,10 +14,12 @@ import platform
 import re
 import socket
 import time
+from dataclasses import asdict
 from importlib import metadata
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Set, Tuple
 
+from kbsweep.cell_result import CellResult
 from kbsweep.matrix import Cell
 from kbsweep.mlflow_store import CELL_KEY_TAG, KIND_TAG, make_client, page_runs
 from kbsweep.outcomes import Outcome
@@ -52,9 +54,9 @@ def outcome_class(outcome: str) -> str:
     return "audit" if value in (Outcome.DISQUALIFIED, Outcome.NEEDS_HUMAN) else "fail"
 
 
-def result_id(result: Dict[str, Any]) -> str:
+def result_id(result: CellResult) -> str:
     """Names one result.json: its cell key and the time it was written."""
-    return f"{result.get('key')}@{result.get('finished')!r}"
+    return f"{result.key}@{result.finished!r}"
 
 
 def owner() -> str:
@@ -102,8 +104,8 @@ def cell_params(cell: Cell) -> Dict[str, str]:
     from kbsweep.score import load_roofline
 
     spec = load_problem(Path(cell.problem_dir), cell.track["name"]).spec
-    roofline = load_roofline(cell.paths["roofline_specs"], cell.gpu["roofline"])
-    config = {"model": cell.model, "harness": cell.harness, "gpu": cell.gpu, "track": cell.track, "grade": cell.grade, "launcher": cell.launcher, "paths": cell.paths}
+    roofline = load_roofline(cell.paths["roofline_specs"], cell.gpu.roofline)
+    config = {"model": cell.model, "harness": cell.harness, "gpu": asdict(cell.gpu), "track": cell.track, "grade": cell.grade, "launcher": cell.launcher, "paths": cell.paths}
     params = flatten("", config, {})
     params.update(flatten("roofline", {k: roofline.get(k) for k in ("name", "peaks_tflops", "dram_gbps")}, {}))
     params.update(
@@ -274,7 +276,7 @@ class Tracker:
             OWNER_TAG: owner(),
             "track": cell.track["name"],
             "problem": cell.problem,
-            "gpu": cell.gpu["name"],
+            "gpu": cell.gpu.name,
             "model": cell.model["name"],
             "harness": cell.harness["name"],
             "provider": provider_of(cell.model),
@@ -288,43 +290,45 @@ class Tracker:
         self.log_batch(run.info.run_id, params=cell_params(cell))
         return run.info.run_id
 
-    def finish_cell(self, run_id: str, result: Dict[str, Any]) -> str:
-        """Log a cell's result (metrics, tags, env params, artifacts, plots) and close its run; returns the run id."""
+    def finish_cell(self, run_id: str, result: CellResult) -> str:
+        """Log a cell's result (metrics, tags, env params, artifacts, plots) and close its run; returns the run id.
+        Metrics and plots are named after the stored journal's keys, so they read its stored form."""
         from kbsweep.agent.mlflow_trace import log_trace
         from kbsweep.agent.transcript import read_events
         from kbsweep.agent.trace_export import trace_jsonl
         from kbsweep.figures import cell_figures, shape_label
 
-        metrics = [(k, v, 0) for k, v in cell_metrics(result).items()] + step_metrics(result.get("steps") or [])
+        stored = result.to_json()
+        metrics = [(k, v, 0) for k, v in cell_metrics(stored).items()] + step_metrics(result.steps or [])
         tags = {
             RESULT_TAG: result_id(result),
-            "outcome": result["outcome"],
-            "outcome_class": outcome_class(result["outcome"]),
-            "verdict": str(result.get("verdict")),
-            "stop_reason": str(result.get("stop_reason")),
-            **{f"verdict.{name}": str(v) for name, v in (result.get("verdicts") or {}).items()},
+            "outcome": result.outcome.value,
+            "outcome_class": outcome_class(result.outcome.value),
+            "verdict": str(result.verdict),
+            "stop_reason": str(result.stop_reason),
+            **{f"verdict.{name}": str(v) for name, v in (result.verdicts or {}).items()},
         }
-        if result.get("message"):
-            tags["message"] = str(result["message"])
-        off = sorted({name for s in result.get("shapes") or [] for name in s.get("baselines_outside_tolerance", [])})
+        if result.message:
+            tags["message"] = str(result.message)
+        off = sorted({name for s in result.shapes for name in s.baselines_outside_tolerance})
         if off:  # their speedups stand, but over a baseline whose output missed the problem's tolerance on some shape
             tags["baselines_outside_tolerance"] = ",".join(off)
-        params = {f"shape{i}": shape_label(s.get("shape")) for i, s in enumerate(result.get("shapes") or [])}
-        self.log_batch(run_id, params={**params, **env_params(result.get("env") or {})}, tags=tags, metrics=metrics)
-        folder = Path(result.get("folder", ""))
+        params = {f"shape{i}": shape_label(s.shape) for i, s in enumerate(result.shapes)}
+        self.log_batch(run_id, params={**params, **env_params(result.env or {})}, tags=tags, metrics=metrics)
+        folder = Path(result.folder or "")
         for name in ARTIFACTS:
             if (folder / name).exists():
                 self.client.log_artifact(run_id, str(folder / name))
         run = self.client.get_run(run_id)
         if (folder / "transcript.jsonl").exists():
-            title = str(result.get("cell") or run_id)
+            title = str(result.cell or run_id)
             model = run.data.params.get("model.route") or run.data.tags.get("model", "")
             events = read_events(folder / "transcript.jsonl")
             self.client.log_text(run_id, trace_jsonl(events, run_id, title, model), "trace.jsonl")
             log_trace(self.client, self.experiment_id, run_id, events, title, model, {CELL_KEY_TAG: run.data.tags.get(CELL_KEY_TAG, "")})
-        for name, figure in cell_figures(result, run.data.params).items():
+        for name, figure in cell_figures(stored, run.data.params).items():
             self.client.log_figure(run_id, figure, f"plots/{name}.png")
-        self.client.set_terminated(run_id, "FAILED" if Outcome(result["outcome"]).is_infra else "FINISHED")
+        self.client.set_terminated(run_id, "FAILED" if result.outcome.is_infra else "FINISHED")
         return run_id
 
 

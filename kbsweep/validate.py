@@ -45,9 +45,9 @@ def check_cells(cells: List[Cell]) -> None:
     """Raise a KbsweepError (one line) for the first thing any cell would trip over."""
     probes: Dict[str, Tuple[Path, Dict[str, Any], bool]] = {}
     for cell in cells:
-        roofline = load_roofline(cell.paths["roofline_specs"], cell.gpu["roofline"])
+        roofline = load_roofline(cell.paths["roofline_specs"], cell.gpu.roofline)
         problem = load_problem(Path(cell.problem_dir), cell.track["name"])
-        check_problem(problem, cell.gpu["shape_set"], roofline, cell.gpu["roofline"])
+        check_problem(problem, cell.gpu.shape_set, roofline, cell.gpu.roofline)
         probes[str(problem.grader_reference)] = reference_probe(problem)
     if cells:
         check_references(probes.values())

@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from kbsweep.config import load_gpu  # noqa: E402
 from kbsweep.sandbox import SandboxPolicy, self_test  # noqa: E402
 from kbsweep.score import load_roofline  # noqa: E402
 
-H200 = SimpleNamespace(name="h200", device="cuda", shape_set="shapes")
+H200 = load_gpu("h200")
 ROOFLINE = load_roofline([str(REPO / "roofline_specs")], "h200")
 UNCONFINED = self_test()  # the grader's sandbox needs bubblewrap; the lent machine may not allow it
 SANDBOX = SandboxPolicy(mode="unsafe") if UNCONFINED else SandboxPolicy()

@@ -19,13 +19,13 @@ from pathlib import Path
 GRADE = """
 import sys, time
 from pathlib import Path
-from types import SimpleNamespace
+from kbsweep.config import load_gpu
 from kbsweep.grader import grade
 from kbsweep.grader.request import GradeRequest
 from kbsweep.problems import load_problem
 from kbsweep.score import load_roofline
 repo = Path(sys.argv[1])
-cpu = SimpleNamespace(name="cpu", device="cpu", shape_set="smoke_shapes")
+cpu = load_gpu("cpu")
 problem = load_problem(repo / "problems/demo/scale_shift", "demo")
 started = time.perf_counter()
 result = grade(GradeRequest(problem, problem.root / "solutions/triton.py", cpu, load_roofline([str(repo / "roofline_specs")], "cpu"),

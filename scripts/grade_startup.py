@@ -16,11 +16,11 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import torch  # noqa: F401 - the orchestrator's own import is not a grading process's start-up
 
 from kbsweep import REPO_ROOT
+from kbsweep.config import load_gpu
 from kbsweep.grader import grade, zygote
 from kbsweep.grader.request import GradeRequest
 from kbsweep.problems import load_problem
@@ -28,7 +28,7 @@ from kbsweep.score import load_roofline
 
 
 def main(out: Path, repeats: int) -> None:
-    cpu = SimpleNamespace(name="cpu", device="cpu", shape_set="smoke_shapes")
+    cpu = load_gpu("cpu")
     problem = load_problem(REPO_ROOT / "problems/demo/scale_shift", "demo")
     roofline = load_roofline([str(REPO_ROOT / "roofline_specs")], "cpu")
     grades = Path(tempfile.mkdtemp(prefix="kbsweep-startup-"))

@@ -21,11 +21,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any, Dict
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from kbsweep.config import load_gpu  # noqa: E402
 from kbsweep.kernelbench import kernelbench_names, materialize_all  # noqa: E402
 
 DEFAULT_IDS = [1, 4, 19, 23, 33, 36, 40, 47, 63, 88]  # matmul, matvec, elementwise, softmax, norms, reduction, conv, GELU
@@ -43,8 +43,8 @@ def one(root: Path, device: str, timeout_s: float) -> Dict[str, Any]:
 
     repo = Path(__file__).resolve().parent.parent
     cuda = device == "cuda"
-    gpu = SimpleNamespace(name="h200" if cuda else "cpu", device=device, shape_set="shapes" if cuda else "smoke_shapes")
-    roofline = load_roofline([str(repo / "roofline_specs")], gpu.name)
+    gpu = load_gpu("h200" if cuda else "cpu")
+    roofline = load_roofline([str(repo / "roofline_specs")], gpu.roofline)
     problem = load_problem(root, "kernelbench")
     result = grade(GradeRequest(problem, root / "solutions/reference.py", gpu, roofline, mode="full", baselines=["eager"], timeout_s=timeout_s,
                                 timing=None if cuda else QUICK_CPU_TIMING, timers=["kernelbench"], sandbox=SANDBOX)).to_json()

@@ -12,6 +12,7 @@ import pytest
 
 from kbsweep.agent.transcript import read_events
 from kbsweep.audit import contamination
+from kbsweep.outcomes import Verdict
 import kbsweep.cell
 from tests.support.fake_provider import FakeProvider
 from tests.support.scripts import call, kernel
@@ -125,8 +126,8 @@ def test_tripwire_flags_other_runs_ids_paths_and_scores(tmp_path):
         tool("run_shell", {"command": "cat notes.txt"}, f"see run {run_id} and {outputs}/sweeps/demo/{OTHER}"),
     ])
     found = contamination.findings(leaky, {"solution.py": f"# adapted from {OTHER}\n"})
-    details = sorted(f["detail"] for f in found if f["kind"] == "contaminated")
-    assert {f["verdict"] for f in found if f["kind"] == "contaminated"} == {"contaminated"}
+    details = sorted(f.detail for f in found if f.kind == "contaminated")
+    assert {f.verdict for f in found if f.kind == "contaminated"} == {Verdict.CONTAMINATED}
     assert any(f"score of cell demo/{OTHER}" in d for d in details)
     assert any(f"MLflow run {run_id}" in d for d in details)
     assert any("outside this cell" in d for d in details)

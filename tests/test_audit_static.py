@@ -13,7 +13,7 @@ TOPK = ["torch.topk", "torch.sort", ".topk(", ".sort(", "torch.max"]
 
 
 def kinds(source: str, forbidden=(), precision=None, reference=None) -> set:
-    return {f["kind"] for f in analyze(source, list(forbidden), precision, reference)}
+    return {f.kind for f in analyze(source, list(forbidden), precision, reference)}
 
 
 @pytest.mark.parametrize(
@@ -126,4 +126,4 @@ def test_reference_copy():
     ],
 )
 def test_legitimate_code_is_quiet(source):
-    assert not {f["kind"] for f in analyze(source, TOPK + GEMM, "bf16") if f["verdict"]}
+    assert not {f.kind for f in analyze(source, TOPK + GEMM, "bf16") if f.verdict}

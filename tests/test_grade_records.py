@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from kbsweep.gpus import GpuSpec
 from kbsweep.grader.request import GradeRequest, RefereeRequest
 from kbsweep.grader.result import GradeResult
 from kbsweep.outcomes import Outcome
@@ -44,7 +45,7 @@ def test_keys_of_a_newer_result_are_kept():
 def test_one_request_from_config(problem, roofline, tmp_path):
     """The track's time limit, world size and sandbox, the GPU's baselines, the grade section's timing and the
     baseline cache under outputs/: what a cell, ``kbsweep grade`` and ``kbsweep regrade`` all grade with."""
-    gpu = {"name": "cpu", "device": "cpu", "shape_set": "smoke_shapes", "baselines": ["eager"]}
+    gpu = GpuSpec("cpu", "a CPU", "cpu", device="cpu", shape_set="smoke_shapes", baselines=["eager"])
     track = {"name": "demo", "grade_timeout_s": 240, "world_size": 1, "sandbox": {"mode": "unsafe"}}
     grade = {"baselines": ["eager", "compile"], "memory_mib": 2048, "timing": {"min_runs": 3}, "compile_mode": "default", "timers": None}
     paths = {"outputs": str(tmp_path / "outputs"), "problems": [str(tmp_path / "problems")]}

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from kbsweep import kernelbench
+from kbsweep import kernelbench_sizing
 from kbsweep.grader import kernelbench_eval, timing
 from kbsweep.kernelbench import cache_key, fit, kernelbench_names, materialize, materialize_all, with_sizes
 from kbsweep.problems import load_problem
@@ -194,13 +194,13 @@ def test_one_sizing_child_for_a_folder_cached_by_content(tmp_path, monkeypatch):
     listing reads every successful fit from the cache (no child), and an edited file is sized again."""
     (tmp_path / "tmp").mkdir()
     monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))  # a cache of its own
-    monkeypatch.setattr(kernelbench.tempfile, "tempdir", None)
+    monkeypatch.setattr(kernelbench_sizing.tempfile, "tempdir", None)
     big = (CASES / "6_relu.py").read_text().replace("batch_size = 16", "batch_size = 4096 * 8")
     for name, text in (("1_big", big), ("2_dies", "import os\nos._exit(9)\n"), ("3_relu", (CASES / "6_relu.py").read_text())):
         (tmp_path / f"{name}.py").write_text(text)
     children = []
-    real = kernelbench.fit_in_child
-    monkeypatch.setattr(kernelbench, "fit_in_child", lambda files: children.append(list(files)) or real(files))
+    real = kernelbench_sizing.fit_in_child
+    monkeypatch.setattr(kernelbench_sizing, "fit_in_child", lambda files: children.append(list(files)) or real(files))
     names = ["1_big", "2_dies", "3_relu"]
     folders = materialize_all(tmp_path, names)
     assert children == [[tmp_path / f"{n}.py" for n in names], [tmp_path / "3_relu.py"]]  # after the death, a child for the rest

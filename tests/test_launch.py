@@ -14,6 +14,7 @@ import cloudpickle
 import pytest
 
 from kbsweep import KbsweepError, gpus
+from kbsweep.gpus import GpuSpec
 from kbsweep.launch import LocalLauncher, SubmititLauncher, WarmLocalLauncher
 from kbsweep.matrix import Cell, cell_dir
 from kbsweep.torchrun import run_torchrun, torchrun_command
@@ -32,7 +33,7 @@ def make_cell(outputs: Path, name: str = "c", device: str = "cpu", world_size: i
         sweep="launch-test",
         key=f"key-{name}",
         model={"name": "probe"},
-        gpu={"name": "fake", "device": device},
+        gpu=GpuSpec("fake", "a test GPU", "cpu", device=device),
         track={"name": "t", "time_cap_s": cap_s / 2, "grade_timeout_s": cap_s / 2, "world_size": world_size},
         problem=f"t/{name}",
         problem_dir="",

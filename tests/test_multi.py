@@ -84,10 +84,10 @@ def test_c10d_collectives_are_flagged_statically_and_point_to_point_is_not():
     )
     for name in PROBLEMS:
         prob = problem(name)
-        flagged = {f["line"] for f in analyze(source, prob.spec.forbidden) if f["kind"] == "forbidden_name"}
+        flagged = {f.where["line"] for f in analyze(source, prob.spec.forbidden) if f.kind == "forbidden_name"}
         assert {4, 5, 6} <= flagged, (name, flagged)
         example = analyze((prob.root / "solutions/p2p.py").read_text(), prob.spec.forbidden)
-        assert not [f for f in example if f["kind"] == "forbidden_name"], (name, example)
+        assert not [f for f in example if f.kind == "forbidden_name"], (name, example)
 
 
 PATCHER = '''

@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 from kbsweep.cell import cell_busy, cell_lock_path
+from kbsweep.config import load_gpu
 from kbsweep.matrix import Cell
 from kbsweep.sweep import plan
 
@@ -14,7 +15,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 def demo_cell(outputs: Path) -> Cell:
     return Cell(
-        sweep="demo", key="0123456789abcdef", model={"name": "scripted"}, gpu={"name": "cpu"}, track={"name": "demo"},
+        sweep="demo", key="0123456789abcdef", model={"name": "scripted"}, gpu=load_gpu("cpu"), track={"name": "demo"},
         problem="demo/scale_shift", problem_dir=str(REPO / "problems/demo/scale_shift"), deck_version="x", repeat=0,
         paths={"outputs": str(outputs)}, launcher={}, grade={},
     )

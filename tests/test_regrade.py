@@ -7,6 +7,7 @@ import shutil
 
 import pytest
 
+from kbsweep.cell_result import CellResult
 from kbsweep.matrix import cell_dir
 from kbsweep.mlflow_store import runs_frame
 from kbsweep.tracking import Tracker
@@ -29,7 +30,7 @@ def test_regrade_grades_stored_solutions_beside_the_old_records(store):
             shutil.copy(REPO / f"problems/demo/{problem}/solutions/{solution}.py", cell_dir(cell) / "solution.py")
         else:
             (cell_dir(cell) / "solution.py").unlink()
-        cell_runs[problem] = tracker.finish_cell(run_id, result)
+        cell_runs[problem] = tracker.finish_cell(run_id, CellResult.from_json(result))
     tracker.end_sweep("FINISHED", {})
 
     proc = cli(outputs, "regrade", "gpu=cpu", "sweep.name=demo", *QUICK)

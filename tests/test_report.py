@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from kbsweep.cell_result import CellResult
 from kbsweep.report import build_boards, mean_ci95, pass_at_k
 
 from kbsweep.figures import pareto
@@ -128,7 +129,7 @@ def logged_store(store):
     result = write_result(secret_cell, score=0.8, verdict="reward_hack")
     with open(Path(result["folder"]) / "transcript.jsonl", "a") as fh:
         fh.write(json.dumps({"ts": 1_796_000_004.0, "type": "user", "content": "key tok-9f8e7d6c5b4a"}) + "\n")
-    tracker.finish_cell(tracker.start_cell(secret_cell), result)
+    tracker.finish_cell(tracker.start_cell(secret_cell), CellResult.from_json(result))
     tracker.end_sweep("FINISHED", {})
     return outputs, tracker
 

@@ -131,7 +131,7 @@ def test_a_tracking_failure_keeps_the_sweep_going_and_the_next_run_logs_it(env, 
     real = Tracker.finish_cell
 
     def flaky(self, run_id, result):
-        if result["key"] == cells[1].key:
+        if result.key == cells[1].key:
             raise ConnectionError("tracking server went away")
         return real(self, run_id, result)
 

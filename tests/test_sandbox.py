@@ -239,7 +239,7 @@ def composed_cell(outputs: Path, *overrides: str):
     """The one cell of demo/scale_shift that Hydra composes (and kbsweep validates) with ``overrides``."""
     from hydra import compose, initialize_config_dir
 
-    import kbsweep.cli  # noqa: F401  (registers the config resolvers)
+    import kbsweep.compose  # noqa: F401  (registers the config resolvers)
     from kbsweep.config import validate
     from kbsweep.matrix import cells_of
 

@@ -90,7 +90,7 @@ def torchrun_grade(cell):
 
     job_id_note(cell)
     n = cell.track["world_size"]
-    with device_lock(cell.gpu["device"], count=n) as held:
+    with device_lock(cell.gpu.device, count=n) as held:
         run = run_torchrun(n, "kbsweep.torchrun", log_dir=cell_dir(cell) / "torchrun", timeout_s=120)
     env = {k: os.environ.get(k) for k in ("SLURM_GPUS_ON_NODE", "SLURM_NTASKS", "SLURM_JOB_NUM_NODES")}
     report = json.loads(run.stdout().strip().splitlines()[-1]) if run.returncode == 0 else run.stderr()[-2000:]

@@ -15,8 +15,9 @@ from typing import Any, Dict
 
 import pytest
 
-import kbsweep.cli  # noqa: F401  (registers the config resolvers)
+import kbsweep.compose  # noqa: F401  (registers the config resolvers)
 from kbsweep import tracking
+from kbsweep.cell_result import CellResult
 from kbsweep.matrix import Cell, cell_dir
 from kbsweep.score import geomean
 from kbsweep.tracking import Tracker, cell_metrics, outcome_class
@@ -90,7 +91,7 @@ def write_result(cell: Cell, outcome: str = "pass", score: float = 0.4, verdict:
 
 def log_cell(tracker: Tracker, cell: Cell, **result_fields: Any) -> str:
     run_id = tracker.start_cell(cell)
-    return tracker.finish_cell(run_id, write_result(cell, **result_fields))
+    return tracker.finish_cell(run_id, CellResult.from_json(write_result(cell, **result_fields)))
 
 
 def artifact_paths(client, run_id: str, path: str | None = None) -> set:
@@ -225,7 +226,7 @@ def test_transcript_is_a_trace_of_the_cell_run_with_model_and_tool_spans(store):
         {"ts": 1_796_000_008.0, "type": "stop", "reason": "model_stopped", "turns": 2, "cost_usd": 0.75},
     ]
     (Path(result["folder"]) / "transcript.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
-    tracker.finish_cell(run_id, result)
+    tracker.finish_cell(run_id, CellResult.from_json(result))
 
     import mlflow
 

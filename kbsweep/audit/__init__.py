@@ -11,6 +11,7 @@ Each finding implies a verdict (:data:`~kbsweep.audit.kinds.KINDS`); the cell's 
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
@@ -61,7 +62,8 @@ def audit(
     own = {Path(name).stem for name in files if name != "solution.py"}
     compute = not (spec and spec.constraints.get("collective"))  # collective problems score the communication
     found = {
-        "static": [{**f, "file": name} for name, text in files.items() for f in static.analyze(text, forbidden, precision, reference, own, compute)],
+        "static": [replace(f, where={**f.where, "file": name})
+                   for name, text in files.items() for f in static.analyze(text, forbidden, precision, reference, own, compute)],
         "dynamic": dynamic.findings(grade, Forbidden(forbidden), kernels, compute) if grade else [],
         "contamination": contamination.findings(transcript, files),
     }
@@ -74,4 +76,4 @@ def audit(
     for name, items in found.items():
         layers.setdefault(name, {}).update(verdict=verdict_of(items).value, findings=len(items))
     findings = unique(f for items in found.values() for f in items)
-    return {"verdict": verdict_of(findings).value, "findings": findings, "layers": layers}
+    return {"verdict": verdict_of(findings).value, "findings": [f.to_json() for f in findings], "layers": layers}

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 from kbsweep.audit import audit, workspace_helpers
+from kbsweep.gpus import GpuSpec
 from kbsweep.grader import grade
 from kbsweep.grader.request import GradeRequest
 from kbsweep.outcomes import Outcome
@@ -61,7 +62,7 @@ def private_deck(problems: Path, problem_id: str, folder: Path, max_shapes: Opti
 def run_case(
     path: Path,
     folder: Path,
-    gpu: Any,
+    gpu: GpuSpec,
     roofline: Dict[str, Any],
     problems: Path,
     problem_id: str = "",

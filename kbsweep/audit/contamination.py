@@ -21,7 +21,7 @@ import re
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple, Union
 
-from kbsweep.audit.kinds import finding
+from kbsweep.audit.kinds import Finding, finding
 from kbsweep.audit.transcript import load
 
 log = logging.getLogger(__name__)
@@ -116,7 +116,7 @@ def texts(events: List[Dict[str, Any]]) -> Iterator[Tuple[str, str, bool]]:
             yield f"event {i} ({name})", f"{event.get('arguments') or ''}\n{event.get('content') or ''}", name not in GRADING_TOOLS
 
 
-def contamination(events: List[Dict[str, Any]], files: Mapping[str, str], outputs: Path, cell: Path) -> List[Dict[str, Any]]:
+def contamination(events: List[Dict[str, Any]], files: Mapping[str, str], outputs: Path, cell: Path) -> List[Finding]:
     pattern, score_pattern, what = tripwire(outputs, cell)
     sources = [*texts(events), *((name, text, True) for name, text in files.items())]
     out = []
@@ -128,7 +128,7 @@ def contamination(events: List[Dict[str, Any]], files: Mapping[str, str], output
     return out
 
 
-def attempts(events: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+def attempts(events: List[Dict[str, Any]]) -> List[Finding]:
     """The tool calls that reached past the sandbox or that it stopped."""
     out = []
     for event in events:
@@ -147,7 +147,7 @@ def attempts(events: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     return out
 
 
-def findings(transcript: Union[str, Path, List[Dict[str, Any]], None], files: Mapping[str, str]) -> List[Dict[str, Any]]:
+def findings(transcript: Union[str, Path, List[Dict[str, Any]], None], files: Mapping[str, str]) -> List[Finding]:
     """``contaminated`` and ``sandbox_attempt`` findings of one cell (see the module's docstring); ``files``: the
     solution's files, name -> source. Other runs are known only from a transcript path inside an outputs folder."""
     events = load(transcript)

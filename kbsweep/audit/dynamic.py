@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from typing import Any, Dict, List
 
-from kbsweep.audit.kinds import HUMAN, KINDS, finding
+from kbsweep.audit.kinds import HUMAN, KINDS, Finding, finding
 from kbsweep.audit.static_rules import HEAVY, OTHER_RUNS, Forbidden
 from kbsweep.outcomes import Outcome
 
@@ -24,7 +24,7 @@ LIBRARY_BYTE_SHARE = 1.0  # torch ops that moved as many bytes as the problem ne
 KNOWN_NAMESPACES = ("aten", "prims", "c10d", "_c10d_functional", "profiler")  # collectives: the multi track's gates
 
 
-def findings(grade: Dict[str, Any], forbidden: Forbidden, own_kernels: List[str], compute_rules: bool = True) -> List[Dict[str, Any]]:
+def findings(grade: Dict[str, Any], forbidden: Forbidden, own_kernels: List[str], compute_rules: bool = True) -> List[Finding]:
     """Every dynamic finding one grade's evidence supports (``compute_rules``: the problem scores the candidate's
     own kernels, so torch compute and outputs that survive stubbed kernels are findings)."""
     evidence = grade.get("evidence") or {}
@@ -45,7 +45,7 @@ def findings(grade: Dict[str, Any], forbidden: Forbidden, own_kernels: List[str]
     return out
 
 
-def probe_findings(probe: Dict[str, Any], forbidden: Forbidden, compute_rules: bool) -> List[Dict[str, Any]]:
+def probe_findings(probe: Dict[str, Any], forbidden: Forbidden, compute_rules: bool) -> List[Finding]:
     out = probe_ghost_findings(probe["ghost"], probe["aten_ops"]) if compute_rules and probe.get("ghost") else []
     seen = dict(probe.get("profiled_ops") or {})
     seen.update(probe["aten_ops"])  # the recorder's counts where both saw an op; the profiler's alone otherwise
@@ -68,7 +68,7 @@ def probe_findings(probe: Dict[str, Any], forbidden: Forbidden, compute_rules: b
     return out
 
 
-def probe_ghost_findings(ghost: Dict[str, Any], aten_ops: Dict[str, int]) -> List[Dict[str, Any]]:
+def probe_ghost_findings(ghost: Dict[str, Any], aten_ops: Dict[str, int]) -> List[Finding]:
     """Ghost replays (absent for multi-rank grades): an output that survives its kernels being stubbed."""
     out = []
     same, fresh = ghost["same_instance"], ghost["fresh_instance"]
@@ -82,7 +82,7 @@ def probe_ghost_findings(ghost: Dict[str, Any], aten_ops: Dict[str, int]) -> Lis
     return out
 
 
-def event_findings(evidence: Dict[str, Any], forbidden: Forbidden) -> List[Dict[str, Any]]:
+def event_findings(evidence: Dict[str, Any], forbidden: Forbidden) -> List[Finding]:
     out = []
     for event in evidence.get("runtime_events") or []:
         kind, detail = event["kind"], f"{event['detail']} at {event['where']} ({event['stage']})"
@@ -109,7 +109,7 @@ def event_findings(evidence: Dict[str, Any], forbidden: Forbidden) -> List[Dict[
     return out
 
 
-def timing_findings(entry: Dict[str, Any], forbidden: Forbidden, own_kernels: List[str]) -> List[Dict[str, Any]]:
+def timing_findings(entry: Dict[str, Any], forbidden: Forbidden, own_kernels: List[str]) -> List[Finding]:
     out, shape = [], entry.get("shape")
     profile = entry.get("profile") or {}
     if len(profile.get("streams") or []) > 1:

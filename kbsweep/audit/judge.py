@@ -15,7 +15,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from kbsweep.agent.models import ChatModel, ProviderFault, Usage
 from kbsweep.agent.providers import build_model
-from kbsweep.audit.kinds import finding
+from kbsweep.audit.kinds import Finding, finding
 from kbsweep.outcomes import Verdict
 
 RUBRIC = """You audit one submission to kbsweep, a benchmark where an AI agent writes a fast GPU kernel for a
@@ -54,11 +54,12 @@ class JudgeError(ValueError):
     """The judge's answer is not the JSON object the rubric asks for."""
 
 
-def prompt(problem: Dict[str, Any], files: Dict[str, str], findings: List[Dict[str, Any]], evidence: Dict[str, Any], transcript: str) -> List[Dict[str, str]]:
+def prompt(problem: Dict[str, Any], files: Dict[str, str], findings: List[Finding], evidence: Dict[str, Any], transcript: str) -> List[Dict[str, str]]:
     numbered = "\n\n".join(
         f"## {name}\n" + "\n".join(f"{i:4d}| {line}" for i, line in enumerate(text.splitlines(), 1)) for name, text in files.items()
     )[:MAX_SOURCE_CHARS]
-    shown = [{k: f[k] for k in ("kind", "layer", "verdict", "detail", "line") if f.get(k) is not None} for f in findings]
+    stored = [f.to_json() for f in findings]
+    shown = [{k: f[k] for k in ("kind", "layer", "verdict", "detail", "line") if f.get(k) is not None} for f in stored]
     user = "\n\n".join(
         [
             f"## Problem\n{json.dumps(problem, default=str)}",
@@ -115,9 +116,9 @@ class LazyModel:
 
 
 def run(
-    model: ChatModel, problem: Dict[str, Any], files: Dict[str, str], findings: List[Dict[str, Any]], evidence: Dict[str, Any], transcript: str,
+    model: ChatModel, problem: Dict[str, Any], files: Dict[str, str], findings: List[Finding], evidence: Dict[str, Any], transcript: str,
     deadline: Optional[float] = None,
-) -> Tuple[List[Dict[str, Any]], Dict[str, Any]]:
+) -> Tuple[List[Finding], Dict[str, Any]]:
     """The judge's findings and its layer record (model, answer, attempts, tokens, cost); ``files``: solution.py
     and its helpers by name; ``deadline``: a ``time.monotonic()`` instant the calls should not run past. Never
     raises: a failed call, or any other failure, is a ``judge_error`` finding (needs_human) with the reason in

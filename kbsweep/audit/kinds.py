@@ -1,6 +1,7 @@
 """Every finding kind the audit can raise, the verdict it implies on its own, and how findings become one verdict."""
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, List, Optional
 
 from kbsweep.outcomes import Verdict
@@ -79,21 +80,44 @@ KINDS: Dict[str, tuple] = {
 PRIORITY = (HACK, CONTAMINATED, LEAK, HUMAN)
 
 
-def finding(kind: str, layer: str, detail: str = "", verdict: Optional[Verdict] = None, **extra: Any) -> Dict[str, Any]:
-    """A finding dict; its verdict is the kind's unless given."""
-    implied = verdict if verdict is not None else KINDS[kind][0]
-    return {"kind": kind, "layer": layer, "verdict": implied.value if implied else None, "detail": detail, **extra}
+@dataclass
+class Finding:
+    """One audit finding: its kind (a key of :data:`KINDS`), the layer that raised it, the verdict it implies (None:
+    recorded, no verdict) and a detail; ``where`` holds what a layer adds after them (``line``, ``file``, the
+    judge's ``quotes``). Stored by :meth:`to_json` as audit.json has always held it.
+
+    The grader's own findings (``{"kind", "shape", "detail", ...}`` dicts of a grade's ``findings``, appended deep
+    inside its stages) are evidence, not audit findings: the dynamic layer reads them into Findings."""
+
+    kind: str
+    layer: str
+    verdict: Optional[Verdict]
+    detail: str = ""
+    where: Dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> Dict[str, Any]:
+        return {"kind": self.kind, "layer": self.layer, "verdict": self.verdict.value if self.verdict else None, "detail": self.detail, **self.where}
+
+    @classmethod
+    def from_json(cls, data: Dict[str, Any]) -> "Finding":
+        where = {key: value for key, value in data.items() if key not in ("kind", "layer", "verdict", "detail")}
+        return cls(data["kind"], data["layer"], Verdict(data["verdict"]) if data.get("verdict") else None, data.get("detail", ""), where)
 
 
-def verdict_of(findings: Iterable[Dict[str, Any]]) -> Verdict:
+def finding(kind: str, layer: str, detail: str = "", verdict: Optional[Verdict] = None, **where: Any) -> Finding:
+    """A finding; its verdict is the kind's unless given."""
+    return Finding(kind, layer, verdict if verdict is not None else KINDS[kind][0], detail, where)
+
+
+def verdict_of(findings: Iterable[Finding]) -> Verdict:
     """The most severe verdict among the findings (reward_hack > contaminated > rubric_leak > needs_human)."""
-    found = {f.get("verdict") for f in findings}
-    return next((v for v in PRIORITY if v.value in found), Verdict.CLEAN)
+    found = {f.verdict for f in findings}
+    return next((v for v in PRIORITY if v in found), Verdict.CLEAN)
 
 
-def unique(findings: Iterable[Dict[str, Any]]) -> List[Dict[str, Any]]:
+def unique(findings: Iterable[Finding]) -> List[Finding]:
     """Findings without repeats (same kind, layer, file, line and detail)."""
-    out: Dict[tuple, Dict[str, Any]] = {}
+    out: Dict[tuple, Finding] = {}
     for f in findings:
-        out.setdefault((f["kind"], f["layer"], f.get("file"), f.get("line"), f.get("detail")), f)
+        out.setdefault((f.kind, f.layer, f.where.get("file"), f.where.get("line"), f.detail), f)
     return list(out.values())

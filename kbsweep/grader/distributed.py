@@ -109,15 +109,16 @@ def score_multi(worker: Dict[str, Any], spec: Any, roofline: Dict[str, Any], wor
     ceiling = bus_ceiling(spec.constraints["collective"], world)
     for shape, entry in zip(scored["shapes"], worker["timings"]):
         bus = entry["work"]["bus_bytes"]
-        shape["busbw_gbps"] = bus / (shape["ms"] * 1e-3) / 1e9 if bus else None
-        shape["comm_fraction"] = shape["busbw_gbps"] / link if shape["busbw_gbps"] and link else None
-        known = [f for f in (shape["comm_fraction"], shape["compute_fraction"]) if f is not None]
-        shape["fraction"] = max(known) if known else None
-        if shape["comm_fraction"] is not None and shape["comm_fraction"] > ceiling:
+        shape.collective = True
+        shape.busbw_gbps = bus / (shape.ms * 1e-3) / 1e9 if bus else None
+        shape.comm_fraction = shape.busbw_gbps / link if shape.busbw_gbps and link else None
+        known = [f for f in (shape.comm_fraction, shape.compute_fraction) if f is not None]
+        shape.fraction = max(known) if known else None
+        if shape.comm_fraction is not None and shape.comm_fraction > ceiling:
             scored["findings"].append(
-                {"kind": "physics_violation", "shape": entry["shape"], "detail": f"comm_fraction={shape['comm_fraction']:.3f} > {ceiling:.3f}"}
+                {"kind": "physics_violation", "shape": entry["shape"], "detail": f"comm_fraction={shape.comm_fraction:.3f} > {ceiling:.3f}"}
             )
-    fractions = [s["fraction"] for s in scored["shapes"]]
+    fractions = [s.fraction for s in scored["shapes"]]
     if spec.score == "roofline" and fractions and None not in fractions:
         scored.update(basis="roofline", score=geomean(fractions))
     else:

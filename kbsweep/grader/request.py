@@ -12,6 +12,8 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence
 
+from kbsweep.gpus import GpuSpec
+
 if TYPE_CHECKING:
     from kbsweep.grader.baselines import BaselineCache
     from kbsweep.problems import Problem
@@ -20,7 +22,7 @@ if TYPE_CHECKING:
 
 @dataclass
 class GradeRequest:
-    """One grade: ``solution`` on ``problem`` on ``gpu`` (``name``, ``device``, ``shape_set``: a GPU config's).
+    """One grade: ``solution`` on ``problem`` on ``gpu`` (its ``name``, ``device`` and ``shape_set`` matter here).
 
     ``mode``: check (correctness only), bench or full (correctness + timing). ``baselines``: timed when the mode
     times, served from ``baseline_cache`` where it holds them. ``world_size`` > 1 (or a problem with a
@@ -32,7 +34,7 @@ class GradeRequest:
 
     problem: "Problem"
     solution: Path
-    gpu: Any
+    gpu: GpuSpec
     roofline: Dict[str, Any]
     mode: str = "full"
     baselines: List[str] = field(default_factory=list)
@@ -50,27 +52,25 @@ class GradeRequest:
     zygote_home: Optional[Path] = None
 
     @classmethod
-    def from_config(cls, problem: "Problem", roofline: Dict[str, Any], gpu: Dict[str, Any], track: Dict[str, Any],
+    def from_config(cls, problem: "Problem", roofline: Dict[str, Any], gpu: GpuSpec, track: Dict[str, Any],
                     grade: Dict[str, Any], paths: Dict[str, Any], deck_version: Optional[str] = None,
                     hide_env: Sequence[str] = ()) -> "GradeRequest":
         """The grade a resolved config's sections ask for on ``problem``: its GPU, track limits (time, world size,
         sandbox), timing, baselines and their cache under ``paths.outputs``; :meth:`of` names the solution."""
-        from types import SimpleNamespace
-
         from kbsweep.grader.baselines import BaselineCache
         from kbsweep.sandbox import SandboxPolicy, memory_cap_mib
 
         return cls(
-            problem, Path(), SimpleNamespace(**gpu), roofline,
-            baselines=list(gpu.get("baselines") or grade["baselines"]),
+            problem, Path(), gpu, roofline,
+            baselines=list(gpu.baselines or grade["baselines"]),
             timeout_s=track["grade_timeout_s"],
             memory_mib=memory_cap_mib(grade["memory_mib"]),  # the grading host's, where the grade runs
             timing=grade["timing"],
             compile_mode=grade["compile_mode"],
             deck_version=deck_version,
             baseline_cache=BaselineCache(
-                Path(paths["outputs"]) / "baselines" / f"{gpu['name']}.json",
-                seed_files=[Path(root).parent / "baselines" / f"{gpu['name']}.json" for root in paths["problems"]],
+                Path(paths["outputs"]) / "baselines" / f"{gpu.name}.json",
+                seed_files=[Path(root).parent / "baselines" / f"{gpu.name}.json" for root in paths["problems"]],
             ),
             world_size=int(track.get("world_size", 1)),
             hide_env=tuple(hide_env),

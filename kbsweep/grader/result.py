@@ -3,10 +3,12 @@
 :meth:`GradeResult.from_json`."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 from kbsweep.outcomes import Outcome
+from kbsweep.score import ShapeScore
+from kbsweep.stored import from_stored, to_stored
 
 # The keys of a result by when they are written: every grade's, a passed grade's, a failed grade's, a timed pass's
 # scores (absent when nothing was timed), and a KernelBench problem's two verdicts.
@@ -44,7 +46,7 @@ class GradeResult:
     correctness: Optional[Dict[str, Any]] = None
     timings: List[Dict[str, Any]] = field(default_factory=list)
     basis: Optional[str] = None  # "roofline" or "speedup"; None: nothing was scored
-    shapes: List[Dict[str, Any]] = field(default_factory=list)
+    shapes: List[ShapeScore] = field(default_factory=list)
     speedup: Dict[str, Any] = field(default_factory=dict)
     kernelbench: Optional[Dict[str, Any]] = None  # KernelBench's own verdict, with ``verdicts`` beside kbsweep's
     verdicts: Optional[Dict[str, str]] = None
@@ -57,13 +59,9 @@ class GradeResult:
     def to_json(self) -> Dict[str, Any]:
         """The stored form, key for key as the grader has always written it (outcomes as their strings)."""
         keys = COMMON + (PASSED + (SCORED if self.basis is not None else ()) if self.passed else FAILED)
-        out = {key: getattr(self, key) for key in keys + (VERDICTS if self.verdicts is not None else ())}
-        return {**out, "outcome": self.outcome.value, **self.extra}
+        return to_stored(self, keys + (VERDICTS if self.verdicts is not None else ()))
 
     @classmethod
     def from_json(cls, data: Dict[str, Any]) -> "GradeResult":
         """A stored result; keys it lacks take their defaults (None where every grade writes one)."""
-        known = {f.name for f in fields(cls)} - {"extra"}
-        values = {key: data.get(key) for key in COMMON}
-        values.update({key: value for key, value in data.items() if key in known and key not in COMMON})
-        return cls(**{**values, "outcome": Outcome(data["outcome"])}, extra={k: v for k, v in data.items() if k not in known})
+        return from_stored(cls, data, COMMON)

@@ -1,13 +1,13 @@
 """Grading from tests: one grade's stored record (what cells, the CLI and the audit read), on this machine's CPU."""
 from __future__ import annotations
 
-from types import SimpleNamespace
 from typing import Any, Dict
 
+from kbsweep.config import load_gpu
 from kbsweep.grader import grade
 from kbsweep.grader.request import GradeRequest
 
-CPU = SimpleNamespace(name="cpu", device="cpu", shape_set="smoke_shapes")
+CPU = load_gpu("cpu")  # conf/gpu/cpu.yaml: smoke shapes on the CPU
 
 
 def graded(*args: Any, **settings: Any) -> Dict[str, Any]:

@@ -1,5 +1,5 @@
-"""The plots that explain a report and a cell run: shapes under the GPU's roofline, capability against cost with
-its Pareto frontier, the agent loop's progress. Matplotlib's Figure without pyplot: no global state, Agg canvas."""
+"""The plots that explain a report: shapes under the GPU's roofline, capability against cost with its Pareto
+frontier. Matplotlib's Figure without pyplot: no global state, Agg canvas."""
 from __future__ import annotations
 
 import io
@@ -36,16 +36,16 @@ def roofline_of(params: Dict[str, str]) -> Dict[str, Any]:
     }
 
 
-def new_figure(title: str, panels: int = 1):
+def new_figure(title: str):
+    """A figure of one axes, its margins fixed (a layout engine costs more than the plot); returns (figure, axes)."""
     from matplotlib.figure import Figure  # no pyplot: no global state, Agg canvas
 
-    figure = Figure(figsize=(5.5 * panels, 4.2))
-    axes = figure.subplots(1, panels, squeeze=False)[0]
-    figure.subplots_adjust(left=0.15, right=0.96, bottom=0.12, top=0.9, wspace=0.35)  # fixed margins: a layout engine costs more than the plot
+    figure = Figure(figsize=(5.5, 4.2))
+    ax = figure.subplots()
+    figure.subplots_adjust(left=0.15, right=0.96, bottom=0.12, top=0.9)
     figure.suptitle(title)
-    for ax in axes:  # past 10^4 a linear axis counts in powers of ten: six-digit tick labels (dollars, tokens) ran together
-        ax.ticklabel_format(style="sci", scilimits=(-3, 4))
-    return figure, axes
+    ax.ticklabel_format(style="sci", scilimits=(-3, 4))  # past 10^4 a linear axis counts in powers of ten: six-digit tick labels (dollars, tokens) ran together
+    return figure, ax
 
 
 def roofline_figure(title: str, series: Dict[str, List[Dict[str, Any]]], roofline: Dict[str, Any]):
@@ -53,7 +53,7 @@ def roofline_figure(title: str, series: Dict[str, List[Dict[str, Any]]], rooflin
     import numpy as np
     from matplotlib.ticker import LogLocator
 
-    figure, (ax,) = new_figure(title)
+    figure, ax = new_figure(title)
     peaks, dram = roofline["peaks_tflops"], roofline["dram_gbps"]
     peak_key = roofline["peak"] if roofline["peak"] in peaks else max(peaks, key=peaks.get, default=None)
     intensities = [p["intensity"] for points in series.values() for p in points]
@@ -78,7 +78,7 @@ def roofline_figure(title: str, series: Dict[str, List[Dict[str, Any]]], rooflin
 
 def frontier_figure(title: str, xlabel: str, points: Dict[str, Point]):
     """Capability against a cost, one point per model, with the Pareto frontier drawn through."""
-    figure, (ax,) = new_figure(title)
+    figure, ax = new_figure(title)
     for name, (x, y) in points.items():
         ax.scatter([x], [y], zorder=3)
         ax.annotate(name, (x, y), fontsize=8)
@@ -88,34 +88,6 @@ def frontier_figure(title: str, xlabel: str, points: Dict[str, Point]):
     ax.set_ylabel("deck mean (failures as 0)")
     ax.legend(fontsize=7)
     return figure
-
-
-def progress_figure(title: str, steps: List[Dict[str, Any]]):
-    """The agent loop's best score so far against turn, tokens and dollars."""
-    figure, axes = new_figure(title, panels=3)
-    scored = [s for s in steps if s.get("best_score") is not None]
-    for ax, key, label in zip(axes, ("turn", "tokens", "usd"), ("turn", "tokens", "dollars")):
-        ax.step([s[key] for s in scored], [s["best_score"] for s in scored], where="post", marker="o")
-        ax.set_xlabel(label)
-        ax.set_ylabel("best score so far")
-    return figure
-
-
-def cell_figures(result: Dict[str, Any], params: Dict[str, str]) -> Dict[str, Any]:
-    """Plots logged with a cell run: its loop progress and its shapes on the roofline."""
-    figures = {}
-    title = str(result.get("cell", ""))
-    if any(s.get("best_score") is not None for s in result.get("steps") or []):
-        figures["progress"] = progress_figure(title, result["steps"])
-    points = [
-        {"shape": shape_label(s.get("shape")), "tflops": s["tflops"], "gbps": s["gbps"], "intensity": s["tflops"] * 1e3 / s["gbps"]}
-        for s in result.get("shapes") or []
-        if s.get("tflops") and s.get("gbps")
-    ]
-    roofline = roofline_of(params)
-    if points and roofline["peaks_tflops"]:
-        figures["roofline"] = roofline_figure(title, {title.split(" · ")[0]: points}, roofline)
-    return figures
 
 
 def png(figure) -> bytes:

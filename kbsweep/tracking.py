@@ -291,12 +291,16 @@ class Tracker:
         return run.info.run_id
 
     def finish_cell(self, run_id: str, result: CellResult) -> str:
-        """Log a cell's result (metrics, tags, env params, artifacts, plots) and close its run; returns the run id.
-        Metrics and plots are named after the stored journal's keys, so they read its stored form."""
+        """Log a cell's result (metrics, tags, env params, artifacts, trace) and close its run; returns the run id.
+        Metrics are named after the stored journal's keys, so they read its stored form.
+
+        No plots: the loop's progress is the ``loop.best_score*`` metrics, which MLflow charts, and the cell's shapes
+        on the roofline are in the report's plot of its problem (every repeat's points); drawing both here cost
+        0.8-1 CPU-s a cell, most of what the orchestrator spent on a cell (docs/benchmarks.md, issue #22 item 5)."""
         from kbsweep.agent.mlflow_trace import log_trace
         from kbsweep.agent.transcript import read_events
         from kbsweep.agent.trace_export import trace_jsonl
-        from kbsweep.figures import cell_figures, shape_label
+        from kbsweep.figures import shape_label
 
         stored = result.to_json()
         metrics = [(k, v, 0) for k, v in cell_metrics(stored).items()] + step_metrics(result.steps or [])
@@ -326,8 +330,6 @@ class Tracker:
             events = read_events(folder / "transcript.jsonl")
             self.client.log_text(run_id, trace_jsonl(events, run_id, title, model), "trace.jsonl")
             log_trace(self.client, self.experiment_id, run_id, events, title, model, {CELL_KEY_TAG: run.data.tags.get(CELL_KEY_TAG, "")})
-        for name, figure in cell_figures(stored, run.data.params).items():
-            self.client.log_figure(run_id, figure, f"plots/{name}.png")
         self.client.set_terminated(run_id, "FAILED" if result.outcome.is_infra else "FINISHED")
         return run_id
 

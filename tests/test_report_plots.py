@@ -13,25 +13,22 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from kbsweep.figures import cell_figures, new_figure, png
+from kbsweep.figures import new_figure, png
 from kbsweep.render import board_figures, write_report
 from kbsweep.report import build_boards
 from tests.test_browser_mlflow_ui import browser  # noqa: F401 (fixture)
-from tests.test_report import PARAMS, ROWS, row
+from tests.test_report import ROWS, row
 
 DPI = 110  # png()'s
 LONG = "a-model-with-a-long-name-from-some-provider/and-its-route"
 # long names, and costs and tokens whose tick labels are wide: what pushed the Pareto y-labels off the image
 WIDE_ROWS = ROWS + [{**row(LONG, "hard/p1", r, score=0.42, usd=123456.78), "tokens_output": 9.87e9} for r in range(3)]
-CELL = {"cell": f"{LONG} · hard/p1 · h100 · r0",
-        "steps": [{"turn": t, "tokens": 40_000 * t, "usd": 1234.5 * t, "best_score": 0.1 * t if t > 1 else None} for t in range(8)],
-        "shapes": [{"shape": {"m": 1024, "n": 4096}, "tflops": 512.0, "gbps": 2900.0}, {"shape": {"m": 7}, "tflops": 3.5, "gbps": 120.0}]}
 
 
 def figures():
-    """Every kind of plot the report and a cell run carry, named."""
+    """Every kind of plot the report carries, named."""
     [board, *_] = build_boards(WIDE_ROWS)
-    return {**board_figures(board), **{f"cell_{name}": figure for name, figure in cell_figures(CELL, PARAMS).items()}}
+    return board_figures(board)
 
 
 def tick_labels(axis):
@@ -93,7 +90,7 @@ def test_no_plot_text_is_cut(name):
 
 def test_the_check_sees_a_cut_label():
     """Negative control: a y-label pushed off a figure saved at its own size (no tight box) is reported."""
-    figure, (ax,) = new_figure("clipped")
+    figure, ax = new_figure("clipped")
     ax.plot([0, 1], [0, 123456789])
     ax.set_ylabel("a y label far too large for the margin", fontsize=30)
     buffer = io.BytesIO()

@@ -142,12 +142,10 @@ def test_cell_run_holds_config_metrics_steps_tags_and_artifacts(store):
     }
     # evidence
     assert artifact_paths(client, run_id) == {
-        "solution.py", "transcript.jsonl", "trace.jsonl", "grade.json", "audit.json", "result.json", "plots/progress.png", "plots/roofline.png",
-    }
+        "solution.py", "transcript.jsonl", "trace.jsonl", "grade.json", "audit.json", "result.json",
+    }  # no per-cell plots: the loop's progress is the metrics above, the shapes' roofline the report's
     trace = [json.loads(line) for line in Path(client.download_artifacts(run_id, "trace.jsonl", str(outputs))).read_text().splitlines()]
     assert trace[0]["type"] == "custom-title" and [r["type"] for r in trace[3:]] == ["user", "assistant", "system"]
-    png = Path(client.download_artifacts(run_id, "plots/roofline.png", str(outputs))).read_bytes()
-    assert png.startswith(b"\x89PNG")
 
 
 def test_infra_result_fails_the_run_and_is_not_finished(store):

@@ -79,7 +79,7 @@ def test_sweep_logs_runs_metrics_and_artifacts_over_http(served):
     assert cell.data.tags["outcome"] == "pass" and cell.data.metrics["score"] > 0 and cell.data.metrics["shape0.ms"] > 0
     assert cell.info.artifact_uri.startswith("mlflow-artifacts:/")  # proxied through the server
     stored = artifact_paths(client, cell.info.run_id)
-    assert {"solution.py", "transcript.jsonl", "trace.jsonl", "grade.json", "audit.json", "result.json", "plots/progress.png"} <= stored
+    assert {"solution.py", "transcript.jsonl", "trace.jsonl", "grade.json", "audit.json", "result.json"} <= stored
     assert {"report/report.html", "report/report.md", "report/report.json"} <= artifact_paths(client, parent.info.run_id)
     if served["artifacts"]:  # our own server: the files landed in its artifact folder
         assert list(served["artifacts"].rglob("trace.jsonl")) and list(served["artifacts"].rglob("report.html"))

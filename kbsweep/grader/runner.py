@@ -313,14 +313,18 @@ def warm() -> None:
     the H200 a zygote that had imported these forked runners that died at their start, exit 70; a zygote of GPU
     grades imports no more than the runner needs): ``torch._inductor`` (the profiler session's start imports it, ~3 CPU-s),
     ``torch.utils.cpp_extension`` (whose loaders the kernel gate patches in every grade), Triton's gluon (its
-    argument specialisation imports it at a grade's first interpreted launch), and the host profiler's first
-    start, which sets up Kineto (2-3 s on CPU)."""
+    argument specialisation imports it at a grade's first interpreted launch), the list of builtins Triton's
+    interpreter searched ``triton.language`` for at every launch (:mod:`kbsweep.grader.interpreter_cache`), and
+    the host profiler's first start, which sets up Kineto (2-3 s on CPU)."""
     if os.environ.get("CUDA_VISIBLE_DEVICES") == "":
         import torch._inductor  # noqa: F401
         import torch.utils.cpp_extension  # noqa: F401
 
+        from kbsweep.grader import interpreter_cache
+
         with contextlib.suppress(ImportError):  # a host without Triton grades torch-only solutions
             import triton.experimental.gluon  # noqa: F401
+        interpreter_cache.install()
 
         session = profiling.profiler_session("cpu")
         session.start()

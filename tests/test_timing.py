@@ -45,3 +45,15 @@ def test_a_replay_batch_opens_behind_a_spin_for_its_warm_calls_only(enqueue_us, 
     assert shape["replay_spin_us"] == pytest.approx(min(1.5 * shape["warm_calls"] * behind_us + 1000, timing.MAX_BATCH_SPIN_US))
     if behind_us and shape["per_batch"]:
         assert shape["spin_us"] > shape["replay_spin_us"] or shape["spin_us"] == timing.MAX_BATCH_SPIN_US
+
+
+def test_spans_answer_membership_as_a_scan_of_every_span_would():
+    import random
+
+    from kbsweep.grader.profiling import Spans
+
+    rng = random.Random(7)
+    spans = [(a, a + rng.randrange(0, 50)) for a in (rng.randrange(0, 1000) for _ in range(60))]
+    found = Spans(spans)
+    for t in range(-5, 1100):
+        assert (t in found) == any(start <= t <= end for start, end in spans)

@@ -2,9 +2,10 @@
 run inside the calls, the torch.distributed ops, and per call tag the GPU kernels those calls launched."""
 from __future__ import annotations
 
+import bisect
 import contextlib
 import statistics
-from typing import Any, Dict, List
+from typing import Any, Dict, Iterable, List
 
 import torch
 
@@ -36,18 +37,18 @@ def session_evidence(prof: Any, calls: Dict[str, int]) -> Dict[str, Any]:
     for e in events:  # the host's spans (kineto repeats each annotation on the GPU's timeline too)
         if e.device_type() == cpu and e.name().startswith(CALL_RANGE):
             ranges.setdefault(e.name()[len(CALL_RANGE):], []).append((e.start_ns(), e.end_ns()))
-    launches = [(e.start_ns(), e.end_ns()) for e in events if e.device_type() == cpu and e.name() == KERNEL_RANGE]
-    inside = lambda t, spans: any(start <= t <= end for start, end in spans)  # noqa: E731
+    launches = Spans((e.start_ns(), e.end_ns()) for e in events if e.device_type() == cpu and e.name() == KERNEL_RANGE)
     everywhere = [span for spans in ranges.values() for span in spans]
+    calls_at = Spans(everywhere)
     ops: Dict[str, int] = {}
     comm: Dict[str, int] = {}
     flops = 0
     for e in events:
-        if e.device_type() != cpu or not inside(e.start_ns(), everywhere):
+        if e.device_type() != cpu or e.start_ns() not in calls_at:
             continue
         if e.name().startswith(COMM_PREFIXES):
             comm[e.name()] = comm.get(e.name(), 0) + 1
-        if "::" in e.name() and not e.name().startswith(("kbsweep::", "profiler::")) and not inside(e.start_ns(), launches):
+        if "::" in e.name() and not e.name().startswith(("kbsweep::", "profiler::")) and e.start_ns() not in launches:
             ops[e.name()] = ops.get(e.name(), 0) + 1
             flops += int(e.flops() or 0)
     profiles = {tag: kernel_profile(events, ranges.get(tag, []), count) for tag, count in calls.items() if ranges.get(tag)}
@@ -64,14 +65,16 @@ def kernel_profile(events: List[Any], ranges: List[tuple], calls: int) -> Dict[s
     CUDA-graph capture's warm-up, moves the mean only)."""
     cpu, cuda = torch.autograd.DeviceType.CPU, torch.autograd.DeviceType.CUDA
     launched_at = {e.correlation_id(): e.start_ns() for e in events if e.device_type() == cpu and e.name().startswith(("cuda", "cu"))}
+    ranges = sorted(ranges)  # a candidate's calls follow one another: by start, the one holding ``at`` is the last before it
+    starts = [start for start, _ in ranges]
     per_range = [0] * len(ranges)
     gpu = []
     for event in events:
         if event.device_type() != cuda or event.name().startswith(("Memcpy", "Memset", "kbsweep::")):
             continue
         at = launched_at.get(event.correlation_id())
-        where = next((i for i, (start, end) in enumerate(ranges) if at is not None and start <= at <= end), None)
-        if where is not None:
+        where = bisect.bisect_right(starts, at) - 1 if at is not None else -1
+        if where >= 0 and at <= ranges[where][1]:
             per_range[where] += 1
             gpu.append(event)
     kernels: Dict[str, int] = {}
@@ -84,6 +87,24 @@ def kernel_profile(events: List[Any], ranges: List[tuple], calls: int) -> Dict[s
         "kernels": {name[:200]: count / calls for name, count in sorted(kernels.items())},
         "streams": sorted({e.device_resource_id() for e in gpu}),
     }
+
+
+class Spans:
+    """Time spans, overlapping ones merged: whether an instant falls in one, by binary search (a grade's session
+    holds tens of thousands of events and thousands of calls)."""
+
+    def __init__(self, spans: Iterable[tuple]):
+        merged: List[List[int]] = []
+        for start, end in sorted(spans):
+            if merged and start <= merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], end)
+            else:
+                merged.append([start, end])
+        self.starts, self.ends = [s for s, _ in merged], [e for _, e in merged]
+
+    def __contains__(self, t: int) -> bool:
+        i = bisect.bisect_right(self.starts, t) - 1
+        return i >= 0 and t <= self.ends[i]
 
 
 @contextlib.contextmanager

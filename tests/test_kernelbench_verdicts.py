@@ -16,6 +16,7 @@ from kbsweep import kernelbench_sizing
 from kbsweep.grader import kernelbench_eval, timing
 from kbsweep.kernelbench import cache_key, fit, kernelbench_names, materialize, materialize_all, with_sizes
 from kbsweep.problems import load_problem
+from kbsweep.sandbox import SandboxPolicy
 from tests.support.grading import CPU, graded
 
 REPO = Path(__file__).resolve().parent.parent
@@ -284,3 +285,38 @@ def test_a_grade_makes_the_forwards_its_checks_need(roofline, tmp_path):
     assert wrong["outcome"] == "incorrect" and wrong["kernelbench"]["trials"] == "(0 / 5)"
     assert forwards(wrong) == {**{k: PASS_FORWARDS[k] for k in ("import_candidate", "baselines", "kernelbench_correctness")},
                                "correctness": (1, 1)}
+
+
+WRITES_PAST_THE_CAP = '''import torch
+import torch.nn as nn
+
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        with open("spill.bin", "wb") as f:  # one byte at 8 MiB, past a 4 MiB cap on any one file (sparse: no disk used)
+            f.seek(8 << 20)
+            f.write(b"x")
+        return torch.relu(x)
+'''
+
+
+def test_a_candidate_writing_past_the_file_cap_is_a_runtime_error_naming_the_cap(roofline, tmp_path):
+    problem = load_problem(materialize(CASES, "6_relu"), "kernelbench")
+    (tmp_path / "spill.py").write_text(WRITES_PAST_THE_CAP)
+    result = graded(problem, tmp_path / "spill.py", CPU, roofline, mode="check", timeout_s=300, log_dir=tmp_path / "grade",
+                    sandbox=SandboxPolicy(disk_mib=4))  # the referee's arena for 6_relu: 3.5 MiB, within it
+    assert result["outcome"] == "runtime_error", result.get("message")
+    assert "file size cap of 4194304 bytes (4 MiB, sandbox.disk_mib) reached writing a file" in result["message"]
+
+
+def test_a_kernelbench_reference_too_big_for_the_file_cap_names_the_cap_and_the_arena(roofline, tmp_path):
+    """The referee's shared arena is a memfd: a file under the same cap. 4 MiB inputs (within the smoke budget, so
+    not scaled down) under a 1 MiB cap: a harness_error that says so, not a bare ``OSError: File too large``."""
+    folder = tmp_path / "problems"
+    folder.mkdir()
+    (folder / "6_relu.py").write_text((CASES / "6_relu.py").read_text().replace("dim = 1024", "dim = 65536"))
+    problem = load_problem(materialize(folder, "6_relu"), "kernelbench")
+    result = graded(problem, CASES / "solutions/6_relu/exact.py", CPU, roofline, mode="check", timeout_s=300,
+                    log_dir=tmp_path / "grade", sandbox=SandboxPolicy(disk_mib=1))
+    assert result["outcome"] == "harness_error", result.get("message")
+    assert "file size cap of 1048576 bytes (1 MiB, sandbox.disk_mib) reached writing the shared arena" in result["message"]

@@ -109,7 +109,11 @@ class Arena:
             self.size = max(size, ALIGN)
             self.fd = os.memfd_create("kbsweep-arena") if fd is None else fd
             if fd is None:
-                os.ftruncate(self.fd, self.size)
+                try:
+                    os.ftruncate(self.fd, self.size)
+                except OSError as exc:  # EFBIG: a memfd counts against the sandbox's one-file cap; say which file
+                    os.close(self.fd)
+                    raise OSError(exc.errno, exc.strerror, f"the shared arena (a memfd of {self.size} bytes: inputs, weights and outputs)") from None
             self.memory = mmap.mmap(self.fd, self.size)
 
     @classmethod

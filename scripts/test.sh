@@ -13,14 +13,17 @@ fi
 . .venv/bin/activate
 python -m kbsweep.harness.install >/dev/null   # the CLI harnesses' pinned npm packages, into .harnesses/
 bash scripts/slurm_up.sh >/dev/null
-# Two xdist workers (CI has two cores; KBSWEEP_TEST_WORKERS=0 runs in one process), a test file per group: the files
-# that share something across files (tests/conftest.py's SHARED_FILES) one group, run in turn on one worker beside
-# the other files. test_multi runs last, alone: its concurrent multi-rank grades (16 processes) failed under the
-# other worker's load.
-workers=(-n "${KBSWEEP_TEST_WORKERS:-2}" --dist loadgroup)
+# Two xdist workers (CI has two cores; KBSWEEP_TEST_WORKERS=0 runs in one process), a test file per worker at a
+# time (module fixtures are built once). Files that share something across files run first, in this process: one
+# Slurm (a preempting job must find only its own test's jobs), the machine's `kbsweep-bomb` processes, one MLflow
+# server; and test_multi, whose concurrent multi-rank grades (16 processes) failed under the other worker's load.
+# A grouping scheduler of our own crashed xdist workers on full runs (the worker left its first test).
+workers=(-n "${KBSWEEP_TEST_WORKERS:-2}" --dist loadfile)
 if [ "$#" -gt 0 ]; then
   python -m pytest -q "${workers[@]}" "$@"
 else
-  python -m pytest -q "${workers[@]}" --ignore=tests/test_multi.py
-  python -m pytest -q -n 0 tests/test_multi.py
+  shared=(tests/test_slurm.py tests/test_malformed.py tests/test_sandbox.py tests/test_adversarial_agent.py
+          tests/test_tracking_server.py tests/test_browser_mlflow_ui.py tests/test_multi.py)
+  python -m pytest -q -n 0 "${shared[@]}"
+  python -m pytest -q "${workers[@]}" "${shared[@]/#/--ignore=}"
 fi

@@ -15,20 +15,6 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
-# Files that share something across files: one Slurm (a preempting job must find only its own test's jobs), the
-# machine's `kbsweep-bomb` processes, one MLflow server. Under xdist's loadgroup (scripts/test.sh) they are one group,
-# run one after another on one worker while the other takes the remaining files, each file a group of its own (its
-# module fixtures built once).
-SHARED_FILES = {"test_slurm.py", "test_readme.py", "test_malformed.py", "test_sandbox.py", "test_adversarial_agent.py",
-                "test_tracking_server.py", "test_browser_mlflow_ui.py"}
-
-
-def pytest_collection_modifyitems(items) -> None:
-    for item in items:
-        name = item.path.name
-        item.add_marker(pytest.mark.xdist_group("shared" if name in SHARED_FILES else name))
-
-
 @pytest.fixture
 def outputs(tmp_path, monkeypatch) -> Path:
     """A fresh outputs root (tracking store, sweeps, baselines) for one test."""

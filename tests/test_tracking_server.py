@@ -123,5 +123,5 @@ def test_contamination_tripwire_knows_the_servers_runs(served, tmp_path, monkeyp
     event = {"ts": 1.0, "type": "assistant", "content": f"the best run so far is {cell.info.run_id}", "tool_calls": []}
     transcript.write_text(json.dumps(event) + "\n")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", served["uri"])  # as the orchestrator exports it to its cells
-    [found] = [f for f in findings(transcript, {}) if f["kind"] == "contaminated"]
-    assert f"MLflow run {cell.info.run_id}" in found["detail"]
+    [found] = [f for f in findings(transcript, {}) if f.kind == "contaminated"]
+    assert f"MLflow run {cell.info.run_id}" in found.detail

@@ -206,9 +206,10 @@ def test_a_hung_job_is_stopped_by_the_slurm_time_limit(slurm, tmp_path):
     # TIMEOUT when slurmctld's limit fires first; FAILED when the cap's own stop lands first (seen on a
     # long-running accounting store) — either way the hung job was stopped and became node_failure
     assert record["State"] in ("TIMEOUT", "FAILED") and record["Timelimit"] == "00:01:00", record
-    # how long it ran by Slurm's own clock, which its time limit reads (a fresh CI VM's wall clock was seen to step
-    # mid-test: the limit fired 23 s after submission by the monotonic clock)
-    assert 25 < seconds(record["Elapsed"]) and elapsed < 240, (record, elapsed)
+    # how long it ran by Slurm's own clock: the limit's whole minute for TIMEOUT; for FAILED, the cap's 30 s counted
+    # from the launcher's start of the cell, less the job's submission and scheduling (23-25 s of Elapsed seen here)
+    ran = seconds(record["Elapsed"])
+    assert (ran >= 55 if record["State"] == "TIMEOUT" else 15 <= ran <= 60) and elapsed < 240, (record, elapsed)
 
 
 def seconds(slurm_duration: str) -> int:

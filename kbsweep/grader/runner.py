@@ -211,8 +211,7 @@ class Runner:
     def op_arm(self, message, fds) -> Optional[Dict[str, Any]]:
         """A timed batch's plan (its inputs arrive after this answer): the calls' views, slots and canaries made
         ready outside the referee's clock. ``replay_from``: the calls from there on run as a CUDA graph replay
-        instead (captured now, or the last capture reused for the same plan, its canary indices refilled);
-        answers how many calls it invoked to capture them."""
+        instead (captured now, or the last capture reused for the same plan, its canary indices refilled)."""
         calls = message["calls"]
         model = self.models[int(message["model"])] if calls else None
         kernelbench = bool(message.get("kernelbench"))  # outputs as KernelBench takes them (may alias an input)
@@ -225,7 +224,7 @@ class Runner:
                     lambda out: self.deliver(out, slots, inputs, kernelbench=kernelbench))
 
         steps = [step(call, prepared_swaps(call.get("swaps") or [], self.device)) for call in calls[:split]]
-        replay, captured = None, 0
+        replay = None
         if split < len(calls):
             replayed = calls[split:]
             key = (message["model"], repr([(c["inputs"], c["outputs"], [(i, len(d)) for i, d, _ in c.get("swaps") or []]) for c in replayed]))
@@ -241,7 +240,6 @@ class Runner:
                     return {"replay_error": f"{self.stage}: capture failed: {one_line(exc)}"}
                 finally:
                     self.tag = tag
-                captured = len(replayed)
             else:  # the graph reads its canaries' indices from these buffers
                 for call, buffers in zip(replayed, self.replay.held):
                     for (_, dst, src), (_, dst_at, src_at) in zip(call.get("swaps") or [], buffers):
@@ -249,7 +247,6 @@ class Runner:
                         src_at.copy_(torch.tensor(src))
             replay = self.replay
         self.armed = (steps, message["mode"], float(message.get("spin_us") or 0), replay)
-        return {"captured": captured}
 
     def op_batch(self, message, fds) -> Dict[str, Any]:
         """The armed batch, timed by this process's clock (:func:`kbsweep.grader.timing.run_batch`): each call's

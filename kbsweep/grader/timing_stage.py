@@ -91,6 +91,10 @@ class TimingStage(CandidateContext):
                 ms, elapsed = self.slowest(batch["ms"], time.perf_counter() - began)
                 claimed = sum(ms)
                 if as_replay:
+                    if not replayed:  # the runner captured the calls for this first replay: invoked, no kernel ran
+                        tag, self.tag = self.tag, self.tag + profiling.CAPTURE_TAG
+                        self.count_work(shape, per_batch)
+                        self.tag = tag
                     claimed += batch["replay_ms"]
                     replayed.append(timing.replay_sample(batch["replay_ms"], timing.run_batch([], mode, replay=bare)["replay_ms"], per_batch))
                 else:
@@ -126,12 +130,16 @@ class TimingStage(CandidateContext):
 
     def bare_replay(self, template: List[Any], sets, expected: Any, calls: int) -> timing.Replay:
         """A replay batch's calls without the calls: canaries, flushes and output copies, captured here."""
+        return timing.Replay(self.null_steps(template, sets, expected, calls, lambda: None), timing.L2Flush(self.req.l2_bytes))
+
+    def null_steps(self, template: List[Any], sets, expected: Any, calls: int, align: Callable[[], Any]) -> List[tuple]:
+        """A batch's steps with a call that does nothing: canaries on a copy of the inputs, ``align``, the output
+        copied into slots of this process's own."""
         local = clone(template)
         outputs = [torch.empty_like(t) for t in checks.as_tuple(expected)]
-        steps = [(lambda swaps=prepared_swaps(self.canaries(sets[i % len(sets)]), self.device): apply_swaps(local, swaps),
-                  lambda: expected,
-                  lambda out: [o.copy_(t) for o, t in zip(outputs, checks.as_tuple(out))]) for i in range(calls)]
-        return timing.Replay(steps, timing.L2Flush(self.req.l2_bytes), held=(local, outputs))
+        return [(lambda swaps=prepared_swaps(self.canaries(sets[i % len(sets)]), self.device): (apply_swaps(local, swaps), align()),
+                 lambda: expected,
+                 lambda out: [o.copy_(t) for o, t in zip(outputs, checks.as_tuple(out))]) for i in range(calls)]
 
     def batch(self, ref_model, model: int, shape, sets, slots, mode: str, spin_us: float, check: bool = True, warm: int = 0,
               kernelbench: bool = False, replay_from: Optional[int] = None) -> Dict[str, Any]:
@@ -158,11 +166,6 @@ class TimingStage(CandidateContext):
         if not isinstance(ms, list) or len(ms) != timed_calls or not all(isinstance(m, (int, float)) and m > 0 for m in [*ms, replay_ms]):
             raise GradeFailure(Outcome.RUNTIME_ERROR, "timing: the candidate's process returned no valid call times")
         self.count_work(shape, timed_calls)
-        captured = armed.get("captured")
-        if isinstance(captured, int) and 0 < captured <= len(plan):  # invoked to capture the replay: work done, no kernel ran
-            tag, self.tag = self.tag, self.tag + profiling.CAPTURE_TAG
-            self.count_work(shape, captured)
-            self.tag = tag
         if check:
             self.check_batch(ref_model, shape, sets, seeds, plan, warm)
         enqueue = [float(u) for u in reply.get("enqueue_us") or [] if isinstance(u, (int, float))]
@@ -218,13 +221,8 @@ class TimingStage(CandidateContext):
         output copies, syncs); plus a slack."""
         self.ask("arm", model=model, calls=[], mode=mode, spin_us=0)
         parts = {"round_trip_ms": statistics.median(self.timed_go()[0] for _ in range(3))}
-        local = clone(template)
-        outputs = [torch.empty_like(t) for t in checks.as_tuple(expected)]
         flush = timing.L2Flush(self.req.l2_bytes) if mode != "host" else None
-        align = timing.call_barrier(self.barrier, mode)  # as the runner's batch
-        steps = [(lambda swaps=prepared_swaps(self.canaries(sets[i % len(sets)]), self.device): (apply_swaps(local, swaps), align()),
-                  lambda: expected,
-                  lambda out: [o.copy_(t) for o, t in zip(outputs, checks.as_tuple(out))]) for i in range(calls)]
+        steps = self.null_steps(template, sets, expected, calls, timing.call_barrier(self.barrier, mode))  # as the runner's batch
         walls = []
         for _ in range(3):
             with profiled(self.device):  # as the runner's timed batches are

@@ -267,9 +267,11 @@ def main() -> None:
                 result = grade(GradeRequest(problem, solution, H200, ROOFLINE, baselines=baselines, baseline_cache=cache, compile_mode="default",
                                             timeout_s=min(300, args.budget_s - (time.time() - began)), log_dir=Path(folder) / cond, sandbox=SANDBOX)).to_json()
                 grades[cond] = result
-                report["grades"][f"{name}/{cond}"] = {k: result.get(k) for k in ("outcome", "message", "score", "speedup", "grade_s")}
+                report["grades"][f"{name}/{cond}"] = {**{k: result.get(k) for k in ("outcome", "message", "score", "speedup", "grade_s", "startup_s")},
+                                                      "stages": (result.get("evidence") or {}).get("stages")}
                 print(f"[{time.time() - began:4.0f} s] {name} {cond}: {result['outcome']} score={result.get('score')} "
-                      f"{[t['candidate'].get('median_ms') for t in result.get('timings') or []]} {result.get('message') or ''}", flush=True)
+                      f"{[t['candidate'].get('median_ms') for t in result.get('timings') or []]} {result.get('message') or ''} "
+                      f"{ {k: round(v['s'], 1) for k, v in (report['grades'][f'{name}/{cond}']['stages'] or {}).items()} }", flush=True)
                 save()
             local = [{"shape": shape, **outside(problem, solution, shape, args.probe)} for shape in problem.shapes("shapes")]
             report["rows"] += shape_rows(name, pid, grades, local, host)

@@ -26,6 +26,16 @@ def test_the_replay_is_scored_only_within_the_band_under_the_events(events_ms, r
     assert ("replay_refused" in figure) == (timer == "events")
 
 
+@pytest.mark.parametrize("events_ms, replay, looks_again", [
+    (0.960, summary(0.825), True),  # the replays read 14% under: a second pass decides
+    (0.832, summary(0.825), False),  # within the band: scored as it is
+    (0.500, {"error": "capture failed: operation not permitted when stream is capturing"}, False),  # no replay to doubt
+    (0.500, None, False),  # replays off, or a mode without them
+])
+def test_a_second_pass_runs_only_where_the_replays_read_under_the_band(events_ms, replay, looks_again):
+    assert timing.second_look(summary(events_ms), replay) is looks_again
+
+
 def test_a_capture_that_failed_leaves_the_events_figure_with_the_reason():
     figure = timing.scored(summary(0.5), {"error": "capture failed: operation not permitted when stream is capturing"})
     assert figure["timer"] == "events" and figure["median_ms"] == pytest.approx(0.5)

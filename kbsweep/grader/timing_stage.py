@@ -74,15 +74,18 @@ class TimingStage(CandidateContext):
         # flushes, output copies, no call) is this process's own, so what the calls added is not the runner's word
         bare = self.bare_replay(template, sets, expected, per_batch) if self.replays(mode, kernelbench) else None
         replay_overhead = self.overheads(model, template, sets, expected, mode, shape_["replay_spin_us"], warm) if bare else None
-        samples: List[float] = []
-        replayed: List[float] = []
         ratios: List[float] = []
         shares: List[float] = []  # of the batch's wall time, what the calls claim: how much of it the ratio can see
-        refused = None
-        began, elapsed = time.perf_counter(), 0.0
-        with timing.ClockSampler(self.device) as clocks:
+        refused, captured = None, False
+
+        def alternation() -> tuple:
+            """Batches by the stop rule, events, replay, events...: (events' summary, replays' summary or None)."""
+            nonlocal bare, refused, captured
+            samples: List[float] = []
+            replayed: List[float] = []
+            began, elapsed = time.perf_counter(), 0.0
             while not timing.stop(samples, self.cfg, elapsed) or (bare and len(replayed) < self.cfg.min_runs):
-                as_replay = bare is not None and len(ratios) % 2 == 1  # batches alternate: events, replay, events...
+                as_replay = bare is not None and len(ratios) % 2 == 1
                 batch = self.batch(ref_model, model, shape, sets, slots, mode, shape_["replay_spin_us" if as_replay else "spin_us"],
                                    check=not kernelbench, warm=warm, kernelbench=kernelbench, replay_from=warm if as_replay else None)
                 if batch.get("replay_error"):
@@ -91,8 +94,8 @@ class TimingStage(CandidateContext):
                 ms, elapsed = self.slowest(batch["ms"], time.perf_counter() - began)
                 claimed = sum(ms)
                 if as_replay:
-                    if not replayed:  # the runner captured the calls for this first replay: invoked, no kernel ran
-                        tag, self.tag = self.tag, self.tag + profiling.CAPTURE_TAG
+                    if not captured:  # the runner captured the calls for this first replay: invoked, no kernel ran
+                        tag, self.tag, captured = self.tag, self.tag + profiling.CAPTURE_TAG, True
                         self.count_work(shape, per_batch)
                         self.tag = tag
                     claimed += batch["replay_ms"]
@@ -103,8 +106,13 @@ class TimingStage(CandidateContext):
                 # on every rank (they wait for each other), and one rank's low figures cannot lower that maximum
                 ratios.append((batch["wall_ms"] - (replay_overhead if as_replay else overhead)["total_ms"]) / max(claimed, 1e-9))
                 shares.append(claimed / max(batch["wall_ms"], 1e-9))
-        events = timing.summarize(samples, samples)
-        replay = timing.summarize(replayed, replayed) if replayed else ({"error": refused} if refused else None)
+            return timing.summarize(samples, samples), timing.summarize(replayed, replayed) if replayed else ({"error": refused} if refused else None)
+
+        with timing.ClockSampler(self.device) as clocks:
+            looks = [alternation()]
+            if timing.second_look(*looks[0]):
+                looks.append(alternation())
+        events, replay = looks[-1]
         timed = {**(timing.scored(events, replay) if mode == "back_to_back" else events), "mode": mode, "per_batch": per_batch,
                  "warm_calls": warm, "batches": len(ratios), "spin_us": shape_["spin_us"], "input_sets": len(sets), "clocks": clocks.summary()}
         ratio = statistics.median(ratios)
@@ -113,7 +121,9 @@ class TimingStage(CandidateContext):
         if ratio > BAND[mode]:
             self.findings.append({"kind": "time_disagreement", "shape": shape,
                                   "detail": f"{shape}: the referee's clock saw {ratio:.2f}x the time the candidate's process reported"})
-        if timed.get("replay_refused") and replayed:
+        if len(looks) > 1:  # the first pass's figures, read under the band
+            timed["first_look"] = {"events_ms": looks[0][0]["median_ms"], "replay_ms": looks[0][1]["median_ms"]}
+        if timed.get("replay_refused") and replay and "median_ms" in replay:
             self.findings.append({"kind": "replay_outside_band", "shape": shape, "detail": f"{shape}: {timed['replay_refused']}"})
         entry: Dict[str, Any] = {"shape": shape, "input_sets": len(sets), "candidate": timed, "baselines": {}}
         # no graph figure across ranks: a rank whose capture fails would strand its peers in a captured collective
@@ -264,14 +274,13 @@ class TimingStage(CandidateContext):
                 replays = (timing.Replay(steps(per_batch), flush), timing.Replay(steps(per_batch, lambda *a: None), flush))
             except Exception as exc:  # noqa: BLE001 - a baseline a graph cannot hold is timed by events alone
                 refused = f"capture failed: {one_line(exc)}"
-        samples: List[float] = []
-        replayed: List[float] = []
-        began, elapsed = time.perf_counter(), 0.0
-        # under the profiler the runner keeps on over the candidate's calls: CUPTI's cost per kernel (1.4% of a
-        # 4096³ GEMM in a graph on the H200) is then in both sides of a speedup; replays run without it there and here
-        with profiled(self.device) as session, timing.ClockSampler(self.device) as clocks:
+        def alternation(session) -> tuple:
+            """Batches by the stop rule, events, replay, events...: (events' summary, replays' summary or None)."""
+            samples: List[float] = []
+            replayed: List[float] = []
+            began, elapsed = time.perf_counter(), 0.0
             while not timing.stop(samples, self.cfg, elapsed) or (replays and len(replayed) < self.cfg.min_runs):
-                if replays and len(samples) > len(replayed) * per_batch:  # events, replay, events...
+                if replays and len(samples) > len(replayed) * per_batch:
                     unrecorded = lambda: profiling.kernels_unrecorded(session)  # noqa: E731
                     full = timing.run_batch(steps(warm), mode, shape_["replay_spin_us"], flush, replays[0], unrecorded)["replay_ms"]
                     bare = timing.run_batch([], mode, replay=replays[1], unrecorded=unrecorded)["replay_ms"]
@@ -280,8 +289,14 @@ class TimingStage(CandidateContext):
                     continue
                 ms, elapsed = self.slowest(timing.run_batch(steps(warm + per_batch), mode, shape_["spin_us"], flush)["ms"], time.perf_counter() - began)
                 samples += ms[warm:]
-        events = timing.summarize(samples, samples)
-        replay = timing.summarize(replayed, replayed) if replayed else ({"error": refused} if refused else None)
+            return timing.summarize(samples, samples), timing.summarize(replayed, replayed) if replayed else ({"error": refused} if refused else None)
+
+        # under the profiler the runner keeps on over the candidate's calls: CUPTI's cost per kernel (1.4% of a
+        # 4096³ GEMM in a graph on the H200) is then in both sides of a speedup; replays run without it there and here
+        with profiled(self.device) as session, timing.ClockSampler(self.device) as clocks:
+            events, replay = alternation(session)
+            if timing.second_look(events, replay):  # by the candidate's rule
+                events, replay = alternation(session)
         return {**(timing.scored(events, replay) if mode == "back_to_back" else events), "mode": mode, "per_batch": per_batch,
                 "warm_calls": warm, "clocks": clocks.summary()}
 

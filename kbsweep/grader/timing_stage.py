@@ -84,7 +84,7 @@ class TimingStage(CandidateContext):
             samples: List[float] = []
             replayed: List[float] = []
             began, elapsed = time.perf_counter(), 0.0
-            while not timing.stop(samples, self.cfg, elapsed) or (bare and len(replayed) < self.cfg.min_runs):
+            while not timing.stop(samples, self.cfg, elapsed) or (bare and timing.replays_short(replayed, self.cfg)):
                 as_replay = bare is not None and len(ratios) % 2 == 1
                 batch = self.batch(ref_model, model, shape, sets, slots, mode, shape_["replay_spin_us" if as_replay else "spin_us"],
                                    check=not kernelbench, warm=warm, kernelbench=kernelbench, replay_from=warm if as_replay else None)
@@ -279,7 +279,7 @@ class TimingStage(CandidateContext):
             samples: List[float] = []
             replayed: List[float] = []
             began, elapsed = time.perf_counter(), 0.0
-            while not timing.stop(samples, self.cfg, elapsed) or (replays and len(replayed) < self.cfg.min_runs):
+            while not timing.stop(samples, self.cfg, elapsed) or (replays and timing.replays_short(replayed, self.cfg)):
                 if replays and len(samples) > len(replayed) * per_batch:
                     unrecorded = lambda: profiling.kernels_unrecorded(session)  # noqa: E731
                     full = timing.run_batch(steps(warm), mode, shape_["replay_spin_us"], flush, replays[0], unrecorded)["replay_ms"]

@@ -67,3 +67,8 @@ def test_spans_answer_membership_as_a_scan_of_every_span_would():
     found = Spans(spans)
     for t in range(-5, 1100):
         assert (t in found) == any(start <= t <= end for start, end in spans)
+
+
+@pytest.mark.parametrize("replays, min_runs, short", [(3, 3, True), (timing.MIN_REPLAYS, 3, False), (timing.MIN_REPLAYS, 20, True), (20, 20, False)])
+def test_a_shape_with_replays_runs_enough_of_them_for_several_draws(replays, min_runs, short):
+    assert timing.replays_short([0.1] * replays, timing.TimingConfig(min_runs=min_runs)) is short

@@ -173,7 +173,7 @@ def test_matches_the_reference_in_process(name, file):
 
 
 class ProfiledEvent:
-    """A profiler record as torch's kineto results give it (the fields kernel_profile reads)."""
+    """A profiler record as torch's kineto results give it (the fields GpuKernels reads)."""
 
     def __init__(self, name, gpu, correlation, start, end=None, stream=7):
         self._name, self._gpu, self._corr, self._start, self._end, self._stream = name, gpu, correlation, start, end or start + 1, stream
@@ -198,11 +198,11 @@ class ProfiledEvent:
 
 
 @pytest.mark.fast
-def test_kernel_profile_counts_a_calls_own_launches_and_gates_on_the_median_call():
+def test_the_kernel_profile_counts_a_calls_own_launches_and_gates_on_the_median_call():
     """Shaped as the H200's profiler reported a Triton megakernel: its driver launch (cuLaunchKernelEx) inside the
     call's host span, the flush's runtime launch outside it, the span repeated on the GPU's timeline. One call
     that also launched a warm-up kernel (a graph capture's) moves the mean, not the gate."""
-    from kbsweep.grader.profiling import kernel_profile
+    from kbsweep.grader.profiling import GpuKernels
 
     events, ranges = [], []
     for call in range(10):
@@ -212,7 +212,8 @@ def test_kernel_profile_counts_a_calls_own_launches_and_gates_on_the_median_call
                    ProfiledEvent("kbsweep::call/timing/0", True, 0, t + 20, t + 90),
                    ProfiledEvent("cudaLaunchKernel", False, 10 * call + 1, t + 200), ProfiledEvent("reduce_kernel", True, 10 * call + 1, t + 210)]
     events += [ProfiledEvent("cudaLaunchKernel", False, 999, 50), ProfiledEvent("setup_kernel", True, 999, 60)]
-    profile = kernel_profile(events, ranges, calls=10)
+    host = [(e.name(), e.start_ns(), e) for e in events if not e._gpu]
+    profile = GpuKernels(host, [e for e in events if e._gpu]).profile(ranges, calls=10)
     assert profile["kernels"] == {"_decode_step": 1.0, "setup_kernel": 0.1}
     assert profile["launches_per_call"] == 1.1 and profile["median_launches"] == 1
     evidence, findings = launch_gate([{"shape": {}, "profile": profile}])

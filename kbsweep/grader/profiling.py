@@ -31,62 +31,71 @@ def session_evidence(prof: Any, calls: Dict[str, int]) -> Dict[str, Any]:
     """From a finished session: the aten ops (and their FLOPs) run inside candidate calls but outside its own
     kernel launches, the torch.distributed ops and the GPU kernels of every candidate call, and per call tag
     (``calls``: tag -> number of calls) the kernels of those calls."""
-    events = list(prof.profiler.kineto_results.events())
     cpu = torch.autograd.DeviceType.CPU
+    host, gpu = [], []  # each event read once: a grade's session holds tens of thousands, each field a call into C++
+    for e in prof.profiler.kineto_results.events():
+        (host if e.device_type() == cpu else gpu).append(e)
+    named = [(e.name(), e.start_ns(), e) for e in host]
     ranges: Dict[str, List[tuple]] = {}
-    for e in events:  # the host's spans (kineto repeats each annotation on the GPU's timeline too)
-        if e.device_type() == cpu and e.name().startswith(CALL_RANGE):
-            ranges.setdefault(e.name()[len(CALL_RANGE):], []).append((e.start_ns(), e.end_ns()))
-    launches = Spans((e.start_ns(), e.end_ns()) for e in events if e.device_type() == cpu and e.name() == KERNEL_RANGE)
+    for name, start, e in named:  # the host's spans (kineto repeats each annotation on the GPU's timeline too)
+        if name.startswith(CALL_RANGE):
+            ranges.setdefault(name[len(CALL_RANGE):], []).append((start, e.end_ns()))
+    launches = Spans((start, e.end_ns()) for name, start, e in named if name == KERNEL_RANGE)
     everywhere = [span for spans in ranges.values() for span in spans]
     calls_at = Spans(everywhere)
     ops: Dict[str, int] = {}
     comm: Dict[str, int] = {}
     flops = 0
-    for e in events:
-        if e.device_type() != cpu or e.start_ns() not in calls_at:
+    for name, start, e in named:
+        if start not in calls_at:
             continue
-        if e.name().startswith(COMM_PREFIXES):
-            comm[e.name()] = comm.get(e.name(), 0) + 1
-        if "::" in e.name() and not e.name().startswith(("kbsweep::", "profiler::")) and e.start_ns() not in launches:
-            ops[e.name()] = ops.get(e.name(), 0) + 1
+        if name.startswith(COMM_PREFIXES):
+            comm[name] = comm.get(name, 0) + 1
+        if "::" in name and not name.startswith(("kbsweep::", "profiler::")) and start not in launches:
+            ops[name] = ops.get(name, 0) + 1
             flops += int(e.flops() or 0)
-    profiles = {tag: kernel_profile(events, ranges.get(tag, []), count) for tag, count in calls.items() if ranges.get(tag)}
-    kernels = sorted(kernel_profile(events, everywhere, 1)["kernels"]) if everywhere else []
-    return {"ops": ops, "flops": flops, "comm_ops": comm, "kernels": kernels, "profiles": profiles}
+    kernels = GpuKernels(named, gpu)
+    profiles = {tag: kernels.profile(ranges.get(tag, []), count) for tag, count in calls.items() if ranges.get(tag)}
+    return {"ops": ops, "flops": flops, "comm_ops": comm, "kernels": sorted(kernels.profile(everywhere, 1)["kernels"]) if everywhere else [],
+            "profiles": profiles}
 
 
-def kernel_profile(events: List[Any], ranges: List[tuple], calls: int) -> Dict[str, Any]:
-    """Kernel names, launches per call and streams of the kernels launched from inside ``ranges`` (a candidate's
-    calls; the flushes, canaries and output copies around them are not counted); a CUDA-graph replay counts its
-    kernels. A kernel is tied to its launch by correlation id (the runtime or driver call that launched it: a
-    Triton kernel's ``cuLaunchKernelEx``, a library's ``cudaLaunchKernel``); the profiler's annotations on the
-    GPU's timeline are not kernels. ``median_launches``: the launches of the median call (a one-off launch, say a
-    CUDA-graph capture's warm-up, moves the mean only)."""
-    cpu, cuda = torch.autograd.DeviceType.CPU, torch.autograd.DeviceType.CUDA
-    launched_at = {e.correlation_id(): e.start_ns() for e in events if e.device_type() == cpu and e.name().startswith(("cuda", "cu"))}
-    ranges = sorted(ranges)  # a candidate's calls follow one another: by start, the one holding ``at`` is the last before it
-    starts = [start for start, _ in ranges]
-    per_range = [0] * len(ranges)
-    gpu = []
-    for event in events:
-        if event.device_type() != cuda or event.name().startswith(("Memcpy", "Memset", "kbsweep::")):
-            continue
-        at = launched_at.get(event.correlation_id())
-        where = bisect.bisect_right(starts, at) - 1 if at is not None else -1
-        if where >= 0 and at <= ranges[where][1]:
-            per_range[where] += 1
-            gpu.append(event)
-    kernels: Dict[str, int] = {}
-    for event in gpu:
-        kernels[event.name()] = kernels.get(event.name(), 0) + 1
-    calls = max(calls, 1)
-    return {
-        "launches_per_call": len(gpu) / calls,
-        "median_launches": statistics.median(per_range) if per_range else 0.0,
-        "kernels": {name[:200]: count / calls for name, count in sorted(kernels.items())},
-        "streams": sorted({e.device_resource_id() for e in gpu}),
-    }
+class GpuKernels:
+    """A session's GPU kernels, each tied to its launch by correlation id (the runtime or driver call that
+    launched it: a Triton kernel's ``cuLaunchKernelEx``, a library's ``cudaLaunchKernel``); the profiler's
+    annotations on the GPU's timeline, copies and sets are not kernels."""
+
+    def __init__(self, host: List[tuple], device_events: List[Any]):
+        """``host``: the host's events as (name, start ns, event); ``device_events``: the others."""
+        launched_at = {e.correlation_id(): start for name, start, e in host if name.startswith(("cuda", "cu"))}
+        cuda = torch.autograd.DeviceType.CUDA
+        self.kernels = [(launched_at.get(e.correlation_id()), e.name(), e.device_resource_id()) for e in device_events
+                        if e.device_type() == cuda and not e.name().startswith(("Memcpy", "Memset", "kbsweep::"))]
+
+    def profile(self, ranges: List[tuple], calls: int) -> Dict[str, Any]:
+        """Kernel names, launches per call and streams of the kernels launched from inside ``ranges`` (a
+        candidate's calls; the flushes, canaries and output copies around them are not counted); a CUDA-graph
+        replay counts its kernels. ``median_launches``: the launches of the median call (a one-off launch, say a
+        CUDA-graph capture's warm-up, moves the mean only)."""
+        ranges = sorted(ranges)  # a candidate's calls follow one another: by start, the one holding ``at`` is the last before it
+        starts = [start for start, _ in ranges]
+        per_range = [0] * len(ranges)
+        inside = []
+        for at, name, stream in self.kernels:
+            where = bisect.bisect_right(starts, at) - 1 if at is not None else -1
+            if where >= 0 and at <= ranges[where][1]:
+                per_range[where] += 1
+                inside.append((name, stream))
+        kernels: Dict[str, int] = {}
+        for name, _ in inside:
+            kernels[name] = kernels.get(name, 0) + 1
+        calls = max(calls, 1)
+        return {
+            "launches_per_call": len(inside) / calls,
+            "median_launches": statistics.median(per_range) if per_range else 0.0,
+            "kernels": {name[:200]: count / calls for name, count in sorted(kernels.items())},
+            "streams": sorted({stream for _, stream in inside}),
+        }
 
 
 class Spans:

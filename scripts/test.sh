@@ -16,9 +16,10 @@ bash scripts/slurm_up.sh >/dev/null
 # Two xdist workers (CI has two cores; KBSWEEP_TEST_WORKERS=0 runs in one process), a test file per worker at a
 # time (module fixtures are built once). Files that share something across files run one at a time in a process of
 # their own, beside the workers: one Slurm (a preempting job must find only its own test's jobs), the machine's
-# `kbsweep-bomb` processes, one MLflow server. They mostly wait (on Slurm, servers, a browser), so beside the
-# workers they cost little (CI took 1 993 s run one phase after the other). test_multi runs last and alone: its
-# concurrent multi-rank grades (16 processes) failed under the other worker's load.
+# `kbsweep-bomb` processes, one MLflow server. They mostly wait (on Slurm, servers, a browser): beside the workers
+# they add little to the rest's time, but the rest dominates (a clean CI run: 2 001 s this way, 1 993 s with them
+# in a phase of their own). test_multi runs last and alone: its concurrent multi-rank grades (16 processes) failed
+# under the other worker's load.
 # A grouping scheduler of our own crashed xdist workers on full runs (the worker left its first test).
 workers=(-n "${KBSWEEP_TEST_WORKERS:-2}" --dist loadfile)
 if [ "$#" -gt 0 ]; then

@@ -214,6 +214,9 @@ def shape_rows(name: str, pid: str, grades: dict, local: list, host: dict) -> li
             # which figure each grade scored (a graph replay of the calls, or their events), and the events' beside it
             "timer": [t.get("timer") for t in timed.values()], "events_ms": [(t.get("events") or {}).get("median_ms") for t in timed.values()],
             "replay_refused": [t.get("replay_refused") for t in timed.values() if t.get("replay_refused")],
+            # how many replays (draws) each grade's median holds, and a pass read under the band before the scored one
+            "replay_runs": [(t.get("replay") or {}).get("runs") for t in timed.values()],
+            "first_look": [t.get("first_look") for t in timed.values() if t.get("first_look")],
         })
     return rows
 

@@ -14,27 +14,16 @@ fi
 python -m kbsweep.harness.install >/dev/null   # the CLI harnesses' pinned npm packages, into .harnesses/
 bash scripts/slurm_up.sh >/dev/null
 # Two xdist workers (CI has two cores; KBSWEEP_TEST_WORKERS=0 runs in one process), a test file per worker at a
-# time (module fixtures are built once). Files that share something across files run one at a time in a process of
-# their own, beside the workers: one Slurm (a preempting job must find only its own test's jobs), the machine's
-# `kbsweep-bomb` processes, one MLflow server. They mostly wait (on Slurm, servers, a browser): beside the workers
-# they add little to the rest's time, but the rest dominates (a clean CI run: 2 001 s this way, 1 993 s with them
-# in a phase of their own). test_multi runs last and alone: its concurrent multi-rank grades (16 processes) failed
-# under the other worker's load.
+# time (module fixtures are built once). Files that share something across files run first, in this process: one
+# Slurm (a preempting job must find only its own test's jobs), the machine's `kbsweep-bomb` processes, one MLflow
+# server; and test_multi, whose concurrent multi-rank grades (16 processes) failed under the other worker's load.
 # A grouping scheduler of our own crashed xdist workers on full runs (the worker left its first test).
 workers=(-n "${KBSWEEP_TEST_WORKERS:-2}" --dist loadfile)
 if [ "$#" -gt 0 ]; then
   python -m pytest -q "${workers[@]}" "$@"
 else
   shared=(tests/test_slurm.py tests/test_malformed.py tests/test_sandbox.py tests/test_adversarial_agent.py
-          tests/test_tracking_server.py tests/test_browser_mlflow_ui.py)
-  shared_log=$(mktemp)
-  python -m pytest -q -n 0 -p no:cacheprovider "${shared[@]}" >"$shared_log" 2>&1 &
-  shared_pid=$!
-  status=0
-  python -m pytest -q "${workers[@]}" "${shared[@]/#/--ignore=}" --ignore=tests/test_multi.py || status=$?
-  wait "$shared_pid" || status=$?
-  echo "--- the shared files (${shared[*]}):"
-  cat "$shared_log"
-  python -m pytest -q -n 0 tests/test_multi.py || status=$?
-  exit "$status"
+          tests/test_tracking_server.py tests/test_browser_mlflow_ui.py tests/test_multi.py)
+  python -m pytest -q -n 0 "${shared[@]}"
+  python -m pytest -q "${workers[@]}" "${shared[@]/#/--ignore=}"
 fi

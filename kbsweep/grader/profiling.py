@@ -32,10 +32,12 @@ def session_evidence(prof: Any, calls: Dict[str, int]) -> Dict[str, Any]:
     kernel launches, the torch.distributed ops and the GPU kernels of every candidate call, and per call tag
     (``calls``: tag -> number of calls) the kernels of those calls."""
     cpu = torch.autograd.DeviceType.CPU
-    host, gpu = [], []  # each event read once: a grade's session holds tens of thousands, each field a call into C++
+    named, gpu = [], []  # each event read once: a grade's session holds tens of thousands, each field a call into C++
     for e in prof.profiler.kineto_results.events():
-        (host if e.device_type() == cpu else gpu).append(e)
-    named = [(e.name(), e.start_ns(), e) for e in host]
+        if e.device_type() == cpu:
+            named.append((e.name(), e.start_ns(), e))
+        else:
+            gpu.append(e)
     ranges: Dict[str, List[tuple]] = {}
     for name, start, e in named:  # the host's spans (kineto repeats each annotation on the GPU's timeline too)
         if name.startswith(CALL_RANGE):

@@ -40,13 +40,9 @@ WARM_US, WARM_FROM_US, MAX_WARM_CALLS = 80_000, 100, 64
 REPLAY_BAND = (0.05, 0.004)
 # each replay batch runs on one fresh draw of the inputs, and its calls share it: a call whose time follows the
 # draw needs several draws for a median that holds still (paged attention batch 32 on the H200: 0.817-0.849 ms
-# over five draws, 0.3% over five placements of one draw; with 3 replays, three grades read 0.821-0.853 ms)
+# over five draws, 0.3% over five placements of one draw; stopping at min_runs (3) replays, three grades read
+# 0.821-0.853 ms)
 MIN_REPLAYS = 10
-
-
-def replays_short(replayed: List[float], cfg: "TimingConfig") -> bool:
-    """Whether a shape that alternates with replays needs more of them before its timing may stop."""
-    return len(replayed) < max(cfg.min_runs, MIN_REPLAYS)
 REPLAY = torch.cuda.CUDAGraph.replay  # the harness's own replays, taken before the kernel gate counts the candidate's
 
 
@@ -298,6 +294,20 @@ def scored(events: Dict[str, Any], replay: Optional[Dict[str, Any]]) -> Dict[str
     if why:
         figure["replay_refused"] = why
     return figure
+
+
+def replays_short(replayed: List[float], cfg: TimingConfig) -> bool:
+    """Whether a shape that alternates with replays needs more of them before its timing may stop."""
+    return len(replayed) < max(cfg.min_runs, MIN_REPLAYS)
+
+
+def looks(alternation: Callable[[], tuple]) -> List[tuple]:
+    """A shape's passes of ``alternation`` (each: (events' summary, replays' summary or None)): one, and a second
+    where the first one's replays read under the band (:func:`second_look`); the last one is scored."""
+    passes = [alternation()]
+    if second_look(*passes[0]):
+        passes.append(alternation())
+    return passes
 
 
 def second_look(events: Dict[str, Any], replay: Optional[Dict[str, Any]]) -> bool:

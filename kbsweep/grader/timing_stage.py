@@ -109,9 +109,7 @@ class TimingStage(CandidateContext):
             return timing.summarize(samples, samples), timing.summarize(replayed, replayed) if replayed else ({"error": refused} if refused else None)
 
         with timing.ClockSampler(self.device) as clocks:
-            looks = [alternation()]
-            if timing.second_look(*looks[0]):
-                looks.append(alternation())
+            looks = timing.looks(alternation)
         events, replay = looks[-1]
         timed = {**(timing.scored(events, replay) if mode == "back_to_back" else events), "mode": mode, "per_batch": per_batch,
                  "warm_calls": warm, "batches": len(ratios), "spin_us": shape_["spin_us"], "input_sets": len(sets), "clocks": clocks.summary()}
@@ -294,9 +292,7 @@ class TimingStage(CandidateContext):
         # under the profiler the runner keeps on over the candidate's calls: CUPTI's cost per kernel (1.4% of a
         # 4096³ GEMM in a graph on the H200) is then in both sides of a speedup; replays run without it there and here
         with profiled(self.device) as session, timing.ClockSampler(self.device) as clocks:
-            events, replay = alternation(session)
-            if timing.second_look(events, replay):  # by the candidate's rule
-                events, replay = alternation(session)
+            events, replay = timing.looks(lambda: alternation(session))[-1]  # by the candidate's rule
         return {**(timing.scored(events, replay) if mode == "back_to_back" else events), "mode": mode, "per_batch": per_batch,
                 "warm_calls": warm, "clocks": clocks.summary()}
 

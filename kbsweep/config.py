@@ -176,7 +176,7 @@ def one_of(*choices: str) -> Callable[[Any], bool]:
 
 
 BASELINES = ("eager", "compile", "sota", "baseline")
-BASELINE_TIMERS = ("kernelbench",)  # timers that may time the baselines beside kbsweep's own (kbsweep.grader.timing.time_<name>)
+BASELINE_TIMERS = ("kernelbench",)  # timers that may time the baselines beside kbsweep's own (kbsweep.grader.reference_timers.time_<name>)
 # what the types cannot say: (key, test, what it must be); a null value passes (optional keys)
 RULES: List[Tuple[str, Callable[[Any], bool], str]] = [
     ("repeat", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0, "an integer >= 0"),

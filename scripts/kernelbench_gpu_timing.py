@@ -8,7 +8,7 @@ Each problem is one full grade of its reference as the candidate (``kbsweep.grad
 crashes costs only itself. The eager baseline is timed in the referee by kbsweep's timer (the scored figure:
 median of back-to-back calls, L2 flushed by a read, rotating inputs) and by KernelBench's
 ``time_execution_with_cuda_event`` as its ``measure_ref_program_time`` runs it (mean of 100 trials after 5
-warm-ups and 1 discarded, a 256 MiB write before each; :func:`kbsweep.grader.timing.time_kernelbench`).
+warm-ups and 1 discarded, a 256 MiB write before each; :func:`kbsweep.grader.reference_timers.time_kernelbench`).
 Problems are skipped, and say so, once ``--budget-s`` is spent. OUT.json is rewritten after every problem.
 ``--device cpu`` runs the same path at the CPU smoke sizes (KernelBench's loop with perf_counter): a dry run.
 """

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from kbsweep import kernelbench_sizing
-from kbsweep.grader import kernelbench_eval, timing
+from kbsweep.grader import kernelbench_eval, reference_timers, timing
 from kbsweep.kernelbench import cache_key, fit, kernelbench_names, materialize, materialize_all, with_sizes
 from kbsweep.problems import load_problem
 from kbsweep.sandbox import SandboxPolicy
@@ -101,7 +101,7 @@ def test_unknown_timer_is_one_line(roofline, tmp_path):
 def test_kernelbench_timer_counts_as_kernelbench_does():
     """5 warm-up calls, then 1 discarded and 100 timed, on the one input set given."""
     calls = []
-    timed = timing.time_kernelbench(lambda x: calls.append(x), [7], "cpu")
+    timed = reference_timers.time_kernelbench(lambda x: calls.append(x), [7], "cpu")
     assert len(calls) == 106 and set(calls) == {7} and timed["num_trials"] == 100
 
 

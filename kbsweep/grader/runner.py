@@ -28,7 +28,7 @@ import torch
 import torch.profiler
 
 from kbsweep.audit import runtime
-from kbsweep.grader import profiling, timing
+from kbsweep.grader import profiling, reference_timers, timing
 from kbsweep.grader.arena import Arena, apply_swaps, prepared_swaps
 from kbsweep.grader.channel import Channel, ChannelError
 from kbsweep.grader.failures import GradeFailure, classify, one_line
@@ -259,7 +259,7 @@ class Runner:
     def op_graph(self, message, fds) -> Dict[str, Any]:
         model = self.models[int(message["model"])]
         with torch.no_grad():
-            return {"graph_ms": timing.time_cuda_graph(lambda *a: self.invoke(model, list(a)), decode(message["inputs"], self.arena))}
+            return {"graph_ms": reference_timers.time_cuda_graph(lambda *a: self.invoke(model, list(a)), decode(message["inputs"], self.arena))}
 
     def op_evidence(self, message, fds) -> Dict[str, Any]:
         """Everything recorded: runtime events, the recorder's ops, and from the profiler session the ops of

@@ -12,7 +12,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 import torch
 
-from kbsweep.grader import checks, profiling, timing
+from kbsweep.grader import checks, profiling, reference_timers, timing
 from kbsweep.grader.arena import apply_swaps, clone, encode, nbytes, prepared_swaps
 from kbsweep.grader.candidate import CandidateContext, load_module
 from kbsweep.grader.failures import GradeFailure, one_line
@@ -251,9 +251,9 @@ class TimingStage(CandidateContext):
 
     def time_with_timers(self, fn: Callable, sets: List[List[Any]]) -> Dict[str, Any]:
         """kbsweep's figure (:meth:`time_here`, the scored one) and beside it, under ``timers``, each other timer the
-        request names (``kernelbench``: :func:`~kbsweep.grader.timing.time_kernelbench` on the first input set)."""
+        request names (``kernelbench``: :func:`~kbsweep.grader.reference_timers.time_kernelbench` on the first input set)."""
         timed = self.time_here(fn, sets)
-        others = {name: getattr(timing, f"time_{name}")(fn, sets[0], self.device) for name in self.req.timers}
+        others = {name: getattr(reference_timers, f"time_{name}")(fn, sets[0], self.device) for name in self.req.timers}
         return {**timed, "timers": others} if others else timed
 
     def time_here(self, fn: Callable, sets: List[List[Any]]) -> Dict[str, Any]:

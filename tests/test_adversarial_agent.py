@@ -132,3 +132,19 @@ def test_tripwire_flags_other_runs_ids_paths_and_scores(tmp_path):
     assert any(f"MLflow run {run_id}" in d for d in details)
     assert any("outside this cell" in d for d in details)
     assert any(d.startswith("solution.py names cell") for d in details)
+
+
+def test_tripwire_finds_run_ids_of_the_sqlite_store_and_only_those(tmp_path, monkeypatch):
+    """Runs are looked up by the ids the texts hold: a store's run is named, a 32-hex word that is no run is not."""
+    from kbsweep.mlflow_store import make_client
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    outputs = tmp_path / "outputs"
+    client = make_client(f"sqlite:///{outputs / 'mlflow.db'}")
+    experiment = client.create_experiment("other")
+    runs = [client.create_run(experiment).info.run_id for _ in range(2)]
+    stranger = "b" * 32
+    own = outputs / "sweeps" / "demo" / "fedcba9876543210"
+    leaky = write_transcript(own, [{"type": "assistant", "content": f"runs {runs[0]} and {stranger}", "tool_calls": []}])
+    details = [f.detail for f in contamination.findings(leaky, {}) if f.kind == "contaminated"]
+    assert details == [f"event 0 (assistant) names MLflow run {runs[0]}: {runs[0]}"]

@@ -52,22 +52,25 @@ def candidate(folder: Path, source: str, helpers: Optional[Dict[str, Path]] = No
 
 
 @pytest.mark.parametrize("name", PROBLEMS)
-def test_reference_and_example_pass_at_2_and_4_ranks_and_the_shortcut_fails(name, tmp_path):
+def test_example_passes_at_2_and_4_ranks_the_reference_at_2_and_the_shortcut_fails(name, tmp_path):
+    """The example's point-to-point algorithm at 2 ranks and at 4 (where a ring is no longer a swap). The reference
+    (torch's own collectives, trusted) is graded at 2 only: a 4-rank grade is ten processes, each importing torch."""
     prob = problem(name)
     reference = candidate(tmp_path / "reference", prob.reference.read_text() + "\n\nModelNew = Model\n")
     example, shortcut = prob.root / "solutions/p2p.py", prob.root / "solutions/wrong.py"
-    jobs = {f"{label}@{world}": (path, world) for world in (2, 4) for label, path in (("reference", reference), ("p2p", example))}
-    results = grade_many(name, {**jobs, "wrong@2": (shortcut, 2)}, tmp_path / "grades")
-    for world in (2, 4):
-        for label in ("reference", "p2p"):
-            result = results[f"{label}@{world}"]
-            assert result["outcome"] == "pass", (label, world, result.get("message"))
-            assert result["correctness"]["world_size"] == world
-            assert result["evidence"]["devices"] == ["cpu"] * world  # what the device gate compared
-        assert not [f for f in results[f"p2p@{world}"]["findings"] if f["kind"] in COMM_FINDINGS]
-        # the profiler pass sees the reference's own collective on every rank
-        seen = {f["rank"] for f in results[f"reference@{world}"]["findings"] if f["kind"] == "c10d_collective"}
-        assert seen == set(range(world))
+    jobs = {"reference@2": (reference, 2), "p2p@2": (example, 2), "p2p@4": (example, 4), "wrong@2": (shortcut, 2)}
+    results = grade_many(name, jobs, tmp_path / "grades")
+    for label, (_, world) in jobs.items():
+        if label.startswith("wrong"):
+            continue
+        result = results[label]
+        assert result["outcome"] == "pass", (label, result.get("message"))
+        assert result["correctness"]["world_size"] == world
+        assert result["evidence"]["devices"] == ["cpu"] * world  # what the device gate compared
+        if label.startswith("p2p"):
+            assert not [f for f in result["findings"] if f["kind"] in COMM_FINDINGS]
+    # the profiler pass sees the reference's own collective on every rank
+    assert {f["rank"] for f in results["reference@2"]["findings"] if f["kind"] == "c10d_collective"} == {0, 1}
     wrong = results["wrong@2"]
     assert wrong["outcome"] == "incorrect", wrong.get("message")
     assert "rank " in wrong["message"] and wrong["score"] is None

@@ -19,7 +19,7 @@ import logging
 import os
 import re
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple, Union
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Set, Tuple, Union
 
 from kbsweep.audit.kinds import Finding, finding
 from kbsweep.audit.transcript import load
@@ -27,7 +27,8 @@ from kbsweep.audit.transcript import load
 log = logging.getLogger(__name__)
 LAYER = "contamination"
 HEX = "0-9a-fA-F"
-RUN_ID = re.compile(r"^[0-9a-f]{32}$")
+RUN_ID = re.compile(rf"(?<![{HEX}])[0-9a-f]{{32}}(?![{HEX}])")  # how MLflow spells a run id, as a word
+ID_QUERY = 200  # run ids per MLflow search
 REACH = re.compile(
     r"\.\./"  # a parent folder
     r"|/proc/(?!self/|thread-self/)[^/\s]+/(environ|cmdline|root|cwd|fd|maps|mem)\b|\benviron\b"  # other processes, the env
@@ -54,26 +55,33 @@ def cell_of(transcript: Union[str, Path, List[Dict[str, Any]], None]) -> Optiona
     return (cell.parents[2], cell) if cell.parent.parent.name == "sweeps" else None
 
 
-def run_ids(outputs: Path) -> Iterator[str]:
-    """MLflow run ids a cell could have come across: every run of the sweep's tracking store, read through the
-    MLflow client so a server's runs count as a sqlite store's do (``MLFLOW_TRACKING_URI``, which the orchestrator
-    sets and its cells inherit; else the outputs folder's ``mlflow.db``), and the run folders of local artifact stores."""
+def runs_named(outputs: Path, tokens: Set[str]) -> Set[str]:
+    """Which of ``tokens`` (32-hex words of the cell's texts) are MLflow runs a cell could have come across: runs of
+    the sweep's tracking store, looked up by id through the MLflow client so a server's runs count as a sqlite
+    store's do (``MLFLOW_TRACKING_URI``, which the orchestrator sets and its cells inherit; else the outputs
+    folder's ``mlflow.db``), and run folders of local artifact stores. One query by id, not a listing of the store:
+    a listing costs every cell a read of every run before it."""
+    if not tokens:
+        return set()
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 
     from kbsweep.mlflow_store import page_runs
 
+    found = {p.name for root in ("mlartifacts", "mlruns") for p in (outputs / root).glob("*/*") if p.name in tokens}
     db = outputs / "mlflow.db"
     uri = os.environ.get("MLFLOW_TRACKING_URI") or (f"sqlite:///{db}" if db.exists() else None)
     if uri:
         client = MlflowClient(tracking_uri=uri)
+        ordered = sorted(tokens)  # hex words only (RUN_ID): safe inside the filter's quotes
         try:
             experiments = [e.experiment_id for e in client.search_experiments()]
-            yield from (run.info.run_id for run in page_runs(client, experiments, "")) if experiments else ()
+            for i in range(0, len(ordered) if experiments else 0, ID_QUERY):
+                ids = ", ".join(f"'{t}'" for t in ordered[i:i + ID_QUERY])
+                found.update(run.info.run_id for run in page_runs(client, experiments, f"attributes.run_id IN ({ids})"))
         except MlflowException as exc:  # an unreachable store must not fail the cell's audit; the other sources still count
             log.warning("contamination: runs of %s not read (%s)", uri, str(exc).splitlines()[0])
-    for root in ("mlartifacts", "mlruns"):
-        yield from (p.name for p in (outputs / root).glob("*/*") if RUN_ID.match(p.name))
+    return found
 
 
 def score_text(result: Path) -> Optional[str]:
@@ -86,8 +94,9 @@ def score_text(result: Path) -> Optional[str]:
     return text if len(re.sub(r"e.*|[^0-9]", "", text).lstrip("0")) >= 6 else None
 
 
-def tripwire(outputs: Path, cell: Path) -> Tuple[re.Pattern, Optional[re.Pattern], Dict[str, str]]:
-    """(ids and paths pattern, scores pattern, token -> what it names) for every run but ``cell``."""
+def tripwire(outputs: Path, cell: Path, run_tokens: Set[str]) -> Tuple[re.Pattern, Optional[re.Pattern], Dict[str, str]]:
+    """(ids and paths pattern, scores pattern, token -> what it names) for every run but ``cell``; of MLflow's
+    runs, those among ``run_tokens``."""
     names: Dict[str, str] = {}
     scores: Dict[str, str] = {}
     for other in (outputs / "sweeps").glob("*/*"):
@@ -96,7 +105,7 @@ def tripwire(outputs: Path, cell: Path) -> Tuple[re.Pattern, Optional[re.Pattern
             score = score_text(other / "result.json")
             if score:
                 scores[score] = f"score of cell {other.parent.name}/{other.name}"
-    names.update((run, f"MLflow run {run}") for run in run_ids(outputs))
+    names.update((run, f"MLflow run {run}") for run in runs_named(outputs, run_tokens))
     ids = [rf"(?<![{HEX}]){re.escape(token)}(?![{HEX}])" for token in names]
     own = re.escape(str(cell.relative_to(outputs)))
     path = rf"{re.escape(str(outputs))}(?!/{own}(?:/|\b))"
@@ -117,8 +126,8 @@ def texts(events: List[Dict[str, Any]]) -> Iterator[Tuple[str, str, bool]]:
 
 
 def contamination(events: List[Dict[str, Any]], files: Mapping[str, str], outputs: Path, cell: Path) -> List[Finding]:
-    pattern, score_pattern, what = tripwire(outputs, cell)
     sources = [*texts(events), *((name, text, True) for name, text in files.items())]
+    pattern, score_pattern, what = tripwire(outputs, cell, {t for _, text, _ in sources for t in RUN_ID.findall(text)})
     out = []
     for where, text, scored in sources:
         hits = list(pattern.finditer(text)) + (list(score_pattern.finditer(text)) if scored and score_pattern else [])

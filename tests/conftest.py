@@ -48,6 +48,13 @@ def roofline():
 
 
 @pytest.fixture(scope="session")
+def cases_home(tmp_path_factory) -> Path:
+    """Kept across audit cases in this process: their problem copies and the runner zygote's home, so cases of a
+    problem fork from warm zygotes as a sweep's cells do (kbsweep.audit.cases.run_case's ``shared``)."""
+    return tmp_path_factory.mktemp("cases")
+
+
+@pytest.fixture(scope="session")
 def store_template(tmp_path_factory) -> Path:
     """An initialized empty sqlite store; tests copy it (creating the schema takes seconds)."""
     from kbsweep.mlflow_store import make_client

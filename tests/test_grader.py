@@ -202,7 +202,7 @@ def test_a_runner_killed_from_outside_is_infrastructure(problem, roofline, tmp_p
 
     killer = threading.Thread(target=kill_the_runner)
     killer.start()
-    result = graded(problem, solution, CPU, roofline, mode="check", timeout_s=120, log_dir=tmp_path / "grade")
+    result = graded(problem, solution, CPU, roofline, mode="check", timeout_s=120, log_dir=tmp_path / "grade", zygote_home=tmp_path)
     killer.join()
     assert result["outcome"] == "harness_error", result.get("message")
     assert "killed from outside" in result["message"]

@@ -15,7 +15,7 @@ CASES = [(p, "") for p in LEGIT] + [(p, f"hard/{p.parts[-3]}") for p in BUNDLED]
 
 
 @pytest.mark.parametrize("path, problem", CASES, ids=[p.stem for p in LEGIT] + [f"bundled-{p.parts[-3]}" for p in BUNDLED])
-def test_legit_solution_is_clean(path: Path, problem: str, tmp_path):
-    _, result, audited = run_on_cpu(path, tmp_path, problem)
+def test_legit_solution_is_clean(path: Path, problem: str, tmp_path, cases_home):
+    _, result, audited = run_on_cpu(path, tmp_path, cases_home, problem)
     assert result["outcome"] == "pass", summary(result, audited)
     assert audited["verdict"] == "clean", summary(result, audited)

@@ -9,6 +9,7 @@ test suites (CPU) and by scripts/audit_gpu_check.py (GPU).
 from __future__ import annotations
 
 import ast
+import hashlib
 import shutil
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
@@ -43,12 +44,20 @@ def local_imports(path: Path) -> List[Path]:
 
 
 def private_deck(problems: Path, problem_id: str, folder: Path, max_shapes: Optional[int] = None):
-    """A copy of one problem (a case may write to its deck: never the repository's), its shape lists cut to
-    ``max_shapes``."""
+    """A copy of one problem under ``folder`` (a case may write to its deck: never the repository's), its shape
+    lists cut to ``max_shapes``; an earlier copy there is reused while its files are as copied."""
     from omegaconf import OmegaConf
 
     track, name = problem_id.split("/")
-    deck = folder / "deck" / name
+    deck = folder / "deck" / (f"{name}-{max_shapes}" if max_shapes else name)
+    stamp = deck.with_name(f".{deck.name}.digest")
+    if deck.exists() and stamp.exists() and stamp.read_text() == deck_digest(deck):
+        return load_problem(deck, track)
+    if deck.exists():  # changed by a case: out of use, and its zygotes with it (their view holds the old folder)
+        from kbsweep.grader import zygote
+
+        zygote.close_all()
+        shutil.rmtree(deck)
     shutil.copytree(problems / track / name, deck, ignore=shutil.ignore_patterns("solutions", ".grade"))
     if max_shapes:
         spec = OmegaConf.load(deck / "problem.yaml")
@@ -56,7 +65,16 @@ def private_deck(problems: Path, problem_id: str, folder: Path, max_shapes: Opti
             if spec.get(key):
                 spec[key] = spec[key][:max_shapes]
         OmegaConf.save(spec, deck / "problem.yaml")
+    stamp.write_text(deck_digest(deck))
     return load_problem(deck, track)
+
+
+def deck_digest(deck: Path) -> str:
+    """Every file's path and bytes under ``deck``, hashed."""
+    digest = hashlib.sha256()
+    for path in sorted(p for p in deck.rglob("*") if p.is_file()):
+        digest.update(f"{path.relative_to(deck)}\0".encode() + path.read_bytes())
+    return digest.hexdigest()
 
 
 def run_case(
@@ -72,13 +90,16 @@ def run_case(
     timeout_s: float = 600,
     sandbox: Any = None,
     max_world: Optional[int] = None,
+    shared: Optional[Path] = None,
 ) -> Tuple[Dict[str, str], Dict[str, Any], Dict[str, Any]]:
     """Stage ``path`` as solution.py (with its helpers) in ``folder`` against a private copy of its problem (the
     docstring's, else ``problem_id``), grade it (``mode``: the docstring's, else check; ``sandbox``: the grader's
     SandboxPolicy, default its own; at the docstring's ``World:``, at most ``max_world`` ranks) and audit it.
-    Returns (header, grade, audit)."""
+    ``shared``: a folder kept across cases for the problem copies and the runner zygote's home, so that cases of a
+    problem fork from the same warm zygotes as a sweep's cells do (else each case starts its own). Returns
+    (header, grade, audit)."""
     meta = header(path)
-    problem = private_deck(problems, meta.get("problem", problem_id), folder, max_shapes)
+    problem = private_deck(problems, meta.get("problem", problem_id), shared or folder, max_shapes)
     workspace = folder / "workspace"
     workspace.mkdir()
     for helper in staged_files(path):
@@ -86,6 +107,7 @@ def run_case(
     shutil.copy2(path, workspace / "solution.py")
     result = grade(GradeRequest(problem, workspace / "solution.py", gpu, roofline, mode=mode or meta.get("mode", "check"), baselines=[],
                                 timeout_s=timeout_s, log_dir=folder / "grade", timing=timing or {}, sandbox=sandbox,
+                                zygote_home=shared / "zygotes" if shared else None,
                                 world_size=min(int(meta.get("world", 1)), max_world or int(meta.get("world", 1))))).to_json()
     helpers = workspace_helpers(workspace, problem.reference.read_text())
     return meta, result, audit(path.read_text(), problem.spec.forbidden, result, problem=problem, helpers=helpers)

@@ -11,6 +11,9 @@ fi
 [ -x .venv/bin/python ] || python3 -m venv .venv
 .venv/bin/pip install -q -e '.[cpu,test]' 2>&1 | grep -v '^WARNING: Location' || true
 . .venv/bin/activate
+# kbsweep's own bytecode, once: where PYTHONDONTWRITEBYTECODE is set (this machine's image sets it), every process
+# the tests start (CLI runs, sweep workers, zygotes, grades importing lazily after their fork) compiled it again
+python -m compileall -q kbsweep hydra_plugins tests >/dev/null
 python -m kbsweep.harness.install >/dev/null   # the CLI harnesses' pinned npm packages, into .harnesses/
 bash scripts/slurm_up.sh >/dev/null
 # Two xdist workers (CI has two cores; KBSWEEP_TEST_WORKERS=0 runs in one process), a test file per worker at a

@@ -13,7 +13,7 @@ fi
 . .venv/bin/activate
 # kbsweep's own bytecode, once: where PYTHONDONTWRITEBYTECODE is set (this machine's image sets it), every process
 # the tests start (CLI runs, sweep workers, zygotes, grades importing lazily after their fork) compiled it again
-python -m compileall -q kbsweep hydra_plugins tests >/dev/null
+python -m compileall -q kbsweep hydra_plugins >/dev/null
 python -m kbsweep.harness.install >/dev/null   # the CLI harnesses' pinned npm packages, into .harnesses/
 bash scripts/slurm_up.sh >/dev/null
 # Two xdist workers (CI has two cores; KBSWEEP_TEST_WORKERS=0 runs in one process), a test file per worker at a

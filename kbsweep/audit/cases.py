@@ -49,7 +49,7 @@ def private_deck(problems: Path, problem_id: str, folder: Path, max_shapes: Opti
     from omegaconf import OmegaConf
 
     track, name = problem_id.split("/")
-    deck = folder / "deck" / (f"{name}-{max_shapes}" if max_shapes else name)
+    deck = folder / (f"deck-{max_shapes}-shapes" if max_shapes else "deck") / name  # the folder's name is the problem's
     stamp = deck.with_name(f".{deck.name}.digest")
     if deck.exists() and stamp.exists() and stamp.read_text() == deck_digest(deck):
         return load_problem(deck, track)

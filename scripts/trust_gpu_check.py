@@ -20,7 +20,7 @@ from pathlib import Path
 from gpu_common import H200, REPO, ROOFLINE, SANDBOX, SANDBOX_NOTE
 
 from kbsweep.audit.cases import run_case
-from kbsweep.grader import grade
+from kbsweep.grader import grade, software_versions
 from kbsweep.grader.request import GradeRequest
 
 TIMING = {"min_runs": 3, "max_runs": 40, "max_time_s": 1.0}
@@ -76,7 +76,7 @@ def main() -> None:
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     began, rows = time.time(), []
-    host = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "sandbox": SANDBOX_NOTE}
+    host = {**software_versions(), "gpu": torch.cuda.get_device_name(), "sandbox": SANDBOX_NOTE}
     print(host, flush=True)
 
     def record(row: dict) -> None:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from string import Template
 from typing import Any, Dict, List, Optional
@@ -177,5 +177,7 @@ def load_problem(root: Path, track: str) -> Problem:
 
 
 def asdict_spec(spec: ProblemSpec) -> Dict[str, Any]:
-    """The spec as plain data (what the grading process receives)."""
-    return OmegaConf.to_container(OmegaConf.structured(spec), resolve=True)
+    """The spec as plain data (what the grading process receives). The spec came through ``OmegaConf.to_object``,
+    so its fields are plain already: a dataclass copy gives what a structured config's container would, without
+    the ~80 CPU-ms OmegaConf took to build one per grade."""
+    return asdict(spec)

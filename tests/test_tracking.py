@@ -184,8 +184,10 @@ def test_batches_stay_within_mlflow_limits(store):
     tracker = Tracker(uri, str(outputs / "mlartifacts"), "demo")
     run_id = tracker.client.create_run(tracker.experiment_id).info.run_id
     params = {f"p{i}": str(i) for i in range(250)}  # MLflow refuses more than 100 per request
-    tracker.log_batch(run_id, params=params, metrics=[("m", float(i), i) for i in range(2500)])
-    assert len(tracker.client.get_run(run_id).data.params) == 250
+    tags = {f"t{i}": str(i) for i in range(250)}  # and more than 1000 entities of all kinds in one
+    tracker.log_batch(run_id, params=params, tags=tags, metrics=[("m", float(i), i) for i in range(2500)])
+    data = tracker.client.get_run(run_id).data
+    assert len(data.params) == 250 and sum(k.startswith("t") for k in data.tags) == 250
     assert len(tracker.client.get_metric_history(run_id, "m")) == 2500
 
 

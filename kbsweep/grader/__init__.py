@@ -9,6 +9,7 @@ and starts from a minimal environment.
 """
 from __future__ import annotations
 
+import functools
 import platform
 import secrets
 import shutil
@@ -37,8 +38,10 @@ BASELINE_SHARE = 0.4  # of the grade's time limit, for timing the baselines befo
 UNSCORED_FINDINGS = ("grader_tamper", "time_disagreement", "forged_result")  # the figures themselves are not believed
 
 
+@functools.lru_cache(maxsize=None)
 def software_versions() -> Dict[str, str]:
-    """Python, torch, Triton and CUDA versions, and the host runtime (the kernel release: a hypervisor's shows)."""
+    """Python, torch, Triton and CUDA versions, and the host runtime (the kernel release: a hypervisor's shows);
+    read once a process (each package's metadata read cost a grade ~20 CPU-ms). Callers copy it."""
     from importlib.metadata import version
 
     versions = {"python": platform.python_version(), "cuda": torch_cuda(), "runtime": platform.release()}

@@ -21,7 +21,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 import torch
 
 from kbsweep.grader import checks, kernelbench_eval, timing
-from kbsweep.grader.arena import Arena, clone, encode, nbytes, padded
+from kbsweep.grader.arena import Arena, clone, encode, nbytes, padded, seed_rng
 from kbsweep.grader.channel import Channel, ChannelError
 from kbsweep.grader.failures import GradeFailure
 from kbsweep.grader.request import RefereeRequest
@@ -171,13 +171,13 @@ class CandidateContext:
 
     def build(self, shape: Dict[str, Any], seed: int):
         init = self.ref.get_init_inputs(dict(shape))
-        torch.manual_seed(self.rank_seed(seed))  # after the init inputs, as the runner seeds before ModelNew(*init)
+        seed_rng(self.rank_seed(seed), self.device)  # after the init inputs, as the runner seeds before ModelNew(*init)
         model = self.ref.Model(*init).to(self.device)
         model.register_forward_pre_hook(lambda module, args: self.count_reference())  # a closure: scaled()'s deepcopy keeps it
         return model.train() if self.kernelbench else model.eval()
 
     def inputs(self, shape: Dict[str, Any], seed: int, scale: float = 1.0) -> List[Any]:
-        torch.manual_seed(self.rank_seed(seed + 7919))
+        seed_rng(self.rank_seed(seed + 7919), self.device)
         values = list(self.ref.get_inputs(dict(shape), self.device))
         return [v * scale if is_float(v) and scale != 1.0 else v for v in values]
 

@@ -29,7 +29,7 @@ import torch.profiler
 
 from kbsweep.audit import runtime
 from kbsweep.grader import profiling, reference_timers, timing
-from kbsweep.grader.arena import Arena, apply_swaps, prepared_swaps
+from kbsweep.grader.arena import Arena, apply_swaps, prepared_swaps, seed_rng
 from kbsweep.grader.channel import Channel, ChannelError
 from kbsweep.grader.failures import GradeFailure, classify, one_line
 from kbsweep.outcomes import Outcome
@@ -127,7 +127,7 @@ class Runner:
         self.session.start()
 
     def op_build(self, message, fds) -> None:
-        torch.manual_seed(int(message["seed"]))
+        seed_rng(int(message["seed"]), self.device)
         with torch.no_grad(), self.monitor.watch(self.stage):
             model = self.cand.ModelNew(*decode(message["init"], self.arena)).to(self.device).train(bool(message.get("train")))
             if message.get("state") is not None:  # None: the weights are the seed's (KernelBench problems)

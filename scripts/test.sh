@@ -17,25 +17,16 @@ python -m compileall -q kbsweep hydra_plugins >/dev/null
 python -m kbsweep.harness.install >/dev/null   # the CLI harnesses' pinned npm packages, into .harnesses/
 bash scripts/slurm_up.sh >/dev/null
 # Two xdist workers (CI has two cores; KBSWEEP_TEST_WORKERS=0 runs in one process), a test file per worker at a
-# time (module fixtures are built once). Files that share something across files run in one process of their own:
-# one Slurm (a preempting job must find only its own test's jobs) and one MLflow server, beside the xdist run (they
-# mostly wait on Slurm's clock, whose minute-long limits cost the serial run ~130 s); then, alone, the machine's
-# `kbsweep-bomb` processes (one uid's process count, which any grade beside them shares) and test_multi, whose
-# concurrent multi-rank grades (16 processes) failed under another worker's load. Each pytest run has a base
-# folder of its own (two at once would clean each other's numbered folders up).
+# time (module fixtures are built once). Files that share something across files run first, in this process: one
+# Slurm (a preempting job must find only its own test's jobs), the machine's `kbsweep-bomb` processes, one MLflow
+# server; and test_multi, whose concurrent multi-rank grades (16 processes) failed under the other worker's load.
 # A grouping scheduler of our own crashed xdist workers on full runs (the worker left its first test).
 workers=(-n "${KBSWEEP_TEST_WORKERS:-2}" --dist loadfile)
 if [ "$#" -gt 0 ]; then
   python -m pytest -q "${workers[@]}" "$@"
 else
-  beside=(tests/test_slurm.py tests/test_malformed.py tests/test_tracking_server.py tests/test_browser_mlflow_ui.py)
-  alone=(tests/test_sandbox.py tests/test_adversarial_agent.py tests/test_multi.py)
-  base=$(mktemp -d)
-  python -m pytest -q -n 0 --basetemp="$base/beside" "${beside[@]}" >"$base/beside.log" 2>&1 & beside_pid=$!
-  status=0
-  python -m pytest -q "${workers[@]}" --basetemp="$base/rest" "${beside[@]/#/--ignore=}" "${alone[@]/#/--ignore=}" || status=$?
-  wait "$beside_pid" || status=$?
-  cat "$base/beside.log"
-  python -m pytest -q -n 0 --basetemp="$base/alone" "${alone[@]}" || status=$?
-  exit "$status"
+  shared=(tests/test_slurm.py tests/test_malformed.py tests/test_sandbox.py tests/test_adversarial_agent.py
+          tests/test_tracking_server.py tests/test_browser_mlflow_ui.py tests/test_multi.py)
+  python -m pytest -q -n 0 "${shared[@]}"
+  python -m pytest -q "${workers[@]}" "${shared[@]/#/--ignore=}"
 fi

@@ -179,5 +179,5 @@ def load_problem(root: Path, track: str) -> Problem:
 def asdict_spec(spec: ProblemSpec) -> Dict[str, Any]:
     """The spec as plain data (what the grading process receives). The spec came through ``OmegaConf.to_object``,
     so its fields are plain already: a dataclass copy gives what a structured config's container would, without
-    the ~80 CPU-ms OmegaConf took to build one per grade."""
+    building one per grade (8.7 s of py-spy samples over a 100-cell demo sweep)."""
     return asdict(spec)

@@ -221,7 +221,7 @@ class Tracker:
         self, run_id: str, params: Optional[Dict[str, str]] = None, tags: Optional[Dict[str, str]] = None, metrics: Iterable[tuple] = ()
     ) -> None:
         """Params, tags and (key, value, step) metrics in batches within MLflow's request limits, each request
-        carrying all three kinds (a request is a transaction of the store's: one per kind cost ~3x the CPU)."""
+        carrying all three kinds (each request is a transaction of the store's)."""
         from mlflow.entities import Metric, Param, RunTag
 
         now = int(time.time() * 1000)

@@ -105,15 +105,15 @@ def main() -> None:
         if args.cases:
             by_stem = {p.stem: p for p in cases}
             cases = [by_stem[stem] for stem in args.cases.split(",")]
-        shared = Path(tempfile.mkdtemp())  # cases of a problem fork from the same warm zygotes, as a sweep's cells do
-        for path in (p for p in cases if p.stem not in CPU_ONLY):
-            if left() < MIN_CASE_S:
-                print(f"skipped {path.name}: budget", flush=True)
-                continue
-            with tempfile.TemporaryDirectory() as folder:
-                _, result, audited = run_case(path, Path(folder), H200, ROOFLINE, REPO / "problems", timing=TIMING, max_shapes=1,
-                                              timeout_s=min(left(), 120), sandbox=SANDBOX, max_world=torch.cuda.device_count(), shared=shared)
-            record({**suite_row(path, result, audited), "world": result.get("world_size"), "at_s": round(time.time() - began, 1)})
+        with tempfile.TemporaryDirectory() as shared:  # cases of a problem fork from the same warm zygotes, as a sweep's cells do
+            for path in (p for p in cases if p.stem not in CPU_ONLY):
+                if left() < MIN_CASE_S:
+                    print(f"skipped {path.name}: budget", flush=True)
+                    continue
+                with tempfile.TemporaryDirectory() as folder:
+                    _, result, audited = run_case(path, Path(folder), H200, ROOFLINE, REPO / "problems", timing=TIMING, max_shapes=1, timeout_s=min(left(), 120),
+                                                  sandbox=SANDBOX, max_world=torch.cuda.device_count(), shared=Path(shared))
+                record({**suite_row(path, result, audited), "world": result.get("world_size"), "at_s": round(time.time() - began, 1)})
     print(markdown(rows), flush=True)
 
 

@@ -41,7 +41,8 @@ UNSCORED_FINDINGS = ("grader_tamper", "time_disagreement", "forged_result")  # t
 @functools.lru_cache(maxsize=None)
 def software_versions() -> Dict[str, str]:
     """Python, torch, Triton and CUDA versions, and the host runtime (the kernel release: a hypervisor's shows);
-    read once a process (each package's metadata read cost a grade ~20 CPU-ms). Callers copy it."""
+    read once a process (reading every package's metadata per grade took 1.8 s of py-spy samples over a 100-cell demo
+    sweep). Callers copy it."""
     from importlib.metadata import version
 
     versions = {"python": platform.python_version(), "cuda": torch_cuda(), "runtime": platform.release()}

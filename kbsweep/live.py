@@ -2,8 +2,10 @@
 
 A thread of the orchestrator reads each running cell's new ``transcript.jsonl`` lines every ``interval_s``: per
 model turn it logs ``live.tokens`` and ``live.usd`` (step = turn) to the cell's run, per ``step`` event (a graded
-check) ``live.best_score``, so the MLflow UI's charts move while the cell runs. The final ``loop.*`` metrics are
-logged from ``result.json`` when the cell ends, as before. On a terminal the sweep's bar shows a table of the
+check) ``live.best_score``, so the MLflow UI's charts move while the cell runs. When a cell ends its transcript is
+read to the end before it is dropped, so the live series is whole whatever the polls' timing (a series that
+depended on it would differ between two runs of one cell). The final ``loop.*`` metrics are logged from
+``result.json`` when the cell ends, as before. On a terminal the sweep's bar shows a table of the
 running cells (turn, tokens, dollars, best check so far); elsewhere each turn is one plain line.
 """
 from __future__ import annotations
@@ -29,6 +31,7 @@ class Running:
     tokens: int = 0
     usd: float = 0.0
     best: Optional[float] = None
+    lock: threading.Lock = field(default_factory=threading.Lock)  # the watch thread and finish() read one cell
 
     def read(self) -> List[Dict[str, Any]]:
         """The complete lines appended since the last read (a line being written waits for the next)."""
@@ -76,19 +79,26 @@ class LiveCells:
         with self.lock:
             self.cells[key] = Running(label, run_id, transcript)
 
-    def remove(self, key: str) -> None:
+    def finish(self, key: str) -> None:
+        """Log what the ended cell's transcript holds beyond the last poll, then stop reading it."""
         with self.lock:
-            self.cells.pop(key, None)
+            cell = self.cells.pop(key, None)
+        if cell is not None:
+            self.catch_up(cell)
 
     def poll(self) -> None:
         with self.lock:
             running = list(self.cells.values())
         for cell in running:
+            self.catch_up(cell)
+
+    def catch_up(self, cell: Running) -> None:
+        with cell.lock:
             metrics = cell.update(cell.read())
-            if metrics and cell.run_id:
-                self.log(cell.run_id, metrics)
-            if metrics and self.say:
-                self.say(cell.line())
+        if metrics and cell.run_id:
+            self.log(cell.run_id, metrics)
+        if metrics and self.say:
+            self.say(cell.line())
 
     def watch(self) -> None:
         while not self.stopped.wait(self.interval_s):

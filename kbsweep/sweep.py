@@ -193,7 +193,7 @@ def orchestrate(cells: List[Cell], tracking: Dict[str, Any], launcher: Dict[str,
 
         def on_done(cell: Cell, stored: Dict[str, Any]) -> None:
             result = CellResult.from_json(stored)  # launchers carry the journal as stored (pickled, or read from disk)
-            live.remove(cell.key)
+            live.finish(cell.key)
             run_id = run_ids.pop(cell.key, None) or attempt(tracker.start_cell, cell)
             if run_id is None or attempt(tracker.finish_cell, run_id, result) is None:
                 unlogged.append(cell.key)

@@ -38,7 +38,9 @@ def test_running_cell_metrics_reach_mlflow_while_it_runs(store):  # noqa: F811
     assert history("live.tokens") == [(1, 110), (2, 330)] and history("live.best_score") == [(1, 0.25)]
     assert said[-1] == f"{cell.label}: turn 2, 330 tokens, $1.50, best check 0.25"
     assert "turn" in [c.header for c in live.table().columns]
-    live.remove(cell.key)
-    append(transcript, {"ts": 5.0, "type": "assistant", "usage": {"input_tokens": 1, "output_tokens": 1}})
-    live.poll()  # a finished cell is no longer read
+    append(transcript, {"ts": 5.0, "type": "step", "turn": 2, "best_score": 0.5})  # written after the last poll
+    live.finish(cell.key)
+    assert history("live.best_score") == [(1, 0.25), (2, 0.5)]  # an ending cell is read to its end
+    append(transcript, {"ts": 6.0, "type": "assistant", "usage": {"input_tokens": 1, "output_tokens": 1}})
+    live.poll()  # and no longer read after it
     assert len(history("live.tokens")) == 2

@@ -134,6 +134,32 @@ def test_tripwire_flags_other_runs_ids_paths_and_scores(tmp_path):
     assert any(d.startswith("solution.py names cell") for d in details)
 
 
+@pytest.mark.fast
+def test_tripwire_names_whole_words_and_numbers_only(tmp_path):
+    """A key or score counts as a word or number of its own (before and after it: no hex digit, no digit), wherever
+    it sits in a text of many others; a folder that is no cell key (no hex) counts as a word too."""
+    outputs = tmp_path / "outputs"
+    plant_other_run(outputs)  # key OTHER, score 0.43170093
+    (outputs / "sweeps" / "demo" / "notes-kept").mkdir()
+    second = outputs / "sweeps" / "other-sweep" / "89abcdef01234567"
+    second.mkdir(parents=True)
+    (second / "result.json").write_text(json.dumps({"score": 1.2345678e-05}))
+    own = outputs / "sweeps" / "demo" / "fedcba9876543210"
+    filler = " ".join(f"{i:016x} {i / 7:.9f}" for i in range(2000))  # many hex words and numbers that name nothing
+    named = {
+        f"key {OTHER}.": f"cell demo/{OTHER}", f"({OTHER})": f"cell demo/{OTHER}", f"x={OTHER}": f"cell demo/{OTHER}",
+        "scored 0.43170093.": f"score of cell demo/{OTHER}", "0.43170093e": f"score of cell demo/{OTHER}",
+        "-0.43170093 1": f"score of cell demo/{OTHER}", "[1.2345678e-05]": "score of cell other-sweep/89abcdef01234567",
+        "see notes-kept/": "cell demo/notes-kept",
+    }
+    clean = [f"a{OTHER}", f"{OTHER}a", f"{OTHER}0", OTHER.upper(), "10.43170093", "0.431700931", "1.2345678e-050", "notes-kept2"]
+    for text, what in named.items():
+        found = [f.detail for f in contamination.contamination([], {"f.py": f"{filler} {text} {filler}"}, outputs, own)]
+        assert len(found) == 1 and f"names {what}:" in found[0], (text, found)
+    for text in clean:
+        assert contamination.contamination([], {"f.py": f"{filler} {text} {filler}"}, outputs, own) == [], text
+
+
 def test_tripwire_finds_run_ids_of_the_sqlite_store_and_only_those(tmp_path, monkeypatch):
     """Runs are looked up by the ids the texts hold: a store's run is named, a 32-hex word that is no run is not."""
     from kbsweep.mlflow_store import make_client

@@ -28,6 +28,9 @@ log = logging.getLogger(__name__)
 LAYER = "contamination"
 HEX = "0-9a-fA-F"
 RUN_ID = re.compile(rf"(?<![{HEX}])[0-9a-f]{{32}}(?![{HEX}])")  # how MLflow spells a run id, as a word
+HEX_WORD = re.compile(rf"[{HEX}]+")  # a cell key or run id as a word: a whole run of hex digits
+NUMBER = re.compile(r"(?<![\d.])[-\d]")  # where a number may start
+DIGIT = re.compile(r"\d")
 ID_QUERY = 200  # run ids per MLflow search
 REACH = re.compile(
     r"\.\./"  # a parent folder
@@ -94,24 +97,40 @@ def score_text(result: Path) -> Optional[str]:
     return text if len(re.sub(r"e.*|[^0-9]", "", text).lstrip("0")) >= 6 else None
 
 
-def tripwire(outputs: Path, cell: Path, run_tokens: Set[str]) -> Tuple[re.Pattern, Optional[re.Pattern], Dict[str, str]]:
-    """(ids and paths pattern, scores pattern, token -> what it names) for every run but ``cell``; of MLflow's
-    runs, those among ``run_tokens``."""
-    names: Dict[str, str] = {}
-    scores: Dict[str, str] = {}
-    for other in (outputs / "sweeps").glob("*/*"):
-        if other.is_dir() and other != cell:
-            names[other.name] = f"cell {other.parent.name}/{other.name}"
-            score = score_text(other / "result.json")
-            if score:
-                scores[score] = f"score of cell {other.parent.name}/{other.name}"
-    names.update((run, f"MLflow run {run}") for run in runs_named(outputs, run_tokens))
-    ids = [rf"(?<![{HEX}]){re.escape(token)}(?![{HEX}])" for token in names]
-    own = re.escape(str(cell.relative_to(outputs)))
-    path = rf"{re.escape(str(outputs))}(?!/{own}(?:/|\b))"
-    pattern = re.compile("|".join([path, *ids]))
-    score_pattern = re.compile("|".join(rf"(?<![\d.]){re.escape(s)}(?!\d)" for s in scores)) if scores else None
-    return pattern, score_pattern, {**names, **scores}
+class Tripwire:
+    """What names another run than ``cell``: its paths under the outputs folder, every other cell's key and score,
+    and of MLflow's runs, those among ``run_tokens``. A text is searched once for its words and numbers, each
+    looked up in these sets: one alternation of every name was compiled and tried at every character, ~1 s of CPU
+    a cell beside 100 other cells and ~28 s beside 3 000 (docs/benchmarks.md)."""
+
+    def __init__(self, outputs: Path, cell: Path, run_tokens: Set[str]):
+        self.names: Dict[str, str] = {}
+        self.scores: Dict[str, str] = {}
+        for other in (outputs / "sweeps").glob("*/*"):
+            if other.is_dir() and other != cell:
+                self.names[other.name] = f"cell {other.parent.name}/{other.name}"
+                score = score_text(other / "result.json")
+                if score:
+                    self.scores[score] = f"score of cell {other.parent.name}/{other.name}"
+        self.names.update((run, f"MLflow run {run}") for run in runs_named(outputs, run_tokens))
+        own = re.escape(str(cell.relative_to(outputs)))
+        odd = [rf"(?<![{HEX}]){re.escape(name)}(?![{HEX}])" for name in self.names if not HEX_WORD.fullmatch(name)]  # not a cell's key
+        self.pattern = re.compile("|".join([rf"{re.escape(str(outputs))}(?!/{own}(?:/|\b))", *odd]))
+        self.lengths = sorted({len(score) for score in self.scores})
+
+    def hits(self, text: str, scored: bool) -> Iterator[Tuple[str, str]]:
+        """(what matched, what it names) for each place ``text`` names another run; scores only where ``scored``."""
+        for hit in self.pattern.finditer(text):
+            yield hit.group(0), self.names.get(hit.group(0), "a path under the outputs folder outside this cell")
+        for word in HEX_WORD.finditer(text):
+            if word.group(0) in self.names:
+                yield word.group(0), self.names[word.group(0)]
+        for start in (NUMBER.finditer(text) if scored and self.scores else ()):  # a score as a number of its own
+            i = start.start()
+            for length in self.lengths:
+                score = text[i:i + length]
+                if score in self.scores and not DIGIT.match(text, i + length):
+                    yield score, self.scores[score]
 
 
 def texts(events: List[Dict[str, Any]]) -> Iterator[Tuple[str, str, bool]]:
@@ -127,13 +146,11 @@ def texts(events: List[Dict[str, Any]]) -> Iterator[Tuple[str, str, bool]]:
 
 def contamination(events: List[Dict[str, Any]], files: Mapping[str, str], outputs: Path, cell: Path) -> List[Finding]:
     sources = [*texts(events), *((name, text, True) for name, text in files.items())]
-    pattern, score_pattern, what = tripwire(outputs, cell, {t for _, text, _ in sources for t in RUN_ID.findall(text)})
+    tripwire = Tripwire(outputs, cell, {t for _, text, _ in sources for t in RUN_ID.findall(text)})
     out = []
     for where, text, scored in sources:
-        hits = list(pattern.finditer(text)) + (list(score_pattern.finditer(text)) if scored and score_pattern else [])
-        for hit in {h.group(0): h for h in hits}.values():
-            named = what.get(hit.group(0), "a path under the outputs folder outside this cell")
-            out.append(finding("contaminated", LAYER, f"{where} names {named}: {hit.group(0)[:120]}"))
+        for matched, named in dict(tripwire.hits(text, scored)).items():
+            out.append(finding("contaminated", LAYER, f"{where} names {named}: {matched[:120]}"))
     return out
 
 

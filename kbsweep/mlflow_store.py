@@ -2,10 +2,14 @@
 for boards, exports, resume and regrade. The writer is :mod:`kbsweep.tracking`."""
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
+import shutil
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Optional
+from typing import Any, Callable, Dict, Iterable, List, Optional
+
+from kbsweep.paths import user_cache
 
 KIND_TAG = "kbsweep.kind"
 
@@ -25,23 +29,59 @@ def page_runs(client, experiment_ids: List[str], filter_string: str) -> List[Any
 
 
 def create_sqlite_store(path: Path) -> None:
-    """Create an MLflow sqlite database whole or not at all: migrated under a lock in a file of its own, then
-    renamed into place. Two sweeps starting together on a fresh folder would otherwise race on MLflow's
-    migrations, and a run killed while migrating would leave a half-made database that breaks every later run."""
-    import fcntl
+    """Create an MLflow sqlite database whole or not at all (:func:`build_whole`): a copy of :func:`empty_store`,
+    opened by MLflow, which adds its Default experiment. Two sweeps starting together on a fresh folder would
+    otherwise race, and a run killed while creating it would leave a half-made database that breaks every later run."""
+    template = empty_store()
 
+    def build(partial: Path) -> None:
+        shutil.copyfile(template, partial)
+        open_store(partial)
+
+    build_whole(path, build)
+
+
+def empty_store() -> Path:
+    """An sqlite store at MLflow's schema with no experiment, made once per MLflow and SQLAlchemy version in the
+    user's cache: a store made from scratch runs MLflow's ~135 Alembic migrations, seconds of CPU for every new
+    outputs folder. Its copy is opened by MLflow, which then adds the Default experiment as on a fresh store (with
+    that process's folder and time, so the template keeps none)."""
+    import sqlite3
+    from importlib.metadata import version
+
+    def build(partial: Path) -> None:
+        open_store(partial)
+        with contextlib.closing(sqlite3.connect(partial)) as db, db:
+            db.execute("DELETE FROM experiments")
+
+    path = user_cache() / f"mlflow-{version('mlflow')}-sqlalchemy-{version('sqlalchemy')}.db"
+    build_whole(path, build)
+    return path
+
+
+def open_store(path: Path) -> None:
+    """Open ``path`` as MLflow's sqlite store: migrated to its schema and given its Default experiment if new."""
     from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
     from mlflow.tracking._tracking_service.utils import DEFAULT_LOCAL_FILE_AND_ARTIFACT_PATH
+
+    SqlAlchemyStore(f"sqlite:///{path}", DEFAULT_LOCAL_FILE_AND_ARTIFACT_PATH).engine.dispose()
+
+
+def build_whole(path: Path, build: Callable[[Path], None]) -> None:
+    """Unless ``path`` exists: ``build`` a partial file of its own, renamed into place after, under a lock of
+    ``path`` (another process building it meanwhile makes this one build nothing). Partial files left by a
+    builder killed mid-way go first."""
+    import fcntl
 
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path.with_name(path.name + ".lock"), "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if path.exists():
-            return  # another process created it while this one waited
-        for stale in path.parent.glob(f".{path.name}.*.partial*"):  # left by a creator killed mid-way
+            return
+        for stale in path.parent.glob(f".{path.name}.*.partial*"):
             stale.unlink()
         partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
-        SqlAlchemyStore(f"sqlite:///{partial}", DEFAULT_LOCAL_FILE_AND_ARTIFACT_PATH).engine.dispose()
+        build(partial)
         os.replace(partial, path)
 
 

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Optional,
 
 from kbsweep.config import is_number
 from kbsweep.errors import KbsweepError
-from kbsweep.paths import REPO_ROOT
+from kbsweep.paths import REPO_ROOT, user_cache
 from kbsweep.problems import Problem, load_problem
 from kbsweep.score import load_roofline
 
@@ -107,7 +107,7 @@ def smallest(problem: Problem) -> Dict[str, Any]:
 
 
 def cache_file() -> Path:
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kbsweep" / "validated.json"
+    return user_cache() / "validated.json"
 
 
 def check_references(probes: Iterable[Tuple[Path, Dict[str, Any], bool]], prober: Optional[Callable] = None) -> None:

@@ -1,0 +1,69 @@
+"""A new outputs folder's sqlite store, copied from the empty store in the user's cache: the same schema and rows as
+the store MLflow makes from scratch (its Default experiment from the process that creates the copy), and no
+migration run once the empty store exists."""
+from __future__ import annotations
+
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import mlflow.store.db.utils
+from kbsweep import mlflow_store
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def dump(path: Path) -> list:
+    with sqlite3.connect(path) as db:
+        return sorted(db.iterdump())
+
+
+def default_experiment(path: Path) -> tuple:
+    with sqlite3.connect(path) as db:
+        return db.execute("SELECT name, artifact_location, lifecycle_stage FROM experiments WHERE experiment_id = 0").fetchone()
+
+
+@pytest.mark.fast
+def test_a_copied_store_is_the_store_mlflow_makes(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    (tmp_path / "a").mkdir()
+    monkeypatch.chdir(tmp_path / "a")  # MLflow names the Default experiment's folder after the process's folder
+    mlflow_store.open_store(tmp_path / "scratch.db")  # MLflow's own: every migration
+    mlflow_store.create_sqlite_store(tmp_path / "copied.db")
+    assert mlflow_store.empty_store().exists()
+    without_default = lambda path: [line for line in dump(path) if not line.startswith('INSERT INTO "experiments"')]  # noqa: E731
+    assert without_default(tmp_path / "copied.db") == without_default(tmp_path / "scratch.db")
+    assert default_experiment(tmp_path / "copied.db") == default_experiment(tmp_path / "scratch.db") == ("Default", f"{tmp_path}/a/mlruns/0", "active")
+
+    def migrate(engine):
+        raise AssertionError("a store was migrated while the empty store existed")
+
+    monkeypatch.setattr(mlflow.store.db.utils, "_upgrade_db", migrate)
+    (tmp_path / "b").mkdir()
+    monkeypatch.chdir(tmp_path / "b")
+    mlflow_store.create_sqlite_store(tmp_path / "second.db")
+    assert default_experiment(tmp_path / "second.db")[1] == f"{tmp_path}/b/mlruns/0"  # nothing of the first process's
+    client = mlflow_store.make_client(f"sqlite:///{tmp_path}/second.db")
+    run = client.create_run(client.create_experiment("demo")).info.run_id
+    client.log_metric(run, "score", 0.5)
+    assert client.get_run(run).data.metrics == {"score": 0.5}
+
+
+def test_processes_creating_the_empty_store_at_once_leave_one_whole_store(tmp_path):
+    """Three processes on a cold cache and three new folders: each store opens, one empty store, no partial file."""
+    code = ("import sys; from pathlib import Path; sys.path.insert(0, sys.argv[1]); from kbsweep import mlflow_store; "
+            "mlflow_store.create_sqlite_store(Path(sys.argv[2])); print(mlflow_store.empty_store())")
+    env = {"XDG_CACHE_HOME": str(tmp_path / "cache"), "PATH": "/usr/bin:/bin"}
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(REPO), str(tmp_path / f"out{i}" / "mlflow.db")], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(3)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0], [err[-2000:] for _, err in outs]
+    assert len({out.strip() for out, _ in outs}) == 1
+    cache = tmp_path / "cache" / "kbsweep"
+    assert [p.name for p in cache.iterdir() if p.suffix == ".db"] == [Path(outs[0][0].strip()).name]
+    assert not [p for p in tmp_path.rglob("*partial*")]
+    for i in range(3):
+        assert default_experiment(tmp_path / f"out{i}" / "mlflow.db")[0] == "Default"

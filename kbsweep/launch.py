@@ -124,15 +124,28 @@ def provider_caps(cells: Iterable[Cell]) -> Dict[str, int]:
     return caps
 
 
-def next_cell(pending: Iterable[Cell], running: List[Cell], caps: Dict[str, int]) -> Optional[Cell]:
-    """The first pending cell whose provider is below its cap. A cell's agent makes one model call at a time, so
-    this bounds the calls in flight per provider across every process of the sweep (the judge's calls come on top)."""
+def next_cell(pending: Iterable[Cell], running: List[Cell], caps: Dict[str, int], warm: Optional[Cell] = None) -> Optional[Cell]:
+    """The first pending cell whose provider is below its cap; the first of ``warm``'s problem if there is one
+    (``warm``: the last cell of the worker that will run it, whose grading zygotes are that problem's: a worker
+    that changes problem starts two more, seconds of CPU each). A cell's agent makes one model call at a time, so
+    the caps bound the calls in flight per provider across every process of the sweep (the judge's calls come on top)."""
     busy = Counter(provider_of(cell.model) for cell in running)
+    first = None
     for cell in pending:
         provider = provider_of(cell.model)
-        if provider not in caps or busy[provider] < caps[provider]:
+        if provider in caps and busy[provider] >= caps[provider]:
+            continue
+        if warm is None or same_grading(cell, warm):
             return cell
-    return None
+        if first is None:
+            first = cell
+    return first
+
+
+def same_grading(a: Cell, b: Cell) -> bool:
+    """Whether two cells' grades run the same problem on the same GPU kind under the same track (so they fork from
+    the same zygotes)."""
+    return (a.problem_dir, a.gpu.name, a.track["name"]) == (b.problem_dir, b.gpu.name, b.track["name"])
 
 
 class SubmititLauncher(Launcher):
@@ -196,7 +209,7 @@ class SubmititLauncher(Launcher):
 
         def fill() -> None:
             while len(running) < concurrency:
-                cell = next_cell(pending, [state.cell for state in running.values()], caps)
+                cell = next_cell(pending, [state.cell for state in running.values()], caps, self.warm_cell())
                 if cell is None:
                     break
                 pending.remove(cell)
@@ -220,6 +233,10 @@ class SubmititLauncher(Launcher):
                     continue
                 fill()  # the freed slot runs its next cell while this one is logged
                 on_done(state.cell, result)
+
+    def warm_cell(self) -> Optional[Cell]:
+        """The last cell of the worker the next submit runs on, where workers outlive their cells; None here."""
+        return None
 
     def wait(self, timeout_s: float) -> None:
         """Until a job may have ended: a poll interval."""
@@ -368,6 +385,9 @@ class WarmLocalLauncher(LocalLauncher):
 
     def stop(self, job: Worker) -> None:
         job.kill()
+
+    def warm_cell(self) -> Optional[Cell]:
+        return self.idle[-1].cell if self.idle else None
 
     def wait(self, timeout_s: float) -> None:
         """Until a worker answers (a cell's next one starts at once), at most a poll interval."""

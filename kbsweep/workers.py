@@ -69,11 +69,12 @@ class Worker:
                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, start_new_session=True)
         self.job_id = str(self.proc.pid)
         self.result: Optional[Dict[str, Any]] = None
+        self.cell: Optional[Cell] = None  # the last one it was given
         self.finished = threading.Event()
         self.answered = answered  # the launcher's: some worker answered
 
     def start(self, job: Job, cell: Cell, visible: Optional[str]) -> None:
-        self.result = None
+        self.result, self.cell = None, cell
         self.finished.clear()
         send_frame(self.proc.stdin, self.pickle.dumps((job, cell, visible)))
         threading.Thread(target=self.receive, daemon=True).start()

@@ -124,28 +124,26 @@ def provider_caps(cells: Iterable[Cell]) -> Dict[str, int]:
     return caps
 
 
-def next_cell(pending: Iterable[Cell], running: List[Cell], caps: Dict[str, int], warm: Optional[Cell] = None) -> Optional[Cell]:
-    """The first pending cell whose provider is below its cap; the first of ``warm``'s problem if there is one
-    (``warm``: the last cell of the worker that will run it, whose grading zygotes are that problem's: a worker
-    that changes problem starts two more, seconds of CPU each). A cell's agent makes one model call at a time, so
-    the caps bound the calls in flight per provider across every process of the sweep (the judge's calls come on top)."""
+def next_cell(pending: Iterable[Cell], running: List[Cell], caps: Dict[str, int], preferred: Optional[Callable[[Cell], bool]] = None) -> Optional[Cell]:
+    """The first pending cell whose provider is below its cap; the first ``preferred`` one if there is one. A
+    cell's agent makes one model call at a time, so the caps bound the calls in flight per provider across every
+    process of the sweep (the judge's calls come on top)."""
     busy = Counter(provider_of(cell.model) for cell in running)
     first = None
     for cell in pending:
         provider = provider_of(cell.model)
         if provider in caps and busy[provider] >= caps[provider]:
             continue
-        if warm is None or same_grading(cell, warm):
+        if preferred is None or preferred(cell):
             return cell
         if first is None:
             first = cell
     return first
 
 
-def same_grading(a: Cell, b: Cell) -> bool:
-    """Whether two cells' grades run the same problem on the same GPU kind under the same track (so they fork from
-    the same zygotes)."""
-    return (a.problem_dir, a.gpu.name, a.track["name"]) == (b.problem_dir, b.gpu.name, b.track["name"])
+def grading_of(cell: Cell) -> tuple:
+    """What a cell's grades fork their zygotes for: its problem on its GPU kind under its track."""
+    return cell.problem_dir, cell.gpu.name, cell.track["name"]
 
 
 class SubmititLauncher(Launcher):
@@ -209,7 +207,8 @@ class SubmititLauncher(Launcher):
 
         def fill() -> None:
             while len(running) < concurrency:
-                cell = next_cell(pending, [state.cell for state in running.values()], caps, self.warm_cell())
+                cells = [state.cell for state in running.values()]
+                cell = next_cell(pending, cells, caps, self.preferred(cells))
                 if cell is None:
                     break
                 pending.remove(cell)
@@ -234,8 +233,9 @@ class SubmititLauncher(Launcher):
                 fill()  # the freed slot runs its next cell while this one is logged
                 on_done(state.cell, result)
 
-    def warm_cell(self) -> Optional[Cell]:
-        """The last cell of the worker the next submit runs on, where workers outlive their cells; None here."""
+    def preferred(self, running: List[Cell]) -> Optional[Callable[[Cell], bool]]:
+        """Which pending cells the next submit should run first, where that matters (workers that outlive their
+        cells); None: in order."""
         return None
 
     def wait(self, timeout_s: float) -> None:
@@ -386,8 +386,15 @@ class WarmLocalLauncher(LocalLauncher):
     def stop(self, job: Worker) -> None:
         job.kill()
 
-    def warm_cell(self) -> Optional[Cell]:
-        return self.idle[-1].cell if self.idle else None
+    def preferred(self, running: List[Cell]) -> Callable[[Cell], bool]:
+        """The grading a free worker has zygotes for (its last cell's) while such cells are left; a new worker's,
+        one no running cell has. Workers then keep to problems of their own: in matrix order every worker ran
+        the same problem, then the next, starting two zygotes at each change, seconds of CPU each."""
+        if self.idle:
+            warm = grading_of(self.idle[-1].cell)
+            return lambda cell: grading_of(cell) == warm
+        taken = {grading_of(cell) for cell in running}
+        return lambda cell: grading_of(cell) not in taken
 
     def wait(self, timeout_s: float) -> None:
         """Until a worker answers (a cell's next one starts at once), at most a poll interval."""

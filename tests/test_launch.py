@@ -256,9 +256,11 @@ def test_warm_workers_run_cells_one_after_another_and_exit_with_the_sweep(tmp_pa
     assert all(gone(pid) for pid in pids)
 
 
-def test_a_warm_worker_keeps_to_its_problem_while_it_has_cells(tmp_path):
-    """Two workers, two problems' cells interleaved: a worker runs its first problem's cells while any is left (its
-    grading zygotes are that problem's), so it changes problem at most once, whichever worker answers first."""
+@pytest.mark.parametrize("order", ["grouped", "interleaved"])
+def test_warm_workers_keep_to_problems_of_their_own(tmp_path, order):
+    """Two workers, two problems' cells in matrix order (grouped) or alternating: the workers start on different
+    problems and each runs its problem's cells while any is left (its grading zygotes are that problem's), so it
+    changes problem at most once, whichever worker answers first."""
 
     def body(cell):
         time.sleep(0.1 if cell.problem_dir == "p0" else 0.5)  # first in line, the faster worker takes any cell
@@ -266,13 +268,14 @@ def test_a_warm_worker_keeps_to_its_problem_while_it_has_cells(tmp_path):
 
     cells = [make_cell(tmp_path, str(i)) for i in range(10)]
     for i, cell in enumerate(cells):
-        cell.problem_dir = f"p{i % 2}"
+        cell.problem_dir = f"p{i % 2}" if order == "interleaved" else f"p{i // 5}"
     started, done = run_all(local_launcher("warm", launcher_conf(tmp_path), via_run_cell_pinned(body)), cells)
     problems_of = {}
     for cell, result in done:
         problems_of.setdefault(result["pid"], []).append(cell.problem_dir)
     changes = [sum(a != b for a, b in zip(seq, seq[1:])) for seq in problems_of.values()]
     assert len(done) == 10 and len(problems_of) == 2 and max(changes) <= 1, problems_of
+    assert {seq[0] for seq in problems_of.values()} == {"p0", "p1"}, problems_of
 
 
 # ---- torchrun ----
@@ -327,7 +330,9 @@ def test_model_concurrency_caps_cells_per_provider(tmp_path):
     assert next_cell([a2], [a1], caps) is None
     assert next_cell([a2], [b1, scripted], caps) is a2
     other, same = cell("b2", "zai/z", 4), cell("b3", "zai/z", 4)
-    same.problem_dir = a1.problem_dir = "warm"
-    assert next_cell([other, same], [], caps, warm=a1) is same  # the worker's zygotes are a1's problem's
-    assert next_cell([other, a2], [a1], caps, warm=a1) is other  # none of its problem: the first
-    assert next_cell([a2, same], [a1], caps, warm=a2) is same  # a cell over its provider's cap waits all the same
+    same.problem_dir = "warm"
+    warm = lambda c: c.problem_dir == "warm"  # noqa: E731
+    assert next_cell([other, same], [], caps, warm) is same
+    assert next_cell([other, b1], [], caps, warm) is other  # none preferred: the first
+    a2.problem_dir = "warm"
+    assert next_cell([a2, other], [a1], caps, warm) is other  # a preferred cell over its provider's cap waits all the same

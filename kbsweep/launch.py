@@ -40,7 +40,7 @@ from kbsweep.outcomes import Outcome
 from kbsweep.registry import Registry
 from kbsweep.torchrun import kill_tree
 from kbsweep.tracking import owner, provider_of
-from kbsweep.workers import POLL_S, Job, Worker, end_when_gone, infra_result
+from kbsweep.workers import POLL_S, Job, Worker, end_when_gone, grading_of, infra_result
 
 OnStart = Callable[[Cell], None]
 OnDone = Callable[[Cell, Dict[str, Any]], None]
@@ -141,11 +141,6 @@ def next_cell(pending: Iterable[Cell], running: List[Cell], caps: Dict[str, int]
     return first
 
 
-def grading_of(cell: Cell) -> tuple:
-    """What a cell's grades fork their zygotes for: its problem on its GPU kind under its track."""
-    return cell.problem_dir, cell.gpu.name, cell.track["name"]
-
-
 class SubmititLauncher(Launcher):
     """Cells as submitit jobs, ``concurrency`` at a time, capped per provider, requeued after a node failure.
     Subclasses are one submitit cluster each and override what differs: the job's parameters, how a job is
@@ -234,8 +229,7 @@ class SubmititLauncher(Launcher):
                 on_done(state.cell, result)
 
     def preferred(self, running: List[Cell]) -> Optional[Callable[[Cell], bool]]:
-        """Which pending cells the next submit should run first, where that matters (workers that outlive their
-        cells); None: in order."""
+        """Which pending cells the next submit runs first, where it matters (workers outlive cells); None: in order."""
         return None
 
     def wait(self, timeout_s: float) -> None:

@@ -33,6 +33,11 @@ def end_when_gone(supervisor: str) -> None:
     os.killpg(os.getpgrp(), signal.SIGKILL)
 
 
+def grading_of(cell: Cell) -> tuple:
+    """What a cell's grades fork their zygotes for: its problem on its GPU kind under its track."""
+    return cell.problem_dir, cell.gpu.name, cell.track["name"]
+
+
 def infra_result(cell: Cell, outcome: Outcome, message: str) -> Dict[str, Any]:
     return {"outcome": outcome.value, "message": message, "key": cell.key, "cell": cell.label, "finished": time.time()}
 

@@ -382,8 +382,8 @@ class WarmLocalLauncher(LocalLauncher):
 
     def preferred(self, running: List[Cell]) -> Callable[[Cell], bool]:
         """The grading a free worker has zygotes for (its last cell's) while such cells are left; a new worker's,
-        one no running cell has. Workers then keep to problems of their own: in matrix order every worker ran
-        the same problem, then the next, starting two zygotes at each change, seconds of CPU each."""
+        one no running cell has. Workers then keep to problems of their own: a worker that changes problem
+        starts two more zygotes, seconds of CPU each."""
         if self.idle:
             warm = grading_of(self.idle[-1].cell)
             return lambda cell: grading_of(cell) == warm

@@ -43,8 +43,8 @@ def create_sqlite_store(path: Path) -> None:
 
 def empty_store() -> Path:
     """An sqlite store at MLflow's schema with no experiment, made once per MLflow and SQLAlchemy version in the
-    user's cache: a store made from scratch runs MLflow's ~135 Alembic migrations, seconds of CPU for every new
-    outputs folder. Its copy is opened by MLflow, which then adds the Default experiment as on a fresh store (with
+    user's cache: a store made from scratch runs MLflow's ~70 Alembic migrations, ~1.9 CPU-s for every new
+    outputs folder (docs/benchmarks.md). Its copy is opened by MLflow, which then adds the Default experiment as on a fresh store (with
     that process's folder and time, so the template keeps none)."""
     import sqlite3
     from importlib.metadata import version

@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 def dump(path: Path) -> list:
     """The store's statements, each as its sorted lines: MLflow's migrations order a table's constraints, and the
-    indexes, differently from one run to the next (they follow Python's string hashing)."""
+    indexes, differently from one run to the next (two stores made from scratch differ so)."""
     with sqlite3.connect(path) as db:
         return sorted(tuple(sorted(line.strip().rstrip(",").strip() for line in statement.splitlines())) for statement in db.iterdump())
 

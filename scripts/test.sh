@@ -5,8 +5,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export LITELLM_LOCAL_MODEL_COST_MAP=True PIP_DISABLE_PIP_VERSION_CHECK=1 DEBIAN_FRONTEND=noninteractive
-if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null || ! command -v bwrap >/dev/null || ! command -v npm >/dev/null; then
-  apt-get update -qq && apt-get install -y -qq --no-install-recommends chromium chromium-driver bubblewrap nodejs npm >/dev/null
+# Only the packages whose command is missing: an image's own Node.js (NodeSource's, npm inside) conflicts with
+# Debian's npm package, and asking for both fails the whole install.
+missing=()
+for pair in chromium:chromium chromedriver:chromium-driver bwrap:bubblewrap npm:npm; do
+  command -v "${pair%%:*}" >/dev/null || missing+=("${pair#*:}")
+done
+if [ "${#missing[@]}" -gt 0 ]; then
+  apt-get update -qq && apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 [ -x .venv/bin/python ] || python3 -m venv .venv
 .venv/bin/pip install -q -e '.[cpu,test]' 2>&1 | grep -v '^WARNING: Location' || true

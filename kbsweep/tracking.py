@@ -204,6 +204,9 @@ class Tracker:
     def __init__(self, uri: str, artifact_root: str, sweep: str):
         import mlflow
 
+        # traces exported in the calling thread: flushing MLflow's async export queue, which log_trace must do before
+        # a cell's run closes, waited up to 1 s per cell on its consumer's poll (most of logging a cell)
+        os.environ.setdefault("MLFLOW_ENABLE_ASYNC_TRACE_LOGGING", "false")
         self.client = make_client(uri)
         mlflow.set_tracking_uri(uri)  # MLflow exports traces to the global tracking URI, not a client's
         self.source = source_tags()

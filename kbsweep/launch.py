@@ -225,8 +225,8 @@ class SubmititLauncher(Launcher):
                     shutil.rmtree(cell_dir(state.cell), ignore_errors=True)
                     pending.append(state.cell)
                     continue
-                fill()  # the freed slot runs its next cell while this one is logged
-                on_done(state.cell, result)
+                on_done(state.cell, result)  # first: the sweep logs it on a thread of its own, and counts it before the next
+                fill()
 
     def preferred(self, running: List[Cell]) -> Optional[Callable[[Cell], bool]]:
         """Which pending cells the next submit runs first, where it matters (workers outlive cells); None: in order."""

@@ -242,16 +242,22 @@ def test_job_that_dies_is_node_failure_and_requeued_once(tmp_path, requeue, outc
 
 def test_warm_workers_run_cells_one_after_another_and_exit_with_the_sweep(tmp_path):
     """Two workers for five cells: each worker process runs several cells (what keeps its imports and zygotes
-    warm), a cell's prints do not reach the result channel, and the workers are gone once the sweep ends."""
+    warm), a cell's prints do not reach the result channel, and the workers are gone once the sweep ends. A
+    cell is reported done before the cell taking its worker is started, so the sweep never counts more running
+    cells than workers."""
 
     def body(cell):
         print("a cell's own output")
         return {"outcome": "pass", "pid": os.getpid()}
 
     launcher = local_launcher("warm", launcher_conf(tmp_path), via_run_cell_pinned(body))
-    started, done = run_all(launcher, [make_cell(tmp_path, str(i)) for i in range(5)])
+    started, done, in_flight = [], [], []
+    launcher.run([make_cell(tmp_path, str(i)) for i in range(5)],
+                 lambda cell: (started.append(cell), in_flight.append(len(started) - len(done))),
+                 lambda cell, result: done.append((cell, result)))
     pids = {result["pid"] for _, result in done}
     assert len(started) == 5 and [r["outcome"] for _, r in done] == ["pass"] * 5
+    assert max(in_flight) == 2, in_flight
     assert 1 <= len(pids) <= 2
     assert all(gone(pid) for pid in pids)
 

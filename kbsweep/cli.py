@@ -58,6 +58,9 @@ def dispatch(cfgs: List[DictConfig]) -> None:
         fail(ExitCode.CONFIG, exc)
     except InfraError as exc:
         fail(ExitCode.INFRA, exc)
+    except KeyboardInterrupt:
+        print("kbsweep: interrupted", file=sys.stderr)
+        sys.exit(ExitCode.INTERRUPTED)
     sys.exit(code)
 
 

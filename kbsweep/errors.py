@@ -20,3 +20,4 @@ class ExitCode(IntEnum):
     CONFIG = 2  # a config, problem or input error: one line naming the file and key; nothing was launched
     MODEL = 3  # the model's failure: `grade` of an incorrect, crashing, too slow or too hungry solution
     INFRA = 4  # infrastructure: provider, node or scheduler faults, cells left unfinished; a rerun resumes
+    INTERRUPTED = 130  # Ctrl-C (128 + SIGINT, as shells report it): what finished is kept; a rerun resumes

@@ -234,6 +234,13 @@ def orchestrate(cells: List[Cell], tracking: Dict[str, Any], launcher: Dict[str,
             score = result.score
             progress.show(f"{cell.label}: {result.outcome.value}" + (f" score={score:.4g}" if score is not None else ""))
 
+        def interrupted() -> None:
+            """Ctrl-C: the launcher has stopped the running cells; their runs are closed, and what is left is said."""
+            for run_id in filter(None, run_ids.values()):
+                attempt(tracker.stop_cell, run_id)
+            print(f"[kbsweep] interrupted: {progress.done} of {len(todo) + len(replay)} cells finished and logged, {len(run_ids)} stopped; "
+                  "the same command resumes the rest", file=sys.stderr, flush=True)
+
         status = "FAILED"
         try:
             with InOrder() as logging_calls:
@@ -242,7 +249,12 @@ def orchestrate(cells: List[Cell], tracking: Dict[str, Any], launcher: Dict[str,
                 for cell in replay:
                     on_start(cell)
                     on_done(cell, journal(cell))
-                make_launcher(launcher).run(todo, on_start, on_done)
+                try:
+                    make_launcher(launcher).run(todo, on_start, on_done)
+                except KeyboardInterrupt:
+                    logging_calls.submit(interrupted)
+                    status = "KILLED"
+                    raise
             status = "FINISHED" if not progress.failed and not unlogged else "FAILED"
         finally:
             summary = {"cells_run": len(todo), "cells_replayed": len(replay), "cells_salvaged": len(salvage), "cells_skipped": skipped,

@@ -273,6 +273,10 @@ class Tracker:
             self.client.set_terminated(run.info.run_id, "KILLED")
         return len(stale)
 
+    def stop_cell(self, run_id: str) -> None:
+        """Close the run of a cell stopped before it finished (its sweep was interrupted)."""
+        self.client.set_terminated(run_id, "KILLED")
+
     def start_cell(self, cell: Cell) -> str:
         tags = {
             KIND_TAG: "cell",

@@ -1,10 +1,12 @@
 """Resume: a rerun skips finished cells, logs unlogged journals from disk, redoes infra and unfinished cells;
-a sweep killed with SIGKILL loses no finished cell and grades none twice."""
+a sweep killed with SIGKILL loses no finished cell and grades none twice; one stopped with Ctrl-C says so in
+one line and leaves no run open."""
 from __future__ import annotations
 
 import io
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -205,6 +207,37 @@ def test_sigkill_mid_sweep_loses_no_finished_cell_and_grades_none_twice(tmp_path
     finished = [r for r in runs_frame(uri) if r["status"] == "FINISHED"]
     assert sorted(r["cell_key"] for r in finished) == sorted(r["key"] for r in results)  # one record per cell
     assert "kbsweep leaderboard — demo / cpu" in out
+
+
+def test_ctrl_c_mid_sweep_stops_in_one_line_and_leaves_no_run_open(tmp_path):
+    """Ctrl-C reaches the whole foreground process group, as a terminal sends it: the sweep says in one line what
+    finished and what was stopped, exits 130 without a traceback, closes the stopped cells' runs, and the same
+    command then runs only what is left."""
+    outputs = tmp_path / "outputs"
+    env = {**os.environ, "KBSWEEP_OUTPUTS": str(outputs), "KBSWEEP_LOCK_DIR": str(outputs / "locks")}
+    command = [sys.executable, "-m", "kbsweep.cli", "-m", "gpu=cpu", "preflight=off", "problem=scale_shift", "repeat=range(0,4)"]
+    proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    uri, deadline = f"sqlite:///{outputs}/mlflow.db", time.monotonic() + 300
+    while not (outputs / "mlflow.db").exists() or "FINISHED" not in [row["status"] for row in runs_frame(uri) if row["cell_key"]]:
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "no cell was logged in time"
+        time.sleep(0.1)
+    os.killpg(proc.pid, signal.SIGINT)  # one cell logged, others running
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and err.rstrip().endswith("kbsweep: interrupted"), err
+    [line] = [line for line in err.splitlines() if line.startswith("[kbsweep] interrupted: ")]
+    done, stopped = map(int, re.fullmatch(r"\[kbsweep\] interrupted: (\d+) of 4 cells finished and logged, (\d+) stopped; .*", line).groups())
+    assert done >= 1 and stopped >= 1, line
+    cell_runs = [row["status"] for row in runs_frame(uri) if row["cell_key"]]
+    assert sorted(cell_runs) == ["FINISHED"] * done + ["KILLED"] * stopped, cell_runs
+
+    rerun = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert rerun.returncode == 0, rerun.stderr
+    # a stopped cell whose journal landed as its sweep stopped is logged from disk, not run again
+    assert re.search(rf"4 cells, {done} already finished, \d+ to log from disk, \d+ to run\n", rerun.stderr), rerun.stderr
+    cell_runs = [row for row in runs_frame(uri) if row["cell_key"]]
+    assert len({row["cell_key"] for row in cell_runs if row["status"] == "FINISHED"}) == 4
 
 
 def test_a_finished_sweep_resumes_from_its_snapshot_until_the_store_changes(env, monkeypatch, capfd):

@@ -216,7 +216,10 @@ def test_ctrl_c_mid_sweep_stops_in_one_line_and_leaves_no_run_open(tmp_path):
     outputs = tmp_path / "outputs"
     env = {**os.environ, "KBSWEEP_OUTPUTS": str(outputs), "KBSWEEP_LOCK_DIR": str(outputs / "locks")}
     command = [sys.executable, "-m", "kbsweep.cli", "-m", "gpu=cpu", "preflight=off", "problem=scale_shift", "repeat=range(0,4)"]
-    proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    # as from a terminal: a shell without job control (CI's, say) starts background commands with SIGINT ignored,
+    # and Python then leaves it ignored
+    proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     uri, deadline = f"sqlite:///{outputs}/mlflow.db", time.monotonic() + 300
     while not (outputs / "mlflow.db").exists() or "FINISHED" not in [row["status"] for row in runs_frame(uri) if row["cell_key"]]:
         assert proc.poll() is None, proc.communicate()

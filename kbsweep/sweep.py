@@ -183,7 +183,7 @@ class InOrder:
 
     def raise_failed(self) -> None:
         done = [f for f in self.pending if f.done()]
-        self.pending = [f for f in self.pending if not f.done()]
+        self.pending = [f for f in self.pending if f not in done]  # one reading: a call ending meanwhile stays pending
         for future in done:
             future.result()
 
@@ -237,7 +237,7 @@ def orchestrate(cells: List[Cell], tracking: Dict[str, Any], launcher: Dict[str,
         def interrupted() -> None:
             """Ctrl-C: the launcher has stopped the running cells; their runs are closed, and what is left is said."""
             for run_id in filter(None, run_ids.values()):
-                attempt(tracker.stop_cell, run_id)
+                attempt(tracker.stop_run, run_id)
             print(f"[kbsweep] interrupted: {progress.done} of {len(todo) + len(replay)} cells finished and logged, {len(run_ids)} stopped; "
                   "the same command resumes the rest", file=sys.stderr, flush=True)
 

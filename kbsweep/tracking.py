@@ -270,11 +270,11 @@ class Tracker:
         running = page_runs(self.client, [self.experiment_id], "attributes.status = 'RUNNING'")
         stale = [r for r in running if not owner_alive(r.data.tags.get(OWNER_TAG))]
         for run in stale:
-            self.client.set_terminated(run.info.run_id, "KILLED")
+            self.stop_run(run.info.run_id)
         return len(stale)
 
-    def stop_cell(self, run_id: str) -> None:
-        """Close the run of a cell stopped before it finished (its sweep was interrupted)."""
+    def stop_run(self, run_id: str) -> None:
+        """Close the run of a cell or sweep stopped before it finished."""
         self.client.set_terminated(run_id, "KILLED")
 
     def start_cell(self, cell: Cell) -> str:

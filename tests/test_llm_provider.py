@@ -268,6 +268,28 @@ def test_a_garbled_reply_or_a_400_is_the_providers_fault_retried_then_provider_e
     assert info.value.outcome is Outcome.PROVIDER_ERROR and "after 4 attempts" in str(info.value)
 
 
+def test_garbled_replies_are_billed_into_the_answer_or_the_fault():
+    """A truncated tool-call reply carries usage the provider charges for: retried then answered, the answer's
+    Completion counts it (``failed_usage``, the retry record); never answered, the fault carries every attempt's."""
+    truncated = MalformedToolCall(prompt_tokens=1_000, completion_tokens=800)
+    per_call = (1_000 * PRICES["input"] + 800 * PRICES["output"]) / 1e6
+    with FakeProvider([truncated, Reply(content="fine", prompt_tokens=1_000, completion_tokens=10)]) as fp:
+        model = make_model(fp)
+        completion = model.complete(MESSAGES, TOOLS)
+    assert (completion.usage.input_tokens, completion.usage.output_tokens) == (2_000, 810)
+    assert (completion.failed_usage.input_tokens, completion.failed_usage.output_tokens) == (1_000, 800)
+    assert completion.cost_usd == pytest.approx(per_call + (1_000 * PRICES["input"] + 10 * PRICES["output"]) / 1e6)
+    [retry] = model.last_retries
+    assert retry["usage"]["output_tokens"] == 800 and retry["cost_usd"] == pytest.approx(per_call)
+    with FakeProvider([truncated] * 4) as fp:
+        with pytest.raises(ProviderFault) as info:
+            make_model(fp).complete(MESSAGES, TOOLS)
+    fault = info.value
+    assert (fault.outcome, fault.attempts, fault.status) == (Outcome.PROVIDER_ERROR, 4, None)
+    assert (fault.usage.input_tokens, fault.usage.output_tokens) == (4_000, 3_200) and fault.cost_usd == pytest.approx(4 * per_call)
+    assert "not a JSON object" in fault.answer
+
+
 # ------------------------------------------------------------------------------------------------ retries
 @pytest.mark.parametrize("shape", SHAPES)
 def test_429_retry_after_is_honored(shape):

@@ -18,7 +18,7 @@ from typing import Any
 
 from kbsweep.agent.models import Completion, ContextOverflow, ProviderFault, Usage
 from kbsweep.agent.retries import (MalformedResponse, RetryPolicy, classify_exception, config_value, is_provider_exception, one_line,
-                                   retry_after_seconds, status_of)
+                                   provider_answer, retry_after_seconds, status_of)
 from kbsweep.outcomes import Outcome
 
 log = logging.getLogger(__name__)
@@ -108,8 +108,11 @@ class LiteLLMModel:
       ``InternalServerError``) under :class:`RetryPolicy`, sleeping with the injectable ``sleep``. Each retry
       is logged, passed to ``on_retry`` (a dict: attempt, error, status, delay_s) and kept in ``last_retries``.
     * **Faults**: a call that fails for good raises :class:`ProviderFault` with an outcome from
-      :func:`classify_exception`; a context-window error raises :class:`ContextOverflow` at once.
-      Non-provider exceptions (bugs) propagate unchanged.
+      :func:`classify_exception`, the last status, the provider's answer and the attempts made; a context-window
+      error raises :class:`ContextOverflow` at once. Non-provider exceptions (bugs) propagate unchanged.
+    * **Billed failures**: a garbled reply (tool-call arguments that are not JSON, no choices) carries usage the
+      provider charges for: its tokens and cost are in its retry record, then in the answer's ``Completion``
+      (``failed_usage``) or the fault's ``usage``/``cost_usd``, so a cell's totals count them.
     * **Messages**: the reply is an OpenAI-format assistant message; tool-call ``arguments`` is always a string,
       kept raw when it is not valid JSON. On Anthropic routes the message also carries ``thinking_blocks`` when
       the model returned any, since Anthropic requires them back on a tool-use turn with extended thinking.
@@ -256,6 +259,7 @@ class LiteLLMModel:
         kwargs = self._kwargs(messages, tools)
         self.last_retries = []
         spent = 0.0
+        failed, failed_usd = Usage(), 0.0  # what the garbled replies retried so far were billed
         attempt = 0
         while True:
             attempt += 1
@@ -268,7 +272,7 @@ class LiteLLMModel:
                     response = litellm.completion(api_key=api_key, **kwargs)
                 else:
                     response = litellm.completion(**kwargs)
-                return self._to_completion(response, self._clock() - started)
+                completion = self._to_completion(response, self._clock() - started)
             except Exception as exc:  # noqa: BLE001 - classified below; bugs are re-raised
                 elapsed = self._clock() - started
                 spent += elapsed
@@ -276,14 +280,18 @@ class LiteLLMModel:
                     raise
                 if not isinstance(exc, MalformedResponse) and not is_provider_exception(exc):
                     raise
+                billed = getattr(exc, "usage", None) or Usage()
+                failed.add(billed)
+                failed_usd += getattr(exc, "cost_usd", 0.0)
                 outcome, retryable, overflow = classify_exception(exc)
                 message = f"{self.name}: {one_line(exc)}"
+                details = {"status": status_of(exc), "answer": provider_answer(exc), "attempts": attempt, "usage": failed, "cost_usd": failed_usd}
                 if overflow:
-                    raise ContextOverflow(message) from exc
+                    raise ContextOverflow(message, **details) from exc
                 if not retryable:
-                    raise ProviderFault(outcome, message) from exc
+                    raise ProviderFault(outcome, message, **details) from exc
                 if attempt >= self.retry.max_attempts:
-                    raise ProviderFault(outcome, f"{message} (after {attempt} attempts)") from exc
+                    raise ProviderFault(outcome, f"{message} (after {attempt} attempts)", **details) from exc
                 wait = retry_after_seconds(exc)
                 source = "retry-after"
                 if wait is None:
@@ -294,17 +302,20 @@ class LiteLLMModel:
                         outcome,
                         f"{message} (retry budget {self.retry.budget_s:g}s spent: {spent:.1f}s used, "
                         f"next wait {wait:.1f}s, {attempt} attempts)",
+                        **details,
                     ) from exc
                 if deadline is not None and self._clock() + wait > deadline:
-                    raise ProviderFault(outcome, f"{message} (no time left for a retry, {attempt} attempts)") from exc
+                    raise ProviderFault(outcome, f"{message} (no time left for a retry, {attempt} attempts)", **details) from exc
                 record = {
                     "attempt": attempt,
                     "error": type(exc).__name__,
-                    "status": status_of(exc),
+                    "status": details["status"],
                     "outcome": outcome.value,
                     "delay_s": wait,
                     "delay_source": source,
                     "message": one_line(exc, 200),
+                    "usage": vars(billed),
+                    "cost_usd": getattr(exc, "cost_usd", 0.0),
                 }
                 self.last_retries.append(record)
                 log.warning(
@@ -315,9 +326,33 @@ class LiteLLMModel:
                     self._on_retry(record)
                 self._sleep(wait)
                 spent += wait
+            else:
+                completion.usage.add(failed)
+                completion.cost_usd += failed_usd
+                completion.failed_usage = failed
+                return completion
 
     # ------------------------------------------------------------------------------------------------ parsing
     def _to_completion(self, response: Any, latency: float) -> Completion:
+        usage = usage_of(response)
+        cost = self._cost(response, usage)
+        try:
+            message, choice = self._message(response)
+        except MalformedResponse as garbled:  # the provider bills a garbled reply as any other
+            garbled.usage, garbled.cost_usd = usage, cost
+            raise
+        return Completion(
+            message=message,
+            usage=usage,
+            cost_usd=cost,
+            latency_s=latency,
+            finish_reason=str(_field(choice, "finish_reason", "stop")),
+            reasoning=_field(_field(choice, "message"), "reasoning_content") or None,
+        )
+
+    def _message(self, response: Any) -> tuple[dict[str, Any], Any]:
+        """The reply's assistant message (OpenAI format) and the choice it came from; MalformedResponse when the
+        reply has none or its tool-call arguments are not a JSON object."""
         choices = _field(response, "choices", [])
         if not choices:
             raise MalformedResponse("response has no choices")
@@ -349,27 +384,22 @@ class LiteLLMModel:
         thinking = _field(msg, "thinking_blocks")
         if self.anthropic and thinking:
             message["thinking_blocks"] = [dict(b) if isinstance(b, Mapping) else b for b in thinking]
-        reasoning = _field(msg, "reasoning_content")
+        return message, choice
 
-        usage_obj = _field(response, "usage")
-        prompt_details = _field(usage_obj, "prompt_tokens_details")
-        completion_details = _field(usage_obj, "completion_tokens_details")
-        usage = Usage(
-            input_tokens=_int(_field(usage_obj, "prompt_tokens")),
-            output_tokens=_int(_field(usage_obj, "completion_tokens")),
-            cached_tokens=_int(_field(prompt_details, "cached_tokens") or _field(usage_obj, "cache_read_input_tokens")),
-            cache_write_tokens=_int(
-                _field(usage_obj, "cache_creation_input_tokens")
-                or _field(prompt_details, "cache_creation_tokens")
-                or _field(prompt_details, "cache_write_tokens")
-            ),
-            reasoning_tokens=_int(_field(completion_details, "reasoning_tokens")),
-        )
-        return Completion(
-            message=message,
-            usage=usage,
-            cost_usd=self._cost(response, usage),
-            latency_s=latency,
-            finish_reason=str(_field(choice, "finish_reason", "stop")),
-            reasoning=reasoning if reasoning else None,
-        )
+
+def usage_of(response: Any) -> Usage:
+    """A reply's token counts, in the OpenAI convention litellm gives every provider's."""
+    usage_obj = _field(response, "usage")
+    prompt_details = _field(usage_obj, "prompt_tokens_details")
+    completion_details = _field(usage_obj, "completion_tokens_details")
+    return Usage(
+        input_tokens=_int(_field(usage_obj, "prompt_tokens")),
+        output_tokens=_int(_field(usage_obj, "completion_tokens")),
+        cached_tokens=_int(_field(prompt_details, "cached_tokens") or _field(usage_obj, "cache_read_input_tokens")),
+        cache_write_tokens=_int(
+            _field(usage_obj, "cache_creation_input_tokens")
+            or _field(prompt_details, "cache_creation_tokens")
+            or _field(prompt_details, "cache_write_tokens")
+        ),
+        reasoning_tokens=_int(_field(completion_details, "reasoning_tokens")),
+    )

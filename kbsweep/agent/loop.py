@@ -2,7 +2,7 @@
 
 Budgets are checked before every model call; the first one spent is the stop reason. The wall clock also bounds
 each model call and its retries (``deadline``); turns count model calls; tokens are input + output of every call;
-dollars are the calls' costs.
+dollars are the calls' costs. Both count the garbled replies a provider bills and the loop retries or ends on.
 
 Context rule (see docs/transcripts.md): the conversation's size is the larger of the last call's reported
 input + output tokens and its characters / 4. Before a call, if the size exceeds 75% of the model's context window,
@@ -120,26 +120,34 @@ def budget_stop(result: AgentResult, budgets: Budgets, started: float) -> Option
     return None
 
 
-def complete_logged(model: ChatModel, messages, tools, deadline: float, transcript: Transcript) -> Completion:
-    """One ``model.complete``; the retries it made (``last_retries``, when the model keeps them) go to the transcript."""
+def complete_logged(model: ChatModel, messages, tools, deadline: float, transcript: Transcript, result: AgentResult) -> Completion:
+    """One ``model.complete``, its tokens and dollars added to ``result`` (a fault's too: garbled replies are billed);
+    the retries it made (``last_retries``, when the model keeps them) go to the transcript."""
     try:
-        return model.complete(messages, tools, deadline=deadline)
+        completion = model.complete(messages, tools, deadline=deadline)
+    except ProviderFault as fault:
+        result.usage.add(fault.usage)
+        result.cost_usd += fault.cost_usd
+        raise
     finally:
         for retry in getattr(model, "last_retries", None) or []:
             transcript.add("retry", **retry)
+    result.usage.add(completion.usage)
+    result.cost_usd += completion.cost_usd
+    return completion
 
 
-def call_model(model: ChatModel, messages, tools, window: int, size: int, deadline: float, transcript: Transcript):
-    """One model turn under the context rule (``size``: the last call's reported tokens)."""
+def call_model(model: ChatModel, messages, tools, window: int, size: int, deadline: float, transcript: Transcript, result: AgentResult):
+    """One model turn under the context rule (``size``: the last call's reported tokens), charged to ``result``."""
     if max(size, estimate_tokens(messages)) > CONTEXT_FILL * window:
         shortened = shorten_context(messages, KEEP_WHOLE[0])
         transcript.add("compaction", shortened=shortened, keep=KEEP_WHOLE[0], reason="near the context window")
     for keep in KEEP_WHOLE[1:]:
         try:
-            return complete_logged(model, messages, tools, deadline, transcript)
+            return complete_logged(model, messages, tools, deadline, transcript, result)
         except ContextOverflow as overflow:
             transcript.add("compaction", shortened=shorten_context(messages, keep), keep=keep, reason=str(overflow))
-    return complete_logged(model, messages, tools, deadline, transcript)
+    return complete_logged(model, messages, tools, deadline, transcript, result)
 
 
 def note_grade(result: AgentResult, grade: Optional[Dict[str, Any]], transcript: Optional[Transcript] = None) -> None:
@@ -182,9 +190,9 @@ def run_agent(
             result.stop_reason = stop
             break
         try:
-            completion = call_model(model, messages, tools, context_window, size, deadline, transcript)
+            completion = call_model(model, messages, tools, context_window, size, deadline, transcript, result)
         except ProviderFault as fault:
-            transcript.add("error", outcome=fault.outcome.value, message=str(fault))
+            transcript.add("error", outcome=fault.outcome.value, message=str(fault), usage=vars(fault.usage), cost_usd=fault.cost_usd)
             if time.monotonic() >= deadline:  # the clock ran out while the provider was failing: a budget stop
                 result.stop_reason = StopReason.WALL_CLOCK
             else:
@@ -192,9 +200,7 @@ def run_agent(
                 result.fault = {"outcome": fault.outcome.value, "message": str(fault)}
             break
         result.turns += 1
-        result.usage.add(completion.usage)
-        result.cost_usd += completion.cost_usd
-        size = completion.usage.input_tokens + completion.usage.output_tokens
+        size = completion.usage.total - completion.failed_usage.total  # the answer's own: the conversation's size
         message = completion.message
         messages.append(message)
         transcript.add(

@@ -34,23 +34,33 @@ class Completion:
 
     ``message`` is ``{"role": "assistant", "content": str|None, "tool_calls": [...]}``; each tool call is
     ``{"id", "type": "function", "function": {"name", "arguments": <json string>}}``. ``reasoning`` holds the
-    provider's reasoning text when it returns one.
+    provider's reasoning text when it returns one. ``usage`` and ``cost_usd`` are what the turn was billed: the
+    answer's, plus any garbled replies retried before it (``failed_usage``, their part of ``usage``).
     """
 
     message: dict[str, Any]
     usage: Usage = field(default_factory=Usage)
     cost_usd: float = 0.0
+    failed_usage: Usage = field(default_factory=Usage)
     latency_s: float = 0.0
     finish_reason: str = "stop"
     reasoning: str | None = None
 
 
 class ProviderFault(Exception):
-    """A provider call that failed for good (after retries); classified, never scored."""
+    """A provider call that failed for good (after retries); classified, never scored. ``status`` (None without
+    one) and ``answer`` are the last attempt's HTTP status and what the provider said; ``attempts`` the calls made;
+    ``usage`` and ``cost_usd`` what the failed attempts were billed (a garbled reply's tokens are paid for)."""
 
-    def __init__(self, outcome: Outcome, message: str):
+    def __init__(self, outcome: Outcome, message: str, *, status: int | None = None, answer: str | None = None, attempts: int = 1,
+                 usage: Usage | None = None, cost_usd: float = 0.0):
         super().__init__(message)
         self.outcome = outcome
+        self.status = status
+        self.answer = answer or message
+        self.attempts = attempts
+        self.usage = usage or Usage()
+        self.cost_usd = cost_usd
 
 
 class ContextOverflow(ProviderFault):
@@ -59,8 +69,8 @@ class ContextOverflow(ProviderFault):
     ``outcome`` is PROVIDER_ERROR for when shortening cannot make it fit.
     """
 
-    def __init__(self, message: str):
-        super().__init__(Outcome.PROVIDER_ERROR, message)
+    def __init__(self, message: str, **details: Any):
+        super().__init__(Outcome.PROVIDER_ERROR, message, **details)
 
 
 class ChatModel(Protocol):

@@ -144,6 +144,13 @@ def one_line(exc: BaseException, limit: int = 300) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def provider_answer(exc: BaseException) -> str:
+    """What the provider said, in one line, without litellm's ``<Type>: <Provider>Exception - `` wrapping."""
+    text = one_line(exc)
+    _, wrapped, said = text.partition("Exception - ")
+    return said if wrapped and said else text
+
+
 def is_provider_exception(exc: BaseException) -> bool:
     if isinstance(exc, (OSError, TimeoutError)):
         return True
@@ -205,4 +212,8 @@ def classify_exception(exc: BaseException) -> tuple[Outcome, bool, bool]:
 # ---------------------------------------------------------------------------------------------- the model
 class MalformedResponse(Exception):
     """A reply the provider garbled (no choices, tool-call arguments that are not JSON): its fault, not the
-    model's; retried like a transient error, then a PROVIDER_ERROR."""
+    model's; retried like a transient error, then a PROVIDER_ERROR. ``usage`` and ``cost_usd``: what the reply was
+    billed all the same (None and 0.0 until the model has read them)."""
+
+    usage: Any = None
+    cost_usd: float = 0.0

@@ -73,8 +73,11 @@ def configured_grader(problem, roofline: Dict[str, Any], folder: Path, gpu: GpuS
 
 
 def final_outcome(agent_fault: Outcome | None, stop: StopReason, graded: Dict[str, Any] | None) -> Outcome:
-    if agent_fault is not None and (graded is None or graded["outcome"] != Outcome.PASS):
-        return agent_fault  # infra: the run is retried, never scored
+    """The cell's outcome. A provider fault for good is an infra outcome whatever the solution's state when it hit
+    (none, failing or passing): a run cut short is never scored, and the next run of the sweep redoes it. Scoring a
+    pass that happened to precede the fault while retrying a failure that did would bias pass rates upward."""
+    if agent_fault is not None:
+        return agent_fault
     if graded is None:
         budget = stop in (StopReason.WALL_CLOCK, StopReason.MAX_TURNS, StopReason.TOKEN_BUDGET, StopReason.DOLLAR_BUDGET)
         return Outcome.BUDGET_EXHAUSTED if budget else Outcome.NO_SOLUTION
@@ -189,6 +192,17 @@ def spend(agent, audited: Dict[str, Any] | None) -> Dict[str, Any]:
     }
 
 
+def cell_message(fault: Dict[str, str] | None, graded: Dict[str, Any]) -> Optional[str]:
+    """Why the cell is not a plain pass: the provider's fault, with the grade its partial solution had (recorded,
+    never scored), else the grader's message."""
+    if fault is None:
+        return graded.get("message")
+    if not graded:
+        return fault["message"]
+    score = f" (score {graded['score']:.3g})" if graded.get("score") is not None else ""
+    return f"{fault['message']}; its solution so far graded {graded['outcome']}{score}, not scored"
+
+
 def work_cell(cell: Cell, folder: Path, redactor: Redactor) -> CellResult:
     started = time.monotonic()
     problem = load_problem(Path(cell.problem_dir), cell.track["name"])
@@ -229,7 +243,7 @@ def work_cell(cell: Cell, folder: Path, redactor: Redactor) -> CellResult:
     graded = graded or {}
     return CellResult(
         outcome,
-        message=(agent.fault or {}).get("message") or graded.get("message"),
+        message=cell_message(agent.fault, graded),
         score=graded.get("score") if outcome == Outcome.PASS else None,
         basis=graded.get("basis"),
         speedup=graded.get("speedup", {}),

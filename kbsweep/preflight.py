@@ -1,23 +1,28 @@
 """Preflight: every model a sweep will call is checked before anything launches or is paid for.
 
 ``keys``: each litellm model's ``api_key_env`` must be set. ``live`` (the default): that, then one tiny request per
-model (a few tokens, no retries, no reasoning effort) through the same :class:`~kbsweep.agent.llm.LiteLLMModel` a
-cell uses, so a wrong route, key or base URL shows up here instead of ~25 s into every cell. ``off``: nothing.
-Scripted and replay models call no provider and are not checked. The LLM judge (``audit.judge``) is checked too.
+model (a few tokens, no reasoning effort) through the same :class:`~kbsweep.agent.llm.LiteLLMModel` a cell uses,
+so a wrong route, key or base URL shows up here instead of ~25 s into every cell. The request is retried as a
+cell's calls are (the model's ``retry`` policy, its budget capped at :data:`PROBE_BUDGET_S`; each wait is a line on
+stderr), so one 429, 5xx, empty reply or reset connection does not refuse a whole sweep. ``off``: nothing.
+In every mode a litellm model without a ``route`` is refused (a config error). Scripted and replay models call no
+provider and are not checked. The LLM judge (``audit.judge``) is checked too.
 """
 from __future__ import annotations
 
 import os
+import sys
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any, Dict, Iterable, List, Optional
 
-from kbsweep.errors import ExitCode
+from kbsweep.errors import ExitCode, KbsweepError
 from kbsweep.outcomes import Outcome
 
 MODES = ("live", "keys", "off")
 PROBE_TIMEOUT_S = 60.0
 PROBE_TOKENS = 16  # enough for any provider to accept the request; the reply itself is not used
+PROBE_BUDGET_S = 120.0  # a probe's calls and waits at most: the sweep waits on its preflight
 CONFIG_OUTCOMES = {Outcome.AUTHENTICATION, Outcome.MODEL_NOT_FOUND}  # the user's YAML or environment is wrong
 
 
@@ -46,11 +51,14 @@ class Check:
 
 
 def models_of(cells: Iterable[Any]) -> Dict[str, Dict[str, Any]]:
-    """The litellm models (agents and judge) of ``cells``, by name."""
+    """The litellm models (agents and judge) of ``cells``, by name; KbsweepError naming the file and key for one
+    without a ``route`` (litellm needs it to reach any provider)."""
     found: Dict[str, Dict[str, Any]] = {}
     for cell in cells:
         for conf in (cell.model, cell.judge):
             if conf and conf.get("provider") == "litellm":
+                if not conf.get("route"):
+                    raise KbsweepError(f"model/{conf['name']}.yaml: key 'route': missing; provider 'litellm' needs a litellm model string (e.g. openai/gpt-5.5)")
                 found.setdefault(conf["name"], conf)
     return found
 
@@ -70,27 +78,45 @@ def key_check(conf: Dict[str, Any]) -> Check:
 
 
 def live_check(conf: Dict[str, Any]) -> Check:
-    """:func:`key_check`, then one tiny request."""
+    """:func:`key_check`, then one tiny request, retried under the model's policy within :data:`PROBE_BUDGET_S`."""
     from kbsweep.agent.llm import LiteLLMModel
     from kbsweep.agent.models import ProviderFault
+    from kbsweep.agent.retries import RetryPolicy, provider_answer
 
     check = key_check(conf)
     if check.status != "ok":
         return check
-    # no reasoning effort: Anthropic refuses a thinking budget above max_tokens; one attempt: a failure is reported, not retried
+    policy = RetryPolicy.from_config(conf.get("retry"))
+    retry = {**asdict(policy), "budget_s": min(policy.budget_s, PROBE_BUDGET_S)}
+    # no reasoning effort: Anthropic refuses a thinking budget above max_tokens
     probe = {**conf, "reasoning_effort": None, "max_output_tokens": PROBE_TOKENS, "timeout_s": min(float(conf.get("timeout_s") or PROBE_TIMEOUT_S), PROBE_TIMEOUT_S),
-             "retry": {"max_attempts": 1}}
+             "retry": retry}
+
+    def say(record: Dict[str, Any]) -> None:
+        status = f"{record['status']} " if record["status"] else ""
+        print(f"[kbsweep] preflight: model '{check.model}': attempt {record['attempt']} of {policy.max_attempts}: {status}"
+              f"{provider_answer(record['message'])}; retrying in {record['delay_s']:.1f} s", file=sys.stderr, flush=True)
+
+    model = LiteLLMModel(probe, on_retry=say)
     try:
-        reply = LiteLLMModel(probe).complete([{"role": "user", "content": "Reply with the word ok."}], [])
+        reply = model.complete([{"role": "user", "content": "Reply with the word ok."}], [])
     except ProviderFault as fault:
-        return Check(check.model, check.route, check.key_env, "failed", f"{fault.outcome.value}: {fault}", fault.outcome.value)
-    check.detail = f"answered in {reply.latency_s:.1f} s"
+        return Check(check.model, check.route, check.key_env, "failed", refusal(fault), fault.outcome.value, fault.cost_usd)
+    check.detail = f"answered in {reply.latency_s:.1f} s" + (f" after {len(model.last_retries)} retries" if model.last_retries else "")
     check.cost_usd = reply.cost_usd
     return check
 
 
+def refusal(fault: Any) -> str:
+    """A probe's failure in one line: the outcome, what the provider answered (status and message), the attempts."""
+    answered = f"the provider answered {fault.status}: " if fault.status else "the provider answered: "
+    attempts = f" (after {fault.attempts} attempts)" if fault.attempts > 1 else ""
+    return f"{fault.outcome.value}: {answered}{fault.answer}{attempts}"
+
+
 def preflight(cells: Iterable[Any], mode: str) -> List[Check]:
-    """Check every litellm model of ``cells`` (``mode``: live, keys or off); the live requests run in parallel."""
+    """Check every litellm model of ``cells`` (``mode``: live, keys or off); the live requests run in parallel. A
+    model without a route is refused in every mode (KbsweepError)."""
     models = list(models_of(cells).values())
     if mode == "off" or not models:
         return []

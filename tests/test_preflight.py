@@ -1,6 +1,6 @@
-"""Preflight against a real local OpenAI-compatible server (tests/support/fake_provider): missing keys named one
-per line before anything launches, a live probe per model, `plan`'s key and token lines; and a resumed sweep with
-nothing to do logs no empty sweep run."""
+"""Preflight against a real local OpenAI-compatible server (tests/support/fake_provider): missing keys and routes
+named one per line before anything launches, a live probe per model retried through transient faults as a cell's
+calls are, a refusal naming the model and what the provider answered, and `plan`'s key and token lines."""
 from __future__ import annotations
 
 import os
@@ -8,8 +8,12 @@ import subprocess
 import sys
 
 from kbsweep import ExitCode
-from tests.support.fake_provider import FakeProvider, HttpError, Reply
-from tests.support.sweeps import KEY_ENV, REPO, SECRET, model_yaml
+import json
+
+from tests.support.fake_provider import Disconnect, FakeProvider, HttpError, Reply
+from tests.support.sweeps import FAST_RETRY, KEY_ENV, REPO, SECRET, model_yaml
+
+NO_CHOICES = HttpError(200, body={"id": "x", "object": "chat.completion", "created": 0, "model": "fake", "choices": []})  # an empty reply
 
 
 def kbsweep(conf, outputs, *args, key=SECRET):
@@ -62,3 +66,50 @@ def test_bad_mode_is_one_line(tmp_path):
     proc = kbsweep(tmp_path / "conf", tmp_path / "out", "preflight", "model=fake", "preflight=maybe")
     assert proc.returncode == ExitCode.CONFIG
     assert proc.stderr.strip() == "kbsweep: error: conf/config.yaml: key 'preflight': 'maybe' is not one of live, keys, off"
+
+
+def test_transient_faults_are_retried_with_each_wait_on_stderr(tmp_path):
+    """A 429, a 503, a reset connection and an empty reply, then an answer: the probe passes; each wait is a line."""
+    with FakeProvider([HttpError(429, retry_after=0), HttpError(503), Disconnect(), NO_CHOICES, Reply(content="ok")]) as fp:
+        model_yaml(tmp_path / "conf", "fake", "openai/fake", fp.base_url, retry={**FAST_RETRY, "max_attempts": 6})
+        proc = kbsweep(tmp_path / "conf", tmp_path / "out", "preflight", "model=fake")
+    assert proc.returncode == ExitCode.OK, proc.stderr
+    assert proc.stdout.startswith("ok          model 'fake' (openai/fake): answered in") and "after 4 retries" in proc.stdout
+    waits = [line for line in proc.stderr.splitlines() if line.startswith("[kbsweep] preflight: model 'fake': attempt ")]
+    assert [line.split(": ")[2] for line in waits] == [f"attempt {n} of 6" for n in (1, 2, 3, 4)]
+    assert "attempt 1 of 6: 429 fake provider error 429; retrying in 0.0 s" in waits[0] and "response has no choices" in waits[3]
+    assert len(fp.requests) == 5
+
+
+def test_a_sweep_survives_a_glitch_in_its_live_preflight(tmp_path):
+    """The preflight before a sweep: one 502, retried; then the cell runs (its model gives up: no_solution)."""
+    with FakeProvider([HttpError(502), Reply(content="ok"), Reply(content="I cannot do this.")]) as fp:
+        model_yaml(tmp_path / "conf", "fake", "openai/fake", fp.base_url)
+        proc = kbsweep(tmp_path / "conf", tmp_path / "out", "model=fake")
+    assert proc.returncode == ExitCode.OK, proc.stderr
+    assert "[kbsweep] preflight: model 'fake': attempt 1 of 3: 502 " in proc.stderr
+    [result] = [json.loads(p.read_text()) for p in (tmp_path / "out" / "sweeps" / "demo").glob("*/result.json")]
+    assert result["outcome"] == "no_solution" and len(fp.requests) == 3
+
+
+def test_a_fault_for_good_is_one_line_naming_the_model_and_the_providers_answer(tmp_path):
+    overloaded = HttpError(429, body={"error": {"message": "slow down: 40 requests a minute", "type": "rate_limit_exceeded"}}, retry_after=0)
+    with FakeProvider([overloaded] * 3) as fp:
+        model_yaml(tmp_path / "conf", "fake", "openai/fake", fp.base_url)
+        proc = kbsweep(tmp_path / "conf", tmp_path / "out", "model=fake")
+    assert proc.returncode == ExitCode.INFRA, proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("kbsweep: error:")]
+    assert errors == ["kbsweep: error: model 'fake' (openai/fake): rate_limited: the provider answered 429: slow down: 40 requests a minute (after 3 attempts)"]
+    assert len(fp.requests) == 3 and not list((tmp_path / "out" / "sweeps" / "demo").glob("*/"))
+
+
+def test_a_model_without_a_route_is_refused_by_plan_and_every_preflight(tmp_path):
+    path = model_yaml(tmp_path / "conf", "noroute", "openai/unused", "http://127.0.0.1:9/v1")
+    path.write_text(json.dumps({k: v for k, v in json.loads(path.read_text()).items() if k != "route"}))
+    line = ("kbsweep: error: model/noroute.yaml: key 'route': missing; provider 'litellm' needs a litellm model string "
+            "(e.g. openai/gpt-5.5)")
+    for args in (["plan"], ["preflight", "preflight=keys"], ["preflight"], ["preflight=off"]):
+        proc = kbsweep(tmp_path / "conf", tmp_path / "out", *args, "model=noroute")
+        errors = [error for error in proc.stderr.splitlines() if error.startswith("kbsweep: error:")]
+        assert (proc.returncode, errors) == (ExitCode.CONFIG, [line]), (args, proc.stderr)
+    assert not list((tmp_path / "out" / "sweeps" / "demo").glob("*/"))  # the sweep (preflight=off) ran no cell

@@ -106,7 +106,8 @@ class LiteLLMModel:
     * **Retries**: litellm is called with ``num_retries=0``/``max_retries=0``; this class retries 429 (not
       credit/quota 429s), 408/409/425, 5xx, timeouts and connection errors (which litellm may raise as
       ``InternalServerError``) under :class:`RetryPolicy`, sleeping with the injectable ``sleep``. Each retry
-      is logged, passed to ``on_retry`` (a dict: attempt, error, status, delay_s) and kept in ``last_retries``.
+      is logged (a warning, or at debug level when ``on_retry`` is given: the caller reports it), passed to
+      ``on_retry`` (a dict: attempt, error, status, delay_s, ...) and kept in ``last_retries``.
     * **Faults**: a call that fails for good raises :class:`ProviderFault` with an outcome from
       :func:`classify_exception`, the last status, the provider's answer and the attempts made; a context-window
       error raises :class:`ContextOverflow` at once. Non-provider exceptions (bugs) propagate unchanged.
@@ -285,7 +286,7 @@ class LiteLLMModel:
                 failed_usd += getattr(exc, "cost_usd", 0.0)
                 outcome, retryable, overflow = classify_exception(exc)
                 message = f"{self.name}: {one_line(exc)}"
-                details = {"status": status_of(exc), "answer": provider_answer(exc), "attempts": attempt, "usage": failed, "cost_usd": failed_usd}
+                details = {"status": status_of(exc), "answer": provider_answer(one_line(exc)), "attempts": attempt, "usage": failed, "cost_usd": failed_usd}
                 if overflow:
                     raise ContextOverflow(message, **details) from exc
                 if not retryable:
@@ -318,7 +319,8 @@ class LiteLLMModel:
                     "cost_usd": getattr(exc, "cost_usd", 0.0),
                 }
                 self.last_retries.append(record)
-                log.warning(
+                log.log(
+                    logging.WARNING if self._on_retry is None else logging.DEBUG,  # an on_retry caller reports it its own way
                     "%s: attempt %d/%d failed (%s, status %s); retrying in %.2fs (%s)",
                     self.name, attempt, self.retry.max_attempts, record["error"], record["status"], wait, source,
                 )

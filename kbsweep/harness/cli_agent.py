@@ -1,8 +1,10 @@
 """CLI agents (Claude Code, Codex) as runners: the CLI runs in the cell's sandbox, its model only through a proxy.
 
 Per cell: a :class:`~kbsweep.harness.proxy.ModelProxy` on the orchestrator's loopback; the CLI in bubblewrap with
-the workspace (writable, its cwd), a fresh home (writable), its installed package and a ``kbsweep-check`` command
-(read-only); no network but a forwarder to the proxy (:class:`kbsweep.sandbox_net.Relay`). Its environment is the
+the workspace (writable, its cwd), a fresh home (writable), its installed package and interpreter
+(:mod:`kbsweep.harness.locate`) and kbsweep's tools (``tool_server.py``: the ``kbsweep-check``
+command, or an MCP server when the track forbids the shell) read-only; no network but a forwarder to the proxy
+(:class:`kbsweep.sandbox_net.Relay`). Its environment is the
 sandbox's minimal one plus the proxy's URL and a per-cell token, never the provider key. The CLI's own stream
 (JSON lines on stdout) is kept redacted as ``harness_stream.jsonl`` in the cell's folder and normalized to
 kbsweep's transcript schema by the subclass. The session's wall time, memory and disk are the sandbox's watch's;
@@ -16,24 +18,26 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from kbsweep.agent.loop import AgentResult
-from kbsweep.agent.models import Usage
 from kbsweep.agent.providers import build_model
 from kbsweep.errors import KbsweepError
 from kbsweep.harness.base import AgentJob, Runner
-from kbsweep.harness.proxy import ModelProxy
+from kbsweep.harness.locate import Installed, locate
+from kbsweep.harness.proxy import SERVED, ModelProxy
 from kbsweep.outcomes import StopReason
-from kbsweep.paths import REPO_ROOT
-from kbsweep.sandbox import POLL_S, WORKSPACE, Watch, kill, minimal_env
+from kbsweep.sandbox import POLL_S, WORKSPACE, Sandbox, SandboxPolicy, Watch, kill, minimal_env, self_test
 from kbsweep.sandbox_net import BASH, FORWARDER, PROXY_PORT, PROXY_SOCKET, WITH_FORWARDER, Relay
 
-INSTALL_DIR = REPO_ROOT / ".harnesses"  # `python -m kbsweep.harness.install` puts the pinned packages here
 SANDBOX_HOME = "/home/agent"
+TOOL_SERVER = Path(__file__).with_name("tool_server.py")  # copied into the sandbox (kbsweep itself is not there)
+MCP_PREFIX = "mcp__kbsweep__"  # how both CLIs name the tools of the MCP server they know as "kbsweep"
 NATIVE_STREAM = "harness_stream.jsonl"
 Record = Tuple[float, Dict[str, Any]]  # (arrival time, one JSON line of the CLI's stream)
 Event = Tuple[float, str, Dict[str, Any]]  # (ts, type, fields) of kbsweep's transcript schema
@@ -42,20 +46,27 @@ WORKING_NOTE = """
 
 ## Working here
 You run non-interactively: nobody will answer questions. The workspace is {workspace}; your answer is
-{workspace}/solution.py. Check it with the shell command `kbsweep-check` (the grader's correctness check; exit
-code 0 when it passes) and time it with `kbsweep-check --bench`. Finish when it passes and is as fast as you can make it.
+{workspace}/solution.py. {check} Finish when it passes and is as fast as you can make it.
 """
+CHECK_NOTE = {  # by whether the track allows the shell
+    True: "Check it with the shell command `kbsweep-check` (the grader's correctness check; exit code 0 when it passes) "
+          "and time it with `kbsweep-check --bench`.",
+    False: "There is no shell. Check it with the tool `run_check` (the grader's correctness check) and time it with "
+           "`run_benchmark`; `write_file`, `read_file` and `list_files` work in the workspace.",
+}
 
-CHECK_COMMAND = '''#!{python}
-"""kbsweep's check tool: grades solution.py through the grader (--bench: and times it)."""
-import json, sys, urllib.request
 
-mode = "bench" if "--bench" in sys.argv[1:] else "check"
-request = urllib.request.Request("{url}/kbsweep/check", data=json.dumps({{"mode": mode}}).encode(), headers={{"x-api-key": "{token}"}})
-answer = json.load(urllib.request.build_opener(urllib.request.ProxyHandler({{}})).open(request))
-print(answer["output"])
-sys.exit(0 if answer["outcome"] == "pass" else 1)
-'''
+@dataclass
+class Session:
+    """What a CLI's command line is made of, as its sandbox sees it."""
+
+    cli: List[str]  # how to start the CLI (kbsweep.harness.locate)
+    prompt: str  # the problem's prompt and how to work here
+    url: str  # the model proxy
+    token: str  # the cell's token: the CLI's API key
+    home: Path  # its home, host path (its configuration goes there)
+    workspace: str  # its cwd
+    tools: Optional[List[str]]  # argv of the MCP server of kbsweep's tools when the track forbids the shell, else None
 
 
 class HarnessFailed(RuntimeError):
@@ -63,42 +74,53 @@ class HarnessFailed(RuntimeError):
 
 
 @functools.lru_cache(maxsize=None)
-def installed_version(executable: str) -> str:
-    proc = subprocess.run([executable, "--version"], capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
-    return (proc.stdout or proc.stderr).strip()
+def installed_version(installed: Installed) -> Tuple[int, str]:
+    """(exit code, what it says) of ``<cli> --version`` run as a cell runs it: in the sandbox with the mounts it gets,
+    where bubblewrap works here (elsewhere a sweep refuses, or runs unconfined by choice)."""
+    sandbox = Sandbox(SandboxPolicy(mode="bwrap" if self_test() is None else "unsafe"))
+    with tempfile.TemporaryDirectory(prefix="kbsweep-version-") as home:
+        env = {**minimal_env(), "HOME": home}
+        env["PATH"] = ":".join([env["PATH"], *installed.path])
+        proc = sandbox.popen([*installed.argv, "--version"], cwd="/", env=env, writable=[(Path(home), home)], readonly=installed.mounts,
+                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            out, err = proc.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            kill(proc)
+            return 124, "timed out after 120 s"
+    if proc.returncode:
+        return proc.returncode, (err.strip().splitlines() or out.strip().splitlines() or [""])[-1]
+    return 0, (out or err).strip()
 
 
-def kbsweep_usage(anthropic: Optional[Mapping[str, Any]]) -> Dict[str, int]:
-    """Anthropic-style usage (disjoint input counts) as kbsweep's (input includes cache reads and writes)."""
-    usage = anthropic or {}
-    cached, written = int(usage.get("cache_read_input_tokens") or 0), int(usage.get("cache_creation_input_tokens") or 0)
-    return vars(Usage(input_tokens=int(usage.get("input_tokens") or 0) + cached + written,
-                      output_tokens=int(usage.get("output_tokens") or 0), cached_tokens=cached, cache_write_tokens=written))
+def own_names(kind: str, fields: Dict[str, Any]) -> Dict[str, Any]:
+    """An event with kbsweep's tools under their own names (the CLIs prefix an MCP server's), so the audit and the
+    trace views read them as the built-in loop's."""
+    def bare(name: str) -> str:
+        return name.removeprefix(MCP_PREFIX)
 
-
-def assistant_event(ts: float, content: Optional[str], calls: List[Dict[str, Any]], reasoning: Optional[str] = None,
-                    usage: Optional[Dict[str, int]] = None, finish_reason: Optional[str] = None) -> Event:
-    """An ``assistant`` event; cost and latency are the proxy's (the run's totals), not per turn."""
-    return ts, "assistant", {"content": content, "tool_calls": calls, "reasoning": reasoning, "usage": usage or vars(Usage()),
-                             "cost_usd": 0.0, "latency_s": None, "finish_reason": finish_reason or ("tool_calls" if calls else "stop")}
-
-
-def tool_call(call_id: str, name: str, arguments: Any) -> Dict[str, Any]:
-    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": json.dumps(arguments)}}
+    if kind == "tool":
+        return {**fields, "name": bare(fields["name"])}
+    if kind == "assistant":
+        calls = [{**c, "function": {**c["function"], "name": bare(c["function"]["name"])}} for c in fields["tool_calls"]]
+        return {**fields, "tool_calls": calls}
+    return fields
 
 
 class CliRunner(Runner):
     """A CLI agent installed from npm; subclasses give its command line and read its stream."""
 
-    def executable(self) -> Path:
-        installed = INSTALL_DIR / "node_modules" / ".bin" / self.conf["bin"]
-        found = installed if installed.exists() else shutil.which(self.conf["bin"])
-        if not found:
-            raise KbsweepError(
-                f"harness/{self.conf['name']}.yaml: key 'bin': '{self.conf['bin']}' is not installed; run "
-                f"`python -m kbsweep.harness.install` (npm {self.conf['package']}@{self.conf['version']})"
-            )
-        return Path(found)
+    def installed(self) -> Installed:
+        return locate(self.conf)
+
+    def version(self) -> str:
+        """What the CLI's ``--version`` says in the sandbox; refuses (one line) a CLI that cannot run there."""
+        installed = self.installed()
+        code, said = installed_version(installed)
+        if code:
+            raise KbsweepError(f"harness/{self.conf['name']}.yaml: key 'bin': {installed.found} does not run in the sandbox "
+                               f"(`{shlex.join(installed.argv)} --version`: exit code {code}: {said})")
+        return said
 
     def preflight(self, model: Mapping[str, Any]) -> None:
         if model["provider"] != "litellm":
@@ -106,7 +128,7 @@ class CliRunner(Runner):
                 f"harness/{self.conf['name']}.yaml: needs a litellm model (a route the proxy can call); "
                 f"model '{model['name']}' has provider '{model['provider']}'"
             )
-        version = installed_version(str(self.executable()))
+        version = self.version()
         if self.conf.get("version") and str(self.conf["version"]) not in version:
             raise KbsweepError(
                 f"harness/{self.conf['name']}.yaml: key 'version': {self.conf['version']} pinned, '{version}' installed; "
@@ -114,14 +136,14 @@ class CliRunner(Runner):
             )
 
     def describe(self) -> str:
-        return f"{self.conf['name']}: {installed_version(str(self.executable()))} ({self.executable()})"
+        return f"{self.conf['name']}: {self.version()} ({self.installed().found})"
 
-    def command(self, job: AgentJob, url: str, token: str, home: Path, workspace: str) -> Tuple[List[str], Dict[str, str]]:
-        """The CLI's argv and its environment variables; may write its configuration into ``home`` (host path)."""
+    def command(self, job: AgentJob, session: Session) -> Tuple[List[str], Dict[str, str]]:
+        """The CLI's argv and its environment variables; may write its configuration into ``session.home``."""
         raise NotImplementedError
 
-    def normalize(self, records: List[Record]) -> List[Event]:
-        """The CLI's stream as transcript events (assistant turns and tool results)."""
+    def normalize(self, records: List[Record], proxy: ModelProxy) -> List[Event]:
+        """The CLI's stream (or what the proxy saw) as transcript events (assistant turns and tool results)."""
         raise NotImplementedError
 
     def run(self, job: AgentJob) -> AgentResult:
@@ -136,9 +158,9 @@ class CliRunner(Runner):
         result = proxy.result
         if breach:
             result.stop_reason = StopReason.WALL_CLOCK if breach[0] == "wall" else StopReason.MODEL_STOPPED
-        events = [(started, "user", {"content": job.prompt}), *self.normalize(records), *proxy.events]
+        events = [(started, "user", {"content": job.prompt}), *self.normalize(records, proxy), *proxy.events]
         for ts, kind, fields in sorted(events, key=lambda e: e[0]):
-            job.transcript.add(kind, **fields, ts=ts)
+            job.transcript.add(kind, **own_names(kind, fields), ts=ts)
         job.transcript.add("stop", reason=result.stop_reason.value, turns=result.turns, usage=vars(result.usage),
                            cost_usd=result.cost_usd, wall_s=result.wall_s, harness=self.conf["name"],
                            **({"message": breach[1]} if breach else {}))
@@ -157,15 +179,21 @@ class CliRunner(Runner):
         home, bin_dir = root / "home", root / "bin"
         home.mkdir(parents=True)
         bin_dir.mkdir()
+        installed = self.installed()
         workspace = WORKSPACE if sandbox.confined else str(job.workspace)
         home_seen = SANDBOX_HOME if sandbox.confined else str(home)
         url = f"http://127.0.0.1:{PROXY_PORT if relay else proxy.address[1]}"
         check = bin_dir / "kbsweep-check"
-        check.write_text(CHECK_COMMAND.format(python=sys.executable, url=url, token=proxy.token))
+        check.write_text(f"#!{sys.executable}\n" + TOOL_SERVER.read_text())
         check.chmod(0o755)
-        argv, variables = self.command(job, url, proxy.token, home, workspace)
+        served = [t["function"] for t in job.toolbox.schemas() if t["function"]["name"] in SERVED]
+        (bin_dir / "tools.json").write_text(json.dumps({"url": url, "token": proxy.token, "tools": served}))
+        shell = job.toolbox.allow_shell
+        note = WORKING_NOTE.format(workspace=workspace, check=CHECK_NOTE[shell])
+        argv, variables = self.command(job, Session(list(installed.argv), job.prompt + note, url, proxy.token, home, workspace,
+                                                    None if shell else [str(check), "--mcp"]))
         env = {**minimal_env(job.toolbox.secret_env), **variables, "HOME": home_seen}
-        env["PATH"] = f"{bin_dir}:{self.executable().parent}:{env['PATH']}"
+        env["PATH"] = ":".join([str(bin_dir), env["PATH"], *installed.path])
         # a login shell (Codex runs `bash -lc`) resets PATH in /etc/profile; the home's profile puts it back
         (home / ".bash_profile").write_text(f"export PATH={shlex.quote(env['PATH'])}\n")
         if relay:  # in the sandbox 127.0.0.1:PROXY_PORT is a forwarder to the relay's socket
@@ -173,7 +201,7 @@ class CliRunner(Runner):
         with (root / "stderr.log").open("w+") as errors:
             proc = sandbox.popen(
                 argv, cwd=workspace, env=env, writable=[(job.workspace, workspace), (home, home_seen)],
-                readonly=[bin_dir, *([INSTALL_DIR] if INSTALL_DIR.exists() else [])],
+                readonly=[bin_dir, *installed.mounts],
                 extra=["--bind", str(relay.path), PROXY_SOCKET] if relay else [],
                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=errors, text=True,
             )

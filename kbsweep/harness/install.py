@@ -1,7 +1,8 @@
 """Installs the pinned npm packages of the CLI harnesses (``conf/harness/*.yaml``) into ``.harnesses/``.
 
 ``python -m kbsweep.harness.install [name ...]`` (all harnesses with a package when no name is given); needs
-``npm``. The CLIs ship their native binaries as npm packages (optional dependencies per platform).
+``npm``; ``$KBSWEEP_HARNESSES`` names another folder. The CLIs ship their native binaries as npm packages
+(optional dependencies per platform).
 """
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import List
 
 from omegaconf import OmegaConf
 
-from kbsweep.harness.cli_agent import INSTALL_DIR
+from kbsweep.harness.locate import install_dir
 from kbsweep.paths import REPO_ROOT
 
 
@@ -21,9 +22,9 @@ def packages(names: List[str]) -> List[str]:
 
 
 def main(argv: List[str]) -> int:
-    wanted = packages(argv)
-    INSTALL_DIR.mkdir(exist_ok=True)
-    command = ["npm", "install", "--prefix", str(INSTALL_DIR), "--no-save", "--no-audit", "--no-fund", "--loglevel=error", *wanted]
+    wanted, folder = packages(argv), install_dir()
+    folder.mkdir(exist_ok=True)
+    command = ["npm", "install", "--prefix", str(folder), "--no-save", "--no-audit", "--no-fund", "--loglevel=error", *wanted]
     return subprocess.call(command)
 
 

@@ -12,7 +12,8 @@ OpenAI-compatible servers that only offer chat completions, which Codex then can
 
 * ``POST /v1/messages`` (Claude Code): Anthropic Messages, streamed as the full Anthropic event sequence.
 * ``POST /v1/responses`` (Codex): OpenAI Responses, streamed as ``response.*`` events.
-* ``POST /kbsweep/check`` ``{"mode": "check" | "bench"}``: the built-in loop's ``run_check`` / ``run_benchmark``.
+* ``POST /kbsweep/tool`` ``{"name", "arguments"}``: one of the built-in loop's tools (``SERVED``), for
+  ``kbsweep-check`` and the MCP server of :mod:`kbsweep.harness.tool_server`.
 
 Budgets are checked before every model call, as in the loop: once one is spent, or a provider call fails for good
 (after the model's own retries), the call is refused and ``ended`` is set; the runner then stops the harness.
@@ -25,7 +26,7 @@ import threading
 import time
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Set, Tuple
 from urllib.parse import urlsplit
 
 from kbsweep.agent.loop import AgentResult, Budgets, budget_stop, note_grade
@@ -34,7 +35,10 @@ from kbsweep.agent.tools import Toolbox
 from kbsweep.outcomes import StopReason
 
 MAX_BODY = 64 * 2**20
-CHECK_TOOLS = {"check": "run_check", "bench": "run_benchmark"}
+# the built-in loop's tools a harness reaches through the proxy: not run_shell (a CLI's shell, where the track allows
+# one, is its own) nor submit (a CLI ends by itself)
+SERVED = ("write_file", "read_file", "list_files", "run_check", "run_benchmark")
+GRADING = ("run_check", "run_benchmark")
 
 
 class Refused(Exception):
@@ -98,6 +102,9 @@ class ModelProxy:
 
     ``result`` accumulates the run's turns, usage, dollars, checks and fault as the built-in loop's AgentResult;
     ``events`` holds the retry and error events for the transcript; ``ended`` is set when the run must stop.
+    ``turns`` is the Responses wire's conversation as the model had it: each assistant turn and each tool result
+    the harness sent back, a call to a tool the request did not offer, or with arguments that are no JSON object,
+    marked ``rejected`` (Codex answers those itself and leaves them out of its own stream).
     """
 
     def __init__(self, model: ChatModel, route: str, budgets: Budgets, toolbox: Toolbox):
@@ -105,6 +112,8 @@ class ModelProxy:
         self.token = f"kbsweep-{secrets.token_hex(16)}"
         self.result = AgentResult(stop_reason=StopReason.MODEL_STOPPED)
         self.events: List[Tuple[float, str, Dict[str, Any]]] = []
+        self.turns: List[Tuple[float, str, Dict[str, Any]]] = []
+        self.pending: Dict[str, Dict[str, Any]] = {}  # call id -> the tool event its result will complete
         self.ended = threading.Event()
         self.failure: Optional[str] = None  # a request the proxy could not serve (its own fault, not the model's)
         self.calls = threading.Lock()  # one model call at a time: budgets are checked against every call before it
@@ -155,8 +164,8 @@ class ModelProxy:
                 return self.anthropic(request, payload)
             if path.endswith("/responses"):
                 return self.responses(request, payload)
-            if path == "/kbsweep/check":
-                return self.check(request, payload)
+            if path == "/kbsweep/tool":
+                return self.tool(request, payload)
             return send(request, 404, {"error": {"type": "not_found_error", "message": f"kbsweep proxy: no route {path}"}})
         except Refused as refused:
             return self.refuse(request, path, refused)
@@ -183,7 +192,9 @@ class ModelProxy:
         chat = bridge.transform_responses_api_request_to_chat_completion_request(
             model=self.route, input=payload["input"], responses_api_request=params, stream=False
         )
+        self.answered(payload["input"])
         completion = self.complete(chat["messages"], chat.get("tools") or [])
+        self.said(completion, {t["function"]["name"] for t in chat.get("tools") or [] if t.get("function")})
         model = payload.get("model", "")
         response = bridge.transform_chat_completion_response_to_responses_api_response(
             payload["input"], params, model_response(completion, model)
@@ -200,13 +211,43 @@ class ModelProxy:
             return stream(request, responses_events(response))
         return send(request, 200, response)
 
-    def check(self, request: BaseHTTPRequestHandler, payload: Dict[str, Any]) -> None:
-        """The check tool: the built-in loop's own tool call, so the same grader, limits and output."""
-        tool = CHECK_TOOLS.get(payload.get("mode", "check"), "run_check")
-        output = self.toolbox.call(tool, "{}")
+    def tool(self, request: BaseHTTPRequestHandler, payload: Dict[str, Any]) -> None:
+        """A kbsweep tool: the built-in loop's own tool call, so the same grader, limits and output."""
+        name = payload.get("name")
+        if name not in SERVED:
+            return send(request, 200, {"output": f"error: unknown tool {name!r}", "outcome": None})
+        output = self.toolbox.call(name, json.dumps(payload.get("arguments") or {}))
+        if name not in GRADING:
+            return send(request, 200, {"output": output, "outcome": None})
         with self.calls:
             note_grade(self.result, self.toolbox.last_grade)
         send(request, 200, {"output": output, "outcome": (self.toolbox.last_grade or {}).get("outcome")})
+
+    def answered(self, items: Any) -> None:
+        """The tool results a Responses request carries for calls of earlier turns, as ``tool`` events of ``turns``."""
+        for item in items if isinstance(items, list) else []:
+            call = self.pending.pop(item.get("call_id"), None) if item.get("type") == "function_call_output" else None
+            if call is None:
+                continue
+            output = item.get("output")
+            content = output if isinstance(output, str) else "\n".join(part.get("text", "") for part in output or [])
+            if call.get("rejected") and not content.startswith("error:"):
+                content = f"error: {content}"
+            self.turns.append((time.time(), "tool", {**call, "content": content}))
+
+    def said(self, completion: Completion, offered: Set[str]) -> None:
+        """A Responses turn as an ``assistant`` event of ``turns``; its calls wait for their results."""
+        message = completion.message
+        calls = message.get("tool_calls") or []
+        self.turns.append((time.time(), "assistant", {
+            "content": message.get("content"), "tool_calls": calls, "reasoning": completion.reasoning, "usage": vars(completion.usage),
+            "cost_usd": completion.cost_usd, "latency_s": completion.latency_s, "finish_reason": completion.finish_reason}))
+        for call in calls:
+            name, arguments = call["function"]["name"], call["function"].get("arguments") or ""
+            event = {"name": name, "tool_call_id": call["id"], "arguments": arguments}
+            if name not in offered or not isinstance(parsed_or_none(arguments), dict):
+                event["rejected"] = True
+            self.pending[call["id"]] = event
 
     def refuse(self, request: BaseHTTPRequestHandler, path: str, refused: Refused) -> None:
         """An error in the wire shape of the request, so the harness reads it as its provider's."""
@@ -254,6 +295,13 @@ class ModelProxy:
 
     def note(self, kind: str, **fields: Any) -> None:
         self.events.append((time.time(), kind, fields))
+
+
+def parsed_or_none(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
 
 
 def send(request: BaseHTTPRequestHandler, status: int, body: Dict[str, Any]) -> None:

@@ -30,7 +30,7 @@ def dynamic_kinds(graded) -> set:
 
 
 def timing(event_ms=1.0, wall_ms=1.05, kernels=None, streams=(7,)):
-    return {"shape": {"M": 4}, "candidate": {"median_ms": event_ms, "wall_median_ms": wall_ms, "spin_us": 50.0},
+    return {"shape": {"M": 4}, "candidate": {"median_ms": wall_ms, "corroboration": {"runner_median_ms": event_ms}},
             "profile": {"kernels": kernels or {"_fp8_gemm_kernel": 1.0}, "streams": list(streams), "launches_per_call": 1.0}}
 
 

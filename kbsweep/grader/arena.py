@@ -186,20 +186,6 @@ class Arena:
         os.close(self.fd)
 
 
-def apply_swaps(inputs: List[Any], swaps: List[List[Any]]) -> None:
-    """A call's canaries: ``flat[dst] = flat[src]`` on input ``index`` (the referee draws them within one row, so
-    row-wise invariants such as sums and value sets hold). The runner applies them before the call, the referee
-    again on its own copy to know what the call saw."""
-    for index, dst, src in swaps:
-        flat = inputs[index].view(-1)
-        flat[torch.as_tensor(dst, device=flat.device)] = flat[torch.as_tensor(src, device=flat.device)]
-
-
-def prepared_swaps(swaps: List[List[Any]], device: torch.device) -> List[List[Any]]:
-    """The swaps with their indices already on ``device`` (no host-to-device copy inside a timed batch)."""
-    return [[index, torch.tensor(dst, device=device), torch.tensor(src, device=device)] for index, dst, src in swaps]
-
-
 def encode(value: Any, arena: Arena) -> Dict[str, Any]:
     """A value for the runner: tensors as arena slots (copies), dtypes by name, lists element-wise (the runner's
     ``decode`` reads it back)."""

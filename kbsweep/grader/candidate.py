@@ -28,8 +28,8 @@ from kbsweep.grader.request import RefereeRequest
 from kbsweep.outcomes import Outcome
 
 CANDIDATE_OUTCOMES = (Outcome.INCORRECT, Outcome.COMPILE_ERROR, Outcome.RUNTIME_ERROR, Outcome.GRADE_OOM)
-OUTPUT_BUDGET = {"cuda": 4 << 30, "cpu": 256 << 20}  # output slots of one timed batch
-SCALABLE = (torch.float16, torch.bfloat16, torch.float32, torch.float64)  # fp8 has no arithmetic (scales, canaries)
+CALL_BUDGET = {"cuda": 4 << 30, "cpu": 256 << 20}  # input sets and output slots of one timed batch
+SCALABLE = (torch.float16, torch.bfloat16, torch.float32, torch.float64)  # fp8 has no arithmetic (scales)
 
 
 def load_module(name: str, path: Path):
@@ -53,7 +53,7 @@ class CandidateContext:
         self.req, self.runner = replace(request, secret_seed=None), runner  # the seed is held here only, never echoed
         self.spec = request.spec
         self.device = torch.device(request.device)
-        self.rng = random.Random(self.secret_seed * 7 + 1)  # batch seeds, canaries, picks: never sent ahead of use
+        self.rng = random.Random(self.secret_seed * 7 + 1)  # batch seeds, sampled elements, picks: never sent ahead of use
         self.findings: List[Dict[str, Any]] = []
         self.evidence: Dict[str, Any] = {}
         self.stages: Dict[str, Dict[str, float]] = {}  # per stage: seconds, candidate and reference forwards
@@ -133,7 +133,8 @@ class CandidateContext:
             state = sum(padded(nbytes(t)) for t in ref_model.state_dict().values())
             ins = sum(padded(nbytes(t)) for t in first if isinstance(t, torch.Tensor))
             outs = sum(padded(nbytes(t)) for t in checks.as_tuple(expected))
-            self.firsts[key] = (2 * state + max(self.set_count(first), 4) * ins + (self.calls_cap(outs) + 4) * outs + (1 << 20), expected)
+            calls = self.calls_cap(first, expected)
+            self.firsts[key] = (2 * state + max(self.set_count(first), calls, 4) * ins + (calls + 4) * outs + (1 << 20), expected)
         return self.firsts[key]
 
     def send_model(self, ref_model: Any, shape: Dict[str, Any], seed: int) -> int:
@@ -185,8 +186,10 @@ class CandidateContext:
         size = sum(nbytes(t) for t in first if isinstance(t, torch.Tensor))
         return timing.input_set_count(size, self.req.l2_bytes if self.device.type == "cuda" else 0)
 
-    def calls_cap(self, out_bytes: int) -> int:
-        return max(2, min(32, OUTPUT_BUDGET[self.device.type] // max(out_bytes, 1)))
+    def calls_cap(self, inputs: Sequence[Any], expected: Any) -> int:
+        """Timed calls a batch may hold: each has an input set and output slots of its own, within CALL_BUDGET."""
+        per_call = sum(padded(nbytes(t)) for t in [*inputs, *checks.as_tuple(expected)] if isinstance(t, torch.Tensor))
+        return max(2, min(timing.MAX_BATCH_CALLS, CALL_BUDGET[self.device.type] // max(per_call, 1)))
 
     # -- what ranks agree on (one process: itself) ----------------------------------
     def any_rank(self, flag: bool) -> bool:

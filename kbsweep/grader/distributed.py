@@ -300,9 +300,9 @@ class RankReferee(Referee):
             self.per_rank[rank] += times
         return [max(call) for call in zip(*(times for times, _ in rows))], max(e for _, e in rows)
 
-    def timed_go(self):
+    def timed_go(self, *args: Any) -> tuple:
         self.barrier()  # the runner ranks start the batch together
-        return super().timed_go()
+        return super().timed_go(*args)
 
     def agreed(self, step: Callable[[], Any]) -> Any:
         """``step`` on every rank; a check that fails on any rank fails on all, naming the first such rank."""

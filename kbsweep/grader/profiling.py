@@ -76,7 +76,7 @@ class GpuKernels:
 
     def profile(self, ranges: List[tuple], calls: int) -> Dict[str, Any]:
         """Kernel names, launches per call and streams of the kernels launched from inside ``ranges`` (a
-        candidate's calls; the flushes, canaries and output copies around them are not counted); a CUDA-graph
+        candidate's calls; the flushes and output copies around them are not counted); a CUDA-graph
         replay counts its kernels. ``median_launches``: the launches of the median call (a one-off launch, say a
         CUDA-graph capture's warm-up, moves the mean only)."""
         ranges = sorted(ranges)  # a candidate's calls follow one another: by start, the one holding ``at`` is the last before it

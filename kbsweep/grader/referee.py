@@ -55,6 +55,7 @@ class Referee(CorrectnessStage, TimingStage, ProbeStage):
             with torch.no_grad():
                 baselines = [self.time_baselines(shape, deadline) for shape in self.req.shapes]
         self.stage, self.tag = "import_candidate", "/import"
+        self.trusted_round_trip()  # the runner holds harness code only until the import
         self.ask("import")
         with torch.no_grad():
             if self.kernelbench:  # KernelBench's verdict first, whatever kbsweep's own checks then find

@@ -28,8 +28,8 @@ import torch
 import torch.profiler
 
 from kbsweep.audit import runtime
-from kbsweep.grader import profiling, reference_timers, timing
-from kbsweep.grader.arena import Arena, apply_swaps, prepared_swaps, seed_rng
+from kbsweep.grader import profiling, timing
+from kbsweep.grader.arena import Arena, seed_rng
 from kbsweep.grader.channel import Channel, ChannelError
 from kbsweep.grader.failures import GradeFailure, classify, one_line
 from kbsweep.outcomes import Outcome
@@ -88,6 +88,7 @@ class Runner:
             timing.reset_persisting_l2()
         self.ops = {"calls": 0, "aten_ops": {}, "own_ops": {}, "torch_flops": 0, "torch_bytes": 0}
         self.replay: Optional[timing.Replay] = None  # the last batch's captured calls
+        self.paused: Any = None  # the profiler's kernel records, paused from a replay's arm to the next command
 
     def serve(self) -> None:
         while True:
@@ -96,6 +97,9 @@ class Runner:
             if op == "exit":
                 return
             self.stage, self.tag = message.get("stage", self.stage), str(message.get("tag", ""))
+            if self.paused is not None and op not in ("warm", "batch"):  # a replay's batch is over
+                self.paused, paused = None, self.paused
+                paused.__exit__(None, None, None)
             try:
                 reply = {"ok": True, **(getattr(self, f"op_{op}")(message, fds) or {})}
             except GradeFailure as exc:
@@ -208,58 +212,56 @@ class Runner:
             torch.cuda.synchronize()
 
     # -- timing ---------------------------------------------------------------------
+    def op_ping(self, message, fds) -> None:
+        """An empty command: the referee times the channel's round trip with it before the candidate is imported."""
+
     def op_arm(self, message, fds) -> Optional[Dict[str, Any]]:
-        """A timed batch's plan (its inputs arrive after this answer): the calls' views, slots and canaries made
-        ready outside the referee's clock. ``replay_from``: the calls from there on run as a CUDA graph replay
-        instead (captured now, or the last capture reused for the same plan, its canary indices refilled)."""
-        calls = message["calls"]
+        """A timed batch's plan (its inputs arrive with the go): the calls' views and slots made ready outside the
+        referee's clock. The first ``warm`` calls run on ``op_warm``, the rest on ``op_batch``: by events, or with
+        ``replay`` as one CUDA graph replay (captured now, or the last capture of the same plan reused), the
+        profiler's kernel records paused from here to the next command (no candidate code runs in a replay)."""
+        calls, warm = message["calls"], int(message.get("warm") or 0)
         model = self.models[int(message["model"])] if calls else None
         kernelbench = bool(message.get("kernelbench"))  # outputs as KernelBench takes them (may alias an input)
         align = timing.call_barrier(self.barrier, message["mode"])
-        split = len(calls) if message.get("replay_from") is None else int(message["replay_from"])
 
-        def step(call: Dict[str, Any], swaps: List[List[Any]]) -> tuple:
+        def step(call: Dict[str, Any]) -> tuple:
             inputs, slots = decode(call["inputs"], self.arena), call["outputs"]
-            return (lambda: (apply_swaps(inputs, swaps), align()), lambda: self.invoke(model, inputs),
-                    lambda out: self.deliver(out, slots, inputs, kernelbench=kernelbench))
+            return align, lambda: self.invoke(model, inputs), lambda out: self.deliver(out, slots, inputs, kernelbench=kernelbench)
 
-        steps = [step(call, prepared_swaps(call.get("swaps") or [], self.device)) for call in calls[:split]]
+        timed = calls[warm:]
         replay = None
-        if split < len(calls):
-            replayed = calls[split:]
-            key = (message["model"], repr([(c["inputs"], c["outputs"], [(i, len(d)) for i, d, _ in c.get("swaps") or []]) for c in replayed]))
+        if message.get("replay"):
+            key = (message["model"], repr([(c["inputs"], c["outputs"]) for c in timed]))
             if self.replay is None or self.replay.key != key:
                 self.replay = None  # the last capture's memory pool goes before the next is taken
-                buffers = [prepared_swaps(c.get("swaps") or [], self.device) for c in replayed]
                 tag, self.tag = self.tag, self.tag + profiling.CAPTURE_TAG
                 try:
                     with torch.no_grad():
-                        self.replay = timing.Replay([step(c, b) for c, b in zip(replayed, buffers)], self.flush, key, held=buffers)
-                except Exception as exc:  # noqa: BLE001 - a call a graph cannot hold is timed by events alone (re-armed so)
+                        self.replay = timing.Replay([step(c) for c in timed], self.flush, key)
+                except Exception as exc:  # noqa: BLE001 - a call a graph cannot hold is timed by events alone
                     self.armed = None
                     return {"replay_error": f"{self.stage}: capture failed: {one_line(exc)}"}
                 finally:
                     self.tag = tag
-            else:  # the graph reads its canaries' indices from these buffers
-                for call, buffers in zip(replayed, self.replay.held):
-                    for (_, dst, src), (_, dst_at, src_at) in zip(call.get("swaps") or [], buffers):
-                        dst_at.copy_(torch.tensor(dst))
-                        src_at.copy_(torch.tensor(src))
             replay = self.replay
-        self.armed = (steps, message["mode"], float(message.get("spin_us") or 0), replay)
+            self.paused = profiling.kernels_unrecorded(self.session)
+            self.paused.__enter__()
+        self.armed = ([step(c) for c in calls[:warm]], [] if replay else [step(c) for c in timed], message["mode"],
+                      float(message.get("spin_us") or 0), replay)
+
+    def op_warm(self, message, fds) -> None:
+        """The armed batch's warm calls, to their end: the chip at the clock it sustains when the go comes."""
+        warm, _, mode, _, _ = self.armed
+        with torch.no_grad():
+            timing.run_batch(warm, mode)
 
     def op_batch(self, message, fds) -> Dict[str, Any]:
-        """The armed batch, timed by this process's clock (:func:`kbsweep.grader.timing.run_batch`): each call's
-        canaries before it, its output copied to its slot outside the timed interval; then the replay, if armed,
-        with the profiler's kernel records paused."""
-        steps, mode, spin_us, replay = self.armed
+        """The armed batch's timed calls (:func:`kbsweep.grader.timing.run_batch`), each output copied to its slot
+        outside its timed interval, or their replay; the referee's clock runs around this command."""
+        _, steps, mode, spin_us, replay = self.armed
         with torch.no_grad():
-            return timing.run_batch(steps, mode, spin_us, self.flush, replay, lambda: profiling.kernels_unrecorded(self.session))
-
-    def op_graph(self, message, fds) -> Dict[str, Any]:
-        model = self.models[int(message["model"])]
-        with torch.no_grad():
-            return {"graph_ms": reference_timers.time_cuda_graph(lambda *a: self.invoke(model, list(a)), decode(message["inputs"], self.arena))}
+            return timing.run_batch(steps, mode, spin_us, self.flush, replay)
 
     def op_evidence(self, message, fds) -> Dict[str, Any]:
         """Everything recorded: runtime events, the recorder's ops, and from the profiler session the ops of

@@ -1,15 +1,16 @@
 """Timing: the batch loop the referee drives in the candidate's runner and runs itself for baselines.
 
-GPU, back to back (the scored figure): a batch's calls queue behind one GPU spin sized from the host's enqueue
-time, each call between CUDA events after a read flush of the L2, opened by warm calls that bring the chip to the
-clock it sustains under the load; where the calls can be captured, batches alternate with replays of a CUDA graph of
-the same calls (:class:`Replay`), whose time less a replay of everything but the calls is the scored figure within
-:data:`REPLAY_BAND` of the event-timed one (:func:`scored`). GPU, isolated (latency-regime problems): a full sync around each call, launches
-included; a CUDA-graph replay figure beside it. CPU: perf_counter around each call (plumbing, not performance).
-The runner's figures are corroborated by the referee's clock (referee.py); NVML samples the clocks of every pass.
+The scored figure of a candidate's batch is the referee's (:mod:`kbsweep.grader.timing_stage`): its own clock
+around the batch, less a null it measured without the candidate, over the batch's calls (:func:`referee_sample`).
+The runner's per-call figures from :func:`run_batch` are evidence. GPU, back to back: each call between CUDA events
+after a read flush of the L2, the batch opened by warm calls (a command of their own) that bring the chip to the
+clock it sustains under the load; where the calls can be captured, batches alternate with replays of a CUDA graph
+of the same calls (:class:`Replay`), and the replays are scored (:func:`scored`). GPU, isolated (latency-regime
+problems): a full sync around each call, launches included. CPU: perf_counter around each call (plumbing, not
+performance). NVML samples the clocks of every pass.
 
-Stopping rule (GPU MODE's): at least ``min_runs``, then stop when the relative standard error of the mean
-is under ``rel_err``, or ``max_time_s`` of measured time, or ``max_runs``. The score uses the median.
+Stopping rule (GPU MODE's): at least ``min_runs`` calls, then stop when the relative standard error of the mean
+is under ``rel_err``, or ``max_time_s`` of measured time, or ``max_runs`` calls. The score uses the median.
 """
 from __future__ import annotations
 
@@ -29,15 +30,15 @@ CUDA_LIMIT_PERSISTING_L2 = 0x06
 SPIN_CYCLES_PER_US = 2000  # about the SM clock of a Hopper under load; a longer spin is harmless
 BATCH_ENQUEUE_US = 50_000  # host time to enqueue one back-to-back batch
 MAX_BATCH_SPIN_US = 100_000
+# Calls per back-to-back batch, at most: the referee's clock reads a batch whole, so its jitter (tens of
+# microseconds a batch) is divided by the calls; small calls get many of them (each on an input set of its own,
+# within the grade's memory budget: candidate.calls_cap)
+MAX_BATCH_CALLS = 256
 # Untimed calls that open every back-to-back batch of a call of WARM_FROM_US or more, for WARM_US of GPU work: the
 # chip's power controller then holds the clock it sustains under this load (a bf16 GEMM at 8192^3 on the H200 read
 # 1.39 ms at the 1980 MHz boost after the host gaps between batches, 1.52 ms at the ~1600 MHz its power cap holds
 # under do_bench or graph replay). Below WARM_FROM_US a batch's enqueue, not power, sets the pace.
 WARM_US, WARM_FROM_US, MAX_WARM_CALLS = 80_000, 100, 64
-# A replay's figure stands for the call when it reads no more than this under the event-timed figure of the same
-# calls (share, ms): the event pair's own gap (~2 us a call on the H200) and CUPTI's cost per kernel are what a
-# replay drops; more than that is a call that runs differently when captured, and then the event-timed figure stands.
-REPLAY_BAND = (0.05, 0.004)
 # each replay batch runs on one fresh draw of the inputs, and its calls share it: a call whose time follows the
 # draw needs several draws for a median that holds still (paged attention batch 32 on the H200: 0.817-0.849 ms
 # over five draws, 0.3% over five placements of one draw; stopping at min_runs (3) replays, three grades read
@@ -50,14 +51,14 @@ REPLAY = torch.cuda.CUDAGraph.replay  # the harness's own replays, taken before 
 class TimingConfig:
     """When a shape's timing stops (:func:`stop`): ``config.yaml``'s ``grade.timing``."""
 
-    min_runs: int = 3  # samples, at least
-    max_runs: int = 100  # samples, at most
+    min_runs: int = 3  # calls, at least
+    max_runs: int = 100  # calls, at most
     rel_err: float = 0.001  # the mean's standard error over the mean, enough to stop once below
     max_time_s: float = 10.0  # seconds of a shape's timed batches, at most (then it stops whatever the error)
     replay: bool = True  # back to back on one GPU: score a CUDA-graph replay of the calls where they can be captured
 
 
-def summarize(samples_ms: List[float], wall_ms: List[float]) -> Dict[str, Any]:
+def summarize(samples_ms: List[float]) -> Dict[str, Any]:
     n = len(samples_ms)
     mean = statistics.fmean(samples_ms)
     std = statistics.stdev(samples_ms) if n > 1 else 0.0
@@ -71,8 +72,6 @@ def summarize(samples_ms: List[float], wall_ms: List[float]) -> Dict[str, Any]:
         "iqr_ms": quartiles[2] - quartiles[0],
         "ci95_ms": [mean - half, mean + half],
         "runs": n,
-        "wall_median_ms": statistics.median(wall_ms),
-        "wall_event_ratio": statistics.median(wall_ms) / max(statistics.median(samples_ms), 1e-9),
     }
 
 
@@ -107,14 +106,21 @@ def for_device(cfg: TimingConfig, device_type: str, host_runs: int = HOST_MAX_RU
     return dataclasses.replace(cfg, max_runs=min(cfg.max_runs, max(host_runs, cfg.min_runs)), max_time_s=min(cfg.max_time_s, HOST_MAX_TIME_S))
 
 
-def stop(samples: List[float], cfg: TimingConfig, elapsed_s: float) -> bool:
-    n = len(samples)
-    if n < cfg.min_runs:
+def stop(samples: List[float], cfg: TimingConfig, elapsed_s: float, calls: int = 1) -> bool:
+    """Whether a shape's timing may end, each sample standing for ``calls`` calls (a batch's figure)."""
+    n = len(samples) * calls
+    if n < cfg.min_runs or not samples:
         return False
     if n >= cfg.max_runs or elapsed_s > cfg.max_time_s:
         return True
     mean = statistics.fmean(samples)
-    return n > 1 and statistics.stdev(samples) / math.sqrt(n) / mean < cfg.rel_err
+    return len(samples) > 1 and statistics.stdev(samples) / math.sqrt(len(samples)) / mean < cfg.rel_err
+
+
+def referee_sample(wall_ms: float, null_ms: float, calls: int) -> float:
+    """One call's time from the referee's clock: a batch's wall time less the null the referee measured without
+    the candidate (everything but the calls), over its calls."""
+    return max(wall_ms - null_ms, 1e-6) / max(calls, 1)
 
 
 class L2Flush:
@@ -241,12 +247,11 @@ def run_batch(steps: Sequence[tuple], mode: str, spin_us: float = 0.0, flush: Op
 class Replay:
     """A batch's calls captured as one CUDA graph, each ``before(); flush(); after(call())`` as an event-timed batch
     runs them, for :func:`run_batch` to replay. ``key``: the plan it was captured for (a later batch of the same
-    plan replays it); ``held``: what the graph reads that must live as long as it. Raises what the capture raised: a call that syncs the host, allocates outside torch or
+    plan replays it). Raises what the capture raised: a call that syncs the host, allocates outside torch or
     launches on a stream of its own cannot be captured, and is then timed by events alone."""
 
-    def __init__(self, steps: Sequence[tuple], flush: "L2Flush", key: Any = None, held: Any = None):
-        # the graph reads what the steps and the flush hold (canary indices, buffers): they live as long as it
-        self.key, self.calls, self.held, self.steps, self.flush = key, len(steps), held, list(steps), flush
+    def __init__(self, steps: Sequence[tuple], flush: "L2Flush", key: Any = None):
+        self.key, self.calls, self.steps, self.flush = key, len(steps), list(steps), flush  # the graph reads what they hold
         self.graph = torch.cuda.CUDAGraph()
         torch.cuda.synchronize()
         # a capture that fails ends before torch closes it on the CUDA generator, whose every later draw then
@@ -269,53 +274,27 @@ class Replay:
 
 
 def replay_sample(replay_ms: float, bare_ms: float, calls: int) -> float:
-    """One call's time from a replay of ``calls`` calls and a replay of the same without them (canaries, flushes,
-    output copies): what the calls added, per call (a graph-amortized figure)."""
+    """One call's time from a replay of ``calls`` calls and a replay of the same without them (flushes, output
+    copies): what the calls added, per call (a graph-amortized figure)."""
     return (replay_ms - bare_ms) / max(calls, 1)
 
 
-def scored(events: Dict[str, Any], replay: Optional[Dict[str, Any]]) -> Dict[str, Any]:
-    """The scored figure of a back-to-back shape: the replays' median where they were captured and read within
-    :data:`REPLAY_BAND` under the event-timed median (never under half of it), else the events'. Returns the
-    chosen summary with ``timer`` ("replay" or "events") and both summaries beside it."""
-    chosen, timer, why = events, "events", None
-    if replay is not None and "median_ms" in replay:
-        share, floor_ms = REPLAY_BAND
-        lowest = max(0.5 * events["median_ms"], (1 - share) * events["median_ms"] - floor_ms)
-        if replay["median_ms"] >= lowest:
-            chosen, timer = replay, "replay"
-        else:
-            why = f"the replays read {replay['median_ms']:.4f} ms, under {lowest:.4f} ms (the events' {events['median_ms']:.4f} ms less the band)"
-    elif replay is not None:
-        why = replay.get("error")
-    figure = {**chosen, "timer": timer, "events": events}
+def scored(events: Optional[Dict[str, Any]], replay: Optional[Dict[str, Any]]) -> Dict[str, Any]:
+    """The scored figure of a back-to-back shape: the replays' where the calls were captured (a graph replay is one
+    launch, so the figure is the calls' GPU time, graph-amortized), else the event-timed batches'. Returns the chosen
+    summary with ``timer`` ("replay" or "events") and both summaries beside it."""
+    captured = replay is not None and "median_ms" in replay
+    figure = {**(replay if captured else events), "timer": "replay" if captured else "events", "events": events}
     if replay is not None:
         figure["replay"] = replay
-    if why:
-        figure["replay_refused"] = why
+    if replay is not None and not captured:
+        figure["replay_refused"] = replay.get("error")
     return figure
 
 
 def replays_short(replayed: List[float], cfg: TimingConfig) -> bool:
     """Whether a shape that alternates with replays needs more of them before its timing may stop."""
     return len(replayed) < max(cfg.min_runs, MIN_REPLAYS)
-
-
-def looks(alternation: Callable[[], tuple]) -> List[tuple]:
-    """A shape's passes of ``alternation`` (each: (events' summary, replays' summary or None)): one, and a second
-    where the first one's replays read under the band (:func:`second_look`); the last one is scored."""
-    passes = [alternation()]
-    if second_look(*passes[0]):
-        passes.append(alternation())
-    return passes
-
-
-def second_look(events: Dict[str, Any], replay: Optional[Dict[str, Any]]) -> bool:
-    """Whether a shape's replays read under the band: then its alternation runs once more on fresh batches and the
-    second pass is scored. A call that runs differently when captured reads under it again; a pass whose
-    event-timed batches alone ran slow does not (paged attention on the H200: one grade's events read 0.960 ms
-    where its replays and two other grades' events read 0.825-0.832)."""
-    return replay is not None and "median_ms" in replay and scored(events, replay)["timer"] == "events"
 
 
 def call_barrier(barrier: Optional[Callable[[], None]], mode: str) -> Callable[[], None]:
@@ -347,7 +326,7 @@ def batch_shape(warm: Dict[str, List[float]], latency: bool) -> Dict[str, float]
         return {"per_batch": 8, "warm_calls": 0, "spin_us": 0.0, "mode": "isolated"}
     enqueue_us = statistics.median(warm.get("enqueue_us") or [1.0])
     gpu_us = statistics.median(warm.get("ms") or [0.0]) * 1e3
-    per_batch = int(max(2, min(32, BATCH_ENQUEUE_US / max(enqueue_us, gpu_us, 1.0))))
+    per_batch = int(max(2, min(MAX_BATCH_CALLS, BATCH_ENQUEUE_US / max(enqueue_us, gpu_us, 1.0))))
     warm_calls = min(MAX_WARM_CALLS, math.ceil(WARM_US / gpu_us)) if gpu_us >= WARM_FROM_US else 0
     behind_us = max(enqueue_us - gpu_us, 0.0)  # a call's
     spin_us = lambda calls: min(1.5 * calls * behind_us + 1000, MAX_BATCH_SPIN_US)  # noqa: E731

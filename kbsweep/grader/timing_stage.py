@@ -1,10 +1,15 @@
-"""The timing stage: the candidate timed in its runner by batches whose every output is checked and whose figures
-the referee's clock corroborates, and the baselines timed here by the same batches before the candidate exists.
-The timer itself (batches, flushes, the stopping rule) is :mod:`kbsweep.grader.timing`, for every rank alike."""
+"""The timing stage: the candidate timed by the referee's own clock around batches run in its runner, every
+output checked, and the baselines timed here by the same batches before the candidate exists. The timer itself
+(batches, flushes, the stopping rule) is :mod:`kbsweep.grader.timing`, for every rank alike.
+
+A batch's scored figure is this process's: its clock around the go (the fresh inputs copied into the arena inside
+it, so no call can start before it), less a null it measured without the candidate (the channel's round trip
+before the candidate was imported, and the same batch run here with a call that does nothing: copies, flushes,
+syncs; each a minimum, so the null errs against the candidate), over the batch's calls. The runner's per-call
+figures are evidence: set against the referee's, they show a patched timer."""
 from __future__ import annotations
 
 import contextlib
-import math
 import statistics
 import time
 from pathlib import Path
@@ -13,23 +18,35 @@ from typing import Any, Callable, Dict, List, Optional
 import torch
 
 from kbsweep.grader import checks, profiling, reference_timers, timing
-from kbsweep.grader.arena import apply_swaps, clone, encode, nbytes, prepared_swaps
+from kbsweep.grader.arena import clone, encode
 from kbsweep.grader.candidate import CandidateContext, load_module
 from kbsweep.grader.failures import GradeFailure, one_line
 from kbsweep.grader.request import RefereeRequest
 from kbsweep.outcomes import Outcome
 
 PICKS = 2  # calls of each timed batch whose outputs are compared with the reference after it
-SWAPS = 4  # canary pairs per float input and call
-# The referee's clock against the runner's figures, per timing mode: the batch's wall time, less what the
-# referee measured of everything else it contains (spin, flushes, output copies, the channel's round trip) and a
-# slack, over the runner's summed call times; past this ratio (median over batches) the runner's figures are
-# not believed.
+SAMPLES = 4  # elements of every timed output read as the runner answers, and again after the checks
+NULLS = 3  # null batches measured per shape and kind; the fastest is subtracted
+# The runner's own figures against the referee's, per timing mode: evidence, never the score. Past BAND the runner
+# reported less time than the referee's clock saw (a timer patched there); under FLOOR, more than it saw: neither is
+# physical. The referee's figure here carries a slack for its jitter (:meth:`TimingStage.slack_ms`).
 BAND = {"back_to_back": 1.15, "isolated": 1.5, "host": 1.5}
+FLOOR = 0.8
 
 
 class TimingStage(CandidateContext):
-    """The candidate's batches there and the baselines' here, on one timer; the referee's clock against the figures."""
+    """The candidate's batches there and the baselines' here, on one timer, scored by this process's clock."""
+
+    round_trip_ms = 0.0  # the channel's, before the candidate was imported (:meth:`trusted_round_trip`)
+
+    def trusted_round_trip(self) -> None:
+        """The channel's round trip while the runner holds harness code only: the fastest of a few empty commands."""
+        walls = []
+        for _ in range(5):
+            t0 = time.perf_counter()
+            self.ask("ping")
+            walls.append((time.perf_counter() - t0) * 1e3)
+        self.round_trip_ms = min(walls)
 
     def timing_mode(self) -> str:
         if self.device.type != "cuda":
@@ -38,8 +55,8 @@ class TimingStage(CandidateContext):
 
     def kernelbench_timing(self, baselines: List[Dict[str, Any]]) -> Dict[str, Any]:
         """A candidate KernelBench's eval calls correct and kbsweep's checks failed, timed for KernelBench's metrics
-        only: by kbsweep's timer (the referee's clock still corroborates it), its outputs taken as KernelBench takes
-        them and not compared (KernelBench checks nothing while it times). kbsweep's verdict stays failed."""
+        only: by the referee's clock, its outputs taken as KernelBench takes them and not compared (KernelBench
+        checks nothing while it times). kbsweep's verdict stays failed."""
         self.stage, self.tag = "kernelbench_timing", "/kernelbench_timing"
         before = len(self.findings)
         try:
@@ -51,196 +68,198 @@ class TimingStage(CandidateContext):
         return entry
 
     def time_shape(self, shape: Dict[str, Any], kernelbench: bool = False) -> Dict[str, Any]:
-        """The candidate timed there, batch by batch, on fresh inputs with per-call canaries; after each batch
-        every output slot must be written and the outputs of calls picked now must match the reference
-        (``kernelbench``: outputs as KernelBench takes them, nothing compared, no graph figure)."""
+        """The candidate timed by this process's clock, batch by batch; every timed call on an input set of its own,
+        drawn afresh per batch; after each batch every output slot must be written and the outputs of calls picked
+        now must match the reference (``kernelbench``: outputs as KernelBench takes them, nothing compared)."""
         self.shape = shape
         self.open_arena(self.arena_size(shape))
         ref_model = self.build(shape, 42)
         model = self.send_model(ref_model, shape, 42)
         template = self.inputs(shape, 2026)
         expected = self.first_output(shape)
-        sets = [encode(template, self.arena) for _ in range(self.set_count(template))]
         mode = self.timing_mode()
-        calls = self.calls_cap(sum(nbytes(t) for t in checks.as_tuple(expected)))
         warm_slots = [self.output_slots(expected) for _ in range(3)]
-        shape_ = self.agreed_batch(timing.calibrate_batch(
-            lambda spin_us: self.batch(ref_model, model, shape, sets, warm_slots, mode, spin_us, check=False, kernelbench=kernelbench),
-            mode != "back_to_back", mode == "host"))
-        per_batch, warm = min(int(shape_["per_batch"]), calls), int(shape_.get("warm_calls", 0))
+        sets = [encode(template, self.arena) for _ in range(self.set_count(template))]
+        shape_ = self.agreed_batch(timing.calibrate_batch(lambda spin_us: self.calibration(model, sets, warm_slots, mode, spin_us, kernelbench),
+                                                          mode != "back_to_back", mode == "host"))
+        per_batch, warm = min(int(shape_["per_batch"]), self.calls_cap(template, expected)), int(shape_.get("warm_calls", 0))
+        sets += [encode(template, self.arena) for _ in range(per_batch - len(sets))]  # no timed call shares its inputs
         slots = [warm_slots[i % len(warm_slots)] for i in range(warm)] + [self.output_slots(expected) for _ in range(per_batch)]
-        overhead = self.overheads(model, template, sets, expected, mode, shape_["spin_us"], warm + per_batch)
-        # a replay batch: the warm calls by events, then the timed calls as one graph; its bare twin (canaries,
-        # flushes, output copies, no call) is this process's own, so what the calls added is not the runner's word
-        bare = self.bare_replay(template, sets, expected, per_batch) if self.replays(mode, kernelbench) else None
-        replay_overhead = self.overheads(model, template, sets, expected, mode, shape_["replay_spin_us"], warm) if bare else None
-        ratios: List[float] = []
-        shares: List[float] = []  # of the batch's wall time, what the calls claim: how much of it the ratio can see
+        bare = self.bare_replay(expected, per_batch) if self.replays(mode, kernelbench) else None
+        null = {kind: self.null_ms(template, expected, mode, per_batch, replay) for kind, replay in (("events", None), ("replay", bare)) if kind == "events" or bare}
+        figures: Dict[str, List[float]] = {"events": [], "replay": []}
+        ratios: List[tuple] = []  # per batch: the referee's figure, the runner's, the referee's slack (per call)
         refused, captured = None, False
-
-        def alternation() -> tuple:
-            """Batches by the stop rule, events, replay, events...: (events' summary, replays' summary or None)."""
-            nonlocal bare, refused, captured
-            samples: List[float] = []
-            replayed: List[float] = []
-            began, elapsed = time.perf_counter(), 0.0
-            while not timing.stop(samples, self.cfg, elapsed) or (bare and timing.replays_short(replayed, self.cfg)):
-                as_replay = bare is not None and len(ratios) % 2 == 1
-                batch = self.batch(ref_model, model, shape, sets, slots, mode, shape_["replay_spin_us" if as_replay else "spin_us"],
-                                   check=not kernelbench, warm=warm, kernelbench=kernelbench, replay_from=warm if as_replay else None)
+        began, elapsed = time.perf_counter(), 0.0
+        with timing.ClockSampler(self.device) as clocks:
+            while not timing.stop(figures["replay" if bare else "events"], self.cfg, elapsed, per_batch) \
+                    or (bare and timing.replays_short(figures["replay"], self.cfg)):
+                kind = "replay" if bare is not None and len(ratios) % 2 == 1 else "events"
+                batch = self.batch(ref_model, model, shape, sets, slots, mode, warm, check=not kernelbench, kernelbench=kernelbench, replay=kind == "replay")
                 if batch.get("replay_error"):
                     bare, refused = None, batch["replay_error"]
                     continue
-                ms, elapsed = self.slowest(batch["ms"], time.perf_counter() - began)
-                claimed = sum(ms)
-                if as_replay:
-                    if not captured:  # the runner captured the calls for this first replay: invoked, no kernel ran
-                        tag, self.tag, captured = self.tag, self.tag + profiling.CAPTURE_TAG, True
-                        self.count_work(shape, per_batch)
-                        self.tag = tag
-                    claimed += batch["replay_ms"]
-                    replayed.append(timing.replay_sample(batch["replay_ms"], timing.run_batch([], mode, replay=bare)["replay_ms"], per_batch))
-                else:
-                    samples += ms[warm:]
-                # this process's clock against the figures; across ranks each call lasts as long as its slowest rank
-                # on every rank (they wait for each other), and one rank's low figures cannot lower that maximum
-                ratios.append((batch["wall_ms"] - (replay_overhead if as_replay else overhead)["total_ms"]) / max(claimed, 1e-9))
-                shares.append(claimed / max(batch["wall_ms"], 1e-9))
-            return timing.summarize(samples, samples), timing.summarize(replayed, replayed) if replayed else ({"error": refused} if refused else None)
+                if kind == "replay" and not captured:  # the runner captured the calls for this first replay: invoked, no kernel ran
+                    tag, self.tag, captured = self.tag, self.tag + profiling.CAPTURE_TAG, True
+                    self.count_work(shape, per_batch)
+                    self.tag = tag
+                sample = timing.referee_sample(batch["wall_ms"], null[kind], per_batch)
+                (sample,), elapsed = self.slowest([sample], time.perf_counter() - began)
+                figures[kind].append(sample)
+                claimed = statistics.fmean(batch["ms"]) if kind == "events" else \
+                    timing.replay_sample(batch["replay_ms"], timing.run_batch([], mode, replay=bare)["replay_ms"], per_batch)
+                ratios.append((sample, claimed, self.slack_ms(mode, null[kind], per_batch) / per_batch))
+        events = timing.summarize(figures["events"]) if figures["events"] else None
+        replay = timing.summarize(figures["replay"]) if figures["replay"] else ({"error": refused} if refused else None)
+        timed = {**(timing.scored(events, replay) if mode == "back_to_back" else events), "clock": "referee", "mode": mode, "per_batch": per_batch,
+                 "warm_calls": warm, "batches": len(ratios), "input_sets": len(sets), "clocks": clocks.summary()}
+        timed["corroboration"] = self.corroborate(shape, mode, ratios, null)
+        return {"shape": shape, "input_sets": len(sets), "candidate": timed, "baselines": {}}
 
-        with timing.ClockSampler(self.device) as clocks:
-            looks = timing.looks(alternation)
-        events, replay = looks[-1]
-        timed = {**(timing.scored(events, replay) if mode == "back_to_back" else events), "mode": mode, "per_batch": per_batch,
-                 "warm_calls": warm, "batches": len(ratios), "spin_us": shape_["spin_us"], "input_sets": len(sets), "clocks": clocks.summary()}
-        ratio = statistics.median(ratios)
-        timed["corroboration"] = {**overhead, "wall_over_claimed": ratio, "max_ratio": max(ratios), "band": BAND[mode],
-                                  "claimed_share_of_wall": statistics.median(shares)}
-        if ratio > BAND[mode]:
+    def corroborate(self, shape: Dict[str, Any], mode: str, ratios: List[tuple], null: Dict[str, float]) -> Dict[str, Any]:
+        """The referee's figures against the runner's own, median over batches: a finding when the referee saw more
+        than BAND times the runner's figure after its slack, or under FLOOR times it before its slack."""
+        over = statistics.median(r / max(c, 1e-9) for r, c, _ in ratios)
+        if statistics.median((r - slack) / max(c, 1e-9) for r, c, slack in ratios) > BAND[mode]:
             self.findings.append({"kind": "time_disagreement", "shape": shape,
-                                  "detail": f"{shape}: the referee's clock saw {ratio:.2f}x the time the candidate's process reported"})
-        if len(looks) > 1:  # the first pass's figures, read under the band
-            timed["first_look"] = {"events_ms": looks[0][0]["median_ms"], "replay_ms": looks[0][1]["median_ms"]}
-        if timed.get("replay_refused") and replay and "median_ms" in replay:
-            self.findings.append({"kind": "replay_outside_band", "shape": shape, "detail": f"{shape}: {timed['replay_refused']}"})
-        entry: Dict[str, Any] = {"shape": shape, "input_sets": len(sets), "candidate": timed, "baselines": {}}
-        # no graph figure across ranks: a rank whose capture fails would strand its peers in a captured collective
-        if mode != "host" and (mode == "isolated" or timed["median_ms"] < 0.05) and timed.get("timer") != "replay" \
-                and self.req.world_size == 1 and not kernelbench:
-            graph = self.ask("graph", model=model, inputs=sets[0]).get("graph_ms")
-            timed["graph_ms"] = float(graph) if isinstance(graph, (int, float)) else None
-        return entry
+                                  "detail": f"{shape}: the referee's clock saw {over:.2f}x the time the candidate's process reported"})
+        elif statistics.median((r + slack) / max(c, 1e-9) for r, c, slack in ratios) < FLOOR:
+            self.findings.append({"kind": "time_disagreement", "shape": shape,
+                                  "detail": f"{shape}: the candidate's process reported {1 / over:.2f}x the time the referee's clock saw"})
+        return {"round_trip_ms": self.round_trip_ms, "null_ms": null, "wall_over_claimed": over, "band": [FLOOR, BAND[mode]],
+                "runner_median_ms": statistics.median(c for _, c, _ in ratios)}
+
+    @staticmethod
+    def slack_ms(mode: str, null_ms: float, calls: int) -> float:
+        """What the referee's clock may read above the calls' own time in an honest batch (its jitter, the
+        harness's steps around each call there): the corroboration's allowance, never part of a score."""
+        return (0.1 * null_ms + 1.0 + 0.1 * calls) if mode == "host" else (0.05 * null_ms + 0.3 + 0.02 * calls)
 
     def replays(self, mode: str, kernelbench: bool = False) -> bool:
         """Whether back-to-back batches alternate with graph replays here (not for a KernelBench timing: its metrics
         time eagerly)."""
         return mode == "back_to_back" and self.cfg.replay and not kernelbench
 
-    def bare_replay(self, template: List[Any], sets, expected: Any, calls: int) -> timing.Replay:
-        """A replay batch's calls without the calls: canaries, flushes and output copies, captured here."""
-        return timing.Replay(self.null_steps(template, sets, expected, calls, lambda: None), timing.L2Flush(self.req.l2_bytes))
+    def bare_replay(self, expected: Any, calls: int) -> timing.Replay:
+        """A replay batch's calls without the calls: flushes and output copies, captured here."""
+        return timing.Replay(self.null_steps(expected, calls, lambda: None), timing.L2Flush(self.req.l2_bytes))
 
-    def null_steps(self, template: List[Any], sets, expected: Any, calls: int, align: Callable[[], Any]) -> List[tuple]:
-        """A batch's steps with a call that does nothing: canaries on a copy of the inputs, ``align``, the output
-        copied into slots of this process's own."""
-        local = clone(template)
+    def null_steps(self, expected: Any, calls: int, align: Callable[[], Any]) -> List[tuple]:
+        """A batch's steps with a call that does nothing: ``align``, the output copied into slots of this process's own."""
         outputs = [torch.empty_like(t) for t in checks.as_tuple(expected)]
-        return [(lambda swaps=prepared_swaps(self.canaries(sets[i % len(sets)]), self.device): (apply_swaps(local, swaps), align()),
-                 lambda: expected,
-                 lambda out: [o.copy_(t) for o, t in zip(outputs, checks.as_tuple(out))]) for i in range(calls)]
+        return [(align, lambda: expected, lambda out: [o.copy_(t) for o, t in zip(outputs, checks.as_tuple(out))]) for _ in range(calls)]
 
-    def batch(self, ref_model, model: int, shape, sets, slots, mode: str, spin_us: float, check: bool = True, warm: int = 0,
-              kernelbench: bool = False, replay_from: Optional[int] = None) -> Dict[str, Any]:
-        """One timed batch there: the plan (slots, canaries) sent when the runner is armed, fresh inputs written
-        after that, the referee's clock read around the go, then every output slot checked and some compared.
-        The first ``warm`` calls are ordinary calls whose times are not samples (they share a few slots, so only
-        calls after them are picked). ``replay_from``: the calls from there on run as one graph replay
-        (``replay_ms``); a capture the runner could not make comes back as ``replay_error``, nothing run."""
-        plan = [{"inputs": sets[i % len(sets)], "outputs": slots[i], "swaps": self.canaries(sets[i % len(sets)])} for i in range(len(slots))]
-        armed = self.ask("arm", model=model, calls=plan, mode=mode, spin_us=spin_us, kernelbench=kernelbench, replay_from=replay_from)
-        if replay_from is not None and armed.get("replay_error"):
-            return {"replay_error": str(armed["replay_error"])[:300]}
-        seeds = [self.rng.randrange(2**31) for _ in sets]
-        for encoded, seed in zip(sets, seeds):
-            for sent, value in zip(encoded["list"], self.inputs(shape, seed)):
-                if "slot" in sent:
-                    self.arena.view(sent["slot"]).copy_(value)
-        for call_slots in slots:
-            self.poison_slots(call_slots)
-        wall_ms, reply = self.timed_go()
-        ms = reply.get("ms")
-        timed_calls = len(plan) if replay_from is None else replay_from  # by events (the rest replayed)
-        replay_ms = reply.get("replay_ms") if replay_from is not None else 1.0
-        if not isinstance(ms, list) or len(ms) != timed_calls or not all(isinstance(m, (int, float)) and m > 0 for m in [*ms, replay_ms]):
-            raise GradeFailure(Outcome.RUNTIME_ERROR, "timing: the candidate's process returned no valid call times")
-        self.count_work(shape, timed_calls)
-        if check:
-            self.check_batch(ref_model, shape, sets, seeds, plan, warm)
-        enqueue = [float(u) for u in reply.get("enqueue_us") or [] if isinstance(u, (int, float))]
-        timed = {"ms": [float(m) for m in ms], "wall_ms": wall_ms, "enqueue_us": enqueue}
-        return {**timed, "replay_ms": float(replay_ms)} if replay_from is not None else timed
+    def null_ms(self, template: List[Any], expected: Any, mode: str, calls: int, replay: Optional[timing.Replay] = None) -> float:
+        """Everything a batch's wall time holds besides the calls, measured here without the candidate: the fresh
+        inputs' copies, the channel's trusted round trip, and the batch (or ``replay``) with calls that do nothing;
+        the fastest of NULLS, so it errs against the candidate."""
+        staged = [clone(template) for _ in range(calls)]
+        targets = [clone(template) for _ in range(calls)]
+        flush = timing.L2Flush(self.req.l2_bytes) if mode != "host" else None
+        steps = [] if replay else self.null_steps(expected, calls, timing.call_barrier(self.barrier, mode))
+        walls = []
+        for _ in range(NULLS):
+            with profiled(self.device) if replay is None else contextlib.nullcontext():  # as the runner's event-timed batches are
+                self.sync()
+                t0 = time.perf_counter()
+                self.copy_sets(targets, staged)
+                self.sync()
+                timing.run_batch(steps, mode, 0.0, flush, replay)
+                walls.append((time.perf_counter() - t0) * 1e3)
+        return min(walls) + self.round_trip_ms
 
-    def timed_go(self):
-        """The armed batch run there, timed here: (wall ms of the command, reply)."""
+    def sync(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize()
+
+    @staticmethod
+    def copy_sets(targets: List[List[Any]], staged: List[List[Any]]) -> None:
+        for target, fresh in zip(targets, staged):
+            for t, v in zip(target, fresh):
+                if isinstance(t, torch.Tensor):
+                    t.copy_(v)
+
+    def calibration(self, model: int, sets, slots, mode: str, spin_us: float, kernelbench: bool) -> Dict[str, Any]:
+        """A warm-up batch there (its figures shape the batches, never a score): ``run_batch``'s per-call times."""
+        plan = [{"inputs": sets[i % len(sets)], "outputs": slot} for i, slot in enumerate(slots)]
+        self.ask("arm", model=model, calls=plan, mode=mode, spin_us=spin_us, kernelbench=kernelbench)
+        return self.ask("batch")
+
+    def batch(self, ref_model, model: int, shape, sets, slots, mode: str, warm: int, check: bool = True,
+              kernelbench: bool = False, replay: bool = False) -> Dict[str, Any]:
+        """One timed batch there: the plan sent when the runner is armed, its warm calls run, then this process's
+        clock around the fresh inputs' copies into the arena and the go. Every output slot is then read at a few
+        secret elements at once, checked written, some compared, and read again: an element that changed was
+        written after the runner answered. ``replay``: the timed calls run as one graph replay (``replay_ms``);
+        a capture the runner could not make comes back as ``replay_error``, nothing run."""
+        timed = slots[warm:]
+        plan = [{"inputs": sets[i % len(sets)], "outputs": s} for i, s in enumerate(slots[:warm])] + \
+               [{"inputs": sets[i], "outputs": s} for i, s in enumerate(timed)]
+        armed = self.ask("arm", model=model, calls=plan, warm=warm, mode=mode, replay=replay, kernelbench=kernelbench)
+        if replay and armed.get("replay_error"):
+            return {"replay_error": str(armed["replay_error"])[:300]}
+        staged = [self.inputs(shape, self.rng.randrange(2**31)) for _ in timed]  # this process's until the clock runs
+        targets = [[self.arena.view(sent["slot"]) if "slot" in sent else None for sent in sets[i]["list"]] for i in range(len(timed))]
+        for call_slots in timed:
+            self.poison_slots(call_slots)
+        picks = self.secret_elements(timed)
+        if warm:
+            self.ask("warm")
+        wall_ms, reply = self.timed_go(targets, staged)
+        answered = self.read_elements(picks)
+        ms = reply.get("ms")
+        replay_ms = reply.get("replay_ms") if replay else 1.0
+        if not isinstance(ms, list) or len(ms) != (0 if replay else len(timed)) or not all(isinstance(m, (int, float)) and m > 0 for m in [*ms, replay_ms]):
+            raise GradeFailure(Outcome.RUNTIME_ERROR, "timing: the candidate's process returned no valid call times")
+        self.count_work(shape, warm + (0 if replay else len(timed)))
+        if check:
+            self.check_batch(ref_model, shape, staged, timed)
+        if not torch.equal(answered, self.read_elements(picks)):
+            self.findings.append({"kind": "forged_result", "shape": shape, "detail": f"{shape}: a timed output was written after the candidate's process answered"})
+            raise GradeFailure(Outcome.INCORRECT, f"shape {shape}: a timed call's output was still being written after its batch was reported done")
+        figures = {"ms": [float(m) for m in ms], "wall_ms": wall_ms}
+        return {**figures, "replay_ms": float(replay_ms)} if replay else figures
+
+    def timed_go(self, targets: List[List[Any]], staged: List[List[Any]]) -> tuple:
+        """(wall ms, reply) of the go, on this process's clock: the fresh inputs copied into the arena (no call can
+        start on them before the clock does), then the armed batch run there."""
+        self.sync()
         t0 = time.perf_counter()
-        reply = self.ask("batch")
+        self.copy_sets(targets, staged)
+        reply = self.ask("batch")  # syncs the copies before the go
         return (time.perf_counter() - t0) * 1e3, reply
 
-    def canaries(self, encoded: Dict[str, Any]) -> List[List[Any]]:
-        """Per float input: SWAPS (dst, src) pairs of flat indices within one random row."""
-        swaps = []
-        for index, sent in enumerate(encoded["list"]):
-            slot = sent.get("slot")
-            if slot is None or slot["dtype"] not in ("float16", "bfloat16", "float32", "float64") or not slot["shape"]:
-                continue
-            row = slot["shape"][-1]
-            rows = math.prod(slot["shape"]) // max(row, 1)
-            if row < 2 * SWAPS or rows < 1:
-                continue
-            base = self.rng.randrange(rows) * row
-            picked = self.rng.sample(range(row), 2 * SWAPS)
-            swaps.append([index, [base + c for c in picked[:SWAPS]], [base + c for c in picked[SWAPS:]]])
-        return swaps
+    def secret_elements(self, slots: List[List[Dict[str, Any]]]) -> List[tuple]:
+        """SAMPLES flat elements of every output slot, drawn now: (flat view, indices on its device)."""
+        picks = []
+        for call_slots in slots:
+            for slot in call_slots:
+                flat = self.arena.view(slot).reshape(-1)
+                if flat.numel():
+                    at = [self.rng.randrange(flat.numel()) for _ in range(SAMPLES)]
+                    picks.append((flat, torch.tensor(at, device=flat.device)))
+        return picks
 
-    def check_batch(self, ref_model, shape, sets, seeds, plan, warm: int = 0) -> None:
-        """Every slot written (no NaN left from the poison in float outputs); PICKS calls after the ``warm`` ones,
-        chosen now, compared."""
-        for i, call in enumerate(plan):
-            for slot in call["outputs"]:
+    @staticmethod
+    def read_elements(picks: List[tuple]) -> torch.Tensor:
+        """The picked elements' bytes, read at once (one copy to the host)."""
+        taken = [flat[at].reshape(-1).view(torch.uint8) for flat, at in picks]
+        return torch.cat(taken).cpu() if taken else torch.empty(0, dtype=torch.uint8)
+
+    def check_batch(self, ref_model, shape, staged: List[List[Any]], slots: List[List[Dict[str, Any]]]) -> None:
+        """Every timed slot written (no NaN left from the poison in float outputs); PICKS calls, chosen now, compared
+        with the reference on the inputs they were given."""
+        for i, call_slots in enumerate(slots):
+            for slot in call_slots:
                 view = self.arena.view(slot)
                 if view.is_floating_point() and view.numel() and not torch.isfinite(view.float()).all():
                     raise GradeFailure(Outcome.INCORRECT, f"timed call {i} of a batch, shape {shape}: output left unwritten or not finite")
-        for pick in sorted(self.rng.sample(range(warm, len(plan)), min(PICKS, len(plan) - warm))):
-            j = pick % len(sets)
-            inputs = self.inputs(shape, seeds[j])
-            for i in range(j, pick + 1, len(sets)):
-                apply_swaps(inputs, plan[i]["swaps"])
-            expected = ref_model(*clone(inputs))
+        for pick in sorted(self.rng.sample(range(len(slots)), min(PICKS, len(slots)))):
+            expected = ref_model(*clone(staged[pick]))
             try:
-                checks.compare(expected, self.read(plan[pick]["outputs"], expected), self.spec["tolerance"])
+                checks.compare(expected, self.read(slots[pick], expected), self.spec["tolerance"])
             except checks.CheckFailure as exc:
                 raise GradeFailure(Outcome.INCORRECT, f"timed call {pick} of a batch, shape {shape}: {exc}")
-
-    def overheads(self, model: int, template: List[Any], sets, expected: Any, mode: str, spin_us: float, calls: int) -> Dict[str, float]:
-        """What a batch's wall time holds besides the calls, measured here: the go's round trip (an empty batch
-        there), and the same batch run in this process with a call that does nothing (spin, canaries, flushes,
-        output copies, syncs); plus a slack."""
-        self.ask("arm", model=model, calls=[], mode=mode, spin_us=0)
-        parts = {"round_trip_ms": statistics.median(self.timed_go()[0] for _ in range(3))}
-        flush = timing.L2Flush(self.req.l2_bytes) if mode != "host" else None
-        steps = self.null_steps(template, sets, expected, calls, timing.call_barrier(self.barrier, mode))  # as the runner's batch
-        walls = []
-        for _ in range(3):
-            with profiled(self.device):  # as the runner's timed batches are
-                t0 = time.perf_counter()
-                timing.run_batch(steps, mode, spin_us, flush)
-                walls.append((time.perf_counter() - t0) * 1e3)
-        parts["null_batch_ms"] = statistics.median(walls)
-        parts["slack_ms"] = (0.1 * parts["null_batch_ms"] + 1.0 + 0.1 * calls) if mode == "host" else (0.05 * parts["null_batch_ms"] + 0.3 + 0.02 * calls)
-        parts["total_ms"] = parts["round_trip_ms"] + parts["null_batch_ms"] + parts["slack_ms"]
-        return parts
 
     # -- baselines (here, before the candidate exists) ---------------------------------
     def time_baselines(self, shape: Dict[str, Any], deadline: float) -> Dict[str, Any]:
@@ -287,12 +306,12 @@ class TimingStage(CandidateContext):
                     continue
                 ms, elapsed = self.slowest(timing.run_batch(steps(warm + per_batch), mode, shape_["spin_us"], flush)["ms"], time.perf_counter() - began)
                 samples += ms[warm:]
-            return timing.summarize(samples, samples), timing.summarize(replayed, replayed) if replayed else ({"error": refused} if refused else None)
+            return timing.summarize(samples), timing.summarize(replayed) if replayed else ({"error": refused} if refused else None)
 
         # under the profiler the runner keeps on over the candidate's calls: CUPTI's cost per kernel (1.4% of a
         # 4096³ GEMM in a graph on the H200) is then in both sides of a speedup; replays run without it there and here
         with profiled(self.device) as session, timing.ClockSampler(self.device) as clocks:
-            events, replay = timing.looks(lambda: alternation(session))[-1]  # by the candidate's rule
+            events, replay = alternation(session)
         return {**(timing.scored(events, replay) if mode == "back_to_back" else events), "mode": mode, "per_batch": per_batch,
                 "warm_calls": warm, "clocks": clocks.summary()}
 

@@ -4,6 +4,8 @@ the tools each harness offers and answers with calls that harness understands.""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -18,6 +20,7 @@ from kbsweep.agent.trace_export import to_claude_code
 from kbsweep.agent.transcript import read_events
 from kbsweep.export import export_dataset
 from kbsweep.harness import runner_for
+from kbsweep.harness.locate import install_dir
 from kbsweep.harness.proxy import ModelProxy
 from tests.support.fake_provider import FakeProvider, HttpError, Reply, ToolCall
 from tests.support.scripts import kernel
@@ -143,6 +146,40 @@ def test_both_harnesses_write_check_and_pass_a_kernel_without_ever_holding_the_k
         assert {r["message"]["model"] for r in trace if r["type"] == "assistant"} == {"openai/fake"}
 
 
+def kbsweep_tool(name: str, **arguments) -> Callable[[set], ToolCall]:
+    """One of kbsweep's tools, under the name the harness offers it (an MCP server's tool: ``mcp__kbsweep__<name>``)."""
+    return lambda tools: ToolCall(next(t for t in tools if t.endswith("__" + name)), arguments)
+
+
+def forbidden_shell(tools: set) -> ToolCall:
+    """A shell command in the tool each CLI has when the shell is allowed (Claude Code's Read tells them apart)."""
+    command = "touch /workspace/shell-ran"
+    return ToolCall("Bash", {"command": command}) if "Read" in tools else ToolCall("exec_command", {"cmd": command})
+
+
+@needs_clis
+def test_a_track_without_the_shell_leaves_both_clis_without_one_and_keeps_their_rejected_turns(tmp_path):
+    """The demo track's ``allow_shell: false``: neither CLI is offered a shell, a shell call the model makes anyway
+    never runs and stays in the transcript marked rejected, and kbsweep's tools (over MCP) write and check."""
+    plan = [forbidden_shell, lambda tools: ToolCall("Write", {"file_path": "/workspace/solution.py", "content": kernel("triton")})
+            if "Write" in tools else kbsweep_tool("write_file", path="solution.py", content=kernel("triton"))(tools), kbsweep_tool("run_check")]
+    fp, cells = run(tmp_path, agent(plan))
+    offered = set().union(*({t["function"]["name"] for t in r.json.get("tools") or []} for r in fp.requests))
+    assert not offered & {"Bash", "exec_command", "write_stdin"} and {"mcp__kbsweep__run_check", "Read"} <= offered
+
+    for harness, result in cells.items():
+        assert (result["outcome"], result["stop_reason"]) == ("pass", "model_stopped"), result
+        assert not (Path(result["folder"]) / "workspace" / "shell-ran").exists()  # the command never ran
+        assert result["steps"]  # the check over MCP went through the grader
+        events = events_of(result)
+        calls = [c["function"]["name"] for e in events if e["type"] == "assistant" for c in e["tool_calls"]]
+        tools = [e for e in events if e["type"] == "tool"]
+        expected = {"claude-code": ["Bash", "Write", "run_check"], "codex": ["exec_command", "write_file", "run_check"]}[harness]
+        assert calls == [e["name"] for e in tools] == expected  # every turn, the rejected one too
+        assert [e.get("rejected", False) for e in tools] == [True, False, False]
+        assert tools[0]["content"].startswith("error:") and "outcome: pass" in tools[2]["content"]
+
+
 @pytest.mark.fast
 @needs_clis
 def test_provider_faults_end_both_harnesses_as_infrastructure(tmp_path):
@@ -193,6 +230,54 @@ def test_plan_shows_harness_cells_and_refuses_a_missing_or_unfit_harness(tmp_pat
     assert "harness/ghost.yaml: key 'bin': 'kbsweep-no-such-cli' is not installed" in ghost.stderr
     scripted = cli("plan", "model=scripted", "harness=codex", *demo)
     assert scripted.returncode == 2 and "harness/codex.yaml: needs a litellm model" in scripted.stderr
+
+
+def path_only(tmp_path: Path, monkeypatch) -> Path:
+    """The installed CLIs reachable only through a PATH folder of symlinks to them (npm's layout: a global
+    ``bin/codex`` -> ``.../node_modules/.bin/codex`` -> ``../@openai/codex/bin/codex.js``), the install folder
+    empty; returns the PATH folder."""
+    path = tmp_path / "bin"
+    path.mkdir()
+    for name in ("claude", "codex"):
+        (path / name).symlink_to(install_dir() / "node_modules" / ".bin" / name)
+    monkeypatch.setenv("KBSWEEP_HARNESSES", str(tmp_path / "nothing-installed"))
+    monkeypatch.setenv("PATH", f"{path}:{os.environ['PATH']}")
+    return path
+
+
+@needs_clis
+def test_a_cli_found_only_on_path_runs_in_the_sandbox(tmp_path, monkeypatch, cli):
+    """Its script, package and interpreter are bound into the sandbox: the cell runs, checks and passes."""
+    path = path_only(tmp_path, monkeypatch)
+    conf = tmp_path / "conf"
+    model_yaml(conf, "fake", "openai/fake", "http://127.0.0.1:9/v1")
+    plan = cli("plan", "-cd", str(conf), "model=fake", "harness=codex", "track=demo", "problem=scale_shift", "gpu=cpu")
+    assert plan.returncode == 0 and f"codex: codex-cli 0.171.0 ({path}/codex)" in plan.stdout, plan.stderr
+
+    _, cells = run(tmp_path, agent([write_solution(kernel("triton")), shell("kbsweep-check")]), SHELL, harnesses=["codex"])
+    result = cells["codex"]
+    assert (result["outcome"], result["stop_reason"]) == ("pass", "model_stopped"), result
+    assert "outcome: pass" in [e for e in events_of(result) if e["type"] == "tool"][-1]["content"]
+
+
+@pytest.mark.fast
+@needs_clis
+def test_a_cli_that_cannot_run_in_the_sandbox_is_refused_before_anything_runs(tmp_path, monkeypatch, cli):
+    """A wrapper on PATH that starts the CLI from a folder nothing binds: `--version` runs outside, fails inside."""
+    path = path_only(tmp_path, monkeypatch)
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "codex").symlink_to(path / "codex")
+    wrapper = path / "kbsweep-wrapped-codex"
+    wrapper.write_text(f'#!/bin/sh\nexec {tmp_path}/elsewhere/codex "$@"\n')
+    wrapper.chmod(0o755)
+    assert "0.171.0" in subprocess.run([wrapper, "--version"], capture_output=True, text=True).stdout
+    conf = tmp_path / "conf"
+    model_yaml(conf, "fake", "openai/fake", "http://127.0.0.1:9/v1")
+    (conf / "harness").mkdir()
+    (conf / "harness" / "wrapped.yaml").write_text("name: wrapped\nrunner: codex\npackage: '@openai/codex'\nversion: 0.171.0\nbin: kbsweep-wrapped-codex\n")
+    plan = cli("plan", "-cd", str(conf), "model=fake", "harness=wrapped", "track=demo", "problem=scale_shift", "gpu=cpu")
+    assert plan.returncode == 2 and plan.stderr.strip().count("\n") == 0, plan.stderr
+    assert f"harness/wrapped.yaml: key 'bin': {wrapper} does not run in the sandbox" in plan.stderr and "exit code 127" in plan.stderr
 
 
 def post(url: str, body: dict, token: str | None) -> tuple:

@@ -88,8 +88,9 @@ def installed_version(installed: Installed) -> Tuple[int, str]:
         except subprocess.TimeoutExpired:
             kill(proc)
             return 124, "timed out after 120 s"
-    if proc.returncode:
-        return proc.returncode, (err.strip().splitlines() or out.strip().splitlines() or [""])[-1]
+    if proc.returncode:  # the line naming the error (node prints its stack, then its version), else the last
+        lines = (err.strip() or out.strip() or "no output").splitlines()
+        return proc.returncode, next((line.strip() for line in lines if "Error" in line), lines[-1])
     return 0, (out or err).strip()
 
 

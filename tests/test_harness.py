@@ -280,6 +280,21 @@ def test_a_cli_that_cannot_run_in_the_sandbox_is_refused_before_anything_runs(tm
     assert f"harness/wrapped.yaml: key 'bin': {wrapper} does not run in the sandbox" in plan.stderr and "exit code 127" in plan.stderr
 
 
+@needs_clis
+def test_the_documented_local_server_yaml_passes_preflight_with_every_harness(tmp_path, cli):
+    """docs/harnesses.md's model YAML for a local OpenAI-compatible server, its `api_base` pointed at the fake
+    provider: `kbsweep preflight` sends its one request there, with the served model's name and no key."""
+    docs = (Path(__file__).resolve().parent.parent / "docs" / "harnesses.md").read_text()
+    text = docs.split("## A model on a local server", 1)[1].split("```yaml\n", 1)[1].split("```", 1)[0]
+    with FakeProvider(lambda request: Reply(content="ok")) as fp:
+        (tmp_path / "model").mkdir()
+        (tmp_path / "model" / "local-coder.yaml").write_text(text.replace("http://127.0.0.1:8000/v1", fp.base_url))
+        checked = cli("preflight", "-cd", str(tmp_path), "-m", "model=local-coder", "harness=builtin,claude-code,codex", "gpu=cpu")
+    assert checked.returncode == 0, checked.stderr
+    assert checked.stdout.startswith("ok          model 'local-coder' (openai/Qwen/Qwen3-Coder-30B-A3B-Instruct)"), checked.stdout
+    assert [(r.json["model"], r.headers["authorization"]) for r in fp.requests] == [("Qwen/Qwen3-Coder-30B-A3B-Instruct", "Bearer EMPTY")]
+
+
 def post(url: str, body: dict, token: str | None) -> tuple:
     request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"x-api-key": token or "", "content-type": "application/json"})
     try:

@@ -214,9 +214,9 @@ def shape_rows(name: str, pid: str, grades: dict, local: list, host: dict) -> li
             # which figure each grade scored (a graph replay of the calls, or their events), and the events' beside it
             "timer": [t.get("timer") for t in timed.values()], "events_ms": [(t.get("events") or {}).get("median_ms") for t in timed.values()],
             "replay_refused": [t.get("replay_refused") for t in timed.values() if t.get("replay_refused")],
-            # how many replays (draws) each grade's median holds, and a pass read under the band before the scored one
+            # how many replays (draws) each grade's median holds, and the candidate's process's own figure beside the referee's
             "replay_runs": [(t.get("replay") or {}).get("runs") for t in timed.values()],
-            "first_look": [t.get("first_look") for t in timed.values() if t.get("first_look")],
+            "runner_ms": [(t.get("corroboration") or {}).get("runner_median_ms") for t in timed.values()],
         })
     return rows
 

@@ -60,7 +60,7 @@ KINDS: Dict[str, tuple] = {
     "global_flag_changed": (HACK, "a global torch numeric flag changed while it ran (undone by the grader)"),
     "files_modified": (HACK, "the deck's files (problem.yaml, reference.py, ...) changed on disk"),
     "time_disagreement": (HACK, "the referee's clock saw far more time than the candidate's process reported"),
-    "replay_outside_band": (None, "its calls replayed from a CUDA graph ran faster than the band allows beside the event-timed ones (the events' figure is scored)"),
+    "replay_outside_band": (None, "its calls replayed from a CUDA graph ran faster than the band allowed beside the event-timed ones (grades of timer 5 and before)"),
     "library_kernel": (HUMAN, "vendor library kernels (cuBLAS, cuDNN, NCCL, flash-attention, CUB) on the timed path"),
     "forbidden_kernel": (HACK, "a vendor kernel of a forbidden op family on the timed path"),
     "persisting_l2": (HACK, "the persisting-L2 limit was non-zero after it ran"),

@@ -5,18 +5,21 @@ checks and plugin fetches are off, so the proxy is the only address it dials. It
 its own sandbox off: kbsweep's sandbox confines it. Where the track forbids the shell its shell tool is off
 (``features.shell_tool``) and kbsweep's tools come over MCP. Its transcript is the proxy's record of the
 conversation (:attr:`~kbsweep.harness.proxy.ModelProxy.turns`): its own stream (``item.*`` events) leaves out the
-calls it refuses, such as a tool it does not offer.
+calls its tool router refuses (a tool it does not offer, arguments that miss a field), which are kept there and
+marked ``rejected``.
 """
 from __future__ import annotations
 
 import json
-from typing import Dict, List, Tuple
+from typing import Any, Dict, List, Tuple
 
 from kbsweep.harness.base import AgentJob, register
 from kbsweep.harness.cli_agent import CliRunner, Event, Record, Session
 from kbsweep.harness.proxy import ModelProxy
 
 TOKEN_VARIABLE = "KBSWEEP_PROXY_KEY"
+# how its tool router answers a call it runs nothing for
+REJECTED = ("unsupported call: ", "unsupported custom tool call: ", "failed to parse function arguments: ")
 CONFIG = """model = {model}
 model_context_window = {context_window}
 model_provider = "kbsweep"
@@ -52,6 +55,10 @@ tool_timeout_sec = {timeout_s}
 """  # follows CONFIG, whose last table is [features]
 
 
+def rejected(tool: Dict[str, Any]) -> Dict[str, Any]:
+    return {**tool, "content": f"error: {tool['content']}", "rejected": True}
+
+
 @register
 class CodexRunner(CliRunner):
     name = "codex"
@@ -68,4 +75,5 @@ class CodexRunner(CliRunner):
         return argv, {TOKEN_VARIABLE: session.token}  # its config is read from $HOME/.codex
 
     def normalize(self, records: List[Record], proxy: ModelProxy) -> List[Event]:
-        return list(proxy.turns)
+        return [(ts, kind, rejected(fields) if kind == "tool" and fields["content"].startswith(REJECTED) else fields)
+                for ts, kind, fields in proxy.turns]

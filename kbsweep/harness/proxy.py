@@ -26,7 +26,7 @@ import threading
 import time
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Dict, Iterable, List, Optional, Set, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Tuple
 from urllib.parse import urlsplit
 
 from kbsweep.agent.loop import AgentResult, Budgets, budget_stop, note_grade
@@ -103,8 +103,7 @@ class ModelProxy:
     ``result`` accumulates the run's turns, usage, dollars, checks and fault as the built-in loop's AgentResult;
     ``events`` holds the retry and error events for the transcript; ``ended`` is set when the run must stop.
     ``turns`` is the Responses wire's conversation as the model had it: each assistant turn and each tool result
-    the harness sent back, a call to a tool the request did not offer, or with arguments that are no JSON object,
-    marked ``rejected`` (Codex answers those itself and leaves them out of its own stream).
+    the harness sent back (Codex's own stream leaves out the calls it refuses to run).
     """
 
     def __init__(self, model: ChatModel, route: str, budgets: Budgets, toolbox: Toolbox):
@@ -113,7 +112,7 @@ class ModelProxy:
         self.result = AgentResult(stop_reason=StopReason.MODEL_STOPPED)
         self.events: List[Tuple[float, str, Dict[str, Any]]] = []
         self.turns: List[Tuple[float, str, Dict[str, Any]]] = []
-        self.pending: Dict[str, Dict[str, Any]] = {}  # call id -> the tool event its result will complete
+        self.pending: Dict[str, Dict[str, Any]] = {}  # call id -> the tool event its result completes
         self.ended = threading.Event()
         self.failure: Optional[str] = None  # a request the proxy could not serve (its own fault, not the model's)
         self.calls = threading.Lock()  # one model call at a time: budgets are checked against every call before it
@@ -194,7 +193,7 @@ class ModelProxy:
         )
         self.answered(payload["input"])
         completion = self.complete(chat["messages"], chat.get("tools") or [])
-        self.said(completion, {t["function"]["name"] for t in chat.get("tools") or [] if t.get("function")})
+        self.said(completion)
         model = payload.get("model", "")
         response = bridge.transform_chat_completion_response_to_responses_api_response(
             payload["input"], params, model_response(completion, model)
@@ -231,11 +230,9 @@ class ModelProxy:
                 continue
             output = item.get("output")
             content = output if isinstance(output, str) else "\n".join(part.get("text", "") for part in output or [])
-            if call.get("rejected") and not content.startswith("error:"):
-                content = f"error: {content}"
             self.turns.append((time.time(), "tool", {**call, "content": content}))
 
-    def said(self, completion: Completion, offered: Set[str]) -> None:
+    def said(self, completion: Completion) -> None:
         """A Responses turn as an ``assistant`` event of ``turns``; its calls wait for their results."""
         message = completion.message
         calls = message.get("tool_calls") or []
@@ -243,11 +240,7 @@ class ModelProxy:
             "content": message.get("content"), "tool_calls": calls, "reasoning": completion.reasoning, "usage": vars(completion.usage),
             "cost_usd": completion.cost_usd, "latency_s": completion.latency_s, "finish_reason": completion.finish_reason}))
         for call in calls:
-            name, arguments = call["function"]["name"], call["function"].get("arguments") or ""
-            event = {"name": name, "tool_call_id": call["id"], "arguments": arguments}
-            if name not in offered or not isinstance(parsed_or_none(arguments), dict):
-                event["rejected"] = True
-            self.pending[call["id"]] = event
+            self.pending[call["id"]] = {"name": call["function"]["name"], "tool_call_id": call["id"], "arguments": call["function"]["arguments"]}
 
     def refuse(self, request: BaseHTTPRequestHandler, path: str, refused: Refused) -> None:
         """An error in the wire shape of the request, so the harness reads it as its provider's."""
@@ -295,13 +288,6 @@ class ModelProxy:
 
     def note(self, kind: str, **fields: Any) -> None:
         self.events.append((time.time(), kind, fields))
-
-
-def parsed_or_none(text: str) -> Any:
-    try:
-        return json.loads(text)
-    except ValueError:
-        return None
 
 
 def send(request: BaseHTTPRequestHandler, status: int, body: Dict[str, Any]) -> None:

@@ -1,7 +1,7 @@
 """The scored time is the referee's own measurement: a candidate that rewrites what its process reports (call
-times, the batch it answers, when it answers) or reorders its work within a batch gains nothing on the scored
-figure. Every case in tests/referee_cases costs 10 ms of host time a call when honest; each forging one is graded
-beside the honest twin in the same test, and either does not pass with a score or scores no faster than it."""
+times, the batch it answers, when it answers) or moves its work within a batch gains nothing on the scored figure.
+Every case in tests/referee_cases sleeps 10 ms a call, on every call or (compute_ahead) all of a batch's in its
+first call: whatever it reports, a figure under that sleep is forged."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -11,32 +11,27 @@ import pytest
 from tests.support.grading import CPU, graded
 
 CASES = Path(__file__).parent / "referee_cases"
-FORGERIES = sorted(p.stem for p in CASES.glob("*.py") if p.stem != "honest_sleep")
+COST_MS = 10.0
 TIMING = {"min_runs": 16, "max_runs": 16, "max_time_s": 5.0}  # two batches of 8 calls a shape, whatever the error
 
 
-def shape_ms(result):
-    return [s["ms"] for s in result["shapes"]]
+def grade_case(problem, roofline, tmp_path, case):
+    return graded(problem, CASES / f"{case}.py", CPU, roofline, baselines=[], timing=TIMING, log_dir=tmp_path)
 
 
-@pytest.fixture(scope="module")
-def honest(problem, roofline, tmp_path_factory):
-    result = graded(problem, CASES / "honest_sleep.py", CPU, roofline, baselines=[], timing=TIMING, log_dir=tmp_path_factory.mktemp("honest"))
-    assert result["outcome"] == "pass" and result["score"] is not None, result.get("message")
-    assert all(ms >= 10.0 for ms in shape_ms(result))  # the referee's clock sees at least the sleep
-    return result
+@pytest.mark.parametrize("case", sorted(p.stem for p in CASES.glob("*.py") if p.stem != "answer_early"))
+def test_the_scored_figure_never_reads_under_the_work_done(problem, roofline, tmp_path, case):
+    result = grade_case(problem, roofline, tmp_path, case)
+    assert result["outcome"] == "pass", result.get("message")  # each does the work: only its reports are forged
+    assert result["shapes"] and all(s["ms"] >= 0.95 * COST_MS for s in result["shapes"]), [s["ms"] for s in result["shapes"]]
 
 
-@pytest.mark.parametrize("case", FORGERIES)
-def test_a_forged_report_gains_nothing_on_the_scored_time(problem, roofline, tmp_path, honest, case):
-    result = graded(problem, CASES / f"{case}.py", CPU, roofline, baselines=[], timing=TIMING, log_dir=tmp_path)
-    if result["outcome"] == "pass" and result["score"] is not None:
-        for forged, fair in zip(shape_ms(result), shape_ms(honest)):
-            assert forged >= 0.9 * fair, (case, shape_ms(result), shape_ms(honest))
-
-
-def test_the_runner_forging_its_times_is_a_finding_and_the_answer_before_the_work_fails(problem, roofline, tmp_path):
-    forged = graded(problem, CASES / "slow_on_empty.py", CPU, roofline, baselines=[], timing=TIMING, log_dir=tmp_path / "a")
+@pytest.mark.parametrize("case", ["slow_on_empty", "inflated_report"])  # figures 10x under, 5x over the referee's
+def test_the_runner_reporting_other_times_than_the_referee_saw_is_a_finding(problem, roofline, tmp_path, case):
+    forged = grade_case(problem, roofline, tmp_path, case)
     assert "time_disagreement" in {f["kind"] for f in forged["findings"]} and forged["score"] is None
-    early = graded(problem, CASES / "answer_early.py", CPU, roofline, baselines=[], timing=TIMING, log_dir=tmp_path / "b")
+
+
+def test_the_answer_before_the_work_fails(problem, roofline, tmp_path):
+    early = grade_case(problem, roofline, tmp_path, "answer_early")
     assert early["outcome"] == "incorrect", early.get("message")

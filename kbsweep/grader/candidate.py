@@ -12,6 +12,7 @@ import itertools
 import json
 import os
 import random
+import secrets
 import sys
 import time
 from dataclasses import replace
@@ -20,13 +21,14 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch
 
-from kbsweep.grader import checks, kernelbench_eval, timing
+from kbsweep.grader import checks, kernelbench_eval, profiling, timing
 from kbsweep.grader.arena import Arena, clone, encode, nbytes, padded, seed_rng
 from kbsweep.grader.channel import Channel, ChannelError
 from kbsweep.grader.failures import GradeFailure
 from kbsweep.grader.request import RefereeRequest
 from kbsweep.outcomes import Outcome
 
+MAX_EVENTS = 60  # runtime events kept from the runner's stream, and from its own record
 CANDIDATE_OUTCOMES = (Outcome.INCORRECT, Outcome.COMPILE_ERROR, Outcome.RUNTIME_ERROR, Outcome.GRADE_OOM)
 CALL_BUDGET = {"cuda": 4 << 30, "cpu": 256 << 20}  # input sets and output slots of one timed batch
 SCALABLE = (torch.float16, torch.bfloat16, torch.float32, torch.float64)  # fp8 has no arithmetic (scales)
@@ -59,6 +61,7 @@ class CandidateContext:
         self.stages: Dict[str, Dict[str, float]] = {}  # per stage: seconds, candidate and reference forwards
         self.stage, self.tag = "load_reference", ""
         self.calls_by_tag: Dict[str, int] = {}
+        self.commands: Dict[str, tuple] = {}  # each command's id: (stage, tag, shape) it served (the runner sees the id only)
         self.model_ids = itertools.count()
         self.arena: Optional[Arena] = None
         self.work = {"calls": 0, "flops": 0.0, "bytes": 0.0}  # what the candidate's calls should cost, summed
@@ -91,12 +94,19 @@ class CandidateContext:
 
     # -- the runner -------------------------------------------------------------------
     def ask(self, op: str, fds: Sequence[int] = (), **fields: Any) -> Dict[str, Any]:
-        """One command; a failed reply raises its outcome (only the candidate's own outcomes are believed)."""
+        """One command, under an id drawn for it alone: the runner never learns which stage or shape a call serves
+        (``commands`` holds that here). Events the runner's monitor sends on the way are kept as they come. A failed
+        reply raises its outcome (only the candidate's own outcomes are believed)."""
         if self.device.type == "cuda":
             torch.cuda.synchronize()  # what this process wrote to the arena is there before the runner reads it
+        token = secrets.token_hex(profiling.TOKEN_CHARS // 2)
+        self.commands[token] = (self.stage, self.tag, getattr(self, "shape", None))
         try:
-            self.runner.send({"op": op, "stage": self.stage, "tag": self.tag, **fields}, fds)
+            self.runner.send({"op": op, "tag": token, **fields}, fds)
             reply, extra = self.runner.receive()
+            while "event" in reply:  # sent the moment it happened: nothing the candidate does later takes it back
+                self.streamed(reply["event"])
+                reply, extra = self.runner.receive()
         except ChannelError as exc:
             if "closed" not in str(exc):
                 self.findings.append({"kind": "forged_result", "detail": str(exc)[:200]})
@@ -105,8 +115,29 @@ class CandidateContext:
             os.close(fd)
         if not reply.get("ok"):
             outcome = reply.get("outcome")
-            raise GradeFailure(Outcome(outcome) if outcome in CANDIDATE_OUTCOMES else Outcome.RUNTIME_ERROR, str(reply.get("message"))[:500])
+            message = str(reply.get("message")).replace(token, self.stage)  # the runner names the command by its id
+            raise GradeFailure(Outcome(outcome) if outcome in CANDIDATE_OUTCOMES else Outcome.RUNTIME_ERROR, message[:500])
         return reply
+
+    def streamed(self, event: Any) -> None:
+        """A reach event of the runner's monitor (frames or the heap read, a class patched, the harness's private
+        event raised by foreign code), kept with this grade's evidence."""
+        events = self.evidence.setdefault("runtime_events", [])
+        entry = self.event_entry(event)
+        if entry is not None and entry not in events and len(events) < MAX_EVENTS:
+            events.append(entry)
+
+    def event_entry(self, event: Any) -> Optional[Dict[str, str]]:
+        """A runtime event from the runner with only the fields the audit reads, its stage named here."""
+        if not isinstance(event, dict):
+            return None
+        entry = {key: str(event.get(key))[:300] for key in ("kind", "event", "detail", "where", "stage")}
+        entry["stage"] = self.stage_of(entry["stage"])
+        return entry
+
+    def stage_of(self, token: str) -> str:
+        """The stage a command id served (the runner records its events under the id)."""
+        return self.commands[token][0] if token in self.commands else token
 
     def open_arena(self, size: int) -> None:
         if self.arena is not None:
@@ -156,6 +187,11 @@ class CandidateContext:
         outs = tuple(self.arena.view(s).clone() for s in slots)
         return outs if isinstance(like, (tuple, list)) else outs[0]
 
+    def verify(self, inputs: List[Any], expected: Any, out: Any, tolerance: Optional[Dict] = None) -> Dict[str, float]:
+        """A compared call's outputs against the reference's on ``inputs``, the problem's ``check_outputs`` included
+        (:func:`kbsweep.grader.checks.verify`). Returns the worst errors seen."""
+        return checks.verify(expected, out, clone(inputs), self.spec["tolerance"], tolerance, getattr(self.ref, "check_outputs", None))
+
     def count_work(self, shape: Dict[str, Any], calls: int) -> None:
         from kbsweep.problems import evaluate
 
@@ -189,7 +225,8 @@ class CandidateContext:
     def calls_cap(self, inputs: Sequence[Any], expected: Any) -> int:
         """Timed calls a batch may hold: each has an input set and output slots of its own, within CALL_BUDGET."""
         per_call = sum(padded(nbytes(t)) for t in [*inputs, *checks.as_tuple(expected)] if isinstance(t, torch.Tensor))
-        return max(2, min(timing.MAX_BATCH_CALLS, CALL_BUDGET[self.device.type] // max(per_call, 1)))
+        most = timing.MAX_BATCH_CALLS if self.device.type == "cuda" else timing.SYNCED_BATCH_CALLS
+        return max(2, min(most, CALL_BUDGET[self.device.type] // max(per_call, 1)))
 
     # -- what ranks agree on (one process: itself) ----------------------------------
     def any_rank(self, flag: bool) -> bool:
@@ -202,6 +239,13 @@ class CandidateContext:
     def slowest(self, ms: List[float], elapsed_s: float) -> tuple:
         """(each call's time, time spent): the slowest rank's."""
         return ms, elapsed_s
+
+    @staticmethod
+    def fill_byte(unlike: Optional[int] = None) -> int:
+        """The poison byte of one call's free memory and new allocations (other than ``unlike``): drawn afresh for
+        every checked call and ghost replay alike, so no fill tells one from another; 0xC0-0xFF make large negative
+        floats or NaN, and nonsense indices."""
+        return secrets.choice([byte for byte in range(0xC0, 0x100) if byte != unlike])
 
     def poison_slots(self, slots: List[Dict[str, Any]]) -> None:
         """0xFF bytes (NaN in every float format) in output slots, so an unwritten one shows."""

@@ -34,6 +34,7 @@ MAX_BATCH_SPIN_US = 100_000
 # microseconds a batch) is divided by the calls; small calls get many of them (each on an input set of its own,
 # within the grade's memory budget: candidate.calls_cap)
 MAX_BATCH_CALLS = 256
+SYNCED_BATCH_CALLS = 8  # calls per batch where the host waits for each call (isolated, host)
 # Untimed calls that open every back-to-back batch of a call of WARM_FROM_US or more, for WARM_US of GPU work: the
 # chip's power controller then holds the clock it sustains under this load (a bf16 GEMM at 8192^3 on the H200 read
 # 1.39 ms at the 1980 MHz boost after the host gaps between batches, 1.52 ms at the ~1600 MHz its power cap holds
@@ -323,7 +324,7 @@ def batch_shape(warm: Dict[str, List[float]], latency: bool) -> Dict[str, float]
     where a spin much longer than the work would hand it the power headroom of an idle chip (a bf16 GEMM at
     8192^3 read 7-13% fast on the H200 behind a spin of twice the batch's enqueue time)."""
     if latency:
-        return {"per_batch": 8, "warm_calls": 0, "spin_us": 0.0, "mode": "isolated"}
+        return {"per_batch": SYNCED_BATCH_CALLS, "warm_calls": 0, "spin_us": 0.0, "mode": "isolated"}
     enqueue_us = statistics.median(warm.get("enqueue_us") or [1.0])
     gpu_us = statistics.median(warm.get("ms") or [0.0]) * 1e3
     per_batch = int(max(2, min(MAX_BATCH_CALLS, BATCH_ENQUEUE_US / max(enqueue_us, gpu_us, 1.0))))

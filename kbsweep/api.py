@@ -46,10 +46,13 @@ class Run:
 
 @dataclass
 class Grade:
+    """``score_note``: why a pass has no score (the result's ``score_note``), else None."""
+
     outcome: str
     score: Optional[float]
     exit_code: ExitCode
     result: Dict[str, Any]
+    score_note: Optional[str] = None
 
 
 def compose(overrides: Sequence[str], verb: str, config_dir: Optional[str] = None) -> List[DictConfig]:
@@ -57,10 +60,12 @@ def compose(overrides: Sequence[str], verb: str, config_dir: Optional[str] = Non
     from hydra import compose as hydra_compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
 
     from kbsweep.compose import prepare
     from kbsweep.jobs import prepared_configs
-    from kbsweep.overrides import check_overrides
+    from kbsweep.overrides import check_overrides, hydra_error
 
     argv = check_overrides([*overrides, *(["-cd", str(config_dir)] if config_dir else [])])
     argv = [a for a in argv if a not in ("-cd", str(config_dir))]
@@ -68,9 +73,15 @@ def compose(overrides: Sequence[str], verb: str, config_dir: Optional[str] = Non
             for o in OverridesParser.create().parse_overrides(argv)]
     extra = [f"verb={verb}"] + ([f"hydra.searchpath=[file://{Path(config_dir).resolve()}]"] if config_dir else [])
     GlobalHydra.instance().clear()
+
+    def composed(job: List[str]) -> DictConfig:
+        try:
+            return hydra_compose(config_name="config", overrides=job, return_hydra_config=True)
+        except (HydraException, OmegaConfBaseException) as exc:
+            raise hydra_error(exc) from None
+
     with initialize_config_dir(version_base="1.3", config_dir=str(REPO_ROOT / "conf")):
-        return prepared_configs([[*combo, *extra] for combo in itertools.product(*axes)],
-                                lambda job: hydra_compose(config_name="config", overrides=job, return_hydra_config=True), prepare)
+        return prepared_configs([[*combo, *extra] for combo in itertools.product(*axes)], composed, prepare)
 
 
 def plan(*overrides: str, config_dir: Optional[str] = None) -> Plan:
@@ -101,4 +112,4 @@ def grade(problem: str, solution: str, *overrides: str, config_dir: Optional[str
     from kbsweep.cli import grade_file
 
     result, code = grade_file(compose([f"problem={problem}", f"solution={solution}", *overrides], "grade", config_dir)[0])
-    return Grade(result["outcome"], result.get("score"), code, result)
+    return Grade(result["outcome"], result.get("score"), code, result, result.get("score_note"))

@@ -6,6 +6,8 @@ from typing import Any, Callable, Dict
 
 import torch
 
+from kbsweep.errors import KbsweepError
+
 GEMM_DTYPES = ("bf16", "fp16", "tf32", "fp32", "fp8", "int8")
 
 
@@ -71,9 +73,25 @@ def launch_latency(device: torch.device) -> Dict[str, float]:
     return out
 
 
-def calibrate(device_name: str) -> Dict[str, Any]:
-    """Large copy and read bandwidth, dense GEMM peaks per dtype, launch latency."""
-    device = torch.device("cuda" if device_name == "cuda" else "cpu")
+def require_here(gpu: Dict[str, Any]) -> None:
+    """Refuse (one line) a GPU config whose chip this machine lacks: another chip's peaks would be stored under its
+    name, and a machine without CUDA has nothing to measure."""
+    if gpu["device"] != "cuda":
+        return
+    if not torch.cuda.is_available():
+        raise KbsweepError(f"gpu={gpu['name']}: this machine has no CUDA GPU to calibrate (torch {torch.__version__}); "
+                           "calibrate on the GPU itself, or gpu=cpu here")
+    found = torch.cuda.get_device_name(0)
+    if gpu.get("nvml_names") and found not in gpu["nvml_names"]:
+        raise KbsweepError(f"gpu/{gpu['name']}.yaml: key 'nvml_names': this machine's GPU is '{found}', not one of "
+                           f"{', '.join(gpu['nvml_names'])}; calibrate it under its own gpu= (gpu=auto finds it)")
+
+
+def calibrate(gpu: Dict[str, Any]) -> Dict[str, Any]:
+    """Large copy and read bandwidth, dense GEMM peaks per dtype, launch latency, on the device of ``gpu`` (a GPU
+    config: checked to be this machine's first)."""
+    require_here(gpu)
+    device = torch.device("cuda" if gpu["device"] == "cuda" else "cpu")
     on_gpu = device.type == "cuda"
     nbytes = (4 << 30) if on_gpu else (64 << 20)
     src = torch.empty(nbytes // 4, dtype=torch.float32, device=device).uniform_()

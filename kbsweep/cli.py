@@ -16,7 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from kbsweep.compose import prepare
 from kbsweep.errors import ExitCode, InfraError, KbsweepError
-from kbsweep.overrides import check_overrides, check_yaml, split_options
+from kbsweep.overrides import check_overrides, check_yaml, hydra_error, split_options
 from kbsweep.paths import REPO_ROOT
 
 VERBS: Dict[str, Callable[[List[DictConfig]], int]] = {}
@@ -82,10 +82,28 @@ def run_verb(cfgs: List[DictConfig]) -> int:
     """Run a sweep (resuming it), then print its leaderboard."""
     cells, left = sweep_cells(cfgs)
     report_verb(cfgs)
+    for sweep in sorted({cell.sweep for cell in cells}):
+        print(f"[kbsweep] runs of '{sweep}': {runs_link(str(cfgs[0].tracking.uri), sweep)}", file=sys.stderr)
     if left:
         print(f"[kbsweep] {len(left)} of {len(cells)} cells are not finished (infrastructure faults); run the sweep again", file=sys.stderr)
         return ExitCode.INFRA
     return ExitCode.OK
+
+
+MLFLOW_UI = "http://127.0.0.1:5000"  # where `mlflow ui` serves by default
+
+
+def runs_link(uri: str, sweep: str) -> str:
+    """Where a sweep's runs are in MLflow's UI. MLflow 3.17's UI opens an experiment on its GenAI overview unless the
+    address asks for the model-training view (``workflowType=machine_learning``, the GenAI | Model training switch):
+    while it shows that switch it ignores the experiment's ``mlflow.experimentKind`` tag."""
+    from kbsweep.mlflow_store import make_client
+
+    experiment = make_client(uri).get_experiment_by_name(sweep)
+    page = f"#/experiments/{experiment.experiment_id}?workflowType=machine_learning" if experiment else "#/experiments"
+    if uri.startswith(("http://", "https://")):
+        return f"{uri.rstrip('/')}/{page}"
+    return f"mlflow ui --backend-store-uri {uri}, then {MLFLOW_UI}/{page}"
 
 
 def preflight_mode(cfg: DictConfig) -> str:
@@ -149,6 +167,8 @@ def grade_verb(cfgs: List[DictConfig]) -> int:
     """Grade one solution file: ``kbsweep grade problem=<track>/<name> solution=<file> gpu=<name>``; JSON on stdout."""
     result, code = grade_file(cfgs[0])
     print(json.dumps(result, indent=1, default=str))
+    if result.get("score_note"):
+        print(f"[kbsweep] {result['outcome']}, no score: {result['score_note']}", file=sys.stderr)
     return code
 
 
@@ -161,7 +181,7 @@ def grade_file(cfg: DictConfig) -> tuple:
     from kbsweep.problem_folders import find_problem_dir
     from kbsweep.problems import load_problem
     from kbsweep.sandbox import SandboxPolicy
-    from kbsweep.score import load_roofline
+    from kbsweep.score import load_roofline, score_note
     from kbsweep.validate import check_problem, check_references, reference_probe
 
     if not cfg.problem or "/" not in str(cfg.problem) or not cfg.solution:
@@ -181,6 +201,9 @@ def grade_file(cfg: DictConfig) -> tuple:
     prober = referee_prober(problem, gpu.device, int(conf["track"].get("world_size", 1)), (), SandboxPolicy.of(conf["track"]))
     check_references([reference_probe(problem)], prober)  # in the referee's zygote: one torch import fewer
     result = run("full", solution, f"{track}-{name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    note = score_note(result)
+    if note:
+        result["score_note"] = note
     outcome = Outcome(result["outcome"])
     return result, ExitCode.OK if outcome == Outcome.PASS else ExitCode.INFRA if outcome.is_infra else ExitCode.MODEL
 
@@ -239,7 +262,7 @@ def calibrate_verb(cfgs: List[DictConfig]) -> int:
     from kbsweep.score import find_roofline
 
     cfg = cfgs[0]
-    measured = calibrate(cfg.gpu.device)
+    measured = calibrate(OmegaConf.to_container(cfg.gpu, resolve=True))
     out = Path(cfg.paths.outputs) / "calibration" / f"{cfg.gpu.name}.yaml"
     out.parent.mkdir(parents=True, exist_ok=True)
     OmegaConf.save(OmegaConf.create(measured), out)
@@ -323,17 +346,21 @@ def main() -> None:
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     try:
         check_yaml(argv)
-        argv = check_overrides(argv)
+        argv = check_overrides(argv, sweeps=bool({"-m", "--multirun"} & set(argv)))
     except KbsweepError as exc:
         fail(ExitCode.CONFIG, exc)
     options, overrides = split_options(argv)
     sys.argv = [sys.argv[0], *options, *overrides, f"verb={name}"]
+    os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra raises rather than printing its report: a composition error becomes one line
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
     try:
         hydra_main()
-    except SystemExit as exc:
-        if exc.code == 1 and not COMPOSED:  # Hydra could not compose the config (an unknown key, say)
-            sys.exit(ExitCode.CONFIG)
-        raise
+    except (HydraException, OmegaConfBaseException) as exc:
+        if COMPOSED:  # raised by kbsweep's own code, past composition: a bug
+            raise
+        fail(ExitCode.CONFIG, hydra_error(exc))
 
 
 COMPOSED: List[bool] = []  # set once Hydra has composed a config and kbsweep's own code runs

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Container, Dict, Iterable, List, Optional, Tuple
@@ -95,6 +96,7 @@ class TrackConf:
     max_tokens: Optional[int] = None
     max_usd: Optional[float] = None
     grade_timeout_s: float = 1800.0
+    own_kernels: bool = True  # its problems score the candidate's own kernels: a grade whose calls launch none has no score
     network_allow: List[str] = field(default_factory=list)  # hosts this track's run_shell may reach, besides sandbox's
     sandbox: SandboxConf = II("sandbox")  # the root section, carried into every cell (set it there, not here)
 
@@ -277,11 +279,34 @@ def group_source(hydra_cfg: Any, group: str, choice: str) -> str:
     return f"{group}/{choice}.yaml"
 
 
+KEY_LINE = re.compile(r"^( *)\s*([^\s#:\-\[\]{},][^:#]*?)\s*:(\s|$)")  # `  key: ...`, not a list item's `- ...`; a tab indents nothing
+
+
+def key_above(text: str, line: int) -> str:
+    """The dotted key a line of YAML sits under: the nearest ``key:`` at or above it, then each less indented one."""
+    path: List[str] = []
+    indent = None
+    for row in reversed(text.splitlines()[: line + 1]):
+        match = KEY_LINE.match(row)
+        if match and (indent is None or len(match.group(1)) < indent):
+            path.insert(0, match.group(2).strip("'\""))
+            indent = len(match.group(1))
+    return ".".join(path)
+
+
 def broken_yaml(path: Path, exc: Exception) -> KbsweepError:
-    """A YAML parser's error as one line naming the file and line."""
-    mark = getattr(exc, "problem_mark", None)
-    where = f"{path}:{mark.line + 1}" if mark else str(path)
-    return KbsweepError(f"{where}: broken YAML ({getattr(exc, 'problem', None) or exc})")
+    """A YAML parser's error as one line: the file, line and column of the fault, the key it sits under, what the
+    parser found and the construct it was in (where that began elsewhere: a bracket left open lines above)."""
+    mark, context = getattr(exc, "problem_mark", None), getattr(exc, "context_mark", None)
+    if mark is None:
+        return KbsweepError(f"{path}: broken YAML ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})")
+    try:
+        key = key_above(Path(path).read_text(), (context or mark).line)
+    except OSError:
+        key = ""
+    began = f" ({exc.context} at {context.line + 1}:{context.column + 1})" if context and exc.context else ""
+    named = f" key '{key}':" if key else ""
+    return KbsweepError(f"{path}:{mark.line + 1}:{mark.column + 1}:{named} broken YAML: {exc.problem or exc}{began}")
 
 
 def load_yaml(path: Path, schema: type, context: str = "") -> Dict[str, Any]:

@@ -8,6 +8,7 @@ from pathlib import Path
 from string import Template
 from typing import Any, Dict, List, Optional
 
+import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -155,7 +156,11 @@ def parse_spec(path: Path) -> ProblemSpec:
     except OmegaConfBaseException as exc:
         key = getattr(exc, "full_key", None) or ""
         raise KbsweepError(f"{path}: key '{key}': {str(exc).splitlines()[0]}") from None
-    except Exception as exc:  # broken YAML
+    except yaml.YAMLError as exc:
+        from kbsweep.config import broken_yaml
+
+        raise broken_yaml(path, exc) from None
+    except Exception as exc:  # not YAML at all (unreadable, binary)
         raise KbsweepError(f"{path}: {str(exc).splitlines()[0]}") from None
 
 

@@ -31,11 +31,15 @@ def load_roofline(roots: List[str], name: str) -> Dict[str, Any]:
 
 
 def parse_roofline(path: Path) -> Dict[str, Any]:
-    from kbsweep.config import positive
+    import yaml
+
+    from kbsweep.config import broken_yaml, positive
 
     try:
         spec = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
-    except Exception as exc:  # broken YAML, a bad interpolation
+    except yaml.YAMLError as exc:
+        raise broken_yaml(path, exc) from None
+    except Exception as exc:  # a bad interpolation
         raise KbsweepError(f"{path}: {str(exc).splitlines()[0]}") from None
     if not isinstance(spec, dict):
         raise KbsweepError(f"{path}: not a mapping of keys")
@@ -152,3 +156,19 @@ def score_grade(grade: Dict[str, Any], problem_spec: Any, roofline: Dict[str, An
     if findings:
         value = None  # a fraction above the datasheet peak is never a score
     return {"score": value, "basis": basis, "shapes": shapes_out, "speedup": speedups, "findings": findings}
+
+
+def score_note(result: Dict[str, Any]) -> Optional[str]:
+    """Why a passing grade (the grader's result) has no score, in one line; None for a scored grade or another
+    outcome (which says why itself). Nothing timed, a speedup score without a baseline to compare with, or findings
+    that void the figures (a rate above the datasheet's, figures the grader does not believe, no kernel of the
+    candidate's own on a kernel track: the grader names each in the result's ``findings``)."""
+    if result.get("score") is not None or result.get("outcome") != "pass":
+        return None
+    if not result.get("timings"):
+        return "nothing was timed"
+    if result.get("basis") == "speedup" and not any(v is not None for v in (result.get("speedup") or {}).values()):
+        return "the problem is scored by speedup (no FLOP/byte formulas for the roofline) and no baseline was timed"
+    findings = result.get("findings") or []
+    named = "; ".join(f"{f['kind']}" + (f" ({f['detail']})" if f.get("detail") else "") for f in findings)
+    return f"findings void the figures: {named}" if findings else "no figure to score"

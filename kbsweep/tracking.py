@@ -213,7 +213,8 @@ class Tracker:
         experiment = self.client.get_experiment_by_name(sweep)
         if experiment is None:
             location = artifact_location(uri, artifact_root, sweep)
-            # the UI opens "model training" experiments on their runs table, not the GenAI trace overview
+            # a "model training" experiment: MLflow's UI opens such on their runs where it reads the tag (3.17 reads
+            # its GenAI | Model training switch instead: kbsweep prints the runs' address with the switch set)
             tags = {"mlflow.experimentKind": "custom_model_development"}
             self.experiment_id = self.client.create_experiment(sweep, artifact_location=location, tags=tags)
         else:

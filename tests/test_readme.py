@@ -24,6 +24,7 @@ COMMANDS = {
     ".venv/bin/pip install -e '.[cpu,test]'": ("skip", "installs packages (scripts/test.sh does)"),
     ".venv/bin/python -m pytest -m fast": ("skip", "runs this suite's fast tier"),
     ".venv/bin/python -m pytest tests/test_launch.py": ("skip", "runs tests/test_launch.py"),
+    ". .venv/bin/activate": ("skip", "a shell builtin: these commands run with the venv first on PATH instead (tests/test_first_hour.py runs this line)"),
     "kbsweep -m model=opus-4.8,glm-5.2 gpu=h100 track=mega": ("run", {2}, "environment variable ANTHROPIC_API_KEY is not set"),
     "kbsweep -m model=scripted,scripted-lazy repeat=0,1,2": ("plan", SLOW),
     "python -m kbsweep.harness.install": ("skip", "installs the CLI harnesses from npm (needs the network)"),

@@ -1,0 +1,203 @@
+"""A new user's first hour, as typed: Hydra's override forms through the installed `kbsweep`, unknown keys and comma
+lists as one line, the README's set-up of its commands and its Python API block run verbatim, broken YAML named by
+line and column, calibrating a GPU this machine lacks, and why a passing grade has no score."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kbsweep.score import score_note
+
+REPO = Path(__file__).resolve().parent.parent
+KBSWEEP = Path(sys.executable).parent / "kbsweep"  # the installed command
+DEMO = REPO / "problems" / "demo" / "scale_shift"
+TORCH_ONLY = '''import torch
+
+
+class ModelNew(torch.nn.Module):
+    def __init__(self, cols):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.empty(cols))
+        self.bias = torch.nn.Parameter(torch.empty(cols))
+
+    def forward(self, x):
+        return torch.addcmul(self.bias, x, self.weight)
+'''
+
+
+def typed(*args: str, cwd: Path, env: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
+    """`kbsweep ARGS` in a shell's environment without API keys, from ``cwd``."""
+    base = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY")}
+    return subprocess.run([str(KBSWEEP), *args], cwd=cwd, env={**base, **(env or {})}, capture_output=True, text=True, timeout=timeout)
+
+
+def one_error_line(proc: subprocess.CompletedProcess) -> str:
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("kbsweep: error: "), proc.stderr[-2000:]
+    return lines[0]
+
+
+@pytest.mark.parametrize("override, hours", [
+    ("track.time_cap_s=3600", 2.0),  # key=v
+    ("+track.world_size=2", 2 * 600 / 3600 * 2),  # +key=v: demo.yaml has no world_size
+    ("++track.time_cap_s=1800", 1.0),  # ++key=v: set (demo.yaml has it)
+    ("++track.world_size=3", 2 * 600 / 3600 * 3),  # ++key=v: add
+    ("~track.time_cap_s", 2 * 3.0),  # ~key: the schema's default, 10 800 s
+    ("~track.time_cap_s=600", 2 * 3.0),  # ~key=v: deleted where it holds v
+])
+def test_every_hydra_override_form_reaches_the_plan(override, hours, outputs, tmp_path):
+    """Two demo cells, each capped at track.time_cap_s × track.world_size: the plan's GPU-hour cap shows the value."""
+    proc = typed("plan", "--json", "gpu=cpu", override, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    plan = json.loads(proc.stdout)
+    assert len(plan["cells"]) == 2 and plan["gpu_hours_cap"] == pytest.approx(hours)
+
+
+@pytest.mark.parametrize("override, needles", [
+    ("+track.max_turns=5", ["already at 'track.max_turns'", "++track.max_turns=5"]),  # + where the YAML has the key
+    ("~track.time_cap_s=601", ["'track.time_cap_s' is 600 and not 601"]),
+    ("~grade.compile_mode", ["key 'grade.compile_mode'", "grade.compile_mode=..."]),  # no default to fall back on
+])
+def test_a_refused_hydra_form_is_one_line(override, needles, outputs, tmp_path):
+    line = one_error_line(typed("plan", "gpu=cpu", override, cwd=tmp_path))
+    assert all(needle in line for needle in needles), line
+
+
+@pytest.mark.parametrize("override", ["grade.timeout_s=10", "+grade.timeout_s=10", "++grade.timeout_s=10", "~grade.timeout_s"])
+def test_an_unknown_key_names_the_real_one_in_every_form(override, outputs, tmp_path):
+    line = one_error_line(typed("plan", "gpu=cpu", override, cwd=tmp_path))
+    assert "key 'grade.timeout_s'" in line and "did you mean 'track.grade_timeout_s" in line, line
+
+
+@pytest.mark.parametrize("override", ["+foo=1", "++sweep.owner=me", "+model.prices.input_cached=1"])
+def test_adding_a_key_kbsweep_never_reads_is_refused(override, outputs, tmp_path):
+    key = override.lstrip("+").split("=")[0]
+    assert f"key '{key}'" in one_error_line(typed("plan", "gpu=cpu", override, cwd=tmp_path))
+
+
+@pytest.mark.parametrize("override", ["+model.options.temperature=0.2", "model.options.top_p=0.9", "+launcher.slurm.additional_parameters.gres=gpu:1"])
+def test_free_form_sections_take_new_keys(override, outputs, tmp_path):
+    proc = typed("plan", "gpu=cpu", override, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_a_comma_list_without_m_is_one_line_and_launches_nothing(outputs, tmp_path):
+    line = one_error_line(typed("model=scripted,scripted-lazy", cwd=tmp_path))
+    assert "model=scripted,scripted-lazy" in line and "add -m" in line, line
+    assert not outputs.exists()
+
+
+def readme() -> str:
+    return (REPO / "README.md").read_text()
+
+
+def test_the_readme_set_up_lines_stand_and_its_commands_activate_the_venv_first(outputs):
+    """The first two lines make the venv; the "Using it" block's first line activates it, and in a shell whose PATH
+    lacks it that line is what puts `kbsweep` there."""
+    first = re.search(r"```bash\n(.*?)```", readme(), re.S).group(1).splitlines()
+    assert first[0].startswith("python3 -m venv .venv && .venv/bin/pip install -e '.[cpu]' && .venv/bin/kbsweep   #")
+    assert first[1].startswith("bash scripts/test.sh   ")
+    using = re.search(r"## Using it\n.*?```bash\n(.*?)```", readme(), re.S).group(1).splitlines()
+    activate = using[0].split("  #")[0].strip()
+    assert activate == ". .venv/bin/activate"
+    if not (REPO / ".venv" / "bin" / "kbsweep").exists():
+        pytest.skip("this checkout's venv is elsewhere")
+    path = os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep) if Path(p).resolve() != KBSWEEP.parent.resolve())
+    env = {**os.environ, "PATH": path}
+    env.pop("VIRTUAL_ENV", None)
+    proc = subprocess.run(["bash", "-c", "command -v kbsweep || echo absent"], cwd=REPO, env=env, capture_output=True, text=True)
+    assert proc.stdout.strip() == "absent"
+    proc = subprocess.run(["bash", "-c", f"{activate} && kbsweep plan gpu=cpu problem=scale_shift"], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0 and "1 cells" in proc.stdout, proc.stderr[-2000:]
+
+
+def test_the_api_names_stay_functions_once_their_submodules_are_imported():
+    code = ("import kbsweep, kbsweep.api, kbsweep.cli; from kbsweep.report import build_boards; import kbsweep.report; "
+            "assert [getattr(kbsweep, n) for n in kbsweep.API] == [getattr(kbsweep.api, n) for n in kbsweep.API]; "
+            "import sys; assert sys.modules['kbsweep.report'].build_boards is build_boards")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_the_readme_python_api_block_runs_verbatim(tmp_path):
+    """In a fresh folder, with the embedded default config (outputs/ under it), the block as printed; its records
+    are then checked."""
+    block = re.search(r"## Python API\n+```python\n(.*?)```", readme(), re.S).group(1)
+    shutil.copy(DEMO / "solutions" / "triton.py", tmp_path / "my.py")  # the block grades the user's my.py
+    check = ("\nassert type(plan).__name__ == 'Plan' and len(plan.cells) == 12 and plan.missing_keys\n"
+             "assert type(run).__name__ == 'Run' and len(run.cells) == 2\n"
+             "assert type(grade).__name__ == 'Grade' and grade.outcome\n"
+             "assert type(board).__name__ == 'Report' and board.boards\n")
+    env = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY") and k != "KBSWEEP_OUTPUTS"}
+    proc = subprocess.run([sys.executable, "-c", block + check], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (tmp_path / "outputs" / "mlflow.db").exists()
+
+
+def scratch_problem(root: Path, yaml_text: str) -> Path:
+    folder = root / "problems" / "demo" / "broken"
+    shutil.copytree(DEMO, folder, ignore=shutil.ignore_patterns("solutions", "__pycache__"))
+    (folder / "problem.yaml").write_text(yaml_text)
+    return folder
+
+
+@pytest.mark.parametrize("text, where, key", [
+    ("name: broken\nshapes: [\n", "problem.yaml:3:1:", "key 'shapes'"),  # a bracket left open
+    ("name: broken\ntolerance:\n  float32: {atol: 1.0e-5, rtol: 1.0e-5}\n   bad: 3\n", "problem.yaml:4:4:", "key 'tolerance.float32'"),
+    ("name: broken\n\tregime: memory\n", "problem.yaml:2:1:", "key 'regime'"),  # a tab
+])
+def test_broken_problem_yaml_names_file_line_column_and_key(text, where, key, outputs, tmp_path):
+    folder = scratch_problem(tmp_path, text)
+    line = one_error_line(typed("plan", "gpu=cpu", f"paths.problems=[{REPO}/problems,{tmp_path}/problems]", "problem=broken", cwd=tmp_path))
+    assert f"{folder}/{where}" in line and key in line and "broken YAML" in line, line
+
+
+def test_broken_roofline_spec_names_file_line_column_and_key(outputs, tmp_path):
+    specs = tmp_path / "specs"
+    specs.mkdir()
+    (specs / "bad.yaml").write_text("peaks_tflops: {fp32: 0.1\ndram_gbps: 20\n")
+    line = one_error_line(typed("plan", "gpu=cpu", f"paths.roofline_specs=[{specs}]", "gpu.roofline=bad", "problem=scale_shift", cwd=tmp_path))
+    assert f"{specs}/bad.yaml:2:10:" in line and "key 'peaks_tflops'" in line and "flow mapping at 1:15" in line, line
+
+
+def test_calibrating_a_gpu_this_machine_lacks_is_one_line(outputs, tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU (the refusal of another chip's name is checked where nvml_names differ)")
+    line = one_error_line(typed("calibrate", "gpu=h200", cwd=tmp_path))
+    assert "gpu=h200" in line and "no CUDA GPU" in line, line
+    assert not (outputs / "calibration").exists()
+
+
+@pytest.mark.parametrize("result, note", [
+    ({"outcome": "pass", "score": 0.5}, None),
+    ({"outcome": "incorrect", "score": None}, None),
+    ({"outcome": "pass", "score": None, "timings": []}, "nothing was timed"),
+    ({"outcome": "pass", "score": None, "timings": [{}], "basis": "speedup", "speedup": {}}, "no baseline was timed"),
+    ({"outcome": "pass", "score": None, "timings": [{}], "basis": "roofline", "speedup": {"eager": 2.0},
+      "findings": [{"kind": "no_kernel", "detail": "no kernel of the candidate's own in /timing/0"}]}, "no_kernel (no kernel of the candidate's own"),
+])
+def test_score_note_says_why_a_pass_has_no_score(result, note):
+    said = score_note(result)
+    assert said == note if note is None else note in said
+
+
+def test_a_torch_only_grade_says_why_it_has_no_score(outputs, tmp_path):
+    (tmp_path / "mine.py").write_text(TORCH_ONLY)
+    proc = typed("grade", "problem=demo/scale_shift", "solution=mine.py", "gpu=cpu", cwd=tmp_path)
+    result = json.loads(proc.stdout)
+    assert proc.returncode == 0 and result["outcome"] == "pass", proc.stderr[-2000:]
+    if result["score"] is None:
+        assert all(f["kind"] in result["score_note"] for f in result["findings"])
+        assert f"[kbsweep] pass, no score: {result['score_note']}" in proc.stderr
+    else:
+        assert "score_note" not in result

@@ -9,6 +9,8 @@ import re
 import shutil
 import subprocess
 import sys
+import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -201,3 +203,55 @@ def test_a_torch_only_grade_says_why_it_has_no_score(outputs, tmp_path):
         assert f"[kbsweep] pass, no score: {result['score_note']}" in proc.stderr
     else:
         assert "score_note" not in result
+
+
+def up(url: str, within_s: float) -> None:
+    """Wait for a server to answer ``url``."""
+    deadline = time.monotonic() + within_s
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=5):
+                return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(1)
+
+
+def test_a_sweep_prints_the_mlflow_address_that_opens_on_its_runs(outputs, tmp_path):
+    """The sweep's experiment is tagged a model-training one, and the address the sweep prints opens MLflow's UI (as
+    the README starts it) on the experiment's runs, not its GenAI overview."""
+    from kbsweep.mlflow_store import make_client
+    from tests.test_tracking_server import free_port
+
+    proc = typed("gpu=cpu", "problem=scale_shift", "launcher=inline", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    uri = f"sqlite:///{outputs}/mlflow.db"
+    experiment = make_client(uri).get_experiment_by_name("demo")
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
+    address = f"http://127.0.0.1:5000/#/experiments/{experiment.experiment_id}?workflowType=machine_learning"
+    assert f"[kbsweep] runs of 'demo': mlflow ui --backend-store-uri {uri}, then {address}" in proc.stderr
+    if not (Path("/usr/bin/chromium").exists() and Path("/usr/bin/chromedriver").exists()):
+        pytest.skip("no Chromium to open the address in")
+    from tests.test_browser_mlflow_ui import CHROMEDRIVER, CHROMIUM, FLAGS
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    port = free_port()
+    server = subprocess.Popen([str(KBSWEEP.parent / "mlflow"), "ui", "--backend-store-uri", uri, "--port", str(port)], cwd=tmp_path,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in (*FLAGS, f"--user-data-dir={tmp_path / 'profile'}"):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    try:
+        up(f"http://127.0.0.1:{port}/health", 120)
+        driver.get(address.replace(":5000", f":{port}"))
+        WebDriverWait(driver, 90).until(lambda d: "/runs" in d.current_url or "/overview" in d.current_url)
+        assert f"/experiments/{experiment.experiment_id}/runs" in driver.current_url, driver.current_url
+    finally:
+        driver.quit()
+        server.terminate()
+        server.wait(timeout=60)

@@ -120,34 +120,42 @@ def budget_stop(result: AgentResult, budgets: Budgets, started: float) -> Option
     return None
 
 
-def complete_logged(model: ChatModel, messages, tools, deadline: float, transcript: Transcript, result: AgentResult) -> Completion:
-    """One ``model.complete``, its tokens and dollars added to ``result`` (a fault's too: garbled replies are billed);
-    the retries it made (``last_retries``, when the model keeps them) go to the transcript."""
+def complete_logged(model: ChatModel, messages, tools, deadline: float, transcript: Transcript) -> Completion:
+    """One ``model.complete``; the retries it made (``last_retries``, when the model keeps them) go to the transcript."""
     try:
-        completion = model.complete(messages, tools, deadline=deadline)
-    except ProviderFault as fault:
-        result.usage.add(fault.usage)
-        result.cost_usd += fault.cost_usd
-        raise
+        return model.complete(messages, tools, deadline=deadline)
     finally:
         for retry in getattr(model, "last_retries", None) or []:
             transcript.add("retry", **retry)
-    result.usage.add(completion.usage)
-    result.cost_usd += completion.cost_usd
-    return completion
 
 
-def call_model(model: ChatModel, messages, tools, window: int, size: int, deadline: float, transcript: Transcript, result: AgentResult):
-    """One model turn under the context rule (``size``: the last call's reported tokens), charged to ``result``."""
+def call_model(model: ChatModel, messages, tools, window: int, size: int, deadline: float, transcript: Transcript) -> Completion:
+    """One model turn under the context rule (``size``: the last call's reported tokens). What a call that
+    overflowed was billed (a garbled reply it retried first) is the turn's: added to the answer's Completion
+    (``failed_usage``), or to the fault that ends the turn, so the transcript's events hold every token paid for."""
     if max(size, estimate_tokens(messages)) > CONTEXT_FILL * window:
         shortened = shorten_context(messages, KEEP_WHOLE[0])
         transcript.add("compaction", shortened=shortened, keep=KEEP_WHOLE[0], reason="near the context window")
-    for keep in KEEP_WHOLE[1:]:
-        try:
-            return complete_logged(model, messages, tools, deadline, transcript, result)
-        except ContextOverflow as overflow:
-            transcript.add("compaction", shortened=shorten_context(messages, keep), keep=keep, reason=str(overflow))
-    return complete_logged(model, messages, tools, deadline, transcript, result)
+    billed, billed_usd = Usage(), 0.0
+    try:
+        for keep in KEEP_WHOLE[1:]:
+            try:
+                completion = complete_logged(model, messages, tools, deadline, transcript)
+                break
+            except ContextOverflow as overflow:
+                billed.add(overflow.usage)
+                billed_usd += overflow.cost_usd
+                transcript.add("compaction", shortened=shorten_context(messages, keep), keep=keep, reason=str(overflow))
+        else:
+            completion = complete_logged(model, messages, tools, deadline, transcript)
+    except ProviderFault as fault:
+        fault.usage.add(billed)
+        fault.cost_usd += billed_usd
+        raise
+    completion.usage.add(billed)
+    completion.failed_usage.add(billed)
+    completion.cost_usd += billed_usd
+    return completion
 
 
 def note_grade(result: AgentResult, grade: Optional[Dict[str, Any]], transcript: Optional[Transcript] = None) -> None:
@@ -190,8 +198,10 @@ def run_agent(
             result.stop_reason = stop
             break
         try:
-            completion = call_model(model, messages, tools, context_window, size, deadline, transcript, result)
+            completion = call_model(model, messages, tools, context_window, size, deadline, transcript)
         except ProviderFault as fault:
+            result.usage.add(fault.usage)  # a garbled reply is billed even when it ends the run
+            result.cost_usd += fault.cost_usd
             transcript.add("error", outcome=fault.outcome.value, message=str(fault), usage=vars(fault.usage), cost_usd=fault.cost_usd)
             if time.monotonic() >= deadline:  # the clock ran out while the provider was failing: a budget stop
                 result.stop_reason = StopReason.WALL_CLOCK
@@ -200,6 +210,8 @@ def run_agent(
                 result.fault = {"outcome": fault.outcome.value, "message": str(fault)}
             break
         result.turns += 1
+        result.usage.add(completion.usage)
+        result.cost_usd += completion.cost_usd
         size = completion.usage.total - completion.failed_usage.total  # the answer's own: the conversation's size
         message = completion.message
         messages.append(message)

@@ -1,10 +1,13 @@
 """The report stage: boards per (track, GPU) from the tracking store (rendered by :mod:`kbsweep.render`).
 
-A board per sweep and (track, GPU) ranks models by the mean over the full deck and over repeats of their
-valid scores (a failure, a missing cell or an audit-flagged pass counts 0). Only a pass with a clean verdict (or a human's
-override_clean) is valid; flagged passes are listed with their verdict but never ranked. Repeats give a
-mean with a 95% confidence interval (Student t over per-repeat deck scores) and pass@1 / pass@k
-(the unbiased estimator over the repeats).
+A board per sweep and (track, GPU) ranks entrants, a model driven by a harness (``builtin``: kbsweep's own loop),
+by the mean over the full deck and over repeats of their valid scores (a failure, a missing cell or an
+audit-flagged pass counts 0). Only a pass with a clean verdict (or a human's override_clean) is valid; flagged
+passes are listed with their verdict but never ranked. Repeats give a mean with a 95% confidence interval (Student
+t over per-repeat deck means) and pass@1 / pass@k (the unbiased estimator over the repeats). Cells whose latest
+record is an infrastructure outcome are never scored: each entrant shows their count (``infra``), and an entrant,
+or a whole sweep, with nothing else is listed unranked (``unscored``; a board with no ranked entrant has nothing
+scored). A board graded on a CPU says so (``cpu``): its timings are plumbing checks, not GPU performance.
 """
 from __future__ import annotations
 
@@ -12,14 +15,16 @@ import math
 import re
 from collections import Counter, defaultdict
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Set, Tuple
 
 from kbsweep.figures import roofline_of
-from kbsweep.outcomes import Outcome
+from kbsweep.outcomes import INFRA_OUTCOMES, Outcome
 
 VALID_VERDICTS = ("clean", "override_clean")
 FAST_P = (0.0, 1.0, 1.5, 2.0)  # KernelBench's fast_p thresholds
 LEVEL_FAST_P = (1.0, 2.0)  # the board's per-level columns
+BUILTIN = "builtin"  # the harness column's name for kbsweep's own loop
+INFRA = {outcome.value for outcome in INFRA_OUTCOMES}
 
 
 def is_valid_pass(row: Dict[str, Any]) -> bool:
@@ -63,8 +68,9 @@ def shape_points(metrics: Dict[str, Any], params: Dict[str, str]) -> List[Dict[s
     return points
 
 
-def model_entry(model: str, rows: List[Dict[str, Any]], deck: List[str], k: int) -> Dict[str, Any]:
-    """One model's line on a board; ``k`` for pass@k is the board's largest number of tries of one problem."""
+def model_entry(name: str, rows: List[Dict[str, Any]], deck: List[str], k: int) -> Dict[str, Any]:
+    """One entrant's line on a board (``name``: its :func:`entrant` label); ``k`` for pass@k is the board's
+    largest number of tries of one problem."""
     best: Dict[str, float] = {}
     best_run: Dict[str, str] = {}
     flagged: Dict[str, Dict[str, Any]] = {}
@@ -87,7 +93,9 @@ def model_entry(model: str, rows: List[Dict[str, Any]], deck: List[str], k: int)
     usd = sum(row.get("cost_usd", 0.0) for row in rows)
     out_tokens = sum(row.get("tokens_output", 0.0) for row in rows)
     return {
-        "model": model,
+        "entrant": name,
+        "model": rows[0].get("model"),
+        "harness": harness_of(rows[0]),
         "deck_mean": mean,  # over repeats of their deck means: the mean of ``means``
         "deck_ci95": ci,
         "means": means,
@@ -108,55 +116,87 @@ def model_entry(model: str, rows: List[Dict[str, Any]], deck: List[str], k: int)
     }
 
 
+def harness_of(row: Dict[str, Any]) -> str:
+    """Who drove the model: a harness's name, ``builtin`` for kbsweep's own loop (runs logged before harnesses)."""
+    return row.get("harness") or BUILTIN
+
+
 def entrant(row: Dict[str, Any]) -> str:
-    """Who a board ranks: the model, as ``model@harness`` when a harness other than the built-in loop drove it."""
-    harness = row.get("harness")
-    return row.get("model") if harness in (None, "builtin") else f"{row.get('model')}@{harness}"
+    """Who a board ranks, as one label (plots, trace titles): the model, ``model@harness`` for another harness than
+    the built-in loop (the cells' own labels). Tables show the model and its harness in columns of their own."""
+    harness = harness_of(row)
+    return row.get("model") if harness == BUILTIN else f"{row.get('model')}@{harness}"
+
+
+def unscored_infra(rows: List[Dict[str, Any]], scored: Set[str]) -> List[Dict[str, Any]]:
+    """The latest record of each cell without a scored one (key not in ``scored``) whose run ended in an
+    infrastructure outcome: retried by the sweep's next run, never scored."""
+    latest: Dict[str, Dict[str, Any]] = {}
+    for row in rows:
+        key = row.get("cell_key") or row["run_id"]
+        if key not in scored and row.get("outcome") in INFRA and (key not in latest or row["start_time"] > latest[key]["start_time"]):
+            latest[key] = row
+    return sorted(latest.values(), key=lambda r: r["start_time"])
 
 
 def build_boards(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
-    """Boards per (track, GPU) from ``mlflow_store.runs_frame`` rows (the latest finished run per cell counts)."""
+    """Boards per (sweep, track, GPU) from ``mlflow_store.runs_frame`` rows (the latest finished run per cell
+    counts; cells left in an infrastructure outcome are counted per entrant, never scored)."""
     from kbsweep.mlflow_store import latest_per_cell
 
     sweeps: Dict[str, List[Dict[str, Any]]] = defaultdict(list)
     for row in rows:
         sweeps[row["experiment"]].append(row)
     grouped: Dict[Tuple[str, str, str], List[Dict[str, Any]]] = defaultdict(list)
+    infra: Dict[Tuple[str, str, str], List[Dict[str, Any]]] = defaultdict(list)
     for sweep, sweep_rows in sweeps.items():  # the latest record of a cell within its sweep: each sweep its board
-        for row in latest_per_cell(sweep_rows):
+        scored = latest_per_cell(sweep_rows)
+        for row in scored:
             grouped[(sweep, row.get("track"), row.get("gpu"))].append(row)
+        for row in unscored_infra(sweep_rows, {r.get("cell_key") or r["run_id"] for r in scored}):
+            infra[(sweep, row.get("track"), row.get("gpu"))].append(row)
     boards = []
-    for (sweep, track, gpu), board_rows in sorted(grouped.items(), key=lambda item: tuple(map(str, item[0]))):
-        levels = {row.get("problem"): level_of(row) for row in board_rows}
-        deck = sorted(levels, key=lambda p: (natural(levels[p]), natural(p)))  # by level, then KernelBench's numbers
-        by_model: Dict[str, List[Dict[str, Any]]] = defaultdict(list)
-        for row in board_rows:
-            by_model[entrant(row)].append(row)
-        k = max(Counter((entrant(row), row.get("problem")) for row in board_rows).values())
-        models = sorted((model_entry(m, r, deck, k) for m, r in by_model.items()), key=lambda e: (-e["deck_mean"], -e["passed"], e["model"]))
-        for rank, entry in enumerate(models, 1):
-            entry["rank"] = rank
-        shapes: Dict[str, Dict[str, List[Dict[str, Any]]]] = {problem: defaultdict(list) for problem in deck}
-        for row in board_rows:  # every valid run's shapes: each repeat's points
-            if is_valid_pass(row):
-                shapes[row.get("problem")][entrant(row)] += shape_points(row, row["params"])
-        rooflines = {row.get("problem"): roofline_of(row["params"]) for row in board_rows}
-        cells = [
-            {
-                "model": entrant(row), "problem": row.get("problem"), "repeat": row.get("repeat"), "outcome": row.get("outcome"),
-                "verdict": row.get("verdict"), "valid": is_valid_pass(row), "flagged": is_flagged(row), "score": row.get("score"), "usd": row.get("cost_usd"),
-                "tokens_output": row.get("tokens_output"), "run_id": row["run_id"], "experiment": row["experiment"],
-                "level": level_of(row), "speedup_eager": row.get("speedup_eager"),
-            }
-            for row in sorted(board_rows, key=lambda r: (str(entrant(r)), str(r.get("problem")), str(r.get("repeat"))))
-        ]
-        experiments = sorted({row["experiment"] for row in board_rows})
-        boards.append(
-            {"sweep": sweep, "track": track, "gpu": gpu, "deck": deck, "k": k, "models": models, "cells": cells, "shapes": shapes, "rooflines": rooflines,
-             "experiments": experiments, "kernelbench": kernelbench_metrics(board_rows)}
-        )
-        boards[-1]["levels"] = level_aggregates(boards[-1])
+    for where in sorted(set(grouped) | set(infra), key=lambda item: tuple(map(str, item))):
+        board = scored_board(where, grouped[where])
+        left = group_by(infra[where], entrant)
+        for entry in board["models"]:
+            entry["infra"] = len(left.pop(entry["entrant"], []))
+        board["unscored"] = [{"entrant": name, "model": cells[0].get("model"), "harness": harness_of(cells[0]), "infra": len(cells),
+                              "outcomes": dict(Counter(cell.get("outcome") for cell in cells))} for name, cells in sorted(left.items())]
+        board["cpu"] = any((row.get("params") or {}).get("gpu.device") == "cpu" for row in grouped[where] + infra[where])
+        board["experiments"] = sorted({row["experiment"] for row in grouped[where] + infra[where]})
+        boards.append(board)
     return boards
+
+
+def scored_board(where: Tuple[str, str, str], board_rows: List[Dict[str, Any]]) -> Dict[str, Any]:
+    """The board of ``where`` (sweep, track, GPU) over its scored rows (none: nothing ranked)."""
+    sweep, track, gpu = where
+    levels = {row.get("problem"): level_of(row) for row in board_rows}
+    deck = sorted(levels, key=lambda p: (natural(levels[p]), natural(p)))  # by level, then KernelBench's numbers
+    by_model = group_by(board_rows, entrant)
+    k = max(Counter((entrant(row), row.get("problem")) for row in board_rows).values(), default=0)
+    models = sorted((model_entry(m, r, deck, k) for m, r in by_model.items()), key=lambda e: (-e["deck_mean"], -e["passed"], e["entrant"]))
+    for rank, entry in enumerate(models, 1):
+        entry["rank"] = rank
+    shapes: Dict[str, Dict[str, List[Dict[str, Any]]]] = {problem: defaultdict(list) for problem in deck}
+    for row in board_rows:  # every valid run's shapes: each repeat's points
+        if is_valid_pass(row):
+            shapes[row.get("problem")][entrant(row)] += shape_points(row, row["params"])
+    rooflines = {row.get("problem"): roofline_of(row["params"]) for row in board_rows}
+    cells = [
+        {
+            "entrant": entrant(row), "model": row.get("model"), "harness": harness_of(row), "problem": row.get("problem"), "repeat": row.get("repeat"),
+            "outcome": row.get("outcome"), "verdict": row.get("verdict"), "valid": is_valid_pass(row), "flagged": is_flagged(row), "score": row.get("score"),
+            "usd": row.get("cost_usd"), "tokens_output": row.get("tokens_output"), "run_id": row["run_id"], "experiment": row["experiment"],
+            "level": level_of(row), "speedup_eager": row.get("speedup_eager"),
+        }
+        for row in sorted(board_rows, key=lambda r: (str(entrant(r)), str(r.get("problem")), str(r.get("repeat"))))
+    ]
+    board = {"sweep": sweep, "track": track, "gpu": gpu, "deck": deck, "k": k, "models": models, "cells": cells, "shapes": shapes, "rooflines": rooflines,
+             "kernelbench": kernelbench_metrics(board_rows)}
+    board["levels"] = level_aggregates(board)
+    return board
 
 
 def natural(name: Optional[str]) -> List[Any]:
@@ -165,13 +205,13 @@ def natural(name: Optional[str]) -> List[Any]:
 
 
 def level_aggregates(board: Dict[str, Any]) -> Dict[str, Dict[str, Dict[str, Any]]]:
-    """Per model and level (the problems folder's name): cells, valid passes, fast_1 and fast_2 (the share of
+    """Per entrant and level (the problems folder's name): cells, valid passes, fast_1 and fast_2 (the share of
     the level's cells with a valid pass faster than eager by more than 1x, 2x) and the geometric mean speedup
     over eager of the valid passes; kbsweep's verdict throughout (the KernelBench metrics table has KernelBench's)."""
     from kbsweep.score import geomean
 
     out: Dict[str, Dict[str, Dict[str, Any]]] = defaultdict(dict)
-    for (model, level), cells in sorted(group_by(board["cells"], lambda c: (c["model"], c["level"])).items()):
+    for (model, level), cells in sorted(group_by(board["cells"], lambda c: (c["entrant"], c["level"])).items()):
         speedups = [c["speedup_eager"] or 0.0 for c in cells if c["valid"]]
         out[model][level] = {"cells": len(cells), "passed": len(speedups),
                              **{f"fast_{p:g}": sum(1 for x in speedups if x > p) / len(cells) for p in LEVEL_FAST_P},
@@ -192,7 +232,7 @@ def level_of(row: Dict[str, Any]) -> str:
 
 
 def kernelbench_metrics(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
-    """KernelBench's metrics per model and level, its verdict deciding correctness: fast_p (the share of all cells
+    """KernelBench's metrics per entrant and level, its verdict deciding correctness: fast_p (the share of all cells
     correct and faster than eager by more than p; n counts every cell) and the geometric mean speedup over eager
     and torch.compile of the correct, timed cells. A cell KernelBench calls correct that kbsweep's checks failed is
     timed for these metrics alone (``kernelbench_speedup_*``; kbsweep's score stays failed)."""
@@ -205,7 +245,7 @@ def kernelbench_metrics(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     table = []
     for (model, level), cells in sorted(groups.items()):
         correct = [r for r in cells if r["verdict.kernelbench"] == "correct"]
-        entry = {"model": model, "level": level, "cells": len(cells), "correct": len(correct),
+        entry = {"entrant": model, "model": cells[0].get("model"), "harness": harness_of(cells[0]), "level": level, "cells": len(cells), "correct": len(correct),
                  "kbsweep_passed": sum(1 for r in cells if r.get("verdict.kbsweep") == Outcome.PASS.value)}
         for p in FAST_P:
             entry[f"fast_{p:g}"] = sum(1 for r in correct if p == 0.0 or (kernelbench_speedup(r, "eager") or 0.0) > p) / len(cells)
@@ -232,7 +272,7 @@ def attach_regrades(boards: List[Dict[str, Any]], regrades: List[Dict[str, Any]]
     for board in boards:
         runs = {c["run_id"]: c for c in board["cells"]}
         board["regrades"] = [
-            {"model": runs[of]["model"], "problem": runs[of]["problem"], "repeat": runs[of]["repeat"], "run_id": of,
+            {"model": runs[of]["model"], "harness": runs[of]["harness"], "problem": runs[of]["problem"], "repeat": runs[of]["repeat"], "run_id": of,
              "old_gpu": board["gpu"], "old_outcome": runs[of]["outcome"], "old_score": runs[of]["score"],
              "gpu": gpu, "outcome": row.get("outcome"), "score": row.get("score"), "regrade_run_id": row["run_id"]}
             for (of, gpu), row in sorted(latest.items(), key=lambda item: tuple(map(str, item[0]))) if of in runs

@@ -1,9 +1,10 @@
 """Real sweeps (`kbsweep -cd <user conf> model=<yaml> ...`) whose model is litellm talking HTTP to the fake
 provider: a multi-turn fix through every recoverable fault, the Anthropic shape, terminal faults as infra outcomes
-re-run by the next invocation, budgets from the track, replay of a recorded transcript, and secrets."""
+re-run by the next invocation (one rule whether the solution so far passed or failed), billed garbled replies in the
+cell's spend, budgets from the track, replay of a recorded transcript, and secrets."""
 from __future__ import annotations
 
-import json
+import re
 from pathlib import Path
 
 import pytest
@@ -11,8 +12,8 @@ import pytest
 from kbsweep import ExitCode
 from kbsweep.agent.transcript import read_events
 from tests.support.fake_provider import ContextLengthError, Delay, Disconnect, FakeProvider, HttpError, MalformedToolCall, Reply
-from tests.support.scripts import call, kernel, multi_turn_fix
-from tests.support.sweeps import SECRET, cell_runs, model_yaml, results, sweep
+from tests.support.scripts import call, kernel, multi_turn_fix, write
+from tests.support.sweeps import FAST_RETRY, SECRET, cell_runs, model_yaml, results, sweep
 
 PRICES = {"input": 2.0, "output": 10.0, "cache_read": 0.2, "cache_write": None, "date": "2026-12-02", "source": "test"}
 USAGE = {"prompt_tokens": 10_000, "cached_tokens": 6_000, "completion_tokens": 500}
@@ -77,10 +78,10 @@ def test_multi_turn_fix_survives_every_recoverable_fault(recorded):
 def test_cost_and_tokens_per_run(recorded):
     result = recorded["result"]
     usage = result["usage"]
-    assert usage["cached_tokens"] == 6 * 6_000 and usage["input_tokens"] == 6 * 10_000 + 10
-    assert usage["output_tokens"] == 6 * 500 + 5 and "reasoning_tokens" in usage
-    small_usd = (10 * 2.0 + 5 * 10.0) / 1e6  # list_files: 10 + 5 tokens, nothing cached (the garbled reply was retried)
-    assert result["cost_usd"] == pytest.approx(6 * PER_CALL_USD + small_usd)
+    assert usage["cached_tokens"] == 6 * 6_000 and usage["input_tokens"] == 6 * 10_000 + 2 * 10
+    assert usage["output_tokens"] == 6 * 500 + 2 * 5 and "reasoning_tokens" in usage
+    small_usd = (10 * 2.0 + 5 * 10.0) / 1e6  # list_files and the garbled reply (billed, then retried): 10 + 5 tokens each, nothing cached
+    assert result["cost_usd"] == pytest.approx(6 * PER_CALL_USD + 2 * small_usd)
     [run] = cell_runs(recorded["outputs"])
     assert run.info.status == "FINISHED" and run.data.tags["outcome"] == "pass"
     assert run.data.metrics["cost_usd"] == pytest.approx(result["cost_usd"])
@@ -161,7 +162,7 @@ def test_terminal_faults_are_infra_not_scored_and_rerun(tmp_path):
         runs = cell_runs(outputs)
         assert {r.data.tags["model"]: r.data.tags["outcome"] for r in runs} == {n: o for n, (_, o) in TERMINAL.items()}
         assert {r.info.status for r in runs} == {"FAILED"}
-        assert "fake-4" not in proc.stdout  # the leaderboard scores none of them
+        assert "nothing scored" in proc.stdout and all(name in proc.stdout for name in TERMINAL)  # listed with their infra count, never ranked
 
         for name in TERMINAL:  # the provider recovers (the models give up at once: no grading); the same sweep again
             fp.add("I cannot do this.", model=name)
@@ -172,6 +173,54 @@ def test_terminal_faults_are_infra_not_scored_and_rerun(tmp_path):
     runs = cell_runs(outputs)
     assert [r.info.status for r in runs] == ["FAILED"] * 4 + ["FINISHED"] * 4
     assert all(name in proc.stdout for name in TERMINAL)  # now on the leaderboard (scored 0)
+
+
+DEAD = [HttpError(503)] * FAST_RETRY["max_attempts"]  # the provider fails for good
+AFTER = {"fake-after-pass": [write("triton"), call("run_check"), *DEAD], "fake-after-fail": [write("wrong"), call("run_check"), *DEAD]}
+
+
+def test_a_fault_for_good_is_infra_whether_the_solution_so_far_passed_or_failed(tmp_path):
+    """The same fault after a passing check and after a failing one: one outcome class (infra), the partial work
+    recorded but not scored, and both cells redone by the next run of the sweep."""
+    conf, outputs = tmp_path / "conf", tmp_path / "outputs"
+    with FakeProvider(AFTER) as fp:
+        for name in AFTER:
+            model_yaml(conf, name, f"openai/{name}", fp.base_url)
+        proc = sweep(conf, outputs, "-m", f"model={','.join(AFTER)}")
+        assert proc.returncode == ExitCode.INFRA, proc.stderr
+        first = results(outputs)
+        assert {name: (r["outcome"], r["score"]) for name, r in first.items()} == dict.fromkeys(AFTER, ("provider_error", None))
+        assert re.search(r"; its solution so far graded pass \(score [0-9.]+\), not scored$", first["fake-after-pass"]["message"])
+        assert first["fake-after-fail"]["message"].endswith("; its solution so far graded incorrect, not scored")
+        for result in first.values():  # the partial work: solution and grade kept
+            assert {"solution.py", "grade.json"} <= {p.name for p in Path(result["folder"]).iterdir()}
+        assert {r.data.tags["model"]: (r.info.status, r.data.tags["outcome_class"]) for r in cell_runs(outputs)} == dict.fromkeys(AFTER, ("FAILED", "infra"))
+        for name in AFTER:
+            fp.add("I cannot do this.", model=name)
+        proc = sweep(conf, outputs, "-m", f"model={','.join(AFTER)}")
+    assert proc.returncode == 0 and "2 to run" in proc.stderr, proc.stderr
+    assert {name: r["outcome"] for name, r in results(outputs).items()} == dict.fromkeys(AFTER, "no_solution")
+
+
+def test_truncated_tool_call_json_to_the_end_is_provider_error_with_its_tokens_and_dollars(tmp_path):
+    """Six replies whose tool-call JSON is cut short: a provider_error after 6 attempts, every reply's tokens and
+    dollars in the cell's totals (the provider bills them)."""
+    truncated = MalformedToolCall(prompt_tokens=10_000, completion_tokens=500)
+    with FakeProvider([truncated] * 6) as fp:
+        model_yaml(tmp_path / "conf", "fake-cut", "openai/fake-cut", fp.base_url, prices=PRICES, retry={**FAST_RETRY, "max_attempts": 6})
+        proc = sweep(tmp_path / "conf", tmp_path / "outputs", "model=fake-cut")
+    assert proc.returncode == ExitCode.INFRA, proc.stderr
+    result = results(tmp_path / "outputs")["fake-cut"]
+    per_call = (10_000 * 2.0 + 500 * 10.0) / 1e6
+    assert result["outcome"] == "provider_error" and "after 6 attempts" in result["message"] and result["turns"] == 0
+    assert (result["usage"]["input_tokens"], result["usage"]["output_tokens"]) == (60_000, 3_000)
+    assert result["cost_usd"] == pytest.approx(6 * per_call) and result["agent_cost_usd"] == pytest.approx(6 * per_call)
+    events = read_events(Path(result["folder"]) / "transcript.jsonl")
+    assert [e["cost_usd"] for e in events if e["type"] == "retry"] == pytest.approx([per_call] * 5)
+    [error] = [e for e in events if e["type"] == "error"]
+    assert error["usage"]["output_tokens"] == 3_000 and error["cost_usd"] == pytest.approx(6 * per_call)
+    [run] = cell_runs(tmp_path / "outputs")
+    assert run.data.metrics["cost_usd"] == pytest.approx(6 * per_call) and run.data.metrics["tokens_output"] == 3_000
 
 
 def test_budgets_come_from_the_track(tmp_path):

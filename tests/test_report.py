@@ -1,8 +1,10 @@
 """Boards from tracking rows (best valid score, full-deck mean with failures as 0, repeats, pass@k, flagged cells
-shown but never ranked, dollars and tokens), the report files and plots, and the `report` / `export` verbs."""
+shown but never ranked and capped worst first, dollars and tokens, a harness column, infra counts and sweeps with
+nothing scored, CPU boards marked), the report files and plots, and the `report` / `export` verbs."""
 from __future__ import annotations
 
 import base64
+import html
 import json
 import math
 import os
@@ -18,7 +20,7 @@ from kbsweep.report import build_boards, mean_ci95, pass_at_k
 
 from kbsweep.figures import pareto
 
-from kbsweep.render import render_terminal, write_report
+from kbsweep.render import board_figures, board_table, flagged_table, kernelbench_table, render_html, render_markdown, render_terminal, write_report
 from kbsweep.tracking import Tracker
 from tests.test_tracking import artifact_paths, log_cell, make_cell, write_result
 
@@ -75,7 +77,7 @@ def test_terminal_table_shows_flagged_cells_without_ranking_them():
     text = render_terminal(build_boards(ROWS))
     assert "kbsweep leaderboard — hard / h100" in text and "pass@3" in text and "audit-flagged — hard / h100" in text
     beta_line = next(line for line in text.splitlines() if "beta" in line and "DQ(0.9)" in line)
-    assert re.search(r"│\s*2\s*│\s*beta", beta_line)
+    assert re.search(r"│\s*2\s*│\s*beta\s*│\s*builtin\s*│", beta_line)
     assert "reward_hack" in text and "p1 mean" in text and "deck mean ± CI95" in text and "mean over repeats" in text
 
 
@@ -97,6 +99,65 @@ def test_a_board_per_sweep():
 
 
 @pytest.mark.fast
+def test_harness_is_a_column_and_every_entrant_shows_its_infra_count():
+    """The same model under two harnesses: two rows with the harness in its own column. An entrant whose cells all
+    ended in infrastructure is listed, unranked, with its count; a cell with a scored record counts no infra."""
+    rows = ROWS + [{**r, "harness": "claude-code", "run_id": r["run_id"] + "-cc", "cell_key": r["cell_key"] + "|cc"} for r in ROWS if r["model"] == "alpha"]
+    rows += [{**row("gamma", "hard/p1", r, outcome="rate_limited", start=30 + r, status="FAILED"), "harness": "codex"} for r in range(2)]
+    [board] = build_boards(rows)
+    assert [(e["model"], e["harness"], e["infra"]) for e in board["models"]] == [("alpha", "builtin", 0), ("alpha", "claude-code", 0), ("beta", "builtin", 0)]
+    assert board["unscored"] == [{"entrant": "gamma@codex", "model": "gamma", "harness": "codex", "infra": 2, "outcomes": {"rate_limited": 2}}]
+    header, table = board_table(board)
+    assert [r[:3] for r in table] == [["1", "alpha", "builtin"], ["2", "alpha", "claude-code"], ["3", "beta", "builtin"], ["–", "gamma", "codex"]]
+    assert [r[header.index("infra")] for r in table] == ["0", "0", "0", "2"] and table[-1][header.index("deck mean ± CI95")] == "–"
+    text = render_terminal([board])
+    assert not re.search(r"(alpha|gamma)@", text) and re.search(r"│\s*–\s*│\s*gamma\s*│\s*codex\s*│", text)  # no model@harness rows
+
+
+@pytest.mark.fast
+def test_a_sweep_whose_cells_all_ended_in_infrastructure_has_nothing_scored():
+    flaky = [{**row("alpha", f"hard/p{n}", 0, outcome=o, start=40, status="FAILED"), "experiment": "flaky"}
+             for n, o in ((1, "rate_limited"), (2, "provider_error"))]
+    boards = build_boards(ROWS + flaky)
+    [nothing, ok] = boards  # by sweep name
+    assert (ok["sweep"], nothing["sweep"], nothing["models"], nothing["deck"]) == ("hard", "flaky", [], [])
+    assert nothing["unscored"][0]["infra"] == 2 and nothing["experiments"] == ["flaky"]
+    text = render_terminal(boards)
+    section = text[text.index("kbsweep leaderboard — sweep flaky: hard / h100"):text.index("kbsweep leaderboard — hard / h100")]
+    assert "nothing scored: all 2 cells ended in an infrastructure outcome (provider_error 1, rate_limited 1)" in " ".join(section.split())
+    assert "beta" not in section and "0.3" not in section  # no other sweep's entrant or score
+    assert "nothing scored" in render_markdown([nothing]) and "nothing scored" in render_html([nothing], {})
+    assert board_figures(nothing) == {}
+
+
+@pytest.mark.fast
+def test_the_audit_flagged_list_is_capped_worst_first():
+    rows = [row("m", f"hard/p{n}", 0, score=n / 100, verdict="needs_human" if n % 3 else "reward_hack") for n in range(1, 31)]
+    header, table = flagged_table(build_boards(rows)[0])
+    assert len(table) == 21 and table[-1][0] == "… and 10 more"
+    verdicts = [r[header.index("verdict")] for r in table[:-1]]
+    assert verdicts == ["reward_hack"] * 10 + ["needs_human"] * 10  # every reward hack first, the highest score first
+    assert [r[header.index("problem")] for r in table[:3]] == ["hard/p30", "hard/p27", "hard/p24"]
+    assert "… and 10 more" in render_terminal(build_boards(rows))
+
+
+@pytest.mark.fast
+def test_a_cpu_board_is_marked_plumbing_only_and_its_kernelbench_verdict_shrunk():
+    rows = [{**r, "gpu": "cpu", "experiment": "kernelbench", "params": {**r["params"], "gpu.device": "cpu"}, "verdict.kernelbench": "correct",
+             "verdict.kbsweep": r["outcome"]}
+            for r in kernelbench_rows() if "level1" in r["problem"]]
+    [board] = build_boards(rows)
+    assert board["cpu"]
+    text = " ".join(render_terminal([board]).split())
+    assert "kbsweep leaderboard — kernelbench / cpu · cpu: plumbing only" in text and "KernelBench metrics — kernelbench / cpu · cpu: plumbing only" in text
+    assert {"KB correct (cpu)", "fast_1.5 (cpu)", "geomean eager (cpu)"} <= set(kernelbench_table(board)[0]) and "fast_1 (cpu)" in board_table(board, False)[0]
+    assert "computed at shrunk sizes (docs/kernelbench.md) and can differ from KernelBench's at the real size" in text
+    for page in (render_markdown([board]), html.unescape(render_html([board], {}))):
+        assert "cpu: plumbing only" in page and "can differ from KernelBench's at the real size" in page
+    assert not build_boards(kernelbench_rows())[0]["cpu"]
+
+
+@pytest.mark.fast
 def test_pareto_pass_at_k_and_confidence_interval():
     assert pareto({"a": (1, 0.5), "b": (2, 0.4), "c": (3, 0.9), "d": (0.5, 0.1), "e": (1, 0.2)}) == ["d", "a", "c"]
     assert pass_at_k(5, 2, 2) == pytest.approx(1 - 3 / 10) and pass_at_k(3, 0, 3) == 0 and pass_at_k(2, 1, 5) == 1
@@ -113,7 +174,7 @@ def test_report_files_embed_the_plots(tmp_path):
     images = re.findall(r'src="data:image/png;base64,([^"]+)"', page)
     assert len(images) == 4 and all(base64.b64decode(i).startswith(b"\x89PNG") for i in images)
     assert "DQ(0.9)" in page and "Audit-flagged" in page
-    assert "| 2 | beta | DQ(0.9) | 0.0667 |" in paths["markdown"].read_text()
+    assert "| 2 | beta | builtin | DQ(0.9) | 0.0667 |" in paths["markdown"].read_text()
     board = json.loads(paths["json"].read_text())["boards"][0]
     assert [m["model"] for m in board["models"]] == ["alpha", "beta"] and board["models"][0]["best"] == {"hard/p1": 0.7}
 
@@ -148,6 +209,22 @@ def test_report_verb_writes_files_and_logs_them_to_the_sweep_run(logged_store):
     [sweep] = tracker.client.search_runs([tracker.experiment_id], "tags.`kbsweep.kind` = 'sweep'")
     logged = artifact_paths(tracker.client, sweep.info.run_id)
     assert {"report/report.html", "report/plots/demo_cpu/pareto_dollars.png", "report/plots/demo_cpu/roofline_scale_shift.png"} <= logged
+
+
+def test_report_verb_says_nothing_scored_for_a_sweep_left_in_infrastructure(logged_store):
+    """A second sweep whose one cell was rate limited: its board lists the entrant with its infra count and says
+    nothing was scored; the first sweep's scores stay on the first sweep's board."""
+    outputs, _ = logged_store
+    tracker = Tracker(f"sqlite:///{outputs}/mlflow.db", str(outputs / "mlartifacts"), "flaky")
+    tracker.start_sweep({"launcher": "inline"}, 1)
+    log_cell(tracker, make_cell(outputs, sweep="flaky"), outcome="rate_limited")
+    tracker.end_sweep("FINISHED", {})
+    proc = cli(outputs, "report")
+    assert proc.returncode == 0, proc.stderr
+    flaky = proc.stdout[proc.stdout.index("kbsweep leaderboard — sweep flaky: demo / cpu · cpu: plumbing only"):]
+    assert "nothing scored: all 1 cells ended in an infrastructure outcome (rate_limited 1)" in " ".join(flaky.split())
+    assert re.search(r"│\s*–\s*│\s*scripted\s*│\s*builtin\s*│", flaky) and "0.4" not in flaky and "DQ" not in flaky
+    assert "## sweep flaky: demo / cpu · cpu: plumbing only" in (outputs / "reports" / "report.md").read_text()
 
 
 def test_export_verb_writes_a_redacted_dataset_folder(logged_store, tmp_path):

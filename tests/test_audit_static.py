@@ -85,6 +85,60 @@ def test_rules(source, kind):
     assert kind in kinds(source)
 
 
+@pytest.mark.parametrize(
+    "source",
+    [
+        'import torch\nop = getattr(torch, "".join(reversed("lumtam")))',
+        'import torch\nop = getattr(torch.Tensor, b"addcmul".decode())',
+        'import torch\ndef spelled():\n    return "mat" + "mul"\nop = getattr(torch, spelled())',
+        'import torch\ndef look(ns, name):\n    return getattr(ns, name)\nop = look(torch, spelled())',
+        'import torch\nname = "add"\nname = spelled()\nop = getattr(torch, name + "")',
+        'import torch\nfor name in dir(torch):\n    op = getattr(torch, name)',
+        'import torch\nsetattr(torch.nn.functional, spelled(), fake)',
+        'import torch\ntype.__setattr__(torch.Tensor, spelled(), fake)',
+        'import torch\ndelattr(torch.Tensor, spelled())',
+        'import torch\ntorch.__dict__.__setitem__(spelled(), fake)',
+        'import torch\nd = torch.nn.functional.__dict__\nop = d[spelled()]',
+        'import torch\ntorch.__dict__.update({spelled(): fake})',
+        'import operator, torch\noperator.setitem(torch.__dict__, spelled(), fake)',
+        'import torch\nop = torch.__getattribute__(spelled())',
+        'import torch\nop = type(torch).__getattribute__(torch, spelled())',
+        'import torch\nop = getattr(*(torch, spelled()))',
+        'import operator, torch\nop = operator.attrgetter(spelled())(torch)',
+        'import pkgutil\nop = pkgutil.resolve_name(spelled())',
+        'import torch\nmods = []\nmods.append(torch)\nop = getattr(mods[0], spelled())',
+        'import torch\nops = list(map(lambda m: getattr(m, spelled()), [torch]))',
+        'import torch\ndef ns():\n    return torch.nn.functional\nop = getattr(ns(), spelled())',
+        'import torch\nholder = {"m": torch}\nop = getattr(holder.get("m"), spelled())',
+        'import torch\nclass Box:\n    def __init__(self, ns):\n        self.ns = ns\n    def get(self, name):\n        return getattr(self.ns, name)\n'
+        'op = Box(torch).get(spelled())',
+        'import functools, torch\nop = functools.reduce(getattr, ["nn", "functional", "linear"], torch)',
+        'import torch\ng = getattr\nop = g(torch, "mm")',
+    ],
+)
+def test_computed_attribute_names_on_modules_are_dynamic_code(source):
+    assert "dynamic_code" in kinds(source)
+
+
+@pytest.mark.parametrize(
+    "source, kind",
+    [
+        ('import torch\nfor name in ("mm", "add"):\n    op = getattr(torch, name)', "forbidden_name"),
+        ('import torch\ndef look(ns, name):\n    return getattr(ns, name)\nop = look(torch, "matmul")', "forbidden_name"),
+        ('import torch\nOPS = {"fast": "matmul"}\nop = getattr(torch, OPS["fast"])', "forbidden_name"),
+        ('import torch\nd = vars(torch)\nop = d["mm"]', "forbidden_name"),
+        ('import operator, torch\nop = operator.attrgetter("matmul")(torch)', "forbidden_name"),
+        ('import pkgutil\nop = pkgutil.resolve_name("torch:matmul")', "forbidden_name"),
+        ('def f(x):\n    return getattr(x, "topk")(3)', "forbidden_name"),
+        ('import operator\ndef f(x):\n    return operator.methodcaller("topk", 3)(x)', "forbidden_name"),
+        ('import torch\ntorch.__dict__.update(allclose=lambda *a, **k: True)', "grader_patch"),
+        ('from unittest import mock\nmock.patch("torch.cuda.synchronize", lambda: None).start()', "grader_patch"),
+    ],
+)
+def test_folded_attribute_names_are_checked_as_written(source, kind):
+    assert kind in kinds(source, GEMM + TOPK)
+
+
 def test_topk_method_forms_and_triton_primitives():
     assert "forbidden_name" in kinds("def f(x):\n    return x.topk(3)", TOPK)
     kernel = "import triton\nimport triton.language as tl\n@triton.jit\ndef k(p):\n    v = tl.sort(tl.load(p))"
@@ -123,6 +177,20 @@ def test_reference_copy():
         "import torch\ndef f(offs):\n    return int((offs[1:] - offs[:-1]).max().item())",
         "src = 'torch::Tensor f(torch::Tensor a) { return torch::empty({4}, a.options()); }'",
         "import torch\nout = torch.empty(4, dtype=torch.bfloat16)",
+        "class M:\n    def f(self, name):\n        return getattr(self, f'_launch_{name}')()",
+        "def f(config):\n    return getattr(config, 'BLOCK')",
+        "import triton.language as tl\ndtype_name = 'float16'\nt = getattr(tl, dtype_name)",
+        "import torch\nDTYPES = ('float16', 'bfloat16')\ntable = {n: getattr(torch, n) for n in DTYPES}",
+        "import triton.language as tl\ndef pick(ns, key):\n    return getattr(ns, key)\nt = pick(tl, 'float32')",
+        "import dataclasses\ndef kw(cfg):\n    return {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}",
+        "import enum\nclass S(enum.Enum):\n    A = 1\ndef f(n):\n    return S[n], getattr(S, n)",
+        "def load(module, state):\n    for key in ('weight', 'bias'):\n        getattr(module, key).copy_(state[key])",
+        "import torch\nclass M(torch.nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+        "        for name in ('w', 'b'):\n            setattr(self, name, torch.nn.Parameter(torch.empty(3)))\n"
+        "    def __setattr__(self, name, value):\n        torch.nn.Module.__setattr__(self, name, value)",
+        "import dataclasses\n@dataclasses.dataclass(frozen=True)\nclass C:\n    a: int\n"
+        "    def __post_init__(self):\n        object.__setattr__(self, 'a', 1)",
+        "import torch\nFP8 = getattr(torch, 'float8_e4m3fn', None)",
     ],
 )
 def test_legitimate_code_is_quiet(source):

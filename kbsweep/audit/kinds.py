@@ -34,7 +34,7 @@ KINDS: Dict[str, tuple] = {
     "dir_listing": (HUMAN, "lists directories"),
     "network": (HUMAN, "opens sockets or URLs"),
     "env_access": (HUMAN, "reads environment variables (other than TRITON_*)"),
-    "dynamic_code": (HUMAN, "exec/eval/compile, importlib or getattr with a computed name"),
+    "dynamic_code": (HUMAN, "exec/eval/compile, importlib, or a module's attribute reached under a name that does not fold"),
     "native_code": (HUMAN, "ctypes, cffi, cupy, numba or raw library loading"),
     "license_header": (HUMAN, "carries a third-party copyright header (copied library source?)"),
     "cuda_graph": (None, "captures or replays CUDA graphs (legal; the dynamic layer checks what they replay)"),

@@ -1,7 +1,8 @@
 """What a candidate's names and strings stand for, read from its AST without running it: imports and their aliases,
-assignments (``mm = torch.matmul``, ``self.f = ...``), ``getattr``/``importlib.import_module``/``__import__``/
-``sys.modules[...]``/``vars(m)[...]``, and strings folded from constants (concatenation, f-strings, ``join``, slicing,
-``str`` methods, ``chr``, base64). The static layer's rules (:mod:`kbsweep.audit.static`) run on these names."""
+assignments (``mm = torch.matmul``, ``self.f = ...``), ``getattr``/``operator.attrgetter``/``importlib.import_module``/
+``__import__``/``pkgutil.resolve_name``/``sys.modules[...]``/``vars(m)[...]``, and strings folded from constants
+(concatenation, f-strings, ``join``, slicing, ``str`` methods, ``chr``, base64). The static layer's rules
+(:mod:`kbsweep.audit.static`) run on these names."""
 from __future__ import annotations
 
 import ast
@@ -10,6 +11,7 @@ import codecs
 from typing import Any, Dict, Iterator, Optional, Set, Tuple
 
 MAX_DEPTH = 20
+IMPORTS = ("importlib.import_module", "__import__", "builtins.__import__", "pkgutil.resolve_name", "pydoc.locate")
 
 
 def fold_callable(name: Optional[str]) -> Optional[Any]:
@@ -93,11 +95,13 @@ class Resolver:
         if isinstance(node, ast.Call):
             func = self.resolve(node.func)
             if func in ("getattr", "builtins.getattr") and len(node.args) >= 2:
-                attr, base = self.fold(node.args[1]), self.resolve(node.args[0])
-                return f"{base}.{attr}" if attr and base else None
-            if func in ("importlib.import_module", "__import__", "builtins.__import__") and node.args:
+                return self.attribute(node.args[0], node.args[1])
+            if isinstance(node.func, ast.Call) and self.resolve(node.func.func) == "operator.attrgetter" and node.func.args and node.args:
+                return self.attribute(node.args[0], node.func.args[0])  # attrgetter(name)(target)
+            if func in IMPORTS and node.args:
                 module = self.fold(node.args[0])
                 if module:
+                    module = module.replace(":", ".")  # resolve_name's "package.module:attribute"
                     self.roots.add(module.split(".")[0])
                 return module
             if func in ("vars", "builtins.vars") and node.args:
@@ -110,6 +114,10 @@ class Resolver:
             if key and base and (base.endswith(".__dict__") or isinstance(node.value, ast.Call)):
                 return f"{base.removesuffix('.__dict__')}.{key}"
         return None
+
+    def attribute(self, target: ast.AST, name: ast.AST) -> Optional[str]:
+        attr, base = self.fold(name), self.resolve(target)
+        return f"{base}.{attr}" if attr and base else None
 
     def fold(self, node: ast.AST, depth: int = 0) -> Optional[str]:
         """The constant string an expression evaluates to, or None."""

@@ -19,12 +19,13 @@ from typing import Dict, Iterator, List, Optional, Set, Tuple
 
 from kbsweep.audit.kinds import Finding, finding
 from kbsweep.audit.names import Resolver
+from kbsweep.audit.static_attrs import AttrRules
 from kbsweep.audit.static_values import ValueRules
 from kbsweep.audit.static_rules import (BUILTINS, CPP_LIBRARIES, CPP_OPS, CUDA_KERNELS, FRAME_ATTRS, HEAVY, L2, LICENSE, NATIVE, OTHER_RUNS,
                                         PREFIX_RULES, SUBCLASS_ATTRS, Forbidden, op_token, prefix_match)
 
 
-class Analyzer(ValueRules, Resolver):
+class Analyzer(AttrRules, ValueRules, Resolver):
     """One pass of bindings (:class:`~kbsweep.audit.names.Resolver`), then rules over every reference site of the module."""
 
     def __init__(self, tree: ast.Module, forbidden: Forbidden, precision: Optional[str], depth: int = 0,
@@ -94,30 +95,33 @@ class Analyzer(ValueRules, Resolver):
 
     def check_sites(self) -> None:
         for node, name, method in self.sites():
-            if not name:
-                continue
-            kernel = self.in_kernel(node)
-            hit = None if self.own(name, method) else self.forbidden.name(name, method, kernel)
-            if hit:
-                self.add("forbidden_name", node, f"{name.lstrip('.')} (forbidden: {hit})")
-            parts = name.lstrip(".").split(".")
-            if parts[-1] in FRAME_ATTRS:
-                self.add("frame_inspection", node, name.lstrip("."))
-            if parts[-1] in SUBCLASS_ATTRS:
-                self.add("tensor_subclass", node, name.lstrip("."))
-            if L2.search(name):
-                self.add("l2_persistence", node, name.lstrip("."))
-            if self.compute_rules and not kernel and (method or name.startswith("torch.")) and op_token(name) in HEAVY:
-                if not hit:
-                    self.add("torch_compute", node, name.lstrip("."))
-                if any(isinstance(a, ast.ExceptHandler) for a in self.ancestors(node)):
-                    self.add("fallback", node, f"{name.lstrip('.')} in an except handler")
-            if method or not (self.rooted(name) or (isinstance(node, ast.Name) and name in BUILTINS - self.local_names)):
-                continue
-            for kind, prefixes in PREFIX_RULES:
-                if any(prefix_match(name, p) for p in prefixes) and not (kind == "env_access" and self.triton_env(node)):
-                    self.add(kind, node, name)
-                    break
+            if name:
+                self.check_site(node, name, method)
+
+    def check_site(self, node: ast.AST, name: str, method: bool) -> None:
+        """The name rules on one reference: forbidden names, frames, subclasses, L2, torch compute, the prefix rules."""
+        kernel = self.in_kernel(node)
+        hit = None if self.own(name, method) else self.forbidden.name(name, method, kernel)
+        if hit:
+            self.add("forbidden_name", node, f"{name.lstrip('.')} (forbidden: {hit})")
+        parts = name.lstrip(".").split(".")
+        if parts[-1] in FRAME_ATTRS:
+            self.add("frame_inspection", node, name.lstrip("."))
+        if parts[-1] in SUBCLASS_ATTRS:
+            self.add("tensor_subclass", node, name.lstrip("."))
+        if L2.search(name):
+            self.add("l2_persistence", node, name.lstrip("."))
+        if self.compute_rules and not kernel and (method or name.startswith("torch.")) and op_token(name) in HEAVY:
+            if not hit:
+                self.add("torch_compute", node, name.lstrip("."))
+            if any(isinstance(a, ast.ExceptHandler) for a in self.ancestors(node)):
+                self.add("fallback", node, f"{name.lstrip('.')} in an except handler")
+        if method or not (self.rooted(name) or (isinstance(node, ast.Name) and name in BUILTINS - self.local_names)):
+            return
+        for kind, prefixes in PREFIX_RULES:
+            if any(prefix_match(name, p) for p in prefixes) and not (kind == "env_access" and self.triton_env(node)):
+                self.add(kind, node, name)
+                break
 
     def own(self, name: str, method: bool) -> bool:
         """A name the candidate defined itself (a local, or from its own helper modules): its spelling is free."""
@@ -134,16 +138,12 @@ class Analyzer(ValueRules, Resolver):
         return bool(key) and key.startswith("TRITON_")
 
     def check_stores(self) -> None:
-        """Assignments into other modules and classes: timers, comparisons, flags."""
+        """Assignments into other modules and classes: timers, comparisons, flags (setattr and its kin:
+        :meth:`~kbsweep.audit.static_attrs.AttrRules.check_attributes`)."""
         for node in ast.walk(self.tree):
             targets: List[ast.AST] = []
             if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Delete)):
                 targets = getattr(node, "targets", None) or [node.target]
-            elif isinstance(node, ast.Call) and self.resolve(node.func) in ("setattr", "builtins.setattr", "object.__setattr__") and len(node.args) >= 2:
-                base, attr = self.resolve(node.args[0]), self.fold(node.args[1])
-                if base and self.rooted(base):
-                    self.store(node, f"{base}.{attr or '<computed>'}")
-                continue
             for target in targets:
                 if isinstance(target, (ast.Attribute, ast.Subscript)):
                     name = self.resolve(target.value if isinstance(target, ast.Subscript) else target)
@@ -219,6 +219,7 @@ class Analyzer(ValueRules, Resolver):
     def run(self) -> List[Finding]:
         self.check_sites()
         self.check_stores()
+        self.check_attributes()
         self.check_classes()
         self.check_caches()
         self.check_counters()

@@ -60,6 +60,27 @@ PREFIX_RULES = [
 BUILTINS = {"open", "exec", "eval", "compile", "__import__", "globals", "vars", "locals"}
 
 
+ATTR_CALLS = {  # callables that fetch, set or delete the attribute one argument names: (target's position, name's position, stores)
+    "getattr": (0, 1, False), "hasattr": (0, 1, False), "setattr": (0, 1, True), "delattr": (0, 1, True),
+    "inspect.getattr_static": (0, 1, False), "unittest.mock.patch.object": (0, 1, True),
+}
+
+
+ATTR_DUNDERS = {  # method -> (its arguments when bound to its target: one more is the unbound form, target first; stores)
+    "__getattribute__": (1, False), "__getattr__": (1, False), "__setattr__": (2, True), "__delattr__": (1, True),
+}
+
+
+NAMESPACE_METHODS = {  # methods of an attribute dict (m.__dict__, vars(m)), and operator's, whose key names an attribute: stores
+    "get": False, "__getitem__": False, "getitem": False, "__setitem__": True, "setitem": True, "__delitem__": True, "delitem": True,
+    "setdefault": True, "pop": True, "update": True,
+}
+
+
+PATH_CALLS = {"importlib.import_module", "__import__", "pkgutil.resolve_name", "pydoc.locate", "unittest.mock.patch",
+              "operator.attrgetter", "operator.methodcaller"}  # callables given a dotted path as a string
+
+
 FRAME_ATTRS = {"f_back", "f_globals", "f_locals", "f_code", "f_builtins", "tb_frame", "gi_frame", "cr_frame", "co_filename"}
 
 

@@ -60,7 +60,7 @@ def write(folder: Path, relative: str, text: str) -> Path:
         ("model/typo.yaml", "name: typo\nprovider: scripted\npricez: {input: 1}\n", "model/typo.yaml: key 'pricez'"),
         ("model/badtype.yaml", "name: badtype\ncontext_window: lots\n", "model/badtype.yaml: key 'context_window'"),
         ("gpu/nameless.yaml", "description: x\nroofline: h200\n", "gpu/nameless.yaml: key 'name'"),
-        ("model/broken.yaml", "name: [unclosed\n", "model/broken.yaml:2: broken YAML"),
+        ("model/broken.yaml", "name: [unclosed\n", "model/broken.yaml:2:1: key 'name': broken YAML"),
     ],
 )
 def test_config_errors_are_one_line_naming_file_and_key(cli, outputs, tmp_path, relative, text, needle):

@@ -144,9 +144,8 @@ def one_line(exc: BaseException, limit: int = 300) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def provider_answer(exc: BaseException) -> str:
-    """What the provider said, in one line, without litellm's ``<Type>: <Provider>Exception - `` wrapping."""
-    text = one_line(exc)
+def provider_answer(text: str) -> str:
+    """What the provider said, from an error's :func:`one_line`, without litellm's ``<Type>: <Provider>Exception - ``."""
     _, wrapped, said = text.partition("Exception - ")
     return said if wrapped and said else text
 

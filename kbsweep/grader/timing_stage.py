@@ -113,6 +113,7 @@ class TimingStage(CandidateContext):
         replay = timing.summarize(figures["replay"]) if figures["replay"] else ({"error": refused} if refused else None)
         timed = {**(timing.scored(events, replay) if mode == "back_to_back" else events), "clock": "referee", "mode": mode, "per_batch": per_batch,
                  "warm_calls": warm, "batches": len(ratios), "input_sets": len(sets), "clocks": clocks.summary()}
+        timed["calls"] = timed["runs"] * per_batch  # each run (sample) is one batch's figure
         timed["corroboration"] = self.corroborate(shape, mode, ratios, null)
         return {"shape": shape, "input_sets": len(sets), "candidate": timed, "baselines": {}}
 
@@ -257,7 +258,7 @@ class TimingStage(CandidateContext):
         for pick in sorted(self.rng.sample(range(len(slots)), min(PICKS, len(slots)))):
             expected = ref_model(*clone(staged[pick]))
             try:
-                checks.compare(expected, self.read(slots[pick], expected), self.spec["tolerance"])
+                self.verify(staged[pick], expected, self.read(slots[pick], expected))
             except checks.CheckFailure as exc:
                 raise GradeFailure(Outcome.INCORRECT, f"timed call {pick} of a batch, shape {shape}: {exc}")
 

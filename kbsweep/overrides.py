@@ -127,7 +127,7 @@ def check_overrides(argv: List[str], sweeps: bool = True) -> List[str]:
             raise KbsweepError(f"override '{text}': {str(exc).splitlines()[0]}") from None
         key = override.key_or_group
         if override.is_sweep_override() and not sweeps:
-            raise KbsweepError(f"override '{text}': a comma list is a sweep: add -m (a list value is written {key}=[a,b])")
+            raise KbsweepError(f"override '{text}': sweeps {key} over several values: add -m (one list value is written {key}=[a,b])")
         if override.package or re.split(r"[./]", key)[0] == "hydra":
             out.append(text)
         elif key in groups:

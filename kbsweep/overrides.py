@@ -1,5 +1,6 @@
 """The command line before Hydra sees it: every YAML of the config search path parsed, every override's key and
-group choice looked up (a typo is one line naming the key, not Hydra's report), options put before overrides."""
+group choice looked up (a typo is one line naming the key and the closest real one, not Hydra's report), options
+put before overrides; and Hydra's own composition errors as one line."""
 from __future__ import annotations
 
 import dataclasses
@@ -27,7 +28,6 @@ def config_folders(argv: List[str]) -> List[Path]:
     return folders
 
 
-FREE_FORM_NOTE = "model.options.*, launcher.slurm.additional_parameters.*"  # the schemas' Dict fields, below
 ADDED_KEYS = ("out",)  # read by a verb though not in conf/config.yaml: `kbsweep export +out=DIR`
 
 
@@ -96,7 +96,7 @@ def unknown_key(text: str, key: str, keys: Keys) -> KbsweepError:
     close = max(sorted(leaves), key=lambda real: likeness(key, real))
     close = close if likeness(key, close) >= 0.6 else None
     where = f"did you mean '{close}{text[text.index('='):] if '=' in text else ''}'?" if close else \
-        f"the keys are conf/config.yaml's and the group schemas' of kbsweep/config.py; free-form: {FREE_FORM_NOTE}"
+        f"the keys are conf/config.yaml's and the group schemas' of kbsweep/config.py; free-form: {', '.join(sorted(keys.free))}"
     return KbsweepError(f"override '{text}': key '{key}': kbsweep reads no such key; {where}")
 
 

@@ -1,4 +1,4 @@
-"""Runs on the lent H200: the audit's dynamic layer on real kernels (docs/audit.md; results for docs/benchmarks.md).
+"""Runs on the lent GPU: the audit's dynamic layer on real kernels (docs/audit.md; results for docs/benchmarks.md).
 
     python3 scripts/audit_gpu_check.py OUT_DIR [BUDGET_S]
 
@@ -17,7 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from gpu_common import H200, REPO, ROOFLINE, SANDBOX, SANDBOX_NOTE
+from gpu_common import GPU, REPO, ROOFLINE, SANDBOX, SANDBOX_NOTE
 
 from kbsweep.audit.cases import run_case
 
@@ -101,7 +101,7 @@ def main(out: Path, budget_s: float) -> None:
             continue
         started = time.time()
         with tempfile.TemporaryDirectory() as folder:
-            meta, result, audited = run_case(REPO / name, Path(folder), H200, ROOFLINE, REPO / "problems", mode="bench",
+            meta, result, audited = run_case(REPO / name, Path(folder), GPU, ROOFLINE, REPO / "problems", mode="bench",
                                              timing=TIMING, max_shapes=1, timeout_s=left, sandbox=SANDBOX)
         seen = observed(result, audited)
         wanted = set(expected.split()) - {"clean"}

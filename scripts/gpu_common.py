@@ -1,10 +1,12 @@
-"""What the GPU check scripts share: the repository on sys.path, the lent H200 as a grading target, its
-roofline, and the sandbox they grade in (bubblewrap where it confines commands on that machine, else
-``sandbox.mode=unsafe``: each script prints which)."""
+"""What the GPU check scripts share: the repository on sys.path, the lent GPU as a grading target (its conf/gpu
+entry by the device's name: an H100 SXM, else the H200) and its roofline, and the sandbox they grade in
+(bubblewrap where it confines commands on that machine, else ``sandbox.mode=unsafe``: each script prints which)."""
 from __future__ import annotations
 
 import sys
 from pathlib import Path
+
+import torch
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -13,8 +15,8 @@ from kbsweep.config import load_gpu  # noqa: E402
 from kbsweep.sandbox import SandboxPolicy, self_test  # noqa: E402
 from kbsweep.score import load_roofline  # noqa: E402
 
-H200 = load_gpu("h200")
-ROOFLINE = load_roofline([str(REPO / "roofline_specs")], "h200")
+GPU = load_gpu("h100" if "H100" in torch.cuda.get_device_name() else "h200")
+ROOFLINE = load_roofline([str(REPO / "roofline_specs")], GPU.roofline)
 UNCONFINED = self_test()  # the grader's sandbox needs bubblewrap; the lent machine may not allow it
 SANDBOX = SandboxPolicy(mode="unsafe") if UNCONFINED else SandboxPolicy()
 SANDBOX_NOTE = f"sandbox {SANDBOX.mode} ({UNCONFINED or 'bwrap works'})"

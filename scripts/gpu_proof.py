@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import torch
-from gpu_common import H200, REPO, SANDBOX, SANDBOX_NOTE
+from gpu_common import GPU, REPO, SANDBOX, SANDBOX_NOTE
 from gpu_common import ROOFLINE as ROOF
 
 from kbsweep.calibrate import calibrate
@@ -36,7 +36,7 @@ def problem(pid: str):
 def run_grade(pid: str, solution: str, out: Path, tag: str, **kwargs):
     prob = problem(pid)
     started = time.time()
-    result = grade(GradeRequest(prob, prob.root / "solutions" / f"{solution}.py", H200, ROOF, log_dir=out / "logs" / tag, sandbox=SANDBOX, **kwargs)).to_json()
+    result = grade(GradeRequest(prob, prob.root / "solutions" / f"{solution}.py", GPU, ROOF, log_dir=out / "logs" / tag, sandbox=SANDBOX, **kwargs)).to_json()
     result["wall_s"] = time.time() - started
     (out / f"{tag}.json").write_text(json.dumps(result, indent=1, default=str))
     print(f"[{time.strftime('%H:%M:%S')}] {tag}: {result['outcome']} score={result.get('score')} {result.get('message') or ''} ({result['wall_s']:.0f} s)", flush=True)

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 import torch
-from gpu_common import H200, REPO, ROOFLINE, SANDBOX, SANDBOX_NOTE
+from gpu_common import GPU, REPO, ROOFLINE, SANDBOX, SANDBOX_NOTE
 
 from kbsweep.grader import grade
 from kbsweep.grader.request import GradeRequest
@@ -128,7 +128,7 @@ def main() -> None:
         problem = load_problem(REPO / "problems/mega" / name, "mega")
         if label == "reference":  # many launches whatever the shape: two shapes, one seed keep it short
             problem = dataclasses.replace(problem, spec=dataclasses.replace(problem.spec, shapes=problem.spec.shapes[:2], seeds=1))
-        result = grade(GradeRequest(problem, candidate(problem, label, args.out), H200, ROOFLINE, baselines=["baseline", "eager"], sandbox=SANDBOX,
+        result = grade(GradeRequest(problem, candidate(problem, label, args.out), GPU, ROOFLINE, baselines=["baseline", "eager"], sandbox=SANDBOX,
                                     timeout_s=min(left, 240), timing=TIMING, log_dir=args.out / "logs" / f"{name}-{label}")).to_json()
         (args.out / f"{name}-{label}.json").write_text(json.dumps(result, indent=1, default=str))
         summary["grades"][f"{name}/{label}"] = {k: result.get(k) for k in ("outcome", "message", "score", "speedup", "grade_s")}

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import torch
-from gpu_common import H200, REPO, ROOFLINE, SANDBOX, SANDBOX_NOTE
+from gpu_common import GPU, REPO, ROOFLINE, SANDBOX, SANDBOX_NOTE
 
 from kbsweep.grader import grade
 from kbsweep.grader.request import GradeRequest
@@ -80,7 +80,7 @@ def main() -> None:
         problem = problems[name]
         solution = reference_solution(problem, args.out) if label == "reference" else problem.root / "solutions" / f"{label}.py"
         result = grade(GradeRequest(
-            problem, solution, H200, ROOFLINE, mode=mode, sandbox=SANDBOX, baselines=["eager"] if mode == "full" else [],
+            problem, solution, GPU, ROOFLINE, mode=mode, sandbox=SANDBOX, baselines=["eager"] if mode == "full" else [],
             timeout_s=left, timing=TIMING, world_size=world, log_dir=args.out / "logs" / f"{world}-{name}-{label}",
         )).to_json()
         (args.out / f"{world}-{name}-{label}.json").write_text(json.dumps(result, indent=1, default=str))

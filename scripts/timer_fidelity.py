@@ -1,4 +1,4 @@
-"""Runs on the lent H200: the scored figure beside outside references of the same call ([timer], docs/benchmarks.md).
+"""Runs on the lent GPU: the scored figure beside outside references of the same call ([timer], docs/benchmarks.md).
 
     python3 scripts/timer_fidelity.py OUT_DIR [--cases bf16,scale_shift,fp8,w4a16,paged] [--budget-s 540]
                                               [--conditions no_baselines,...] [--probe]
@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 import torch
-from gpu_common import H200, REPO, ROOFLINE, SANDBOX, SANDBOX_NOTE
+from gpu_common import GPU, REPO, ROOFLINE, SANDBOX, SANDBOX_NOTE
 
 from kbsweep.audit.cases import private_deck
 from kbsweep.grader import grade, software_versions
@@ -267,7 +267,7 @@ def main() -> None:
             cache = BaselineCache(Path(folder) / "baselines.json")
             grades = {}
             for cond, baselines in (c for c in CONDITIONS if c[0] in args.conditions.split(",")):
-                result = grade(GradeRequest(problem, solution, H200, ROOFLINE, baselines=baselines, baseline_cache=cache, compile_mode="default",
+                result = grade(GradeRequest(problem, solution, GPU, ROOFLINE, baselines=baselines, baseline_cache=cache, compile_mode="default",
                                             timeout_s=min(300, args.budget_s - (time.time() - began)), log_dir=Path(folder) / cond, sandbox=SANDBOX)).to_json()
                 grades[cond] = result
                 report["grades"][f"{name}/{cond}"] = {**{k: result.get(k) for k in ("outcome", "message", "score", "speedup", "grade_s", "startup_s")},

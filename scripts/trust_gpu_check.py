@@ -1,4 +1,4 @@
-"""Runs on the lent H200: the split grader (referee + candidate runner) on real kernels, and the exploit and legit
+"""Runs on the lent GPU: the split grader (referee + candidate runner) on real kernels, and the exploit and legit
 suites graded there (docs/grading.md's threat model; results for docs/benchmarks.md).
 
     python3 scripts/trust_gpu_check.py OUT_DIR [--only smoke|suites] [--budget-s 500] [--cases a,b,...]
@@ -17,7 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from gpu_common import H200, REPO, ROOFLINE, SANDBOX, SANDBOX_NOTE
+from gpu_common import GPU, REPO, ROOFLINE, SANDBOX, SANDBOX_NOTE
 
 from kbsweep.audit.cases import run_case
 from kbsweep.grader import grade, software_versions
@@ -97,7 +97,7 @@ def main() -> None:
                 from kbsweep.audit.cases import private_deck
 
                 prob = private_deck(REPO / "problems", pid, Path(folder), keep)
-                result = grade(GradeRequest(prob, REPO / "problems" / track / name / "solutions" / f"{solution}.py", H200, ROOFLINE, mode="bench",
+                result = grade(GradeRequest(prob, REPO / "problems" / track / name / "solutions" / f"{solution}.py", GPU, ROOFLINE, mode="bench",
                                             timing=TIMING, timeout_s=left(), log_dir=Path(folder) / "grade", sandbox=SANDBOX)).to_json()
             record(smoke_row(pid, result))
     if args.only in (None, "suites"):
@@ -111,7 +111,7 @@ def main() -> None:
                     print(f"skipped {path.name}: budget", flush=True)
                     continue
                 with tempfile.TemporaryDirectory() as folder:
-                    _, result, audited = run_case(path, Path(folder), H200, ROOFLINE, REPO / "problems", timing=TIMING, max_shapes=1, timeout_s=min(left(), 120),
+                    _, result, audited = run_case(path, Path(folder), GPU, ROOFLINE, REPO / "problems", timing=TIMING, max_shapes=1, timeout_s=min(left(), 120),
                                                   sandbox=SANDBOX, max_world=torch.cuda.device_count(), shared=Path(shared))
                 record({**suite_row(path, result, audited), "world": result.get("world_size"), "at_s": round(time.time() - began, 1)})
     print(markdown(rows), flush=True)

@@ -7,6 +7,7 @@ same evidence from it.
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import json
 import os
 import subprocess
@@ -23,7 +24,8 @@ import torch  # noqa: E402
 
 from kbsweep.grader import profiling  # noqa: E402
 
-TAGS = ["/import", "/correctness", "/timing/0", "/timing/1", "/audit"]
+TAGS = ["/import", "/correctness/0", "/timing/0", "/timing/1", "/audit"]
+IDS = {tag: f"{i:0{profiling.TOKEN_CHARS}x}" for i, tag in enumerate(TAGS)}  # each group's calls under one command id
 
 
 def load(name: str, path: Path):
@@ -42,14 +44,16 @@ def main(rev: str, out: Path, calls: int = 120) -> None:
     model, x = solution.ModelNew(96), torch.randn(64, 96)
     with profiling.profiler_session(torch.device("cpu")) as prof:
         for i in range(calls):
-            with torch.profiler.record_function(profiling.CALL_RANGE + TAGS[i % len(TAGS)]):
+            with torch.profiler.record_function(profiling.CALL_RANGE + IDS[TAGS[i % len(TAGS)]]):
                 model(x)
     per_tag = {tag: calls // len(TAGS) for tag in TAGS}
+    groups = {ident: tag for tag, ident in IDS.items()}
     cpu_s, read = {}, {}
     for _ in range(3):  # interleaved
         for name, module in versions.items():
             t0 = time.process_time()
-            read[name] = json.dumps(module.session_evidence(prof, per_tag), sort_keys=True)
+            grouped = len(inspect.signature(module.session_evidence).parameters) == 3  # since ranges carry command ids
+            read[name] = json.dumps(module.session_evidence(prof, *((groups, per_tag) if grouped else (per_tag,))), sort_keys=True)
             cpu_s.setdefault(name, []).append(time.process_time() - t0)
     report = {"calls": calls, "events": len(list(prof.profiler.kineto_results.events())), "cpu_s": cpu_s,
               "same_evidence": len(set(read.values())) == 1, "torch": torch.__version__}

@@ -21,6 +21,7 @@ LIBRARY_KERNELS = [
 TOOLCHAIN_MODULES = ("torch", "triton", "time", "kbsweep", "builtins", "numpy")
 LIBRARY_FLOP_SHARE = 0.1  # torch ops doing this share of the problem's FLOPs did the problem
 LIBRARY_BYTE_SHARE = 1.0  # torch ops that moved as many bytes as the problem needs did its memory work (a cast is far less)
+HOST_BYTES = 1024  # a call's data through host arrays: room for a host-side list of lengths, never the problem's tensors
 KNOWN_NAMESPACES = ("aten", "prims", "c10d", "_c10d_functional", "profiler")  # collectives: the multi track's gates
 
 
@@ -57,15 +58,26 @@ def probe_findings(probe: Dict[str, Any], forbidden: Forbidden, compute_rules: b
             out.append(finding("forbidden_op", "dynamic", f"{name} x{count} (forbidden: {forbidden.op(op)})"))
         elif compute_rules and op.lower() in HEAVY:
             out.append(finding("torch_op", "dynamic", f"{name} x{count}"))
-    share = probe["torch_flops"] / probe["problem_flops"] if probe.get("problem_flops") else 0.0
+    share, moved, host = work_shares(probe)
     if compute_rules and share >= LIBRARY_FLOP_SHARE:
         out.append(finding("library_compute", "dynamic", f"torch ops did {share:.0%} of the problem's FLOPs"))
-    moved = probe.get("torch_bytes", 0) / probe["problem_bytes"] if probe.get("problem_bytes") else 0.0
     if compute_rules and moved >= LIBRARY_BYTE_SHARE:
         out.append(finding("library_compute", "dynamic", f"torch ops moved {moved:.1f}x the problem's bytes"))
+    if compute_rules and host >= HOST_BYTES:
+        out.append(finding("library_compute", "dynamic", f"the median call moved {host:.0f} bytes between torch and host arrays (numpy, DLPack)"))
     if probe.get("persisting_l2_limit"):
         out.append(finding("persisting_l2", "dynamic", f"persisting-L2 limit {probe['persisting_l2_limit']} bytes"))
     return out
+
+
+def work_shares(probe: Dict[str, Any]) -> tuple:
+    """(FLOP share, byte share, host bytes) of the calls that count, per median call (``work``: grades since
+    per-call records); an older grade's totals over every call, without host bytes."""
+    work = probe.get("work")
+    if work:
+        return work["flop_share"], work["byte_share"], work["host_bytes"]
+    share = probe["torch_flops"] / probe["problem_flops"] if probe.get("problem_flops") else 0.0
+    return share, probe.get("torch_bytes", 0) / probe["problem_bytes"] if probe.get("problem_bytes") else 0.0, 0.0
 
 
 def probe_ghost_findings(ghost: Dict[str, Any], aten_ops: Dict[str, int]) -> List[Finding]:

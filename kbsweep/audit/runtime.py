@@ -1,13 +1,16 @@
 """Instruments the grading worker installs before it imports a candidate; they produce the dynamic layer's evidence.
 
-* :class:`Monitor`: a Python audit hook and thread-start wrappers that record what the candidate's own code does
-  (files, processes, sockets, native libraries, frames and heap, class patches, imports, threads); snapshots of
-  global torch numeric flags (a change is recorded and undone) and hashes of the deck's files.
+* :class:`Monitor`: a Python audit hook that records what the candidate's own code does (files, processes, sockets,
+  native libraries, frames and heap, class patches, imports, threads); snapshots of global torch numeric flags (a
+  change is recorded and undone) and hashes of the deck's files. Reaching into frames or the heap, patching a class
+  and raising the harness's private audit event are sent to the referee the moment they happen (``notify``): what
+  the candidate does once it holds the harness's objects cannot take those back.
 * :class:`KernelGate`: counts the candidate's kernel launches (Triton, C++ extension functions, CUDA graph
-  replays); in ghost mode it turns launches into no-ops.
-* :class:`OpRecorder`: a TorchDispatchMode listing the aten ops (and their FLOPs) the candidate runs outside its
-  own kernels; in ghost mode it fills every fresh allocation with 0xFF bytes (NaN, -1) so that a stubbed kernel
-  leaves visible garbage.
+  replays) and the bytes its code hands to host array libraries; in ghost mode launches do nothing.
+
+Both are sealed: what they install where the candidate can reach it (:mod:`kbsweep.audit.seal`) reports through a
+private audit event that the monitor's hook answers, so they are reachable only through the runner, by frames or
+the heap, both audited.
 
 An event is the candidate's when, walking out from where it was raised past standard-library frames, a frame of
 the candidate's folder comes before one of the toolchain (torch, triton, kbsweep).
@@ -21,12 +24,18 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
+from kbsweep.audit import seal
 from kbsweep.audit.events import EVENTS, MACHINERY, MAX_EVENTS, file_hashes, numeric_flags, toolchain_dirs
 
-class Monitor:
-    """Records the candidate's own runtime events into ``evidence`` (live, so a failed grade keeps them)."""
+REACH = ("frame_inspection", "class_patch", "grader_tamper")  # sent to the referee as they happen, calls or not
 
-    def __init__(self, candidate_dir: Path, watched_files: List[Path], evidence: Dict[str, Any]):
+
+class Monitor:
+    """Records the candidate's own runtime events into ``evidence`` (live, so a failed grade keeps them), answers the
+    sealed wrappers for ``gate``, and sends reach events through ``notify`` at once."""
+
+    def __init__(self, candidate_dir: Path, watched_files: List[Path], evidence: Dict[str, Any],
+                 gate: Optional["KernelGate"] = None, notify: Optional[Callable[[Dict[str, Any]], None]] = None):
         self.candidate_dir = str(Path(candidate_dir).resolve()) + "/"
         self.toolchain = toolchain_dirs()
         self.stage = "import"
@@ -41,16 +50,20 @@ class Monitor:
         self.flag_values = [get() for _, get, _ in self.flags]
         self.watched_files = watched_files
         self.hashes = file_hashes(watched_files)
+        self.gate, self.notify, self.sent = gate, notify, 0
+        # what the hook calls, bound now: a class's functions lead to this module's globals without an audit event
+        # (``object.__subclasses__()``), and rebinding a name there must not reach the hook
+        self.getframe, self.kinds, self.codes, self.private = sys._getframe, types.MappingProxyType(dict(EVENTS)), seal.CODES, seal.GATE
+        self.machinery, self.reach = frozenset(MACHINERY), frozenset(REACH)
         self.patched = self.wrap_thread_starts()
         sys.addaudithook(self.hook)
 
     # -- attribution ------------------------------------------------------------------
-    def culprit(self, machinery: bool = False) -> Optional[str]:
-        """``file:line`` of the candidate frame responsible for the current event, or None. ``machinery``: only
-        the candidate's own direct call counts; library machinery raising it for its own work (``exec`` in
+    def culprit(self, frame: Any, machinery: bool = False) -> Optional[str]:
+        """``file:line`` of the candidate frame responsible for an event raised in ``frame``, or None. ``machinery``:
+        only the candidate's own direct call counts; library machinery raising it for its own work (``exec`` in
         ``dataclasses``, ``id`` in ``importlib``, ``sys._getframe`` in ``namedtuple``) is never the candidate's,
         though the candidate's frame is further out (the static layer reads what the candidate imports)."""
-        frame = sys._getframe(2)
         if machinery:  # the candidate's own call, or library machinery working for it (stdlib, generated code)
             path = frame.f_code.co_filename if frame is not None else ""
             return f"{Path(path).name}:{frame.f_lineno}" if path.startswith(self.candidate_dir) else None
@@ -64,17 +77,42 @@ class Monitor:
         return None
 
     def hook(self, event: str, args: tuple) -> None:
-        kind = EVENTS.get(event)
-        if kind is None or not self.active or self.busy:
+        if self.busy:
+            return
+        kind = "gate" if event == self.private else self.kinds.get(event)
+        if kind is None or not (self.active or kind == "gate" or kind in self.reach):
             return
         self.busy = True
         try:
+            frame = self.getframe(1)  # where it was raised
+            if kind == "gate":
+                self.answer(frame, args[0] if args else None)
+                return
             detail = self.describe(event, args)
-            where = self.culprit(kind in MACHINERY) if detail is not None else None
+            where = self.culprit(frame, kind in self.machinery) if detail is not None else None
             if where is not None:
                 self.record(kind if not (event == "open" and self.writes(args)) else "file_write", event, detail, where)
         finally:
             self.busy = False
+
+    def answer(self, frame: Any, box: Any) -> None:
+        """A sealed wrapper's report (:mod:`kbsweep.audit.seal`), answered in ``box``; the event raised by any other
+        code is a tamper attempt."""
+        if frame.f_code not in self.codes:
+            where = self.culprit(frame) or f"{Path(frame.f_code.co_filename).name}:{frame.f_lineno}"
+            self.record("grader_tamper", seal.GATE, f"{seal.GATE} raised outside the harness's wrappers: {str(box)[:80]}", where)
+        elif box[0] in ("launch", "launched") and self.gate is not None:
+            stub = box[0] == "launch" and self.gate.ghost and box[1] != "graph_replay"  # an honest graph replays its kernels
+            if stub or box[0] == "launched":
+                self.gate.counts[box[1]] += 1
+                self.gate.names.add(box[2])
+            if stub:
+                box[3] = True
+        elif box[0] == "thread":
+            where = self.culprit(frame.f_back) if self.active else None
+            box[1] = box[1] if where is None else self.thread_body(box[1], where)
+        elif box[0] == "export" and self.gate is not None and self.culprit(frame.f_back):
+            self.gate.exported += int(box[1])
 
     def describe(self, event: str, args: tuple) -> Optional[str]:
         """A short description of the event, or None for events that are routine (imports' own code objects)."""
@@ -107,10 +145,18 @@ class Monitor:
 
     def record(self, kind: str, event: str, detail: str, where: str) -> None:
         key = (kind, detail, where)
-        if key in self.seen or len(self.events) >= MAX_EVENTS:
+        if key in self.seen:
             return
         self.seen.add(key)
-        self.events.append({"kind": kind, "event": event, "detail": detail, "where": where, "stage": self.stage})
+        entry = {"kind": kind, "event": event, "detail": detail, "where": where, "stage": self.stage}
+        if kind in self.reach and self.notify is not None and self.sent < MAX_EVENTS:  # a cap of its own: other events never crowd it out
+            self.sent += 1
+            try:
+                self.notify(entry)
+            except Exception:  # noqa: BLE001 - a broken channel ends the grade elsewhere; an audited call must not fail here
+                pass
+        if len(self.events) < MAX_EVENTS:
+            self.events.append(entry)
 
     # -- threads ----------------------------------------------------------------------
     def wrap_thread_starts(self) -> List[Tuple[Any, str]]:
@@ -121,27 +167,22 @@ class Monitor:
         for module in (_thread, threading):
             for name in ("start_new_thread", "_start_new_thread", "start_joinable_thread", "_start_joinable_thread"):
                 if hasattr(module, name):
-                    setattr(module, name, self.thread_start(getattr(module, name)))
+                    setattr(module, name, seal.thread_start(getattr(module, name)))
                     patched.append((module, name))
         return patched
 
-    def thread_start(self, original: Callable) -> Callable:
-        def start(function, *args, **kwargs):
-            where = self.culprit() if self.active else None
-            if where is None:
-                return original(function, *args, **kwargs)
-            record = {"where": where, "stage": self.stage, "running": True, "outlived_call": False}
-            self.threads.append(record)
+    def thread_body(self, function: Callable, where: str) -> Callable:
+        """``function`` as a thread's body whose end is recorded (the closure holds its own record only)."""
+        record = {"where": where, "stage": self.stage, "running": True, "outlived_call": False}
+        self.threads.append(record)
 
-            def body(*a, **k):
-                try:
-                    return function(*a, **k)
-                finally:
-                    record["running"] = False
+        def body(*a, **k):
+            try:
+                return function(*a, **k)
+            finally:
+                record["running"] = False
 
-            return original(body, *args, **kwargs)
-
-        return start
+        return body
 
     # -- scopes -----------------------------------------------------------------------
     @contextlib.contextmanager
@@ -171,13 +212,15 @@ class Monitor:
 
 
 class KernelGate:
-    """Counts kernel launches by kind; with ``ghost`` set, launches do nothing."""
+    """Counts kernel launches by kind and the bytes the candidate's code exported to host arrays (the monitor's hook
+    answers the wrappers installed here); with ``ghost`` set, launches do nothing."""
 
     def __init__(self):
         self.ghost = False
         self.counts: Counter = Counter()
         self.names: set = set()
-        self.recorder: Any = None  # the OpRecorder of a probe call, paused while a kernel runs
+        self.exported = 0
+        self.launches = types.MappingProxyType(self.counts)  # what the op recorder reads: never the gate itself
         self.patched: List[Tuple[Any, str]] = []
         self.install()
 
@@ -190,146 +233,22 @@ class KernelGate:
             from triton.runtime.jit import JITFunction
 
             for cls in (JITFunction, InterpretedFunction):
-                self.patch(cls, "run", self.launcher(cls.run, "triton"))
+                self.patch(cls, "run", seal.launcher(cls.run, "triton"))
         except ImportError:
             pass
         for name in ("load", "load_inline"):
-            self.patch(cpp, name, self.extension_loader(getattr(cpp, name)))
-        self.patch(torch.cuda.CUDAGraph, "replay", self.counter(torch.cuda.CUDAGraph.replay, "graph_replay"))
+            self.patch(cpp, name, seal.extension_loader(getattr(cpp, name)))
+        self.patch(torch.cuda.CUDAGraph, "replay", seal.launcher(torch.cuda.CUDAGraph.replay, "graph_replay"))
+        for name in ("numpy", "__array__", "__dlpack__"):  # the ways out of torch into numpy, scipy, DLPack consumers
+            self.patch(torch.Tensor, name, seal.exporter(getattr(torch.Tensor, name)))
 
     def patch(self, owner: Any, name: str, value: Callable) -> None:
         setattr(owner, name, value)
         self.patched.append((owner, name))
 
-    def launcher(self, original: Callable, kind: str) -> Callable:
-        gate = self
-
-        def run(kernel, *args, **kwargs):
-            if kwargs.get("warmup"):
-                return original(kernel, *args, **kwargs)
-            gate.counts[kind] += 1
-            gate.names.add(getattr(getattr(kernel, "fn", kernel), "__name__", kind))
-            if gate.ghost:
-                return None
-            with gate.paused(), profiler_range(KERNEL_RANGE):
-                return original(kernel, *args, **kwargs)
-
-        return run
-
-    def counter(self, original: Callable, kind: str) -> Callable:
-        def call(*args, **kwargs):
-            self.counts[kind] += 1
-            return original(*args, **kwargs)
-
-        return call
-
-    def extension_loader(self, original: Callable) -> Callable:
-        """Wrap the functions of a built extension module: counted, stubbed in ghost mode."""
-
-        def load(*args, **kwargs):
-            module = original(*args, **kwargs)
-            for name in dir(module) if isinstance(module, types.ModuleType) else ():
-                function = getattr(module, name)
-                if not name.startswith("_") and callable(function):
-                    setattr(module, name, self.extension_call(function, name))
-            return module
-
-        return load
-
-    def extension_call(self, function: Callable, name: str) -> Callable:
-        def call(*args, **kwargs):
-            self.counts["extension"] += 1
-            self.names.add(name)
-            return None if self.ghost else function(*args, **kwargs)  # its ATen calls stay in the trace
-
-        return call
-
-    @contextlib.contextmanager
-    def paused(self) -> Iterator[None]:
-        recorder = self.recorder
-        if recorder is not None:
-            recorder.paused += 1
-        try:
-            yield
-        finally:
-            if recorder is not None:
-                recorder.paused -= 1
-
-    @contextlib.contextmanager
-    def probing(self, recorder: Any, ghost: bool) -> Iterator[None]:
-        """One probe call: ops go to ``recorder`` (outside kernels); with ``ghost``, kernels do nothing."""
-        self.recorder, self.ghost = recorder, ghost
-        try:
-            with recorder:
-                yield
-        finally:
-            self.recorder, self.ghost = None, False
-
-
-ALLOCATORS = ("empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "empty_permuted")
-
-
-def op_recorder(gate: KernelGate, poison: bool = False):
-    """An :class:`OpRecorder` (built lazily: the dispatch-mode base class lives in torch)."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-    from torch.utils.flop_counter import flop_registry
-
-    class OpRecorder(TorchDispatchMode):
-        """Counts ``namespace::op`` calls and their FLOPs while not paused; ``poison`` fills new allocations.
-        Custom (non-aten) ops that launch the candidate's kernels are counted apart, in ``own_ops``."""
-
-        def __init__(self):
-            super().__init__()
-            self.ops: Counter = Counter()
-            self.own_ops: Counter = Counter()
-            self.flops = 0
-            self.bytes = 0  # read and written by ops that compute (views and allocations move nothing)
-            self.paused = 0
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            kwargs = kwargs or {}
-            launched = sum(gate.counts.values())
-            out = func(*args, **kwargs)
-            if self.paused:
-                return out
-            packet = func._overloadpacket
-            custom = func.namespace not in ("aten", "prims")
-            counter = self.own_ops if custom and sum(gate.counts.values()) > launched else self.ops
-            counter[f"{func.namespace}::{packet.__name__}"] += 1
-            if not func.is_view and packet.__name__ not in ALLOCATORS:
-                self.bytes += sum(t.numel() * t.element_size() for t in tensors((args, kwargs, out)))
-            formula = flop_registry.get(packet)
-            if formula is not None:
-                with contextlib.suppress(Exception):  # an unusual overload: no FLOP count, never a failed grade
-                    self.flops += int(formula(*args, **kwargs, out_val=out))
-            if poison and packet.__name__ in ALLOCATORS and out.numel():
-                out.untyped_storage().fill_(0xFF)
-            return out
-
-    return OpRecorder()
-
-
-KERNEL_RANGE = "kbsweep::kernel"  # excluded from the candidate's torch ops by the runner's profiler session
-
-
-def profiler_range(name: str):
-    import torch.profiler
-
-    return torch.profiler.record_function(name)  # what the runner's profiler session excludes from the candidate's torch ops
-
-
-def tensors(tree: Any) -> List[Any]:
-    """The distinct tensors in a nest of lists, tuples and dicts."""
-    from torch.utils._pytree import tree_leaves
-
-    import torch
-
-    seen, out = set(), []
-    for leaf in tree_leaves(tree):
-        if isinstance(leaf, torch.Tensor) and id(leaf) not in seen:
-            seen.add(id(leaf))
-            out.append(leaf)
-    return out
+    def own_launches(self) -> int:
+        """The candidate's own kernels launched so far (Triton and extension functions, not graph replays)."""
+        return self.counts["triton"] + self.counts["extension"]
 
 
 def loaded_library(stem: str) -> Optional[str]:

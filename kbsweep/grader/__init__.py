@@ -35,7 +35,8 @@ if TYPE_CHECKING:  # the runner imports this package: it must not hold even the 
     from kbsweep.grader.request import GradeRequest
 
 BASELINE_SHARE = 0.4  # of the grade's time limit, for timing the baselines before the candidate is imported
-UNSCORED_FINDINGS = ("grader_tamper", "time_disagreement", "forged_result")  # the figures themselves are not believed
+# the figures themselves are not believed, or they are not the candidate's own kernels' work
+UNSCORED_FINDINGS = ("grader_tamper", "time_disagreement", "forged_result", "evidence_mismatch", "no_kernel")
 
 
 @functools.lru_cache(maxsize=None)
@@ -163,6 +164,7 @@ def grade(request: GradeRequest) -> GradeResult:
         secret_seed=secrets.randbits(31),
         world_size=world_size,
         timers=list(timers),
+        own_kernels=request.own_kernels if request.own_kernels is not None else not problem.spec.kernelbench,
     )
     how = Supervision(log_dir, request.timeout_s, request.memory_mib, env, confined, view)
     if multi:  # referee ranks and runner ranks, each set under its own torchrun in its own sandbox

@@ -61,7 +61,8 @@ class CandidateContext:
         self.stages: Dict[str, Dict[str, float]] = {}  # per stage: seconds, candidate and reference forwards
         self.stage, self.tag = "load_reference", ""
         self.calls_by_tag: Dict[str, int] = {}
-        self.commands: Dict[str, tuple] = {}  # each command's id: (stage, tag, shape) it served (the runner sees the id only)
+        self.commands: Dict[str, tuple] = {}  # each command's id: (stage, tag, shape, model) it served (the runner sees the id only)
+        self.model_in_use: Optional[int] = None
         self.model_ids = itertools.count()
         self.arena: Optional[Arena] = None
         self.work = {"calls": 0, "flops": 0.0, "bytes": 0.0}  # what the candidate's calls should cost, summed
@@ -100,7 +101,8 @@ class CandidateContext:
         if self.device.type == "cuda":
             torch.cuda.synchronize()  # what this process wrote to the arena is there before the runner reads it
         token = secrets.token_hex(profiling.TOKEN_CHARS // 2)
-        self.commands[token] = (self.stage, self.tag, getattr(self, "shape", None))
+        self.model_in_use = fields.get("model", self.model_in_use)  # a batch's go runs the model its arm named
+        self.commands[token] = (self.stage, self.tag, getattr(self, "shape", None), self.model_in_use)
         try:
             self.runner.send({"op": op, "tag": token, **fields}, fds)
             reply, extra = self.runner.receive()

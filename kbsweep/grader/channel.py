@@ -8,6 +8,7 @@ import hmac
 import json
 import socket
 import struct
+import threading
 import time
 from pathlib import Path
 from typing import Any, Dict, List, Sequence, Tuple
@@ -23,6 +24,7 @@ class ChannelError(Exception):
 class Channel:
     def __init__(self, sock: socket.socket):
         self.sock = sock
+        self.lock = threading.Lock()  # the runner's audit hook sends from whatever thread raised an event
 
     @classmethod
     def from_fd(cls, fd: int) -> "Channel":
@@ -31,8 +33,9 @@ class Channel:
     def send(self, message: Dict[str, Any], fds: Sequence[int] = ()) -> None:
         payload = json.dumps(message, default=str).encode()
         try:
-            socket.send_fds(self.sock, [HEADER.pack(len(payload))], list(fds))
-            self.sock.sendall(payload)
+            with self.lock:
+                socket.send_fds(self.sock, [HEADER.pack(len(payload))], list(fds))
+                self.sock.sendall(payload)
         except OSError as exc:
             raise ChannelError(f"channel closed ({exc})") from None
 

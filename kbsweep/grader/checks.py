@@ -1,9 +1,11 @@
 """Correctness checks on a candidate's outputs: types, tolerance, aliasing, input mutation."""
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch
+
+from kbsweep.grader.failures import one_line
 
 DEFAULT_TOLERANCE = {
     "float32": {"atol": 1e-4, "rtol": 1e-4},
@@ -62,13 +64,31 @@ def check_structure(ref_out: Any, out: Any, inputs: Sequence[Any]) -> None:
                 raise CheckFailure(f"output {i} aliases an input's memory")
 
 
-def compare(ref_out: Any, out: Any, table: Dict[str, Any], override: Optional[Dict] = None) -> Dict[str, float]:
-    """Values within tolerance (atol/rtol or cosine); NaN/Inf fail. Returns the worst errors seen."""
+def verify(ref_out: Any, out: Any, inputs: Sequence[Any], table: Dict[str, Any], override: Optional[Dict] = None,
+           hook: Optional[Callable[..., Optional[str]]] = None) -> Dict[str, float]:
+    """The check of every compared call: :func:`compare`, and with the problem's ``check_outputs`` (``hook``, given
+    copies of the call's ``inputs``) its verdict too. The hook then decides what the default comparison would hold
+    exactly equal, integer and bool outputs: indices, where ties make several answers right (top-k's). Returns the
+    worst errors seen."""
+    worst = compare(ref_out, out, table, override, exact=hook is None)
+    if hook is not None:
+        try:
+            message = hook(inputs, ref_out, out)
+        except Exception as exc:  # noqa: BLE001 - the candidate's output made the problem's own check raise
+            message = f"the problem's check_outputs rejected the output ({one_line(exc)})"
+        if message:
+            raise CheckFailure(message)
+    return worst
+
+
+def compare(ref_out: Any, out: Any, table: Dict[str, Any], override: Optional[Dict] = None, exact: bool = True) -> Dict[str, float]:
+    """Values within tolerance (atol/rtol or cosine); NaN/Inf fail; integer and bool outputs equal, unless not
+    ``exact`` (a problem's own check judges them). Returns the worst errors seen."""
     worst = {"max_abs": 0.0, "max_rel": 0.0}
     for i, (r, o) in enumerate(zip(as_tuple(ref_out), as_tuple(out))):
         tol = tolerance_for(r.dtype, table, override)
         if not (r.is_floating_point() or r.is_complex()):
-            if not torch.equal(r, o):
+            if exact and not torch.equal(r, o):
                 raise CheckFailure(f"output {i} ({r.dtype}) differs from the reference")
             continue
         o32, r32 = o.float(), r.float()

@@ -8,35 +8,30 @@ from typing import Any, Dict, List, Optional
 from kbsweep.grader import checks
 from kbsweep.grader.arena import clone, encode
 from kbsweep.grader.candidate import CandidateContext, is_float
-from kbsweep.grader.failures import GradeFailure, one_line
+from kbsweep.grader.failures import GradeFailure
 from kbsweep.outcomes import Outcome
 
 
 class CorrectnessStage(CandidateContext):
     """Every case's call there, its outputs compared here; any mismatch fails the grade as incorrect."""
 
-    def check_case(self, ref_model, model: int, inputs: List[Any], tolerance: Optional[Dict] = None, fill: int = 0xFF,
+    def check_case(self, ref_model, model: int, inputs: List[Any], tolerance: Optional[Dict] = None, fill: Optional[int] = None,
                    encoded: Optional[Dict[str, Any]] = None, expected: Any = None):
-        """One call there on copies of ``inputs``; its outputs read back and compared here with ``expected`` (the
+        """One call there on copies of ``inputs``, its free memory and new allocations poisoned with ``fill`` (drawn
+        when not given; ``last_fill`` keeps it); its outputs read back and compared here with ``expected`` (the
         reference's output on ``inputs``, run now when not known). Returns (out, worst, expected)."""
         mark = self.arena.used
         encoded = encoded or encode(inputs, self.arena)
         expected = ref_model(*clone(inputs)) if expected is None else expected
         slots = self.output_slots(expected)
-        self.ask("call", model=model, inputs=encoded, outputs=slots, fill=fill)
+        self.last_fill = self.fill_byte() if fill is None else fill
+        self.ask("call", model=model, inputs=encoded, outputs=slots, fill=self.last_fill)
         self.count_work(self.shape, 1)
         out = self.read(slots, expected)
         for i, (sent, pristine) in enumerate(zip(encoded["list"], inputs)):
             if "slot" in sent and not checks.same_values(self.arena.view(sent["slot"]), pristine):
                 raise checks.CheckFailure(f"the candidate modified input {i}")
-        worst = checks.compare(expected, out, self.spec["tolerance"], tolerance)
-        hook = getattr(self.ref, "check_outputs", None)
-        try:
-            message = hook(clone(inputs), expected, out) if hook is not None else None
-        except Exception as exc:  # noqa: BLE001 - the candidate's output made the problem's own check raise
-            message = f"the problem's check_outputs rejected the output ({one_line(exc)})"
-        if message:
-            raise checks.CheckFailure(message)
+        worst = self.verify(inputs, expected, out, tolerance)
         self.arena.used = mark
         return out, worst, expected
 
@@ -46,7 +41,7 @@ class CorrectnessStage(CandidateContext):
         cases, worst = 0, {"max_abs": 0.0, "max_rel": 0.0}
         try:
             for s_index, shape in enumerate(self.req.shapes):
-                self.shape = shape
+                self.shape, self.tag = shape, f"/correctness/{s_index}"  # a group of calls per shape (kbsweep.grader.witness)
                 self.open_arena(self.arena_size(shape))
                 for k, seed in enumerate(seeds):
                     mark = self.arena.used
@@ -59,7 +54,7 @@ class CorrectnessStage(CandidateContext):
                         inputs = self.inputs(shape, seed, case.get("input_scale", 1.0))
                         out, err, expected = self.check_case(scaled, target, inputs, case.get("tolerance"))
                         if case is stress[0]:  # nominal: the poison and pointer-cache probes' inputs, model and fill
-                            nominal = (out, expected)
+                            nominal = (out, expected, self.last_fill)
                         worst = {key: max(worst[key], err[key]) for key in worst}
                         cases += 1
                     if s_index == 0 and k == 0:
@@ -80,10 +75,11 @@ class CorrectnessStage(CandidateContext):
                 tensor.data.mul_(factor)
         return model
 
-    def poison_determinism(self, ref_model, model: int, shape, seed, first: Any, expected: Any) -> None:
+    def poison_determinism(self, ref_model, model: int, shape, seed, first: Any, expected: Any, fill: int) -> None:
         """Two calls under different poison fills: output that depends on stale memory shows up here. The first is
-        the nominal case's (``first``: its output, under 0xFF, on these inputs, whose reference output is ``expected``)."""
-        second, _, _ = self.check_case(ref_model, model, self.inputs(shape, seed), fill=0xC7, expected=expected)
+        the nominal case's (``first``: its output, under ``fill``, on these inputs, whose reference output is
+        ``expected``)."""
+        second, _, _ = self.check_case(ref_model, model, self.inputs(shape, seed), fill=self.fill_byte(unlike=fill), expected=expected)
         same = checks.same_values(first, second)
         self.evidence["poison_deterministic"] = same
         if not same:

@@ -336,10 +336,10 @@ class RankReferee(Referee):
         # no ghost replays across ranks: a rank whose output breaks without its kernels may never reach the
         # exchange its peers wait in
 
-    def collect_evidence(self, timings: Sequence[Dict[str, Any]] = ()) -> None:
+    def collect_evidence(self, timings: Sequence[Dict[str, Any]] = (), complete: bool = False) -> None:
         """The runner's evidence, and from its profiler session the gate: a c10d collective or an NCCL kernel in
         any candidate call."""
-        super().collect_evidence(timings)
+        super().collect_evidence(timings, complete)
         probe = self.evidence.get("probe") or {}
         gate = {"collectives": sorted(name for name in probe.get("comm_ops", {}) if COLLECTIVE_OP.match(name)),
                 "nccl_kernels": sorted(name for name in probe.get("gpu_kernels", []) if NCCL_KERNEL.search(name))}

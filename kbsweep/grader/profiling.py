@@ -1,17 +1,22 @@
 """The runner's one profiler session over every candidate call, and what the audit reads from it: the torch ops
-run inside the calls, the torch.distributed ops, and per call tag the GPU kernels those calls launched."""
+run inside the calls, the torch.distributed ops, and per group of calls the GPU kernels those calls launched.
+
+A call's range is named :data:`CALL_RANGE` plus the id the referee drew for the command that made it, never a
+stage's name: the runner does not know which stage a call belongs to (``groups``, sent with the evidence
+command after the last call, says). The name is public, so a range of it proves nothing alone: ranges whose id no
+command of the grade had, and ranges inside another, are counted as forged and bound nothing; the referee
+compares the ranges it reads with the calls it made."""
 from __future__ import annotations
 
 import bisect
 import contextlib
 import statistics
-from typing import Any, Dict, Iterable, List
+from typing import Any, Dict, Iterable, List, Optional
 
 import torch
 
-from kbsweep.audit.runtime import KERNEL_RANGE
-
-CALL_RANGE = "kbsweep::call"  # the profiler annotation around each candidate call (its tag follows)
+CALL_RANGE = "kbsweep::call"  # the profiler annotation around each candidate call (its command's id follows)
+TOKEN_CHARS = 12  # a command's id: hex characters the referee draws (kbsweep.grader.candidate)
 COMM_PREFIXES = ("c10d::", "_c10d_functional::", "c10d_functional::", "nccl:", "gloo:")  # torch.distributed's ops, per backend
 # the tag suffix of calls invoked while a replay's graph is captured: nothing ran in their ranges, so a timed shape's
 # kernel profile (launches per call, the single-kernel gate) counts the event-timed calls only
@@ -27,10 +32,12 @@ def profiler_session(device: Any):
     return profile(activities=activities, with_flops=True)
 
 
-def session_evidence(prof: Any, calls: Dict[str, int]) -> Dict[str, Any]:
-    """From a finished session: the aten ops (and their FLOPs) run inside candidate calls but outside its own
-    kernel launches, the torch.distributed ops and the GPU kernels of every candidate call, and per call tag
-    (``calls``: tag -> number of calls) the kernels of those calls."""
+def session_evidence(prof: Any, groups: Dict[str, str], calls: Dict[str, int]) -> Dict[str, Any]:
+    """From a finished session, over the outermost call ranges of this grade's commands (``groups``: command id ->
+    its group): the ops run in them (with Triton's launches: what a launch itself runs is glue, a copy or an empty,
+    and a range of any name bounds nothing), the torch.distributed ops, the GPU kernels, per group the number of
+    ranges and each range's FLOPs, and per group of ``calls`` (group -> calls the referee made) the kernels of
+    those calls; ``forged_ranges``: ranges of the harness's name that no command opened, or inside another."""
     cpu = torch.autograd.DeviceType.CPU
     named, gpu = [], []  # each event read once: a grade's session holds tens of thousands, each field a call into C++
     for e in prof.profiler.kineto_results.events():
@@ -38,41 +45,65 @@ def session_evidence(prof: Any, calls: Dict[str, int]) -> Dict[str, Any]:
             named.append((e.name(), e.start_ns(), e))
         else:
             gpu.append(e)
-    ranges: Dict[str, List[tuple]] = {}
+    known, forged = [], 0
     for name, start, e in named:  # the host's spans (kineto repeats each annotation on the GPU's timeline too)
         if name.startswith(CALL_RANGE):
-            ranges.setdefault(name[len(CALL_RANGE):], []).append((start, e.end_ns()))
-    launches = Spans((start, e.end_ns()) for name, start, e in named if name == KERNEL_RANGE)
-    everywhere = [span for spans in ranges.values() for span in spans]
-    calls_at = Spans(everywhere)
+            suffix = name[len(CALL_RANGE):]
+            group = group_of(suffix, groups)
+            if group is None:
+                forged += 1
+            else:
+                known.append((start, e.end_ns(), group))
+    outer: List[tuple] = []
+    for span in sorted(known):
+        if outer and span[0] <= outer[-1][1]:
+            forged += 1  # the harness's calls follow one another: a range inside (or across) another is not its own
+        else:
+            outer.append(span)
+    calls_at = Spans((start, end) for start, end, _ in outer)
     ops: Dict[str, int] = {}
     comm: Dict[str, int] = {}
-    flops = 0
+    range_flops = [0] * len(outer)
     for name, start, e in named:
-        if start not in calls_at:
+        at = calls_at.index(start)
+        if at < 0 or name.startswith(CALL_RANGE):
             continue
         if name.startswith(COMM_PREFIXES):
             comm[name] = comm.get(name, 0) + 1
-        if "::" in name and not name.startswith(("kbsweep::", "profiler::")) and start not in launches:
+        if "::" in name and not name.startswith("profiler::") and not e.is_user_annotation():  # a range of any name is no op
             ops[name] = ops.get(name, 0) + 1
-            flops += int(e.flops() or 0)
-    kernels = GpuKernels(named, gpu)
-    profiles = {tag: kernels.profile(ranges.get(tag, []), count) for tag, count in calls.items() if ranges.get(tag)}
-    return {"ops": ops, "flops": flops, "comm_ops": comm, "kernels": sorted(kernels.profile(everywhere, 1)["kernels"]) if everywhere else [],
-            "profiles": profiles}
+            range_flops[at] += int(e.flops() or 0)
+    by_group: Dict[str, List[tuple]] = {}
+    flops_by_group: Dict[str, List[int]] = {}
+    for (start, end, group), flops in zip(outer, range_flops):
+        by_group.setdefault(group, []).append((start, end))
+        flops_by_group.setdefault(group, []).append(flops)
+    # the GPU timeline's copies of this grade's call ranges are not kernels; a kernel merely named like one is
+    kernels = GpuKernels(named, [e for e in gpu if not (e.name().startswith(CALL_RANGE) and group_of(e.name()[len(CALL_RANGE):], groups))])
+    profiles = {group: kernels.profile(by_group[group], count) for group, count in calls.items() if by_group.get(group)}
+    return {"ops": ops, "comm_ops": comm, "profiles": profiles, "forged_ranges": forged,
+            "kernels": sorted(kernels.profile([(s, e) for s, e, _ in outer], 1)["kernels"]) if outer else [],
+            "ranges": {group: len(spans) for group, spans in by_group.items()}, "range_flops": flops_by_group}
+
+
+def group_of(suffix: str, groups: Dict[str, str]) -> Optional[str]:
+    """The group of a call range named ``CALL_RANGE + suffix`` (a command's id, then a tag of the runner's own such
+    as :data:`CAPTURE_TAG`), or None when no command of the grade had that id."""
+    group = groups.get(suffix[:TOKEN_CHARS])
+    return None if group is None else group + suffix[TOKEN_CHARS:]
 
 
 class GpuKernels:
     """A session's GPU kernels, each tied to its launch by correlation id (the runtime or driver call that
-    launched it: a Triton kernel's ``cuLaunchKernelEx``, a library's ``cudaLaunchKernel``); the profiler's
-    annotations on the GPU's timeline, copies and sets are not kernels."""
+    launched it: a Triton kernel's ``cuLaunchKernelEx``, a library's ``cudaLaunchKernel``); copies and sets are not
+    kernels."""
 
     def __init__(self, host: List[tuple], device_events: List[Any]):
         """``host``: the host's events as (name, start ns, event); ``device_events``: the others."""
         launched_at = {e.correlation_id(): start for name, start, e in host if name.startswith(("cuda", "cu"))}
         cuda = torch.autograd.DeviceType.CUDA
         self.kernels = [(launched_at.get(e.correlation_id()), e.name(), e.device_resource_id()) for e in device_events
-                        if e.device_type() == cuda and not e.name().startswith(("Memcpy", "Memset", "kbsweep::"))]
+                        if e.device_type() == cuda and not e.is_user_annotation() and not e.name().startswith(("Memcpy", "Memset"))]
 
     def profile(self, ranges: List[tuple], calls: int) -> Dict[str, Any]:
         """Kernel names, launches per call and streams of the kernels launched from inside ``ranges`` (a
@@ -114,8 +145,12 @@ class Spans:
         self.starts, self.ends = [s for s, _ in merged], [e for _, e in merged]
 
     def __contains__(self, t: int) -> bool:
+        return self.index(t) >= 0
+
+    def index(self, t: int) -> int:
+        """The index of the merged span holding ``t``, or -1."""
         i = bisect.bisect_right(self.starts, t) - 1
-        return i >= 0 and t <= self.ends[i]
+        return i if i >= 0 and t <= self.ends[i] else -1
 
 
 @contextlib.contextmanager

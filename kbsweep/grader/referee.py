@@ -79,7 +79,7 @@ class Referee(CorrectnessStage, TimingStage, ProbeStage):
                     entry["baselines"] = base
             self.stage, self.tag = "audit", "/audit"
             self.audit_probes()
-        self.collect_evidence(timings)
+        self.collect_evidence(timings, complete=True)
         self.evidence["files_modified"] = sorted(p for p, h in self.deck_hashes(deck).items() if hashes.get(p) != h)
         return {"correctness": correctness, "timings": timings, "evidence": self.evidence, "findings": self.findings,
                 "kernelbench": self.kernelbench_verdict, "worker_s": time.perf_counter() - t0, "started_at": started_at}

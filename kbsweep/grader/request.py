@@ -30,7 +30,9 @@ class GradeRequest:
     ``sandbox``: their confinement (default: :class:`~kbsweep.sandbox.SandboxPolicy`'s defaults). ``timers``:
     timers of :data:`kbsweep.config.BASELINE_TIMERS` that time the baselines too, beside kbsweep's scored figure
     (default: ``kernelbench`` for a KernelBench problem on a GPU). ``zygote_home``: the folder the runner's
-    zygote keeps its home under (default: ``log_dir``'s parent); grades that share it share the zygote."""
+    zygote keeps its home under (default: ``log_dir``'s parent); grades that share it share the zygote.
+    ``own_kernels``: the track scores the candidate's own kernels, so counted calls that launch none of them are a
+    ``no_kernel`` finding and the grade has no score (default: every track but KernelBench's format)."""
 
     problem: "Problem"
     solution: Path
@@ -50,6 +52,7 @@ class GradeRequest:
     sandbox: Optional["SandboxPolicy"] = None
     timers: Optional[Sequence[str]] = None
     zygote_home: Optional[Path] = None
+    own_kernels: Optional[bool] = None
 
     @classmethod
     def from_config(cls, problem: "Problem", roofline: Dict[str, Any], gpu: GpuSpec, track: Dict[str, Any],
@@ -78,6 +81,7 @@ class GradeRequest:
             timers=grade.get("timers"),
             # a worker's next cells grade with the same runner zygote; absolute: the zygotes fork elsewhere
             zygote_home=(Path(paths["outputs"]) / "zygotes").resolve(),
+            own_kernels=bool(track.get("own_kernels", True)),
         )
 
     def of(self, mode: str, solution: Path, log_dir: Path) -> "GradeRequest":
@@ -105,6 +109,7 @@ class RefereeRequest:
     secret_seed: Optional[int]  # never sent to the runner; the referee keeps it out of its request once read
     world_size: int
     timers: List[str]
+    own_kernels: bool = True  # calls that launch no kernel of the candidate's own are a finding (GradeRequest.own_kernels)
 
     def to_json(self) -> Dict[str, Any]:
         return asdict(self)

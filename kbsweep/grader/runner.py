@@ -16,9 +16,7 @@ installed module never shadows it).
 from __future__ import annotations
 
 import contextlib
-import importlib.abc
-import importlib.machinery
-import importlib.util
+import importlib
 import os
 import sys
 from pathlib import Path
@@ -27,34 +25,13 @@ from typing import Any, Callable, Dict, List, Optional
 import torch
 import torch.profiler
 
-from kbsweep.audit import runtime
+from kbsweep.audit import runtime, seal
 from kbsweep.grader import profiling, timing
 from kbsweep.grader.arena import Arena, seed_rng
 from kbsweep.grader.channel import Channel, ChannelError
 from kbsweep.grader.failures import GradeFailure, classify, one_line
+from kbsweep.grader.finder import PACKAGE, CandidateFinder
 from kbsweep.outcomes import Outcome
-
-PACKAGE = "kbsweep_candidate"
-
-
-class CandidateFinder(importlib.abc.MetaPathFinder):
-    """The candidate's folder as the package ``kbsweep_candidate``; a top-level import nothing else resolves (a
-    helper module such as ``import _kernels``) falls through to a file of that folder."""
-
-    def __init__(self, folder: Path):
-        self.folder = folder
-
-    def find_spec(self, name, path, target=None):
-        if name == PACKAGE:
-            spec = importlib.machinery.ModuleSpec(PACKAGE, None, is_package=True)
-            spec.submodule_search_locations = [str(self.folder)]
-            return spec
-        if path is not None or "." in name:
-            return None
-        for candidate in (self.folder / f"{name}.py", self.folder / name / "__init__.py"):
-            if candidate.is_file():
-                return importlib.util.spec_from_file_location(name, candidate)
-        return None
 
 
 def decode(value: Any, arena: Arena) -> Any:
@@ -81,12 +58,13 @@ class Runner:
         self.cand: Any = None
         self.monitor: Optional[runtime.Monitor] = None  # installed by the import, just before the candidate
         self.evidence: Dict[str, Any] = {}
-        self.stage, self.tag = "import_candidate", ""
+        self.stage = self.tag = ""  # the current command's id: the referee never names its stage here
         self.flush = timing.L2Flush(request["l2_bytes"]) if self.device.type == "cuda" else None
         if self.device.type == "cuda":  # a fresh context may start with a persisting-L2 carve-out: not the candidate's
             self.evidence["persisting_l2_inherited"] = runtime.persisting_l2_limit()
             timing.reset_persisting_l2()
-        self.ops = {"calls": 0, "aten_ops": {}, "own_ops": {}, "torch_flops": 0, "torch_bytes": 0}
+        self.ops = {"calls": 0}
+        self.calls: Dict[str, List[List[int]]] = {}  # per command id, each call's work (Runner.work)
         self.replay: Optional[timing.Replay] = None  # the last batch's captured calls
         self.paused: Any = None  # the profiler's kernel records, paused from a replay's arm to the next command
 
@@ -96,7 +74,7 @@ class Runner:
             op = message.get("op")
             if op == "exit":
                 return
-            self.stage, self.tag = message.get("stage", self.stage), str(message.get("tag", ""))
+            self.stage = self.tag = str(message.get("tag", ""))
             if self.paused is not None and op not in ("warm", "batch"):  # a replay's batch is over
                 self.paused, paused = None, self.paused
                 paused.__exit__(None, None, None)
@@ -115,12 +93,13 @@ class Runner:
         self.arena = Arena.attach(fds[0], int(message["size"]), self.device)
 
     def op_import(self, message, fds) -> None:
-        self.monitor = runtime.Monitor(self.folder, [], self.evidence)
         self.gate = runtime.KernelGate()
-        self.recorder = runtime.op_recorder(self.gate)
+        self.monitor = runtime.Monitor(self.folder, [], self.evidence, self.gate, lambda event: self.channel.send({"event": event}))
+        self.recorder = seal.op_recorder(self.gate.launches)
         sys.meta_path.append(CandidateFinder(self.folder))
+        unlist_harness()
         try:
-            with self.monitor.watch("import_candidate"):
+            with self.monitor.watch(self.stage):
                 self.cand = importlib.import_module(f"{PACKAGE}.solution")
         except BaseException as exc:  # noqa: BLE001 - any import failure is the candidate's
             outcome = Outcome.GRADE_OOM if classify(exc) == Outcome.GRADE_OOM else Outcome.COMPILE_ERROR
@@ -150,13 +129,20 @@ class Runner:
 
     @contextlib.contextmanager
     def recorded(self):
-        self.gate.recorder = self.recorder
+        """The call's work recorded under its command's id, as the difference of :meth:`work` across it."""
+        before = self.work()
         try:
             with self.recorder:
                 yield
         finally:
-            self.gate.recorder = None
+            self.calls.setdefault(self.tag, []).append([after - at for after, at in zip(self.work(), before)])
             self.ops["calls"] += 1
+
+    def work(self) -> List[int]:
+        """Bytes that torch ops which compute moved, their FLOPs, the candidate's own launches, CUDA-graph replays,
+        and bytes that crossed between torch and host arrays, so far."""
+        recorder, gate = self.recorder, self.gate
+        return [recorder.bytes, recorder.flops, gate.own_launches(), gate.counts["graph_replay"], recorder.host_bytes + gate.exported]
 
     def deliver(self, out: Any, slots: List[Dict[str, Any]], inputs: List[Any], kernelbench: bool = False) -> None:
         """Copy the outputs into the referee's slots, refusing what does not fit exactly. ``kernelbench``: what
@@ -183,26 +169,31 @@ class Runner:
             poison_free_memory(self.device, fill)
 
     def op_call(self, message, fds) -> None:
+        """One call; with ``fill``, the free memory and every allocation the call makes hold that byte (the referee
+        draws it per call, for its checked calls and its ghost replays alike)."""
         model = self.models[int(message["model"])]
         inputs = decode(message["inputs"], self.arena)
         self.poison(message.get("fill"))
-        with torch.no_grad():
-            out = self.invoke(model, inputs)
-            self.deliver(out, message["outputs"], inputs, kernelbench=bool(message.get("kernelbench")))
+        self.recorder.fill = message.get("fill")
+        try:
+            with torch.no_grad():
+                out = self.invoke(model, inputs)
+                self.deliver(out, message["outputs"], inputs, kernelbench=bool(message.get("kernelbench")))
+        finally:
+            self.recorder.fill = None
         self.sync()
 
     def op_ghost(self, message, fds) -> Dict[str, Any]:
-        """One call with the candidate's kernel launches stubbed and fresh allocations poisoned."""
-        model = self.models[int(message["model"])]
-        inputs = decode(message["inputs"], self.arena)
+        """A call as :meth:`op_call` makes it, with the candidate's kernel launches stubbed."""
         before = self.gate.counts.copy()
         error = None
+        self.gate.ghost = True
         try:
-            with torch.no_grad(), self.gate.probing(runtime.op_recorder(self.gate, poison=True), ghost=True):
-                out = model(*inputs)
-            self.deliver(out, message["outputs"], inputs)
+            self.op_call(message, fds)
         except Exception as exc:  # noqa: BLE001 - a crash without the kernels means the kernels mattered
             error = one_line(exc)
+        finally:
+            self.gate.ghost = False
         self.sync()
         counts = self.gate.counts - before
         return {"error": error, "stubbed": counts["triton"] + counts["extension"], "graph_replays": counts["graph_replay"]}
@@ -271,11 +262,18 @@ class Runner:
         profiled = {}
         if session is not None:
             session.stop()
-            profiled = {"profiled": profiling.session_evidence(session, message.get("calls") or {})}
-        ops = {**self.ops, "aten_ops": dict(self.recorder.ops), "own_ops": dict(self.recorder.own_ops),
-               "torch_flops": self.recorder.flops, "torch_bytes": self.recorder.bytes}
+            profiled = {"profiled": profiling.session_evidence(session, message.get("groups") or {}, message.get("calls") or {})}
+        ops = {**self.ops, "aten_ops": dict(self.recorder.ops), "own_ops": dict(self.recorder.own_ops)}
         extra = {"persisting_l2_limit": runtime.persisting_l2_limit()} if self.device.type == "cuda" else {}
-        return {"evidence": self.evidence, "ops": ops, "launches": dict(self.gate.counts), "kernels": sorted(self.gate.names), **extra, **profiled}
+        return {"evidence": self.evidence, "ops": ops, "launches": dict(self.gate.counts), "kernels": sorted(self.gate.names),
+                "calls": self.calls, **extra, **profiled}
+
+
+def unlist_harness() -> None:
+    """kbsweep's modules out of ``sys.modules`` before the candidate is imported: an ``import kbsweep...`` then loads
+    a fresh copy (an import the monitor records), never the modules whose functions this process runs."""
+    for name in [name for name in sys.modules if name == "kbsweep" or name.startswith("kbsweep.")]:
+        del sys.modules[name]
 
 
 def poison_free_memory(device: torch.device, fill: int) -> None:

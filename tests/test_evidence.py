@@ -1,0 +1,164 @@
+"""The evidence the referee reads from the candidate's runner, and what it checks of it itself: call ranges read by
+the ids of this grade's commands (a range's public name proves nothing), each call's work against the problem's
+(glue and one-time preparation left out), the candidate's own kernels on a kernel track, the runner never
+learning which stage a call serves, and the problem's own output check on every compared call."""
+from __future__ import annotations
+
+import re
+import shutil
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from kbsweep.audit.cases import run_case, summary
+from kbsweep.grader import checks, profiling, witness
+from kbsweep.grader.candidate import load_module
+from kbsweep.score import load_roofline
+from tests.support.grading import CPU
+from tests.test_exploits import QUICK_TIMING, REPO
+
+A, B = "a" * profiling.TOKEN_CHARS, "b" * profiling.TOKEN_CHARS  # two commands' ids
+
+
+def session(body) -> object:
+    """A finished CPU profiler session over ``body()``."""
+    with profiling.profiler_session(torch.device("cpu")) as prof:
+        body()
+    return prof
+
+
+def test_ranges_are_read_by_command_id_and_a_forged_one_bounds_nothing():
+    x = torch.randn(64, 64)
+    rf = torch.profiler.record_function
+
+    def calls():
+        with rf(profiling.CALL_RANGE + A):
+            with rf("kbsweep::kernel"):  # the name the harness once skipped: counted like any op now
+                torch.mm(x, x)
+            with rf(profiling.CALL_RANGE + A):  # inside a call: not a call of its own
+                torch.exp(x)
+        with rf(profiling.CALL_RANGE + B + profiling.CAPTURE_TAG):
+            torch.sin(x)
+        with rf(profiling.CALL_RANGE + "f" * profiling.TOKEN_CHARS):  # an id no command had
+            torch.sort(x)
+
+    found = profiling.session_evidence(session(calls), {A: "/correctness/0", B: "/timing/0"}, {"/correctness/0": 1})
+    assert found["ranges"] == {"/correctness/0": 1, "/timing/0/capture": 1}
+    assert found["forged_ranges"] == 2
+    assert {"aten::mm", "aten::exp", "aten::sin"} <= set(found["ops"]) and "aten::sort" not in found["ops"]
+    assert "kbsweep::kernel" not in found["ops"]  # a range of any name is not an op
+    assert found["range_flops"]["/correctness/0"] == [2 * 64 ** 3]
+
+
+def test_work_leaves_out_each_instances_first_call_and_finds_idle_groups():
+    prep, call = [1e6, 0, 1, 0, 0], [10.0, 0, 1, 0, 0]
+    rows = [(0, prep)] + [(0, call)] * 3 + [(1, prep), (1, call)]
+    work = witness.call_work({"/correctness/0": rows}, {}, lambda group: (100.0, 100.0))
+    assert work["basis"] == "compared" and work["byte_share"] == pytest.approx(0.1) and not work["idle_groups"]
+    timed = {"/timing/0": [(2, [0, 0, 0, 0, 0])] * 3, "/correctness/0": rows}
+    work = witness.call_work(timed, {"/timing/0": [50, 50, 50]}, lambda group: (100.0, 100.0))
+    assert work["basis"] == "timed" and work["flop_share"] == 0.5 and work["idle_groups"] == ["/timing/0"]
+
+
+def test_records_are_checked_against_the_calls_made():
+    rows = {"/correctness/0": [(0, [0.0] * 5)] * 3}
+    assert witness.mismatches({"/correctness/0": 3}, rows, {"ranges": {"/correctness/0": 3}, "forged_ranges": 0}) == []
+    short = witness.mismatches({"/correctness/0": 4}, rows, {"ranges": {"/correctness/0": 2}, "forged_ranges": 1})
+    assert len(short) == 4  # fewer records, fewer ranges, records and ranges apart, a forged range
+
+
+def test_a_problem_check_decides_the_outputs_with_several_right_answers():
+    check_outputs = load_module("topk_reference", REPO / "problems/hard/topk/reference.py").check_outputs
+    x = torch.tensor([[1.0, 3.0, 3.0, 0.0]])
+    expected = (torch.tensor([[3.0, 3.0]]), torch.tensor([[1, 2]]))
+    swapped = (torch.tensor([[3.0, 3.0]]), torch.tensor([[2, 1]]))
+    table = {"float32": {"atol": 0.0, "rtol": 0.0}}
+    with pytest.raises(checks.CheckFailure):
+        checks.verify(expected, swapped, [x], table)  # no problem check: indices compared exactly
+    checks.verify(expected, swapped, [x], table, hook=check_outputs)
+    with pytest.raises(checks.CheckFailure, match="repeats"):
+        checks.verify(expected, (torch.tensor([[3.0, 3.0]]), torch.tensor([[1, 1]])), [x], table, hook=check_outputs)
+
+
+def grade_case(tmp_path: Path, cases_home: Path, source: str, mode: str = "check", problems: Path = REPO / "problems"):
+    path = tmp_path / "solution_case.py"
+    path.write_text(textwrap.dedent(source))
+    roofline = load_roofline([str(REPO / "roofline_specs")], "cpu")
+    (tmp_path / "case").mkdir()
+    return run_case(path, tmp_path / "case", CPU, roofline, problems, mode=mode, timing=QUICK_TIMING, shared=cases_home)
+
+
+def test_a_plain_pytorch_solution_on_a_kernel_track_is_a_finding_and_has_no_score(tmp_path, cases_home):
+    source = (REPO / "tests/exploits/plain_pytorch.py").read_text()
+    _, result, audited = grade_case(tmp_path, cases_home, source, mode="bench")
+    assert result["outcome"] == "pass" and result["score"] is None, summary(result, audited)
+    assert any(f["kind"] == "no_kernel" for f in result["findings"]), summary(result, audited)
+
+
+def test_the_runner_never_learns_which_stage_a_call_serves(tmp_path, cases_home):
+    """Every command reaches the runner under an id drawn for it alone: no stage's name, no id twice."""
+    source = '''
+        """Problem: demo/scale_shift"""
+        import sys
+        from pathlib import Path
+
+        from _demo_kernels import scale_shift
+        from _scale_shift_params import ScaleShiftParams
+
+        LOG = Path(__file__).with_name("tags.log")
+
+
+        class ModelNew(ScaleShiftParams):
+            def forward(self, x):
+                frame = sys._getframe(1)
+                while frame is not None and not hasattr(frame.f_locals.get("self"), "monitor"):
+                    frame = frame.f_back
+                runner = frame.f_locals["self"]
+                with LOG.open("a") as log:
+                    log.write(f"{runner.stage} {runner.tag}\\n")
+                return scale_shift(x, self.weight, self.bias)
+    '''
+    for helper in ("_demo_kernels.py", "_scale_shift_params.py"):
+        shutil.copy(REPO / "tests/exploits" / helper, tmp_path / helper)
+    _, result, audited = grade_case(tmp_path, cases_home, source, mode="bench")
+    assert result["outcome"] == "pass", summary(result, audited)
+    seen = [line.split() for line in (tmp_path / "case/grade/candidate/tags.log").read_text().splitlines()]
+    ids = [tag.split("/")[0] for stage, tag in seen]
+    assert len(seen) > 20 and all(re.fullmatch(f"[0-9a-f]{{{profiling.TOKEN_CHARS}}}(/capture)?", tag) for _, tag in seen)
+    assert all(stage == tag for stage, tag in seen)
+    assert len(set(ids)) > 10  # a new id for every command (a batch's calls share theirs)
+    stages = {e["stage"] for e in result["evidence"]["runtime_events"]}
+    assert "correctness" in stages and stages <= {"import_candidate", "correctness", "timing", "audit"}  # named back here
+
+
+def test_every_compared_call_uses_the_problems_own_check(tmp_path, cases_home):
+    """Top-k over rows full of ties, answered with the other tie order than the reference's: the problem's
+    check_outputs accepts it in the correctness stage and in the timed batches' checks alike."""
+    problems = tmp_path / "problems"
+    deck = problems / "hard" / "topk"
+    shutil.copytree(REPO / "problems/hard/topk", deck, ignore=shutil.ignore_patterns("solutions"))
+    reference = deck / "reference.py"
+    reference.write_text(reference.read_text() + textwrap.dedent('''
+
+        def get_inputs(shape: dict, device: torch.device) -> list:
+            return [torch.randint(0, 4, (shape["batch"], shape["n"]), device=device).float()]  # every row full of ties
+    '''))
+    source = '''
+        """Problem: hard/topk"""
+        import torch
+
+
+        class ModelNew(torch.nn.Module):
+            def __init__(self, k):
+                super().__init__()
+                self.k = k
+
+            def forward(self, x):
+                values, indices = torch.topk(x.flip(-1), self.k, dim=-1)  # of equal values, the last one first
+                return values, x.shape[-1] - 1 - indices
+    '''
+    _, result, audited = grade_case(tmp_path, cases_home, source, mode="bench", problems=problems)
+    assert result["outcome"] == "pass", summary(result, audited)
+    assert result["timings"] and all(entry["candidate"]["median_ms"] > 0 for entry in result["timings"])

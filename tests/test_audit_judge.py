@@ -9,7 +9,7 @@ import pytest
 from kbsweep.agent.providers import build_model
 from kbsweep.audit import audit
 from kbsweep.audit.judge import RUBRIC
-from tests.support.fake_provider import FakeProvider, HttpError, Reply
+from tests.support.fake_provider import FakeProvider, HttpError, MalformedToolCall, Reply
 
 pytestmark = pytest.mark.fast
 
@@ -91,3 +91,13 @@ def test_two_malformed_answers_or_a_failed_call_need_a_human():
     assert [f["kind"] for f in result["findings"]] == ["judge_error"]
     result, _ = judged(HttpError(401))
     assert [f["kind"] for f in result["findings"]] == ["judge_error"]
+
+
+def test_a_judge_call_that_fails_for_good_still_counts_what_its_attempts_were_billed():
+    with FakeProvider([MalformedToolCall(prompt_tokens=1_000, completion_tokens=800)] * 2) as fp:
+        conf = {"name": "judge", "provider": "litellm", "route": "openai/judge", "api_base": fp.base_url, "api_key_env": None,
+                "max_output_tokens": 2000, "timeout_s": 10, "retry": {"max_attempts": 2, "base_delay_s": 0.01}}
+        result = audit(SOURCE, FORBIDDEN, None, judge=build_model(conf, {}))
+    assert [f["kind"] for f in result["findings"]] == ["judge_error"]
+    record = result["layers"]["judge"]
+    assert record["usage"]["input_tokens"] == 2_000 and record["usage"]["output_tokens"] == 1_600

@@ -22,7 +22,7 @@ from kbsweep.export import export_dataset
 from kbsweep.harness import runner_for
 from kbsweep.harness.locate import install_dir
 from kbsweep.harness.proxy import ModelProxy
-from tests.support.fake_provider import FakeProvider, HttpError, Reply, ToolCall
+from tests.support.fake_provider import FakeProvider, HttpError, MalformedToolCall, Reply, ToolCall
 from tests.support.scripts import kernel
 from tests.support.sweeps import KEY_ENV, SECRET, cell_runs, model_yaml, results, sweep
 
@@ -185,7 +185,8 @@ def test_a_track_without_the_shell_leaves_both_clis_without_one_and_keeps_their_
 def test_provider_faults_end_both_harnesses_as_infrastructure(tmp_path):
     def failing(request):
         tools = {t["function"]["name"] for t in request.get("tools") or []}
-        return HttpError(429) if not tools or "Read" in tools else HttpError(500)  # Claude Code (its title call has no tools), Codex
+        # Claude Code (its title call has no tools); Codex gets garbled replies, billed as a provider charges them
+        return HttpError(429) if not tools or "Read" in tools else MalformedToolCall(prompt_tokens=1_000, completion_tokens=100)
 
     _, cells = run(tmp_path, failing, exit_code=ExitCode.INFRA)  # cells left for a rerun
     assert (cells["claude-code"]["outcome"], cells["codex"]["outcome"]) == ("rate_limited", "provider_error")
@@ -193,6 +194,7 @@ def test_provider_faults_end_both_harnesses_as_infrastructure(tmp_path):
         assert result["stop_reason"] == "provider_fault" and result["score"] is None
         kinds = [e["type"] for e in events_of(result)]
         assert kinds.count("retry") == 2 and kinds.count("error") == 1  # the built-in loop's retry rules, at the proxy
+    assert cells["codex"]["usage"]["input_tokens"] >= 3_000  # the three garbled attempts, counted though none answered
 
 
 @pytest.mark.fast

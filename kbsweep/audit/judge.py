@@ -133,8 +133,10 @@ def run(
         record["attempts"] += 1
         try:
             completion = model.complete(messages, [], deadline=deadline)
-        except ProviderFault as exc:
-            return [finding("judge_error", "judge", f"{exc.outcome.value}: {exc}")], {**record, "error": str(exc)}
+        except ProviderFault as exc:  # what its failed attempts were billed still counts
+            usage.add(exc.usage)
+            return [finding("judge_error", "judge", f"{exc.outcome.value}: {exc}")], {**record, "error": str(exc), "usage": asdict(usage),
+                                                                                   "cost_usd": record["cost_usd"] + exc.cost_usd}
         except Exception as exc:  # noqa: BLE001 - a bug or a model that cannot be built: recorded, never raised
             reason = f"{type(exc).__name__}: {exc}".splitlines()[0]
             return [finding("judge_error", "judge", reason)], {**record, "error": reason}

@@ -268,6 +268,8 @@ class ModelProxy:
                 raise Refused(400, f"prompt is too long: {overflow}", overflow=True) from None
             except ProviderFault as fault:
                 self.note("error", outcome=fault.outcome.value, message=str(fault))
+                self.result.usage.add(fault.usage)  # what the failed attempts were billed
+                self.result.cost_usd += fault.cost_usd
                 if time.monotonic() >= deadline:
                     self.end(StopReason.WALL_CLOCK)
                 else:

@@ -79,10 +79,14 @@ def sweep_cells(cfgs: List[DictConfig]) -> tuple:
 
 @verb("run")
 def run_verb(cfgs: List[DictConfig]) -> int:
-    """Run a sweep (resuming it), then print its leaderboard."""
+    """Run a sweep (resuming it), then print its own leaderboards (the report files keep every sweep's)."""
+    from kbsweep.render import render_terminal
+
     cells, left = sweep_cells(cfgs)
-    report_verb(cfgs)
-    for sweep in sorted({cell.sweep for cell in cells}):
+    sweeps = {cell.sweep for cell in cells}
+    boards, _ = write_boards(cfgs[0])
+    print(render_terminal([board for board in boards if board["sweep"] in sweeps]))
+    for sweep in sorted(sweeps):
         print(f"[kbsweep] runs of '{sweep}': {runs_link(str(cfgs[0].tracking.uri), sweep)}", file=sys.stderr)
     if left:
         print(f"[kbsweep] {len(left)} of {len(cells)} cells are not finished (infrastructure faults); run the sweep again", file=sys.stderr)

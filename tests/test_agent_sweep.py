@@ -150,10 +150,12 @@ TERMINAL = {
 def test_terminal_faults_are_infra_not_scored_and_rerun(tmp_path):
     conf, outputs = tmp_path / "conf", tmp_path / "outputs"
     models = ",".join(TERMINAL)
-    with FakeProvider({name: steps for name, (steps, _) in TERMINAL.items()}) as fp:
-        for name in TERMINAL:
+    with FakeProvider({name: steps for name, (steps, _) in TERMINAL.items()} | {"fake-done": ["I cannot do this."]}) as fp:
+        for name in [*TERMINAL, "fake-done"]:
             model_yaml(conf, name, f"openai/{name}", fp.base_url)
+        assert sweep(conf, outputs, "model=fake-done", "sweep.name=earlier").returncode == 0  # another sweep's board in the store
         proc = sweep(conf, outputs, "-m", f"model={models}")
+        assert "fake-done" not in proc.stdout  # a sweep prints its own boards only
         assert proc.returncode == ExitCode.INFRA, proc.stderr  # no cell finished: the sweep is to be run again
         first = results(outputs)
         assert {name: r["outcome"] for name, r in first.items()} == {n: o for n, (_, o) in TERMINAL.items()}

@@ -234,15 +234,16 @@ def test_plan_shows_harness_cells_and_refuses_a_missing_or_unfit_harness(tmp_pat
     assert scripted.returncode == 2 and "harness/codex.yaml: needs a litellm model" in scripted.stderr
 
 
+ON_PATH = "kbsweep-path-codex"  # a name the install folder does not hold: found on PATH only
+
+
 def path_only(tmp_path: Path, monkeypatch) -> Path:
-    """The installed CLIs reachable only through a PATH folder of symlinks to them (npm's layout: a global
-    ``bin/codex`` -> ``.../node_modules/.bin/codex`` -> ``../@openai/codex/bin/codex.js``), the install folder
-    empty; returns the PATH folder."""
+    """Codex reachable only through a PATH folder's symlink to it, under a name the install folder lacks (npm's
+    layout: a global ``bin/<name>`` -> ``.../node_modules/.bin/codex`` -> ``../@openai/codex/bin/codex.js``);
+    returns the PATH folder."""
     path = tmp_path / "bin"
     path.mkdir()
-    for name in ("claude", "codex"):
-        (path / name).symlink_to(install_dir() / "node_modules" / ".bin" / name)
-    monkeypatch.setenv("KBSWEEP_HARNESSES", str(tmp_path / "nothing-installed"))
+    (path / ON_PATH).symlink_to(install_dir() / "node_modules" / ".bin" / "codex")
     monkeypatch.setenv("PATH", f"{path}:{os.environ['PATH']}")
     return path
 
@@ -253,10 +254,10 @@ def test_a_cli_found_only_on_path_runs_in_the_sandbox(tmp_path, monkeypatch, cli
     path = path_only(tmp_path, monkeypatch)
     conf = tmp_path / "conf"
     model_yaml(conf, "fake", "openai/fake", "http://127.0.0.1:9/v1")
-    plan = cli("plan", "-cd", str(conf), "model=fake", "harness=codex", "track=demo", "problem=scale_shift", "gpu=cpu")
-    assert plan.returncode == 0 and f"codex: codex-cli 0.171.0 ({path}/codex)" in plan.stdout, plan.stderr
+    plan = cli("plan", "-cd", str(conf), "model=fake", "harness=codex", f"harness.bin={ON_PATH}", "track=demo", "problem=scale_shift", "gpu=cpu")
+    assert plan.returncode == 0 and f"codex: codex-cli 0.171.0 ({path}/{ON_PATH})" in plan.stdout, plan.stderr
 
-    _, cells = run(tmp_path, agent([write_solution(kernel("triton")), shell("kbsweep-check")]), SHELL, harnesses=["codex"])
+    _, cells = run(tmp_path, agent([write_solution(kernel("triton")), shell("kbsweep-check")]), SHELL, f"harness.bin={ON_PATH}", harnesses=["codex"])
     result = cells["codex"]
     assert (result["outcome"], result["stop_reason"]) == ("pass", "model_stopped"), result
     assert "outcome: pass" in [e for e in events_of(result) if e["type"] == "tool"][-1]["content"]
@@ -268,7 +269,7 @@ def test_a_cli_that_cannot_run_in_the_sandbox_is_refused_before_anything_runs(tm
     """A wrapper on PATH that starts the CLI from a folder nothing binds: `--version` runs outside, fails inside."""
     path = path_only(tmp_path, monkeypatch)
     (tmp_path / "elsewhere").mkdir()
-    (tmp_path / "elsewhere" / "codex").symlink_to(path / "codex")
+    (tmp_path / "elsewhere" / "codex").symlink_to(path / ON_PATH)
     wrapper = path / "kbsweep-wrapped-codex"
     wrapper.write_text(f'#!/bin/sh\nexec {tmp_path}/elsewhere/codex "$@"\n')
     wrapper.chmod(0o755)

@@ -1,7 +1,7 @@
 """Installs the pinned npm packages of the CLI harnesses (``conf/harness/*.yaml``) into ``.harnesses/``.
 
 ``python -m kbsweep.harness.install [name ...]`` (all harnesses with a package when no name is given); needs
-``npm``; ``$KBSWEEP_HARNESSES`` names another folder. The CLIs ship their native binaries as npm packages
+``npm``. The CLIs ship their native binaries as npm packages
 (optional dependencies per platform).
 """
 from __future__ import annotations

@@ -1,7 +1,6 @@
 """Where a CLI harness is installed and what its sandbox must hold to run it.
 
-A harness's ``bin`` is looked up in the install folder's ``node_modules/.bin`` (``.harnesses/``, or
-``$KBSWEEP_HARNESSES``), then on PATH. Either way the name is usually a symlink (npm's ``bin/codex ->
+A harness's ``bin`` is looked up in the install folder's ``node_modules/.bin`` (``.harnesses/``), then on PATH. Either way the name is usually a symlink (npm's ``bin/codex ->
 ../lib/node_modules/@openai/codex/bin/codex.js``) to a script run by an interpreter (``#!/usr/bin/env node``) that
 may live outside the system folders the sandbox mounts (a user's npm prefix, nvm). :func:`locate` follows the
 links and the shebang: the CLI is started as ``[interpreter, *its arguments, script]`` (or the native binary
@@ -10,7 +9,6 @@ dependencies it loads, e.g. Codex's platform binary) and the interpreter's folde
 """
 from __future__ import annotations
 
-import os
 import shlex
 import shutil
 from dataclasses import dataclass
@@ -22,9 +20,8 @@ from kbsweep.paths import REPO_ROOT
 
 
 def install_dir() -> Path:
-    """Where `python -m kbsweep.harness.install` puts the pinned packages (read at each call: tests and users may
-    point it elsewhere)."""
-    return Path(os.environ.get("KBSWEEP_HARNESSES") or REPO_ROOT / ".harnesses")
+    """Where `python -m kbsweep.harness.install` puts the pinned packages."""
+    return REPO_ROOT / ".harnesses"
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -78,8 +78,10 @@ def selected_problems(cfg: DictConfig) -> List[str]:
     return [n for n in names if n in wanted]
 
 
-def cells_of(cfg: DictConfig) -> List[Cell]:
-    """The cells one composed config stands for (one per selected problem)."""
+def cells_of(cfg: DictConfig, repeats: Optional[Sequence[int]] = None) -> List[Cell]:
+    """The cells one composed config stands for, repeat by repeat, each repeat's problems in the track's order
+    (``repeats``: those of the jobs that differ from ``cfg`` only in their repeat, :class:`kbsweep.jobs.Jobs`;
+    None: cfg's own)."""
     container = OmegaConf.to_container(cfg, resolve=True)
     Budgets.of_cell(container["model"], container["track"])  # refuses budgets it could not enforce, before anything runs
     runner_for(container["harness"]).preflight(container["model"])  # refuses a harness that is missing or cannot drive this model
@@ -87,29 +89,30 @@ def cells_of(cfg: DictConfig) -> List[Cell]:
     cells = []
     names = selected_problems(cfg)
     folders = find_problem_dirs(list(cfg.paths.problems), cfg.track.problems_dir, names, cfg.track.format, cfg.track.kernelbench_version)
-    for folder in folders:
-        problem = load_problem(folder, cfg.track.name)
-        deck = problem.deck_hash()
-        gpu = GpuSpec(**container["gpu"])
-        key = cell_key(container["model"], gpu, container["track"], problem.id, deck, cfg.repeat, container["harness"])
-        cells.append(
-            Cell(
-                sweep=cfg.sweep.name,
-                key=key,
-                model=container["model"],
-                gpu=gpu,
-                track=container["track"],
-                problem=problem.id,
-                problem_dir=str(folder),
-                deck_version=deck,
-                repeat=int(cfg.repeat),
-                paths=container["paths"],
-                launcher=container["launcher"],
-                grade=container["grade"],
-                judge=judge,
-                harness=container["harness"],
+    gpu = GpuSpec(**container["gpu"])
+    problems = [(folder, load_problem(folder, cfg.track.name)) for folder in folders]
+    decks = [problem.deck_hash() for _, problem in problems]
+    for repeat in [container["repeat"]] if repeats is None else repeats:
+        for (folder, problem), deck in zip(problems, decks):
+            key = cell_key(container["model"], gpu, container["track"], problem.id, deck, repeat, container["harness"])
+            cells.append(
+                Cell(
+                    sweep=container["sweep"]["name"],
+                    key=key,
+                    model=container["model"],
+                    gpu=gpu,
+                    track=container["track"],
+                    problem=problem.id,
+                    problem_dir=str(folder),
+                    deck_version=deck,
+                    repeat=int(repeat),
+                    paths=container["paths"],
+                    launcher=container["launcher"],
+                    grade=container["grade"],
+                    judge=judge,
+                    harness=container["harness"],
+                )
             )
-        )
     return cells
 
 
@@ -123,13 +126,18 @@ def judge_conf(cfg: DictConfig) -> Optional[Dict[str, Any]]:
     return model_conf(str(name))
 
 
-def build_matrix(cfgs: List[DictConfig]) -> List[Cell]:
-    """All cells of a sweep, de-duplicated by key, in a stable order; validated (:mod:`kbsweep.validate`)."""
+def build_matrix(cfgs: Sequence[DictConfig]) -> List[Cell]:
+    """All cells of a sweep, de-duplicated by key, in a stable order; validated (:mod:`kbsweep.validate`).
+    ``cfgs``: the jobs' configs (a :class:`kbsweep.jobs.Jobs` gives each prepared config once with its repeats)."""
+    from kbsweep.jobs import as_jobs
     from kbsweep.validate import check_cells
 
+    jobs = as_jobs(cfgs)
+    built = [cells_of(cfg, repeats) for cfg, repeats in jobs.units]
     seen: Dict[str, Cell] = {}
-    for cfg in cfgs:
-        for cell in cells_of(cfg):
+    for unit, place in jobs.where:  # the jobs' order
+        per = len(built[unit]) // len(jobs.units[unit][1])
+        for cell in built[unit][place * per : (place + 1) * per]:
             seen.setdefault(cell.key, cell)
     cells = list(seen.values())
     check_cells(cells)

@@ -44,7 +44,12 @@ DEVICE_BOUND = re.compile(r"meta|cpu|cuda|not implemented|not supported|accelera
 def check_cells(cells: List[Cell]) -> None:
     """Raise a KbsweepError (one line) for the first thing any cell would trip over."""
     probes: Dict[str, Tuple[Path, Dict[str, Any], bool]] = {}
+    checked = set()
     for cell in cells:
+        what = (cell.problem_dir, cell.track["name"], cell.gpu.shape_set, tuple(cell.paths["roofline_specs"]), cell.gpu.roofline)
+        if what in checked:  # a sweep's repeats and models check the same problems
+            continue
+        checked.add(what)
         roofline = load_roofline(cell.paths["roofline_specs"], cell.gpu.roofline)
         problem = load_problem(Path(cell.problem_dir), cell.track["name"])
         check_problem(problem, cell.gpu.shape_set, roofline, cell.gpu.roofline)

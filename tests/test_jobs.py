@@ -43,3 +43,18 @@ def test_cli_sweep_composes_every_job_before_the_verb(cli):
     assert proc.returncode == ExitCode.CONFIG and "key 'repeat': must be an integer >= 0, got -1" in proc.stderr, proc.stderr
     proc = cli("plan", "-m", "gpu=cpu", "repeat=range(0,3)")
     assert proc.returncode == 0 and [f"r{r}" in proc.stdout for r in range(3)] == [True] * 3, proc.stderr
+
+
+@pytest.mark.fast
+def test_repeats_share_one_config_and_give_the_cells_of_one_by_one_composition():
+    """A set's repeats are one prepared config until a job's own is read; its cells, keys and order are those of
+    composing each job alone; an interpolated repeat still resolves per job."""
+    from kbsweep.matrix import build_matrix
+
+    jobs = compose(["gpu=cpu", "repeat=range(0,5)", "model=scripted,scripted-lazy"], "plan")
+    assert len(jobs.units) == 2 and not jobs.copies
+    one_by_one = [c for r in range(5) for m in ("scripted", "scripted-lazy") for c in build_matrix(compose(["gpu=cpu", f"repeat={r}", f"model={m}"], "plan"))]
+    assert [(c.key, c.label) for c in build_matrix(jobs)] == [(c.key, c.label) for c in one_by_one]
+    assert not jobs.copies and jobs[3].repeat == 1 and jobs[3].model.name == "scripted-lazy" and jobs.units[1][0].repeat == 0
+    named = compose(["gpu=cpu", "repeat=0,1", "sweep.name=demo-r${repeat}"], "plan")
+    assert len(named.units) == 2 and [c.sweep for c in build_matrix(named)] == ["demo-r0", "demo-r0", "demo-r1", "demo-r1"]

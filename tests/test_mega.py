@@ -135,8 +135,9 @@ def test_dense_decode_solutions_graded_on_cpu(roofline, tmp_path, solution, outc
 
 
 def test_cpu_full_grade_marks_the_launch_count_unverified(roofline, tmp_path):
+    """A solution of Triton kernels (graph.py runs the step eagerly in torch on a CPU: no kernel of its own there)."""
     prob = problem("dense_decode")
-    result = graded(prob, prob.root / "solutions/graph.py", CPU, roofline, baselines=["baseline"], timeout_s=300, log_dir=tmp_path)
+    result = graded(prob, prob.root / "solutions/triton.py", CPU, roofline, baselines=["baseline"], timeout_s=300, log_dir=tmp_path)
     assert result["outcome"] == "pass", result.get("message")
     assert {f["kind"] for f in result["findings"]} == {"launch_count_unverified"}
     assert result["basis"] == "speedup" and result["score"] == pytest.approx(result["speedup"]["baseline"])
@@ -175,8 +176,12 @@ def test_matches_the_reference_in_process(name, file):
 class ProfiledEvent:
     """A profiler record as torch's kineto results give it (the fields GpuKernels reads)."""
 
-    def __init__(self, name, gpu, correlation, start, end=None, stream=7):
+    def __init__(self, name, gpu, correlation, start, end=None, stream=7, annotation=False):
         self._name, self._gpu, self._corr, self._start, self._end, self._stream = name, gpu, correlation, start, end or start + 1, stream
+        self._annotation = annotation
+
+    def is_user_annotation(self):
+        return self._annotation
 
     def name(self):
         return self._name
@@ -209,7 +214,7 @@ def test_the_kernel_profile_counts_a_calls_own_launches_and_gates_on_the_median_
         t = call * 1000
         ranges.append((t, t + 100))
         events += [ProfiledEvent("cuLaunchKernelEx", False, 10 * call, t + 10), ProfiledEvent("_decode_step", True, 10 * call, t + 20, t + 90),
-                   ProfiledEvent("kbsweep::call/timing/0", True, 0, t + 20, t + 90),
+                   ProfiledEvent("kbsweep::call/timing/0", True, 0, t + 20, t + 90, annotation=True),
                    ProfiledEvent("cudaLaunchKernel", False, 10 * call + 1, t + 200), ProfiledEvent("reduce_kernel", True, 10 * call + 1, t + 210)]
     events += [ProfiledEvent("cudaLaunchKernel", False, 999, 50), ProfiledEvent("setup_kernel", True, 999, 60)]
     host = [(e.name(), e.start_ns(), e) for e in events if not e._gpu]

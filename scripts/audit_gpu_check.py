@@ -53,7 +53,8 @@ def observed(result: dict, audited: dict) -> dict:
         "static": sorted({f["kind"] for f in audited["findings"] if f["layer"] == "static" and f["verdict"]}),
         "launches": probe.get("launches"),
         "aten_ops": probe.get("aten_ops"),
-        "torch_flop_share": probe["torch_flops"] / probe["problem_flops"] if probe.get("problem_flops") else None,
+        "torch_flop_share": (probe.get("work") or {}).get("flop_share"),  # the median counted call's
+        "host_bytes": (probe.get("work") or {}).get("host_bytes"),
         "ghost": probe.get("ghost"),
         "persisting_l2_limit": probe.get("persisting_l2_limit"),
         "profiled_kernels": profile.get("kernels"),

@@ -245,9 +245,9 @@ class CandidateContext:
     @staticmethod
     def fill_byte(unlike: Optional[int] = None) -> int:
         """The poison byte of one call's free memory and new allocations (other than ``unlike``): drawn afresh for
-        every checked call and ghost replay alike, so no fill tells one from another; 0xC0-0xFF make large negative
-        floats or NaN, and nonsense indices."""
-        return secrets.choice([byte for byte in range(0xC0, 0x100) if byte != unlike])
+        every checked call and ghost replay alike, so no fill tells one from another: 0xC0-0xFE, large negative
+        floats and nonsense indices (never 0xFF, a fixed NaN pattern a candidate could look for)."""
+        return secrets.choice([byte for byte in range(0xC0, 0xFF) if byte != unlike])
 
     def poison_slots(self, slots: List[Dict[str, Any]]) -> None:
         """0xFF bytes (NaN in every float format) in output slots, so an unwritten one shows."""

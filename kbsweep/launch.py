@@ -89,6 +89,9 @@ class Launcher(ABC):
         """The launcher ``conf`` asks for (a kind may pick a variant by its other keys)."""
         return cls(conf)
 
+    def check(self, cells: List[Cell]) -> None:
+        """Refuse cells this launcher cannot run (a one-line KbsweepError); the sweep asks before its preflight."""
+
     @abstractmethod
     def run(self, cells: List[Cell], on_start: OnStart, on_done: OnDone) -> None: ...
 
@@ -165,9 +168,6 @@ class SubmititLauncher(Launcher):
     @abstractmethod
     def parameters(self, cell: Cell) -> Dict[str, Any]:
         """submitit parameters of one cell's job."""
-
-    def check(self, cells: List[Cell]) -> None:
-        """Refuse, before anything runs, cells this launcher cannot run."""
 
     @abstractmethod
     def submit(self, cell: Cell) -> Any:

@@ -202,6 +202,8 @@ def orchestrate(cells: List[Cell], tracking: Dict[str, Any], launcher: Dict[str,
     announce(cells, skipped, len(replay), len(todo), stale)
     if not (todo or replay or salvage):  # no parent run for an invocation that logs nothing
         return [c for c in cells if c.key not in finished]
+    runner = make_launcher(launcher)
+    runner.check(todo)  # a cell the launcher cannot run (too few GPUs) is refused before the preflight's requests and any run
     before(todo)
     tracker.start_sweep({"launcher": launcher["kind"], "force": str(force)}, len(cells))
     unlogged = [c.key for c in salvage if attempt(lambda c: tracker.finish_cell(tracker.start_cell(c), CellResult.from_json(journal(c))), c) is None]
@@ -250,7 +252,7 @@ def orchestrate(cells: List[Cell], tracking: Dict[str, Any], launcher: Dict[str,
                     on_start(cell)
                     on_done(cell, journal(cell))
                 try:
-                    make_launcher(launcher).run(todo, on_start, on_done)
+                    runner.run(todo, on_start, on_done)
                 except KeyboardInterrupt:
                     logging_calls.submit(interrupted)
                     status = "KILLED"

@@ -64,7 +64,7 @@ def probe_findings(probe: Dict[str, Any], forbidden: Forbidden, compute_rules: b
     if compute_rules and moved >= LIBRARY_BYTE_SHARE:
         out.append(finding("library_compute", "dynamic", f"torch ops moved {moved:.1f}x the problem's bytes"))
     if compute_rules and host >= HOST_BYTES:
-        out.append(finding("library_compute", "dynamic", f"the median call moved {host:.0f} bytes between torch and host arrays (numpy, DLPack)"))
+        out.append(finding("library_compute", "dynamic", f"a counted call moved {host:.0f} bytes between torch and host arrays (numpy, DLPack)"))
     if probe.get("persisting_l2_limit"):
         out.append(finding("persisting_l2", "dynamic", f"persisting-L2 limit {probe['persisting_l2_limit']} bytes"))
     return out

@@ -6,8 +6,8 @@
 #
 # HOST_PACKAGES is that machine's `python3 -m pip freeze` (default docs/data/h200_pip_freeze.txt, else the image's
 # package list docs/data/h200_image_packages_2026-11-17.txt); a line naming a package without `==version` counts as
-# installed at a version that fits. The resolved list is the closure of pyproject's dependencies over this
-# checkout's .venv (the versions its tests pass with), markers read for Linux x86_64 and the machine's Python:
+# installed at a version that fits. The resolved list is the closure of pyproject's dependencies and build
+# requirements over this checkout's .venv (the versions its tests pass with), markers read for Linux x86_64 and the machine's Python:
 # what the host lacks, or has at a version outside a requirement, is carried at the .venv's version, one wheel
 # each with --no-deps (.carry/carry.txt); torch and Triton never. Wheels for Python $PYVER (3.12), manylinux
 # x86_64; antlr4's runtime built here (it publishes no wheel); bubblewrap as a .deb. The total must stay within
@@ -53,7 +53,8 @@ for line in open(host_file):
         host[canon(name)] = Version(version.split("+")[0]) if version else None
 installed = {canon(d.metadata["Name"]): d for d in metadata.distributions()}
 needs, followed = {}, set()
-pending = [Requirement(spec) for spec in tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]]
+pyproject = tomllib.load(open("pyproject.toml", "rb"))  # the build's requirements too: kbsweep installs -e there, unisolated
+pending = [Requirement(spec) for spec in pyproject["project"]["dependencies"] + pyproject["build-system"]["requires"]]
 while pending:  # over the .venv's installed metadata, each (package, extra) once
     req = pending.pop()
     name = canon(req.name)

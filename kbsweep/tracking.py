@@ -8,6 +8,7 @@ write ``result.json`` journals that are logged when they come back, so a killed 
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import platform
@@ -82,8 +83,10 @@ def owner_alive(value: Optional[str]) -> bool:
     return found is not None and start in ("", found)
 
 
+@functools.lru_cache(maxsize=None)
 def versions() -> Dict[str, str]:
-    """Versions of Python and of the installed packages a result depends on (the grader's torch/triton come as env.*)."""
+    """Versions of Python and of the installed packages a result depends on (the grader's torch/triton come as env.*);
+    read once a process (reading each package's metadata took ~5 ms a cell). Callers copy it."""
     found = {"version.python": platform.python_version()}
     for package in VERSIONED_PACKAGES:
         try:
@@ -100,19 +103,25 @@ def provider_of(model: Dict[str, Any]) -> str:
 
 def cell_params(cell: Cell) -> Dict[str, str]:
     """The whole resolved cell config, flattened, plus what reports need to draw rooflines."""
+    config = {"model": cell.model, "harness": cell.harness, "gpu": asdict(cell.gpu), "track": cell.track, "grade": cell.grade, "launcher": cell.launcher, "paths": cell.paths}
+    params = flatten("", config, {})
+    params.update(problem_params(cell.problem_dir, cell.deck_version, cell.track["name"], tuple(cell.paths["roofline_specs"]), cell.gpu.roofline))
+    params.update({"problem": cell.problem, "repeat": str(cell.repeat), "deck_version": cell.deck_version, **versions()})
+    return params
+
+
+@functools.lru_cache(maxsize=256)
+def problem_params(problem_dir: str, deck_version: str, track: str, roofline_specs: Tuple[str, ...], roofline_name: str) -> Dict[str, str]:
+    """A problem's regime, peak and score and its GPU's roofline, as params; read once per problem version and GPU a
+    process (a sweep's repeats read the same; ``deck_version`` keys it: a changed problem is read again). Callers
+    copy it."""
     from kbsweep.problems import load_problem
     from kbsweep.score import load_roofline
 
-    spec = load_problem(Path(cell.problem_dir), cell.track["name"]).spec
-    roofline = load_roofline(cell.paths["roofline_specs"], cell.gpu.roofline)
-    config = {"model": cell.model, "harness": cell.harness, "gpu": asdict(cell.gpu), "track": cell.track, "grade": cell.grade, "launcher": cell.launcher, "paths": cell.paths}
-    params = flatten("", config, {})
-    params.update(flatten("roofline", {k: roofline.get(k) for k in ("name", "peaks_tflops", "dram_gbps")}, {}))
-    params.update(
-        {"problem": cell.problem, "problem.regime": spec.regime, "problem.peak": str(spec.peak), "problem.score": spec.score,
-         "repeat": str(cell.repeat), "deck_version": cell.deck_version, **versions()}
-    )
-    return params
+    spec = load_problem(Path(problem_dir), track).spec
+    roofline = load_roofline(list(roofline_specs), roofline_name)
+    params = flatten("roofline", {k: roofline.get(k) for k in ("name", "peaks_tflops", "dram_gbps")}, {})
+    return {**params, "problem.regime": spec.regime, "problem.peak": str(spec.peak), "problem.score": spec.score}
 
 
 def env_params(env: Dict[str, Any]) -> Dict[str, str]:
@@ -220,6 +229,7 @@ class Tracker:
         else:
             self.experiment_id = experiment.experiment_id
         self.parent_id: Optional[str] = None
+        self.labels: Dict[str, Tuple[str, str]] = {}  # run id -> (model, cell key) of a cell started and not finished
 
     def log_batch(
         self, run_id: str, params: Optional[Dict[str, str]] = None, tags: Optional[Dict[str, str]] = None, metrics: Iterable[tuple] = ()
@@ -297,6 +307,7 @@ class Tracker:
             tags["mlflow.parentRunId"] = self.parent_id
         run = self.client.create_run(self.experiment_id, tags=tags, run_name=cell.label.replace(" · ", "_"))
         self.log_batch(run.info.run_id, params=cell_params(cell))
+        self.labels[run.info.run_id] = (cell.model.get("route") or cell.model["name"], cell.key)
         return run.info.run_id
 
     def finish_cell(self, run_id: str, result: CellResult) -> str:
@@ -329,16 +340,15 @@ class Tracker:
         params = {f"shape{i}": shape_label(s.shape) for i, s in enumerate(result.shapes)}
         self.log_batch(run_id, params={**params, **env_params(result.env or {})}, tags=tags, metrics=metrics)
         folder = Path(result.folder or "")
+        model, key = self.labels.pop(run_id)
         for name in ARTIFACTS:
             if (folder / name).exists():
                 self.client.log_artifact(run_id, str(folder / name))
-        run = self.client.get_run(run_id)
         if (folder / "transcript.jsonl").exists():
             title = str(result.cell or run_id)
-            model = run.data.params.get("model.route") or run.data.tags.get("model", "")
             events = read_events(folder / "transcript.jsonl")
             self.client.log_text(run_id, trace_jsonl(events, run_id, title, model), "trace.jsonl")
-            log_trace(self.client, self.experiment_id, run_id, events, title, model, {CELL_KEY_TAG: run.data.tags.get(CELL_KEY_TAG, "")})
+            log_trace(self.client, self.experiment_id, run_id, events, title, model, {CELL_KEY_TAG: key})
         self.client.set_terminated(run_id, "FAILED" if result.outcome.is_infra else "FINISHED")
         return run_id
 

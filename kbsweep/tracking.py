@@ -14,6 +14,7 @@ import os
 import platform
 import re
 import socket
+import tempfile
 import time
 from dataclasses import asdict
 from importlib import metadata
@@ -229,7 +230,7 @@ class Tracker:
         else:
             self.experiment_id = experiment.experiment_id
         self.parent_id: Optional[str] = None
-        self.labels: Dict[str, Tuple[str, str]] = {}  # run id -> (model, cell key) of a cell started and not finished
+        self.labels: Dict[str, Tuple[str, str, str]] = {}  # run id -> (model, cell key, artifact URI) of a cell started, not finished
 
     def log_batch(
         self, run_id: str, params: Optional[Dict[str, str]] = None, tags: Optional[Dict[str, str]] = None, metrics: Iterable[tuple] = ()
@@ -307,7 +308,7 @@ class Tracker:
             tags["mlflow.parentRunId"] = self.parent_id
         run = self.client.create_run(self.experiment_id, tags=tags, run_name=cell.label.replace(" · ", "_"))
         self.log_batch(run.info.run_id, params=cell_params(cell))
-        self.labels[run.info.run_id] = (cell.model.get("route") or cell.model["name"], cell.key)
+        self.labels[run.info.run_id] = (cell.model.get("route") or cell.model["name"], cell.key, run.info.artifact_uri)
         return run.info.run_id
 
     def finish_cell(self, run_id: str, result: CellResult) -> str:
@@ -317,6 +318,8 @@ class Tracker:
         No plots: the loop's progress is the ``loop.best_score*`` metrics, which MLflow charts, and the cell's shapes
         on the roofline are in the report's plot of its problem (every repeat's points); drawing both here cost
         0.8-1 CPU-s a cell, most of what the orchestrator spent on a cell (docs/benchmarks.md, issue #22 item 5)."""
+        from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
+
         from kbsweep.agent.mlflow_trace import log_trace
         from kbsweep.agent.transcript import read_events
         from kbsweep.agent.trace_export import trace_jsonl
@@ -340,14 +343,17 @@ class Tracker:
         params = {f"shape{i}": shape_label(s.shape) for i, s in enumerate(result.shapes)}
         self.log_batch(run_id, params={**params, **env_params(result.env or {})}, tags=tags, metrics=metrics)
         folder = Path(result.folder or "")
-        model, key = self.labels.pop(run_id)
+        model, key, artifact_uri = self.labels.pop(run_id)
+        artifacts = get_artifact_repository(artifact_uri, tracking_uri=self.client.tracking_uri)  # the client's would read the run back
         for name in ARTIFACTS:
             if (folder / name).exists():
-                self.client.log_artifact(run_id, str(folder / name))
+                artifacts.log_artifact(str(folder / name))
         if (folder / "transcript.jsonl").exists():
             title = str(result.cell or run_id)
             events = read_events(folder / "transcript.jsonl")
-            self.client.log_text(run_id, trace_jsonl(events, run_id, title, model), "trace.jsonl")
+            with tempfile.TemporaryDirectory() as scratch:
+                (Path(scratch) / "trace.jsonl").write_text(trace_jsonl(events, run_id, title, model))
+                artifacts.log_artifact(str(Path(scratch) / "trace.jsonl"))
             log_trace(self.client, self.experiment_id, run_id, events, title, model, {CELL_KEY_TAG: key})
         self.client.set_terminated(run_id, "FAILED" if result.outcome.is_infra else "FINISHED")
         return run_id

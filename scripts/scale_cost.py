@@ -1,0 +1,138 @@
+"""What a sweep costs the orchestrator at 100, 1 000 and 10 000 cells, with cells that cost nothing: the `instant`
+model on the `instant` track (conf/model/instant.yaml, conf/track/instant.yaml: it reads the reference and submits
+no solution, so no cell grades), through the ordinary CLI, launcher and tracking. Per size N (N/2 repeats of the
+track's two problems), on an empty outputs folder:
+
+    plan          kbsweep plan -m ... "repeat=range(0,N/2)"
+    run_half      kbsweep -m ... "repeat=range(0,N/4)"    the first N/2 cells, launched and logged
+    resume_half   kbsweep -m ... "repeat=range(0,N/2)"    N cells, half finished: the other half run
+    resume_all    the same again: every cell finished
+    report        kbsweep report, its snapshot removed (the boards read from the store)
+    export        kbsweep export
+
+Each command's wall time, its orchestrator's own CPU-seconds and peak memory (the kbsweep process alone: its
+workers are not counted), the CPU its tracking calls took (start_cell + finish_cell, timed in that process), the
+seconds until it announced the cells and until its last cell was logged, the load average around it, and the
+tracking store's size. Peak memory and CPU come from the process itself (getrusage at exit).
+
+    python scripts/scale_cost.py OUTPUTS_ROOT OUT.json [N ...]        (default: 100 1000 10000)
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, List
+
+REPO = Path(__file__).resolve().parent.parent
+SWEEP = ["-m", "model=instant", "track=instant", "gpu=cpu", "preflight=off"]
+# runs kbsweep's CLI and writes its own usage at exit: CPU-seconds, peak RSS, and the tracking calls' thread CPU
+MEASURED = """
+import atexit, json, resource, sys, time
+from kbsweep import tracking
+out, sys.argv = sys.argv[1], ["kbsweep", *sys.argv[2:]]
+calls = {"cells_logged": 0, "tracking_cpu_s": 0.0}
+def timed(name):
+    real = getattr(tracking.Tracker, name)
+    def call(*args, **kwargs):
+        started = time.thread_time()
+        try:
+            return real(*args, **kwargs)
+        finally:
+            calls["tracking_cpu_s"] += time.thread_time() - started
+            calls["cells_logged"] += name == "finish_cell"
+    setattr(tracking.Tracker, name, call)
+for name in ("start_cell", "finish_cell"):
+    timed(name)
+def usage():
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    calls.update(cpu_s=own.ru_utime + own.ru_stime, peak_rss_mib=own.ru_maxrss / 1024)
+    with open(out, "w") as fh:
+        json.dump(calls, fh)
+atexit.register(usage)
+from kbsweep.cli import main
+main()
+"""
+
+
+def kbsweep(outputs: Path, args: List[str], scratch: Path) -> Dict[str, Any]:
+    """One command, measured: wall, the orchestrator's usage, when it announced its cells and logged its last."""
+    usage = scratch / "usage.json"
+    usage.unlink(missing_ok=True)
+    env = {**os.environ, "KBSWEEP_OUTPUTS": str(outputs), "KBSWEEP_LOCK_DIR": str(outputs / "locks")}
+    load = os.getloadavg()[0]
+    started = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-c", MEASURED, str(usage), *args], cwd=REPO, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    announced = last_done = None
+    tail: List[str] = []
+    for line in proc.stderr:
+        now = time.perf_counter() - started
+        if announced is None and line.startswith("[kbsweep] sweep '"):
+            announced = now
+        if " done, " in line:
+            last_done = now
+        tail = (tail + [line])[-5:]
+    proc.wait()
+    wall = time.perf_counter() - started
+    record = {"args": args, "exit_code": proc.returncode, "wall_s": wall, "announced_s": announced, "last_cell_s": last_done,
+              "load_before": load, "load_after": os.getloadavg()[0]}
+    record.update(json.loads(usage.read_text()) if usage.exists() else {"stderr_tail": "".join(tail)})
+    if proc.returncode != 0:
+        record["stderr_tail"] = "".join(tail)
+    return record
+
+
+def store_size(outputs: Path) -> Dict[str, int]:
+    database = sum(p.stat().st_size for p in outputs.glob("mlflow.db*"))
+    artifacts = sum(p.stat().st_size for p in (outputs / "mlartifacts").rglob("*") if p.is_file())
+    return {"mlflow_db_bytes": database, "artifact_bytes": artifacts, "artifact_files": sum(1 for p in (outputs / "mlartifacts").rglob("*") if p.is_file())}
+
+
+def one_size(root: Path, cells: int) -> Dict[str, Any]:
+    outputs = root / f"cells-{cells}"
+    shutil.rmtree(outputs, ignore_errors=True)
+    repeats = [f"repeat=range(0,{cells // 2})"]
+    phases = {"plan": kbsweep(outputs, ["plan", *SWEEP, *repeats], root)}
+    phases["run_half"] = kbsweep(outputs, [*SWEEP, f"repeat=range(0,{cells // 4})"], root)
+    phases["resume_half"] = kbsweep(outputs, [*SWEEP, *repeats], root)
+    phases["resume_all"] = kbsweep(outputs, [*SWEEP, *repeats], root)
+    (outputs / "reports" / ".boards.json").unlink(missing_ok=True)
+    phases["report"] = kbsweep(outputs, ["report"], root)
+    phases["export"] = kbsweep(outputs, ["export"], root)
+    for name in ("run_half", "resume_half"):
+        ran = phases[name]
+        logged = ran.get("cells_logged") or 1
+        ran["cpu_ms_per_cell"] = 1000 * ran["cpu_s"] / logged
+        ran["tracking_cpu_ms_per_cell"] = 1000 * ran["tracking_cpu_s"] / logged
+        if ran["announced_s"] is not None and ran["last_cell_s"] is not None:
+            ran["wall_ms_per_cell"] = 1000 * (ran["last_cell_s"] - ran["announced_s"]) / logged
+    return {"cells": cells, "phases": phases, "store": store_size(outputs)}
+
+
+def host() -> Dict[str, Any]:
+    model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name")), "?")
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    dirty = bool(subprocess.run(["git", "status", "--porcelain", "kbsweep", "conf"], cwd=REPO, capture_output=True, text=True).stdout.strip())
+    return {"cpu": model, "cpus": os.cpu_count(), "kernel": platform.release(), "python": platform.python_version(), "commit": commit,
+            "kbsweep_tree_dirty": dirty, "date": time.strftime("%Y-%m-%d %H:%M %Z")}
+
+
+def main(root: Path, out: Path, sizes: List[int]) -> None:
+    root.mkdir(parents=True, exist_ok=True)
+    record: Dict[str, Any] = {"host": host(), "sizes": []}
+    for cells in sizes:
+        record["sizes"].append(one_size(root, cells))
+        out.write_text(json.dumps(record, indent=1))
+        summary = {name: {k: round(v, 3) if isinstance(v, float) else v for k, v in phase.items() if k not in ("args", "stderr_tail")}
+                   for name, phase in record["sizes"][-1]["phases"].items()}
+        print(json.dumps({"cells": cells, **summary, "store": record["sizes"][-1]["store"]}, indent=1), flush=True)
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]), Path(sys.argv[2]), [int(n) for n in sys.argv[3:]] or [100, 1000, 10000])

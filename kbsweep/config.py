@@ -119,6 +119,8 @@ class SlurmConf:
     qos: Optional[str] = None
     cpus_per_task: int = 4
     mem_gb: float = 32.0
+    array_parallelism: int = 32  # tasks of one job array running at once (Slurm's --array=...%N)
+    max_array_size: int = 1000  # tasks per job array (the cluster's MaxArraySize - 1; Slurm's default allows 1000)
     setup: List[str] = field(default_factory=list)
     additional_parameters: Dict[str, Any] = field(default_factory=dict)
 
@@ -204,6 +206,7 @@ RULES: List[Tuple[str, Callable[[Any], bool], str]] = [
     ("launcher.cap_slack_s", at_least(0), "a number of seconds >= 0"),
     ("launcher.slurm.cpus_per_task", at_least(1), "an integer >= 1"),
     ("launcher.slurm.mem_gb", positive, "a number of GB > 0"),
+    *((f"launcher.slurm.{k}", at_least(1), "an integer >= 1") for k in ("array_parallelism", "max_array_size")),
     *((f"sandbox.{k}", at_least(1), "an integer >= 1") for k in ("cpu_s", "memory_mib", "max_procs", "disk_mib")),
     ("sandbox.wall_s", positive, "a number of seconds > 0"),
     ("grade.baselines", lambda v: set(v) <= set(BASELINES), f"a list of {', '.join(BASELINES)}"),

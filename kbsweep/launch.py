@@ -27,19 +27,20 @@ import sys
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections import Counter, deque
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Dict, Iterable, List, Optional, Type
+from typing import Any, Callable, ClassVar, Dict, List, Optional, Type
 
 from kbsweep import gpus
 from kbsweep.cell import run_cell
-from kbsweep.errors import InfraError, KbsweepError
+from kbsweep.errors import KbsweepError
 from kbsweep.matrix import Cell, cell_dir
 from kbsweep.outcomes import Outcome
 from kbsweep.registry import Registry
 from kbsweep.torchrun import kill_tree
-from kbsweep.tracking import owner, provider_of
+from kbsweep.submission import ArrayTask, next_cell, provider_caps, submit_arrays
+from kbsweep.tracking import owner
 from kbsweep.workers import POLL_S, Job, Worker, end_when_gone, grading_of, infra_result
 
 OnStart = Callable[[Cell], None]
@@ -116,34 +117,6 @@ class Running:
     killed: Optional[str] = None  # why the launcher ended it
 
 
-def provider_caps(cells: Iterable[Cell]) -> Dict[str, int]:
-    """Cells at once per model provider: the smallest ``model.concurrency`` among the sweep's models it serves.
-    Only models that call a provider (litellm) are capped."""
-    caps: Dict[str, int] = {}
-    for cell in cells:
-        if cell.model.get("provider") == "litellm":
-            provider = provider_of(cell.model)
-            caps[provider] = min(caps.get(provider, cell.model["concurrency"]), cell.model["concurrency"])
-    return caps
-
-
-def next_cell(pending: Iterable[Cell], running: List[Cell], caps: Dict[str, int], preferred: Optional[Callable[[Cell], bool]] = None) -> Optional[Cell]:
-    """The first pending cell whose provider is below its cap; the first ``preferred`` one if there is one. A
-    cell's agent makes one model call at a time, so the caps bound the calls in flight per provider across every
-    process of the sweep (the judge's calls come on top)."""
-    busy = Counter(provider_of(cell.model) for cell in running)
-    first = None
-    for cell in pending:
-        provider = provider_of(cell.model)
-        if provider in caps and busy[provider] >= caps[provider]:
-            continue
-        if preferred is None or preferred(cell):
-            return cell
-        if first is None:
-            first = cell
-    return first
-
-
 class SubmititLauncher(Launcher):
     """Cells as submitit jobs, ``concurrency`` at a time, capped per provider, requeued after a node failure.
     Subclasses are one submitit cluster each and override what differs: the job's parameters, how a job is
@@ -171,7 +144,10 @@ class SubmititLauncher(Launcher):
 
     @abstractmethod
     def submit(self, cell: Cell) -> Any:
-        """The submitted job of one cell."""
+        """The submitted job of one cell (or its place in what :meth:`submitted` submits)."""
+
+    def submitted(self) -> None:
+        """After a fill's submissions: submit what they left waiting."""
 
     @abstractmethod
     def stop(self, job: Any) -> None:
@@ -211,6 +187,7 @@ class SubmititLauncher(Launcher):
                     on_start(cell)
                 attempts[cell.key] = attempts.get(cell.key, 0) + 1
                 running[self.submit(cell)] = Running(cell, time.monotonic())
+            self.submitted()
 
         while pending or running:
             fill()
@@ -323,11 +300,12 @@ class SlurmLauncher(SubmititLauncher):
         if not shutil.which("sbatch"):
             raise KbsweepError("launcher=slurm needs Slurm's commands (sbatch, srun, sacct) on PATH; none found here")
         super().__init__(conf, job)
+        self.waiting: List[ArrayTask] = []
 
     def parameters(self, cell: Cell) -> Dict[str, Any]:
         slurm = self.conf["slurm"]
         params = dict(
-            name=f"kbsweep-{cell.key}",
+            name=f"kbsweep-{cell.sweep}",  # an array's name: its cells' sweep
             timeout_min=math.ceil(self.cap_s(cell) / 60),
             slurm_signal_delay_s=SIGNAL_DELAY_S,
             nodes=1,
@@ -343,16 +321,19 @@ class SlurmLauncher(SubmititLauncher):
         )
         return {k: v for k, v in params.items() if v is not None}
 
-    def submit(self, cell: Cell) -> Any:
-        self.executor.update_parameters(**self.parameters(cell))
-        try:
-            return self.executor.submit(self.job, cell, None)
-        except Exception as exc:  # sbatch refused the job (a bad partition, a down controller): no traceback
-            detail = (str(exc).strip().splitlines() or [type(exc).__name__])[-1][:300]
-            raise InfraError(f"Slurm refused the job of {cell.label}: {detail}") from None
+    def submit(self, cell: Cell) -> ArrayTask:
+        self.waiting.append(ArrayTask(cell))
+        return self.waiting[-1]
 
-    def stop(self, job: Any) -> None:
-        job.cancel(check=False)  # scancel
+    def submitted(self) -> None:
+        """The fill's cells as job arrays (:mod:`kbsweep.submission`)."""
+        waiting, self.waiting = self.waiting, []
+        slurm = self.conf["slurm"]
+        submit_arrays(self.executor, waiting, self.parameters, self.job, int(slurm["array_parallelism"]), int(slurm["max_array_size"]))
+
+    def stop(self, job: ArrayTask) -> None:
+        if job.job is not None:  # an array sbatch refused has nothing to cancel
+            job.cancel(check=False)  # scancel of this cell's task alone
 
     def overdue(self, job: Any, state: Running) -> Optional[str]:
         # submitit would wait on a PREEMPTED job forever; Slurm ends a job past its time limit itself

@@ -1,25 +1,29 @@
 #!/usr/bin/env bash
-# A loopback MLflow tracking server (sqlite store, proxied artifacts) for tests, CI and local UI use.
+# A loopback MLflow tracking server (an SQL store, proxied artifacts) for tests, CI and local UI use.
 #
-#   scripts/mlflow_server.sh start DIR [PORT]   prints the server's URI once /health answers (default port 5000)
-#   scripts/mlflow_server.sh stop DIR           stops the whole process group it started
+#   scripts/mlflow_server.sh start DIR [PORT [STORE]]   prints the server's URI once /health answers (default port 5000)
+#   scripts/mlflow_server.sh stop DIR                   stops the whole process group it started
 #
-# DIR holds mlflow.db, artifacts/, server.log and server.pgid. Log a sweep to it with
-# `kbsweep tracking=server` and MLFLOW_TRACKING_URI set to the printed URI.
+# STORE is the backend store URI: sqlite:///DIR/mlflow.db by default; a database server's for several writers at
+# once, e.g. mysql+pymysql://mlflow:mlflow@127.0.0.1/mlflow (MariaDB: scripts/mariadb_up.sh). DIR holds artifacts/,
+# server.log, server.pgid (and the sqlite store). Log a sweep to it with `kbsweep tracking=server` and
+# MLFLOW_TRACKING_URI set to the printed URI.
 set -euo pipefail
 
-verb=${1:?usage: $0 start|stop DIR [PORT]}
-dir=${2:?usage: $0 start|stop DIR [PORT]}
+verb=${1:?usage: $0 start|stop DIR [PORT [STORE]]}
+dir=${2:?usage: $0 start|stop DIR [PORT [STORE]]}
 port=${3:-5000}
+store=${4:-}
 timeout_s=${MLFLOW_SERVER_START_TIMEOUT:-120}
 
 case "$verb" in
   start)
     mkdir -p "$dir/artifacts"
     dir=$(cd "$dir" && pwd)
+    store=${store:-sqlite:///$dir/mlflow.db}
     # No job runner (it leaves huey workers behind) and no cost-map download (there may be no network).
     MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false LITELLM_LOCAL_MODEL_COST_MAP=True \
-      setsid mlflow server --backend-store-uri "sqlite:///$dir/mlflow.db" --artifacts-destination "$dir/artifacts" \
+      setsid mlflow server --backend-store-uri "$store" --artifacts-destination "$dir/artifacts" \
       --host 127.0.0.1 --port "$port" --workers 1 >"$dir/server.log" 2>&1 </dev/null &
     echo $! >"$dir/server.pgid"  # setsid made the server its group's leader
     for _ in $(seq "$((timeout_s * 4))"); do
@@ -46,7 +50,7 @@ case "$verb" in
     rm -f "$dir/server.pgid"
     ;;
   *)
-    echo "usage: $0 start|stop DIR [PORT]" >&2
+    echo "usage: $0 start|stop DIR [PORT [STORE]]" >&2
     exit 2
     ;;
 esac

@@ -41,9 +41,8 @@ if ! command -v slurmctld >/dev/null || ! command -v slurmdbd >/dev/null || ! co
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $PKGS >/dev/null
 fi
 
-mkdir -p /run/munge /run/mysqld /var/spool/slurmctld /var/spool/slurmd /var/log/slurm "$ETC"
+mkdir -p /run/munge /var/spool/slurmctld /var/spool/slurmd /var/log/slurm "$ETC"
 chown munge:munge /run/munge
-chown mysql:mysql /run/mysqld
 
 # munge: the package made /etc/munge/munge.key; make one if it did not
 [ -s /etc/munge/munge.key ] || { mungekey -c -f; chown munge:munge /etc/munge/munge.key; chmod 400 /etc/munge/munge.key; }
@@ -51,13 +50,7 @@ alive /run/munge/munged.pid || su -s /bin/sh munge -c /usr/sbin/munged
 wait_for 10 sh -c 'munge -n | unmunge'
 
 # mariadb + slurmdbd (accounting)
-[ -d /var/lib/mysql/mysql ] || mariadb-install-db --user=mysql --datadir=/var/lib/mysql >/dev/null
-if ! alive /run/mysqld/mysqld.pid; then
-  setsid /usr/sbin/mariadbd --user=mysql --datadir=/var/lib/mysql --socket=/run/mysqld/mysqld.sock \
-    --pid-file=/run/mysqld/mysqld.pid --bind-address=127.0.0.1 >/var/log/slurm/mariadbd.log 2>&1 < /dev/null &
-fi
-wait_for 30 mariadb -e 'select 1'
-mariadb -e "CREATE DATABASE IF NOT EXISTS slurm_acct_db;
+bash "$(dirname "$0")/mariadb_up.sh" "CREATE DATABASE IF NOT EXISTS slurm_acct_db;
   CREATE USER IF NOT EXISTS 'slurm'@'localhost' IDENTIFIED BY 'slurm';
   GRANT ALL ON slurm_acct_db.* TO 'slurm'@'localhost';"
 cat > "$ETC/slurmdbd.conf" <<EOF
@@ -94,6 +87,8 @@ ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 MpiDefault=none
 SchedulerType=sched/backfill
+# a job array's tasks start as others end (batch_sched_delay's default 3 s made them start in waves 3 s apart)
+SchedulerParameters=batch_sched_delay=0,sched_min_interval=100000
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 ReturnToService=2

@@ -125,3 +125,53 @@ def test_contamination_tripwire_knows_the_servers_runs(served, tmp_path, monkeyp
     monkeypatch.setenv("MLFLOW_TRACKING_URI", served["uri"])  # as the orchestrator exports it to its cells
     [found] = [f for f in findings(transcript, {}) if f.kind == "contaminated"]
     assert f"MLflow run {cell.info.run_id}" in found.detail
+
+
+@pytest.fixture(scope="module")
+def mariadb_server(tmp_path_factory):
+    """An MLflow server whose store is a fresh database on the local MariaDB (scripts/mariadb_up.sh, which CI's
+    scripts/test.sh has started with Slurm's accounting): the shared store a lab's sweeps log to at once."""
+    database = f"mlflow_{uuid.uuid4().hex[:8]}"
+    sql = (f"CREATE DATABASE {database}; CREATE USER IF NOT EXISTS 'mlflow'@'localhost' IDENTIFIED BY 'mlflow';"
+           f" GRANT ALL ON {database}.* TO 'mlflow'@'localhost';")
+    reason = "scripts/mariadb_up.sh needs root (apt-get, the daemon)"
+    if os.geteuid() == 0:
+        made = subprocess.run(["bash", str(REPO / "scripts" / "mariadb_up.sh"), sql], capture_output=True, text=True, timeout=600)
+        reason = None if made.returncode == 0 else f"scripts/mariadb_up.sh exited {made.returncode}: {made.stderr.strip()[-500:]}"
+    if reason:
+        if os.environ.get("CI"):
+            pytest.fail(f"MariaDB is required on CI: {reason}")
+        pytest.skip(f"MariaDB could not be started: {reason}")
+    server = tmp_path_factory.mktemp("mlflow-mariadb") / "server"
+    store = f"mysql+pymysql://mlflow:mlflow@127.0.0.1/{database}"
+    started = subprocess.run(["bash", str(SCRIPT), "start", str(server), str(free_port()), store], capture_output=True, text=True, timeout=600)
+    try:
+        assert started.returncode == 0, started.stderr + (server / "server.log").read_text()
+        yield started.stdout.strip()
+    finally:
+        subprocess.run(["bash", str(SCRIPT), "stop", str(server)], timeout=60)
+        subprocess.run(["mariadb", "-e", f"DROP DATABASE IF EXISTS {database}"], timeout=60)
+
+
+def test_four_sweeps_logging_at_once_to_a_mariadb_store_lose_nothing(mariadb_server, tmp_path):
+    """4 orchestrators, 50 cells each (the instant model, inline), log to one server at once: every cell's run is
+    there, finished, with its params, metrics, artifacts and trace."""
+    sweeps = [f"db-{i}-{uuid.uuid4().hex[:6]}" for i in range(4)]
+    env = {**os.environ, "KBSWEEP_LOCK_DIR": str(tmp_path / "locks")}
+    procs = [subprocess.Popen([sys.executable, "-m", "kbsweep.cli", "-m", "model=instant", "track=instant", "repeat=range(0,25)", "launcher=inline",
+                               "preflight=off", "gpu=cpu", "sandbox.mode=unsafe", f"sweep.name={sweep}", f"tracking.uri={mariadb_server}"],
+                              cwd=REPO, env={**env, "KBSWEEP_OUTPUTS": str(tmp_path / sweep)}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+             for sweep in sweeps]
+    for proc in procs:
+        _, err = proc.communicate(timeout=600)
+        assert proc.returncode == 0, err[-3000:]
+    client = make_client(mariadb_server)
+    for sweep in sweeps:
+        experiment = client.get_experiment_by_name(sweep)
+        cells = client.search_runs([experiment.experiment_id], "tags.`kbsweep.kind` = 'cell'", max_results=1000)
+        assert len(cells) == 50 and {c.info.status for c in cells} == {"FINISHED"}, sweep
+        assert len({c.data.tags["kbsweep.cell_key"] for c in cells}) == 50
+        assert all(c.data.tags["outcome"] == "no_solution" and c.data.metrics["turns"] == 2 and c.data.params["model.name"] == "instant" for c in cells)
+        assert all({"result.json", "transcript.jsonl", "trace.jsonl"} <= artifact_paths(client, c.info.run_id) for c in cells[:5])
+        traces = client.search_traces(locations=[experiment.experiment_id], max_results=100)
+        assert len(traces) == 50 and {len(t.data.spans) for t in traces} == {5}

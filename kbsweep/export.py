@@ -54,10 +54,11 @@ def index_row(row: Dict[str, Any]) -> Dict[str, Any]:
 
 def export_dataset(uri: str, out: Path) -> Dict[str, Any]:
     """Write traces and the index for every finished cell run of the store (latest run per cell key)."""
-    from kbsweep.report import entrant
-    from kbsweep.mlflow_store import latest_per_cell, make_client, runs_frame
+    from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
 
-    client = make_client(uri)
+    from kbsweep.report import entrant
+    from kbsweep.mlflow_store import latest_per_cell, runs_frame
+
     rows = latest_per_cell(runs_frame(uri))
     out = Path(out)
     if (out / "traces").exists():
@@ -68,8 +69,9 @@ def export_dataset(uri: str, out: Path) -> Dict[str, Any]:
     with tempfile.TemporaryDirectory() as scratch:
         for row in rows:
             entry = {**index_row(row), "trace": None}
-            if "transcript.jsonl" in {f.path for f in client.list_artifacts(row["run_id"])}:
-                local = client.download_artifacts(row["run_id"], "transcript.jsonl", scratch)
+            artifacts = get_artifact_repository(row["artifact_uri"], tracking_uri=uri)  # the client's would read each run again
+            if "transcript.jsonl" in {f.path for f in artifacts.list_artifacts()}:
+                local = artifacts.download_artifacts("transcript.jsonl", scratch)
                 title = f"{entrant(row)} · {row.get('problem')} · {row.get('gpu')} · r{row.get('repeat')}"
                 model = row["params"].get("model.route") or str(row.get("model"))
                 text = trace_jsonl(read_events(Path(local)), row["run_id"], title, model)

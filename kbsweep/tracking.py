@@ -23,7 +23,7 @@ from typing import Any, Dict, Iterable, List, Optional, Set, Tuple
 
 from kbsweep.cell_result import CellResult
 from kbsweep.matrix import Cell
-from kbsweep.mlflow_store import CELL_KEY_TAG, KIND_TAG, make_client, page_runs
+from kbsweep.mlflow_store import CELL_KEY_TAG, KIND_TAG, make_client, page_runs, run_pages
 from kbsweep.outcomes import Outcome
 
 ARTIFACTS = ("solution.py", "transcript.jsonl", "harness_stream.jsonl", "grade.json", "audit.json", "result.json")
@@ -261,20 +261,18 @@ class Tracker:
             self.log_batch(self.parent_id, metrics=[(k, v, 0) for k, v in metrics.items()])
             self.client.set_terminated(self.parent_id, status)
 
-    def cell_runs(self) -> List[Any]:
-        return page_runs(self.client, [self.experiment_id], f"tags.`{KIND_TAG}` = 'cell'")
-
     def history(self) -> Tuple[Dict[str, str], Set[str]]:
         """(cell key → run id of its finished, non-infra record: never run again without --force;
         the result ids of every result logged to the end, infra ones included)."""
         done, logged = {}, set()
-        for run in self.cell_runs():
-            tags = run.data.tags
-            if run.info.status not in ("FINISHED", "FAILED"):
-                continue
-            logged.add(tags.get(RESULT_TAG))
-            if run.info.status == "FINISHED" and not Outcome(tags["outcome"]).is_infra:
-                done[tags[CELL_KEY_TAG]] = run.info.run_id
+        for page in run_pages(self.client, [self.experiment_id], f"tags.`{KIND_TAG}` = 'cell'"):
+            for run in page:
+                tags = run.data.tags
+                if run.info.status not in ("FINISHED", "FAILED"):
+                    continue
+                logged.add(tags.get(RESULT_TAG))
+                if run.info.status == "FINISHED" and not Outcome(tags["outcome"]).is_infra:
+                    done[tags[CELL_KEY_TAG]] = run.info.run_id
         return done, logged
 
     def close_stale(self) -> int:

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Sets up everything the tests need on a fresh Debian machine (as root: venv, packages, a real single-node
-# Slurm, Chromium for the MLflow UI test, the CLI harnesses from npm) and runs them. Extra arguments go to pytest
+# Slurm with MariaDB, Chromium for the MLflow UI test, the CLI harnesses from npm) and runs them. Extra arguments go to pytest
 # (`-n 0`: one process, no xdist workers).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,7 +21,7 @@ fi
 # the tests start (CLI runs, sweep workers, zygotes, grades importing lazily after their fork) compiled it again
 python -m compileall -q kbsweep hydra_plugins >/dev/null
 python -m kbsweep.harness.install >/dev/null   # the CLI harnesses' pinned npm packages, into .harnesses/
-bash scripts/slurm_up.sh >/dev/null
+bash scripts/slurm_up.sh >/dev/null   # Slurm, and MariaDB (its accounting; the MLflow server test's SQL store)
 # Two xdist workers (CI has two cores; KBSWEEP_TEST_WORKERS=0 runs in one process), a test file per worker at a
 # time (module fixtures are built once). Files that share something across files run first, in this process: one
 # Slurm (a preempting job must find only its own test's jobs), the machine's `kbsweep-bomb` processes, one MLflow

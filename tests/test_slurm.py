@@ -63,8 +63,9 @@ def sacct(job_id: str) -> dict:
     raise AssertionError(f"sacct: job {job_id} never reached a terminal state ({record})")
 
 
-def slurm_conf(tmp_path: Path, **over) -> dict:
-    slurm = {"partition": "debug", "account": None, "qos": None, "cpus_per_task": 1, "mem_gb": 1, "setup": [], "additional_parameters": {}}
+def slurm_conf(tmp_path: Path, arrays: dict | None = None, **over) -> dict:
+    slurm = {"partition": "debug", "account": None, "qos": None, "cpus_per_task": 1, "mem_gb": 1, "setup": [], "additional_parameters": {},
+             "array_parallelism": 32, "max_array_size": 1000, **(arrays or {})}
     return launcher_conf(tmp_path, kind="slurm", slurm=slurm, **over)
 
 
@@ -110,6 +111,16 @@ def hang(cell):
     job_id_note(cell)
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM, signal.SIGUSR2})
     time.sleep(3600)
+
+
+def stamp(cell, visible):
+    """The job of an instant cell, naming its Slurm job (no kbsweep module imported: 1 000 of them run on two
+    cores); a cell whose key ends in ``-dies`` dies on its first attempt (its job ends without a result)."""
+    first = Path(cell.paths["outputs"]) / f"{cell.key}.tried"
+    if cell.key.endswith("-dies") and not first.exists():
+        first.touch()
+        os._exit(3)
+    return {"outcome": "pass", "job": os.environ["SLURM_JOB_ID"], "array": os.environ.get("SLURM_ARRAY_JOB_ID"), "task": os.environ.get("SLURM_ARRAY_TASK_ID")}
 
 
 # ---- tests ----
@@ -217,3 +228,40 @@ def seconds(slurm_duration: str) -> int:
     days, _, clock = slurm_duration.rpartition("-")
     h, m, s = map(int, clock.split(":"))
     return int(days or 0) * 86400 + h * 3600 + m * 60 + s
+
+
+def test_a_thousand_cells_go_as_throttled_job_arrays_each_task_a_cell_of_its_own(slurm, tmp_path):
+    """1 000 instant cells, the queue capped at 1 000: two arrays (max_array_size 600), 16 tasks of each at once;
+    every cell's result comes back from its own task, a cell whose job died is requeued alone in a later job, and
+    Slurm's accounting holds every task."""
+    arrays = {"array_parallelism": 16, "max_array_size": 600}
+    launcher = SlurmLauncher(slurm_conf(tmp_path, arrays, concurrency=1000), job=stamp)
+    cells = [make_cell(tmp_path, f"c{i}" + ("-dies" if i == 7 else ""), cap_s=240) for i in range(1000)]
+    t0 = time.monotonic()
+    started, done = run_all(launcher, cells)
+    elapsed = time.monotonic() - t0
+    print(f"1000 cells through Slurm job arrays in {elapsed:.1f} s")
+    assert len(started) == len(done) == 1000 and {r["outcome"] for _, r in done} == {"pass"}
+    results = {cell.key: r for cell, r in done}
+    first = sorted({r["array"] for key, r in results.items() if key != "key-c7-dies"}, key=int)
+    assert len(first) == 2 and len({r["job"] for r in results.values()}) == 1000  # a job id of its own, polled and cancelled alone
+    assert results["key-c7-dies"]["array"] not in first  # requeued in a job of its own
+    scripts = (tmp_path / "submitit").rglob("*_submission.sh")
+    throttles = {line.split("=", 1)[1] for path in scripts for line in path.read_text().splitlines() if line.startswith("#SBATCH --array")}
+    assert throttles == {"0-599%16", "0-399%16"}, throttles
+    for array, tasks in zip(first, (600, 400)):
+        states = accounted(array, tasks)
+        died = {f"{array}_7"} if array == first[0] else set()  # the cell that died on its first attempt
+        assert {job for job, state in states.items() if state != "COMPLETED"} == died, states
+
+
+def accounted(array: str, tasks: int) -> dict:
+    """Task id -> state of the ``tasks`` tasks of a job array, once sacct holds them all in a terminal state."""
+    states: dict = {}
+    for _ in range(240):
+        out = subprocess.run(["sacct", "-X", "-n", "-P", "-j", array, "-o", "JobID,State"], capture_output=True, text=True).stdout
+        states = {job: state.split()[0] for job, state in (line.split("|")[:2] for line in out.splitlines() if line and "[" not in line)}
+        if len(states) == tasks and all(state in TERMINAL for state in states.values()):
+            return states
+        time.sleep(0.5)
+    raise AssertionError(f"sacct: array {array} never held {tasks} tasks in a terminal state ({len(states)}: {states})")

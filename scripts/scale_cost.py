@@ -15,10 +15,14 @@ workers are not counted), the CPU its tracking calls took (start_cell + finish_c
 seconds until it announced the cells and until its last cell was logged, the load average around it, and the
 tracking store's size. Peak memory and CPU come from the process itself (getrusage at exit).
 
-    python scripts/scale_cost.py OUTPUTS_ROOT OUT.json [N ...]        (default: 100 1000 10000)
+    python scripts/scale_cost.py OUTPUTS_ROOT OUT.json [N ...] [--tracking-uri URI]     (default: 100 1000 10000)
+
+``--tracking-uri``: log to that MLflow server (tracking=server) instead of the outputs folder's SQLite file, each
+size its own sweep name; the store's size is then not measured.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -94,17 +98,18 @@ def store_size(outputs: Path) -> Dict[str, int]:
     return {"mlflow_db_bytes": database, "artifact_bytes": artifacts, "artifact_files": sum(1 for p in (outputs / "mlartifacts").rglob("*") if p.is_file())}
 
 
-def one_size(root: Path, cells: int) -> Dict[str, Any]:
+def one_size(root: Path, cells: int, tracking: List[str]) -> Dict[str, Any]:
     outputs = root / f"cells-{cells}"
     shutil.rmtree(outputs, ignore_errors=True)
+    sweep = [*SWEEP, *tracking, *([f"sweep.name=scale-{cells}-{int(time.time())}"] if tracking else [])]
     repeats = [f"repeat=range(0,{cells // 2})"]
-    phases = {"plan": kbsweep(outputs, ["plan", *SWEEP, *repeats], root)}
-    phases["run_half"] = kbsweep(outputs, [*SWEEP, f"repeat=range(0,{cells // 4})"], root)
-    phases["resume_half"] = kbsweep(outputs, [*SWEEP, *repeats], root)
-    phases["resume_all"] = kbsweep(outputs, [*SWEEP, *repeats], root)
+    phases = {"plan": kbsweep(outputs, ["plan", *sweep, *repeats], root)}
+    phases["run_half"] = kbsweep(outputs, [*sweep, f"repeat=range(0,{cells // 4})"], root)
+    phases["resume_half"] = kbsweep(outputs, [*sweep, *repeats], root)
+    phases["resume_all"] = kbsweep(outputs, [*sweep, *repeats], root)
     (outputs / "reports" / ".boards.json").unlink(missing_ok=True)
-    phases["report"] = kbsweep(outputs, ["report"], root)
-    phases["export"] = kbsweep(outputs, ["export"], root)
+    phases["report"] = kbsweep(outputs, ["report", *tracking], root)
+    phases["export"] = kbsweep(outputs, ["export", *tracking], root)
     for name in ("run_half", "resume_half"):
         ran = phases[name]
         logged = ran.get("cells_logged") or 1
@@ -112,7 +117,7 @@ def one_size(root: Path, cells: int) -> Dict[str, Any]:
         ran["tracking_cpu_ms_per_cell"] = 1000 * ran["tracking_cpu_s"] / logged
         if ran["announced_s"] is not None and ran["last_cell_s"] is not None:
             ran["wall_ms_per_cell"] = 1000 * (ran["last_cell_s"] - ran["announced_s"]) / logged
-    return {"cells": cells, "phases": phases, "store": store_size(outputs)}
+    return {"cells": cells, "phases": phases, "store": None if tracking else store_size(outputs)}
 
 
 def host() -> Dict[str, Any]:
@@ -123,11 +128,12 @@ def host() -> Dict[str, Any]:
             "kbsweep_tree_dirty": dirty, "date": time.strftime("%Y-%m-%d %H:%M %Z")}
 
 
-def main(root: Path, out: Path, sizes: List[int]) -> None:
+def main(root: Path, out: Path, sizes: List[int], tracking_uri: str | None) -> None:
     root.mkdir(parents=True, exist_ok=True)
-    record: Dict[str, Any] = {"host": host(), "sizes": []}
+    tracking = ["tracking=server", f"tracking.uri={tracking_uri}"] if tracking_uri else []
+    record: Dict[str, Any] = {"host": host(), "tracking": tracking_uri or "sqlite (outputs/mlflow.db)", "sizes": []}
     for cells in sizes:
-        record["sizes"].append(one_size(root, cells))
+        record["sizes"].append(one_size(root, cells, tracking))
         out.write_text(json.dumps(record, indent=1))
         summary = {name: {k: round(v, 3) if isinstance(v, float) else v for k, v in phase.items() if k not in ("args", "stderr_tail")}
                    for name, phase in record["sizes"][-1]["phases"].items()}
@@ -135,4 +141,10 @@ def main(root: Path, out: Path, sizes: List[int]) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), Path(sys.argv[2]), [int(n) for n in sys.argv[3:]] or [100, 1000, 10000])
+    parser = argparse.ArgumentParser(description="the orchestrator's cost at scale")
+    parser.add_argument("root", type=Path)
+    parser.add_argument("out", type=Path)
+    parser.add_argument("sizes", type=int, nargs="*", default=[100, 1000, 10000])
+    parser.add_argument("--tracking-uri")
+    args = parser.parse_args()
+    main(args.root, args.out, args.sizes, args.tracking_uri)

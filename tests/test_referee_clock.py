@@ -1,7 +1,8 @@
 """The scored time is the referee's own measurement: a candidate that rewrites what its process reports (call
 times, the batch it answers, when it answers) or moves its work within a batch gains nothing on the scored figure.
 Every case in tests/referee_cases sleeps 10 ms a call, on every call or (compute_ahead) all of a batch's in its
-first call: whatever it reports, a figure under that sleep is forged."""
+first call, unless (incremental_update) a call's input nearly repeats the last one's: whatever it reports, a
+figure under that sleep is forged or reused work."""
 from __future__ import annotations
 
 from pathlib import Path

@@ -5,6 +5,8 @@ from __future__ import annotations
 import copy
 from typing import Any, Dict, List, Optional
 
+import torch
+
 from kbsweep.grader import checks
 from kbsweep.grader.arena import clone, encode
 from kbsweep.grader.candidate import CandidateContext, is_float
@@ -86,7 +88,8 @@ class CorrectnessStage(CandidateContext):
             self.findings.append({"kind": "nondeterministic_under_poison", "shape": shape})
 
     def pointer_cache_probe(self, ref_model, model: int, shape, seed, expected: Any) -> None:
-        """Eleven calls on the same input slots, then the slots overwritten in place: the output must follow.
+        """Eleven calls on the same input slots, then a few of their elements swapped in place, then the slots
+        overwritten in place: the output must follow each change.
         ``expected``: the reference's output on the first inputs (the nominal case's)."""
         mark = self.arena.used
         inputs = self.inputs(shape, seed)
@@ -94,6 +97,14 @@ class CorrectnessStage(CandidateContext):
         slots = self.output_slots(expected)
         for _ in range(11):
             self.ask("call", model=model, inputs=encoded, outputs=slots)
+        nudged = self.nudged(inputs)  # a few elements swapped within one row: what a cache of part of the input misses
+        for sent, value in zip(encoded["list"], nudged):
+            if "slot" in sent:
+                self.arena.view(sent["slot"]).copy_(value)
+        try:
+            self.check_case(ref_model, model, nudged, encoded=encoded)
+        except checks.CheckFailure as exc:
+            raise checks.CheckFailure(f"stale output after a few input elements changed in place (a cache of part of the input?): {exc}")
         fresh = self.inputs(shape, seed + 1)
         for sent, value in zip(encoded["list"], fresh):
             if "slot" in sent:
@@ -105,4 +116,17 @@ class CorrectnessStage(CandidateContext):
         self.count_work(shape, 11)
         self.arena.used = mark
         self.evidence["pointer_cache_probe"] = "passed"
+
+    def nudged(self, inputs: List[Any], pairs: int = 4) -> List[Any]:
+        """``inputs`` with ``pairs`` element pairs of each float tensor swapped within one row drawn now (row sums and
+        value sets hold, so a problem's invariants do)."""
+        out = [t.clone() if isinstance(t, torch.Tensor) else t for t in inputs]
+        for t in out:
+            if not (isinstance(t, torch.Tensor) and t.is_floating_point() and t.dim() and t.shape[-1] >= 2 * pairs):
+                continue
+            row = t.reshape(-1, t.shape[-1])[self.rng.randrange(t.numel() // t.shape[-1])]
+            picked = self.rng.sample(range(t.shape[-1]), 2 * pairs)
+            a, b = torch.tensor(picked[:pairs], device=t.device), torch.tensor(picked[pairs:], device=t.device)
+            row[a], row[b] = row[b].clone(), row[a].clone()
+        return out
 

@@ -195,7 +195,8 @@ def test_the_slowest_rank_is_what_is_reported(adversarial):
         assert slow >= 30 and fast < slow - 20, timed
         assert timed["slowest_rank"] == 1 and timed["median_ms"] >= slow * 0.9
         assert shape["ms"] == timed["median_ms"] and shape["speedup"]["eager"] < 1
-    assert result["basis"] == "speedup" and result["score"] == pytest.approx(result["speedup"]["eager"])
+    # the p2p example's communication is torch.distributed's, no kernel of its own: the multi track withholds its score
+    assert result["score"] is None and "no_kernel" in {f["kind"] for f in result["findings"]}
 
 
 def test_cli_grades_at_the_track_world_size(cli, outputs):

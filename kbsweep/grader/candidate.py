@@ -238,8 +238,9 @@ class CandidateContext:
         """Calls per batch and spin, the same on every rank."""
         return shape_
 
-    def slowest(self, ms: List[float], elapsed_s: float) -> tuple:
-        """(each call's time, time spent): the slowest rank's."""
+    def slowest(self, ms: List[float], elapsed_s: float, runner_ms: Sequence[float] = ()) -> tuple:
+        """(each figure, time spent): the slowest rank's. ``runner_ms``: the runner's own call times, kept per rank
+        as evidence of which rank is slow (the ranks wait for each other, so the referee's clocks agree)."""
         return ms, elapsed_s
 
     @staticmethod

@@ -294,11 +294,11 @@ class RankReferee(Referee):
         """Never across ranks: a rank whose capture failed would strand its peers in a captured collective."""
         return False
 
-    def slowest(self, ms: List[float], elapsed_s: float) -> tuple:
-        rows = self.gather([ms, elapsed_s])
-        for rank, (times, _) in enumerate(rows):
-            self.per_rank[rank] += times
-        return [max(call) for call in zip(*(times for times, _ in rows))], max(e for _, e in rows)
+    def slowest(self, ms: List[float], elapsed_s: float, runner_ms: Sequence[float] = ()) -> tuple:
+        rows = self.gather([ms, elapsed_s, list(runner_ms) or ms])
+        for rank, (_, _, own) in enumerate(rows):
+            self.per_rank[rank] += own
+        return [max(call) for call in zip(*(times for times, _, _ in rows))], max(e for _, e, _ in rows)
 
     def timed_go(self, *args: Any) -> tuple:
         self.barrier()  # the runner ranks start the batch together

@@ -18,6 +18,7 @@ from typing import List
 import pytest
 
 from kbsweep import KbsweepError, sweep, tracking
+from kbsweep.launch import Launcher
 from kbsweep.matrix import cell_dir
 from kbsweep.mlflow_store import latest_per_cell, make_client, page_runs, runs_frame
 from kbsweep.snapshot import load as load_snapshot
@@ -31,10 +32,11 @@ class Crash(Exception):
     """Stands in for a SIGKILL between a cell's journal and its tracking record."""
 
 
-class FakeLauncher:
+class FakeLauncher(Launcher):
     """Writes each cell's result.json as run_cell would; optionally dies right after writing cell number ``crash_after``."""
 
     def __init__(self, ran: List[str], crash_after: int | None = None, outcome: str = "pass"):
+        super().__init__({"kind": "fake"})
         self.ran, self.crash_after, self.outcome = ran, crash_after, outcome
 
     def run(self, cells, on_start, on_done):

@@ -10,6 +10,7 @@ from typing import List
 import pytest
 
 from kbsweep import sweep
+from kbsweep.launch import Launcher
 from kbsweep.mlflow_store import runs_frame
 from kbsweep.sweep import InOrder
 from kbsweep.tracking import Tracker
@@ -61,10 +62,11 @@ def test_a_stopping_block_still_runs_what_was_given_and_keeps_its_own_error():
     assert ran == [1, 2]
 
 
-class TimedLauncher:
+class TimedLauncher(Launcher):
     """Runs each cell at once and records how long the sweep's callbacks held it."""
 
     def __init__(self):
+        super().__init__({"kind": "timed"})
         self.held_s: List[float] = []
 
     def run(self, cells, on_start, on_done):

@@ -2,17 +2,19 @@
 tracks, every bundled solution graded directly, ``kbsweep regrade`` (of the track with the fewest problems) and
 ``kbsweep report``, then the checks.
 
-    python3 scripts/gpu_sweep.py OUT [--gpu auto] [--only hard,mega,proof,multi] [--tolerance 0.02] [--deadline-s 540]
+    python3 scripts/gpu_sweep.py OUT [--gpu auto] [--only hard,mega,proof,multi] [--direct all|scored] [--tolerance 0.02] [--deadline-s 540]
 
 Run with the interpreter that holds CUDA torch, from the repository's root (no package registry needed: where
 ``.carry/`` exists, scripts/gpu_carry.sh built it, and it is installed first as that script says). ``--only``
 takes tracks and ``track/problem`` names. Each track is swept ``-m`` over ``scripted`` (``scripted-p2p`` on
 ``multi``, whose correct solutions are ``p2p.py``) and ``scripted-lazy``; ``multi`` at world size 1 (torchrun
 still starts its ranks). Every solution of the swept problems is graded with ``kbsweep grade`` under the same
-settings, two at a time beside the sweeps (the GPU lock serializes the grades themselves). The checks: every
+settings, two at a time beside the sweeps (the GPU lock serializes the grades themselves); ``--direct scored``
+grades the solutions meant to score only, the wrong ones left to the ``scripted-lazy`` cells. The checks: every
 correct solution passes with a score and no finding (but those in ``FLAGGED``, with their finding), every ``wrong.py`` is ``incorrect``; each cell's outcome
 is its final solution's, and its score is within ``--tolerance`` of that file's direct grade (as is each
-regrade's of its cell's), a cell of another solution does not pass; every other command exits 0; the MLflow store
+regrade's of its cell's), a cell that ended on a ``wrong.py`` graded nowhere else is ``incorrect``, a cell of
+another solution does not pass; every other command exits 0; the MLflow store
 holds a run and a trace per cell. ``multi``'s ``wrong.py`` files are exact at world size 1 (each says so): graded,
 not expected incorrect.
 
@@ -198,6 +200,12 @@ def near(a: Optional[float], b: Optional[float], tolerance: float) -> bool:
     return a is not None and b is not None and abs(a / b - 1) <= tolerance
 
 
+def wrong_one(label: str, outcome: Optional[str]) -> bool:
+    """Whether a bundled ``wrong.py`` graded as it must not be: anything but ``incorrect`` (multi's excepted: they
+    assume every rank holds the same data, so they are exact at world size 1, as each says)."""
+    return outcome != "incorrect" and not label.startswith("multi/")
+
+
 def checks(summary: Dict[str, Any], tolerance: float) -> List[str]:
     """What failed, one line each (nothing: every check held)."""
     graded = [s for s in summary["steps"] if s["name"].startswith("grade ")]  # their exit codes are the outcomes, checked below
@@ -209,15 +217,17 @@ def checks(summary: Dict[str, Any], tolerance: float) -> List[str]:
             if g["outcome"] != "pass" or FLAGGED[label] not in g["findings"]:
                 failed.append(f"{label}: {g['outcome']} findings={g['findings']}, not a pass flagged {FLAGGED[label]} ({g['message']})")
         elif g["solution"] == "wrong.py":
-            # multi's wrong solutions assume every rank holds the same data: exact at world size 1 (each says so)
-            if g["outcome"] != "incorrect" and g["track"] != "multi":
+            if wrong_one(label, g["outcome"]):
                 failed.append(f"{label}: {g['outcome']}, not incorrect ({g['message']})")
         elif g["outcome"] != "pass" or g["score"] is None or g["findings"]:
             failed.append(f"{label}: {g['outcome']} score={g['score']} findings={g['findings']} ({g['message']})")
     for cell in summary["cells"]:
         twin = direct.get(cell["sha"])
-        if twin is None:  # a script step whose solution the problem lacks (proof has no wrong.py): it must not pass
-            if cell["outcome"] == "pass":
+        if twin is None:  # a wrong.py not graded directly, or a script step whose solution the problem lacks
+            wrong = summary["bundled"].get(cell["sha"], "")
+            if wrong.endswith("/wrong.py") and wrong_one(wrong, cell["outcome"]):
+                failed.append(f"{cell['cell']}: {cell['outcome']} on {wrong}, not incorrect")
+            elif not wrong and cell["outcome"] == "pass":
                 failed.append(f"{cell['cell']}: passes with a solution that is none of the bundled files")
             continue
         scored = twin["outcome"] == "pass" and twin["score"] is not None and not twin["findings"]
@@ -251,6 +261,7 @@ def main() -> int:
     parser.add_argument("out", type=Path)
     parser.add_argument("--gpu", default="auto")
     parser.add_argument("--only", default=",".join(TRACKS))
+    parser.add_argument("--direct", choices=("all", "scored"), default="all")
     parser.add_argument("--tolerance", type=float, default=0.02)
     parser.add_argument("--deadline-s", type=float, default=540)
     parser.add_argument("--work", type=Path, default=Path("/tmp/kbsweep-gpu-sweep"))
@@ -267,10 +278,12 @@ def main() -> int:
     chosen = targets(args.only.split(","))
     summary["tracks"] = list(chosen)
     p2p_model(conf)
+    solutions = [(track, problem, path) for track, problems in chosen.items() for problem in problems
+                 for path in sorted((REPO / "problems" / track / problem / "solutions").glob("*.py"))]
+    summary["bundled"] = {hashlib.sha256(path.read_bytes()).hexdigest(): f"{track}/{problem}/{path.name}" for track, problem, path in solutions}
     with ThreadPoolExecutor(2) as pool:  # the direct grades beside the sweeps: the GPU lock orders them
         futures = [pool.submit(grade, runner, track, problem, path, track_overrides(track, args.gpu, sandbox), outputs / "direct")
-                   for track, problems in chosen.items() for problem in problems
-                   for path in sorted((REPO / "problems" / track / problem / "solutions").glob("*.py"))]
+                   for track, problem, path in solutions if args.direct == "all" or path.name != "wrong.py"]
         for track, problems in chosen.items():
             sweep(runner, track, problems, targets([track])[track], track_overrides(track, args.gpu, sandbox), conf)
         summary["grades"] = [f.result() for f in futures]

@@ -106,7 +106,7 @@ class TimingStage(CandidateContext):
                 sample = timing.referee_sample(batch["wall_ms"], null[kind], per_batch)
                 (sample,), elapsed = self.slowest([sample], time.perf_counter() - began, batch["ms"])
                 figures[kind].append(sample)
-                claimed = statistics.fmean(batch["ms"]) if kind == "events" else \
+                claimed = timing.events_claim(batch["ms"], batch["enqueue_us"], null[kind], per_batch) if kind == "events" else \
                     timing.replay_sample(batch["replay_ms"], timing.run_batch([], mode, replay=bare)["replay_ms"], per_batch)
                 ratios.append((sample, claimed, self.slack_ms(mode, null[kind], per_batch) / per_batch))
         events = timing.summarize(figures["events"]) if figures["events"] else None
@@ -218,7 +218,9 @@ class TimingStage(CandidateContext):
         if not torch.equal(answered, self.read_elements(picks)):
             self.findings.append({"kind": "forged_result", "shape": shape, "detail": f"{shape}: a timed output was written after the candidate's process answered"})
             raise GradeFailure(Outcome.INCORRECT, f"shape {shape}: a timed call's output was still being written after its batch was reported done")
-        figures = {"ms": [float(m) for m in ms], "wall_ms": wall_ms}
+        enqueue = reply.get("enqueue_us")
+        enqueue = [float(u) for u in enqueue] if isinstance(enqueue, list) and len(enqueue) == len(ms) and all(isinstance(u, (int, float)) for u in enqueue) else []
+        figures = {"ms": [float(m) for m in ms], "enqueue_us": enqueue, "wall_ms": wall_ms}
         return {**figures, "replay_ms": float(replay_ms)} if replay else figures
 
     def timed_go(self, targets: List[List[Any]], staged: List[List[Any]]) -> tuple:

@@ -204,7 +204,9 @@ def run_batch(steps: Sequence[tuple], mode: str, spin_us: float = 0.0, flush: Op
     ``mode``: back_to_back (GPU: every call queued behind one spin, so host enqueue stays outside the events),
     isolated (GPU: a full sync around each call; the launches are in the figure) or host (CPU: perf_counter).
     ``replay`` (back to back): queued after the steps, one event pair around it (``replay_ms``), inside
-    ``unrecorded()`` (:func:`kbsweep.grader.profiling.kernels_unrecorded`)."""
+    ``unrecorded()`` (:func:`kbsweep.grader.profiling.kernels_unrecorded`). ``loop_ms``: the whole batch by the
+    host's clock, its end synced."""
+    began = time.perf_counter()
     if mode == "host":
         ms = []
         for before, call, after in steps:
@@ -213,10 +215,11 @@ def run_batch(steps: Sequence[tuple], mode: str, spin_us: float = 0.0, flush: Op
             out = call()
             ms.append((time.perf_counter() - t0) * 1e3)
             after(out)
-        return {"ms": ms, "enqueue_us": []}
+        return {"ms": ms, "enqueue_us": [], "loop_ms": (time.perf_counter() - began) * 1e3}
     events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(len(steps) + 1)]
     enqueue_us = []
     torch.cuda.synchronize()
+    began = time.perf_counter()
     if mode == "back_to_back" and spin_us:
         torch.cuda._sleep(int(spin_us * SPIN_CYCLES_PER_US))
     for (before, call, after), (start, end) in zip(steps, events):
@@ -239,7 +242,7 @@ def run_batch(steps: Sequence[tuple], mode: str, spin_us: float = 0.0, flush: Op
             REPLAY(replay.graph)
             events[-1][1].record()
     torch.cuda.synchronize()
-    timed = {"ms": [start.elapsed_time(end) for start, end in events[:len(steps)]], "enqueue_us": enqueue_us}
+    timed = {"ms": [start.elapsed_time(end) for start, end in events[:len(steps)]], "enqueue_us": enqueue_us, "loop_ms": (time.perf_counter() - began) * 1e3}
     if replay is not None:
         timed["replay_ms"] = events[-1][0].elapsed_time(events[-1][1])
     return timed
@@ -274,14 +277,13 @@ class Replay:
         torch.cuda.synchronize()
 
 
-def events_claim(ms: Sequence[float], enqueue_us: Sequence[float], null_ms: float, calls: int) -> float:
-    """The runner's own account of an event-timed batch's call, in the terms of the referee's figure: the calls'
-    mean GPU time, or where its host loop was slower (a launch-bound call: the GPU waits between calls, so the
-    referee's clock sees the loop), the loop's mean time a call less the referee's null a call (the steps around
-    each call, which the referee's figure has subtracted). Evidence only: a report of it raised gains nothing."""
+def events_claim(ms: Sequence[float], loop_ms: Optional[float], null_loop_ms: float, calls: int) -> float:
+    """The runner's own account of an event-timed batch's call, in the terms of the referee's figure: its loop's
+    wall (first step to the last sync, by its clock) less the referee's null loop, a call; or the calls' mean GPU
+    time, if more. Where the host is as slow as the GPU or slower (launch-bound calls: the GPU waits between them),
+    the events see only the kernels while both walls see the loop. Evidence only: a report raised gains nothing."""
     gpu = statistics.fmean(ms)
-    host = statistics.fmean(enqueue_us) / 1e3 - null_ms / max(calls, 1) if enqueue_us else 0.0
-    return max(gpu, host)
+    return gpu if loop_ms is None else max(gpu, (loop_ms - null_loop_ms) / max(calls, 1))
 
 
 def replay_sample(replay_ms: float, bare_ms: float, calls: int) -> float:

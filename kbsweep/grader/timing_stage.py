@@ -86,7 +86,10 @@ class TimingStage(CandidateContext):
         sets += [encode(template, self.arena) for _ in range(per_batch - len(sets))]  # no timed call shares its inputs
         slots = [warm_slots[i % len(warm_slots)] for i in range(warm)] + [self.output_slots(expected) for _ in range(per_batch)]
         bare = self.bare_replay(expected, per_batch) if self.replays(mode, kernelbench) else None
-        null = {kind: self.null_ms(template, expected, mode, per_batch, replay) for kind, replay in (("events", None), ("replay", bare)) if kind == "events" or bare}
+        null, null_loop = {}, {}  # per kind: the whole null, and its batch alone (what the runner's own loop clock spans)
+        for kind, replay in (("events", None), ("replay", bare)):
+            if kind == "events" or bare:
+                null[kind], null_loop[kind] = self.null_ms(template, expected, mode, per_batch, replay)
         figures: Dict[str, List[float]] = {"events": [], "replay": []}
         ratios: List[tuple] = []  # per batch: the referee's figure, the runner's, the referee's slack (per call)
         refused, captured = None, False
@@ -106,7 +109,8 @@ class TimingStage(CandidateContext):
                 sample = timing.referee_sample(batch["wall_ms"], null[kind], per_batch)
                 (sample,), elapsed = self.slowest([sample], time.perf_counter() - began, batch["ms"])
                 figures[kind].append(sample)
-                claimed = timing.events_claim(batch["ms"], batch["enqueue_us"], null[kind], per_batch) if kind == "events" else \
+                # the loop's wall where the GPU may wait on the host; on CPU each call's own clock covers all of it
+                claimed = timing.events_claim(batch["ms"], batch["loop_ms"] if mode != "host" else None, null_loop[kind], per_batch) if kind == "events" else \
                     timing.replay_sample(batch["replay_ms"], timing.run_batch([], mode, replay=bare)["replay_ms"], per_batch)
                 ratios.append((sample, claimed, self.slack_ms(mode, null[kind], per_batch) / per_batch))
         events = timing.summarize(figures["events"]) if figures["events"] else None
@@ -114,7 +118,7 @@ class TimingStage(CandidateContext):
         timed = {**(timing.scored(events, replay) if mode == "back_to_back" else events), "clock": "referee", "mode": mode, "per_batch": per_batch,
                  "warm_calls": warm, "batches": len(ratios), "input_sets": len(sets), "clocks": clocks.summary()}
         timed["calls"] = timed["runs"] * per_batch  # each run (sample) is one batch's figure
-        timed["corroboration"] = self.corroborate(shape, mode, ratios, null)
+        timed["corroboration"] = {**self.corroborate(shape, mode, ratios, null), "null_loop_ms": null_loop}
         return {"shape": shape, "input_sets": len(sets), "candidate": timed, "baselines": {}}
 
     def corroborate(self, shape: Dict[str, Any], mode: str, ratios: List[tuple], null: Dict[str, float]) -> Dict[str, Any]:
@@ -150,24 +154,24 @@ class TimingStage(CandidateContext):
         outputs = [torch.empty_like(t) for t in checks.as_tuple(expected)]
         return [(align, lambda: expected, lambda out: [o.copy_(t) for o, t in zip(outputs, checks.as_tuple(out))]) for _ in range(calls)]
 
-    def null_ms(self, template: List[Any], expected: Any, mode: str, calls: int, replay: Optional[timing.Replay] = None) -> float:
+    def null_ms(self, template: List[Any], expected: Any, mode: str, calls: int, replay: Optional[timing.Replay] = None) -> tuple:
         """Everything a batch's wall time holds besides the calls, measured here without the candidate: the fresh
         inputs' copies, the channel's trusted round trip, and the batch (or ``replay``) with calls that do nothing;
-        the fastest of NULLS, so it errs against the candidate."""
+        the fastest of NULLS, so it errs against the candidate. Returns (that, the batch's part alone)."""
         staged = [clone(template) for _ in range(calls)]
         targets = [clone(template) for _ in range(calls)]
         flush = timing.L2Flush(self.req.l2_bytes) if mode != "host" else None
         steps = [] if replay else self.null_steps(expected, calls, timing.call_barrier(self.barrier, mode))
-        walls = []
+        walls, loops = [], []
         for _ in range(NULLS):
             with profiled(self.device) if replay is None else contextlib.nullcontext():  # as the runner's event-timed batches are
                 self.sync()
                 t0 = time.perf_counter()
                 self.copy_sets(targets, staged)
                 self.sync()
-                timing.run_batch(steps, mode, 0.0, flush, replay)
+                loops.append(timing.run_batch(steps, mode, 0.0, flush, replay)["loop_ms"])
                 walls.append((time.perf_counter() - t0) * 1e3)
-        return min(walls) + self.round_trip_ms
+        return min(walls) + self.round_trip_ms, min(loops)
 
     def sync(self) -> None:
         if self.device.type == "cuda":
@@ -218,9 +222,8 @@ class TimingStage(CandidateContext):
         if not torch.equal(answered, self.read_elements(picks)):
             self.findings.append({"kind": "forged_result", "shape": shape, "detail": f"{shape}: a timed output was written after the candidate's process answered"})
             raise GradeFailure(Outcome.INCORRECT, f"shape {shape}: a timed call's output was still being written after its batch was reported done")
-        enqueue = reply.get("enqueue_us")
-        enqueue = [float(u) for u in enqueue] if isinstance(enqueue, list) and len(enqueue) == len(ms) and all(isinstance(u, (int, float)) for u in enqueue) else []
-        figures = {"ms": [float(m) for m in ms], "enqueue_us": enqueue, "wall_ms": wall_ms}
+        loop_ms = reply.get("loop_ms")
+        figures = {"ms": [float(m) for m in ms], "loop_ms": float(loop_ms) if isinstance(loop_ms, (int, float)) else None, "wall_ms": wall_ms}
         return {**figures, "replay_ms": float(replay_ms)} if replay else figures
 
     def timed_go(self, targets: List[List[Any]], staged: List[List[Any]]) -> tuple:

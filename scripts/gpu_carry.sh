@@ -4,7 +4,7 @@
 #
 #   scripts/gpu_carry.sh [HOST_PACKAGES]
 #
-# HOST_PACKAGES is that machine's `python3 -m pip freeze` (default docs/data/h200_pip_freeze.txt, else the image's
+# HOST_PACKAGES is that machine's `python3 -m pip freeze` (default docs/data/gpu_pip_freeze.txt, else the image's
 # package list docs/data/h200_image_packages_2026-11-17.txt); a line naming a package without `==version` counts as
 # installed at a version that fits. The resolved list is the closure of pyproject's dependencies and build
 # requirements over this checkout's .venv (the versions its tests pass with), markers read for Linux x86_64 and the machine's Python:
@@ -14,10 +14,10 @@
 # $LIMIT_MIB (50: a device call carries 64 MiB, the working tree included). On the GPU machine, from the repo's root:
 #   for f in .carry/*.deb; do dpkg -x "$f" /; done
 #   python3 -m pip install -q --no-index --no-deps --no-build-isolation .carry/*.whl -e .
-# (into the interpreter, not --target: the grader's sandbox passes no PYTHONPATH). scripts/gpu_sweep.sh does both.
+# (into the interpreter, not --target: the grader's sandbox passes no PYTHONPATH). scripts/gpu_sweep.py does both.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-host=${1:-docs/data/h200_pip_freeze.txt}
+host=${1:-docs/data/gpu_pip_freeze.txt}
 [[ -f $host || $# -gt 0 ]] || host=docs/data/h200_image_packages_2026-11-17.txt
 carry=${CARRY:-.carry} pyver=${PYVER:-3.12} limit=${LIMIT_MIB:-50}
 rm -rf "$carry" && mkdir -p "$carry"

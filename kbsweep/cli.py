@@ -10,7 +10,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, List
+from typing import Any, Callable, Dict, List, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -86,8 +86,9 @@ def run_verb(cfgs: List[DictConfig]) -> int:
     sweeps = {cell.sweep for cell in cells}
     boards, _ = write_boards(cfgs[0])
     print(render_terminal([board for board in boards if board["sweep"] in sweeps]))
+    known = {name: id_ for board in boards for name, id_ in board.get("experiment_ids", {}).items()}
     for sweep in sorted(sweeps):
-        print(f"[kbsweep] runs of '{sweep}': {runs_link(str(cfgs[0].tracking.uri), sweep)}", file=sys.stderr)
+        print(f"[kbsweep] runs of '{sweep}': {runs_link(str(cfgs[0].tracking.uri), sweep, known.get(sweep))}", file=sys.stderr)
     if left:
         print(f"[kbsweep] {len(left)} of {len(cells)} cells are not finished (infrastructure faults); run the sweep again", file=sys.stderr)
         return ExitCode.INFRA
@@ -97,14 +98,18 @@ def run_verb(cfgs: List[DictConfig]) -> int:
 MLFLOW_UI = "http://127.0.0.1:5000"  # where `mlflow ui` serves by default
 
 
-def runs_link(uri: str, sweep: str) -> str:
-    """Where a sweep's runs are in MLflow's UI. MLflow 3.17's UI opens an experiment on its GenAI overview unless the
-    address asks for the model-training view (``workflowType=machine_learning``, the GenAI | Model training switch):
-    while it shows that switch it ignores the experiment's ``mlflow.experimentKind`` tag."""
-    from kbsweep.mlflow_store import make_client
+def runs_link(uri: str, sweep: str, experiment_id: Optional[str] = None) -> str:
+    """Where a sweep's runs are in MLflow's UI (its experiment's id asked of MLflow unless given: a board read back
+    from the snapshot carries it, and a resumed finished sweep then never imports MLflow). MLflow 3.17's UI opens an
+    experiment on its GenAI overview unless the address asks for the model-training view (``workflowType=
+    machine_learning``, the GenAI | Model training switch): while it shows that switch it ignores the experiment's
+    ``mlflow.experimentKind`` tag."""
+    if experiment_id is None:
+        from kbsweep.mlflow_store import make_client
 
-    experiment = make_client(uri).get_experiment_by_name(sweep)
-    page = f"#/experiments/{experiment.experiment_id}?workflowType=machine_learning" if experiment else "#/experiments"
+        experiment = make_client(uri).get_experiment_by_name(sweep)
+        experiment_id = experiment.experiment_id if experiment else None
+    page = f"#/experiments/{experiment_id}?workflowType=machine_learning" if experiment_id else "#/experiments"
     if uri.startswith(("http://", "https://")):
         return f"{uri.rstrip('/')}/{page}"
     return f"mlflow ui --backend-store-uri {uri}, then {MLFLOW_UI}/{page}"
@@ -242,7 +247,7 @@ def write_boards(cfg: DictConfig) -> tuple:
     from kbsweep import snapshot
     from kbsweep.report import attach_regrades, build_boards
     from kbsweep.render import write_report
-    from kbsweep.mlflow_store import log_report, runs_frame
+    from kbsweep.mlflow_store import log_report, make_client, runs_frame
 
     folder = Path(cfg.paths.outputs) / "reports"
     saved = snapshot.load(folder / ".boards.json", cfg.tracking.uri)
@@ -252,6 +257,9 @@ def write_boards(cfg: DictConfig) -> tuple:
     boards = attach_regrades(build_boards(runs_frame(cfg.tracking.uri)), runs_frame(cfg.tracking.uri, kind="regrade"))
     paths: Dict[str, Any] = {}
     if boards:
+        ids = {experiment.name: experiment.experiment_id for experiment in make_client(cfg.tracking.uri).search_experiments()}
+        for board in boards:
+            board["experiment_ids"] = {name: ids[name] for name in board["experiments"] if name in ids}
         paths = write_report(boards, folder)
         log_report(cfg.tracking.uri, sorted({name for board in boards for name in board["experiments"]}), folder)
     snapshot.save(folder / ".boards.json", cfg.tracking.uri, taken,

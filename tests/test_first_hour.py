@@ -231,6 +231,10 @@ def test_a_sweep_prints_the_mlflow_address_that_opens_on_its_runs(outputs, tmp_p
     assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
     address = f"http://127.0.0.1:5000/#/experiments/{experiment.experiment_id}?workflowType=machine_learning"
     assert f"[kbsweep] runs of 'demo': mlflow ui --backend-store-uri {uri}, then {address}" in proc.stderr
+    resumed = typed("gpu=cpu", "problem=scale_shift", "launcher=inline", cwd=tmp_path, env={"PYTHONPROFILEIMPORTTIME": "1"})
+    assert resumed.returncode == 0 and f"then {address}" in resumed.stderr, resumed.stderr[-2000:]
+    # every cell finished and the store untouched: the address comes from the snapshot, MLflow is never imported
+    assert not re.search(r"^import time:.*\|\s+mlflow\b", resumed.stderr, re.M)
     if not (Path("/usr/bin/chromium").exists() and Path("/usr/bin/chromedriver").exists()):
         pytest.skip("no Chromium to open the address in")
     from tests.test_browser_mlflow_ui import CHROMEDRIVER, CHROMIUM, FLAGS

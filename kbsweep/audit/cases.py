@@ -1,8 +1,8 @@
 """Audit cases: solution files whose docstring says what they are, graded and audited the way a cell would be.
 
 A case's docstring carries ``Key: value`` lines: ``Problem:`` (track/name), and for exploits ``Family:``,
-``Caught by:`` (static, dynamic, contamination, grader), optionally ``Mode:``, ``Verdict:`` and ``World:`` (ranks of a
-multi-track grade, 1 by default). Modules named
+``Caught by:`` (static, dynamic, contamination, grader; ``a|b``: either), optionally ``Mode:``, ``Verdict:``
+and ``World:`` (ranks of a multi-track grade, 1 by default). Modules named
 ``_*.py`` beside a case that it imports are staged with it as workspace helpers. Used by the exploit and legit
 test suites (CPU) and by scripts/audit_gpu_check.py (GPU).
 """

@@ -206,9 +206,8 @@ def run_batch(steps: Sequence[tuple], mode: str, spin_us: float = 0.0, flush: Op
     ``replay`` (back to back): queued after the steps, one event pair around it (``replay_ms``), inside
     ``unrecorded()`` (:func:`kbsweep.grader.profiling.kernels_unrecorded`). ``loop_ms``: the whole batch by the
     host's clock, its end synced."""
-    began = time.perf_counter()
     if mode == "host":
-        ms = []
+        began, ms = time.perf_counter(), []
         for before, call, after in steps:
             before()
             t0 = time.perf_counter()

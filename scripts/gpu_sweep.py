@@ -9,7 +9,8 @@ Run with the interpreter that holds CUDA torch, from the repository's root (no p
 takes tracks and ``track/problem`` names. Each track is swept ``-m`` over ``scripted`` (``scripted-p2p`` on
 ``multi``, whose correct solutions are ``p2p.py``) and ``scripted-lazy``; ``multi`` at world size 1 (torchrun
 still starts its ranks). Every solution of the swept problems is graded with ``kbsweep grade`` under the same
-settings, two at a time beside the sweeps (the GPU lock serializes the grades themselves); ``--direct scored``
+settings, one at a time after the sweeps (a launch-bound call's time moves with what else runs on the host:
+each direct grade has it to itself, each cell shares it only with its own sweep); ``--direct scored``
 grades the solutions meant to score only, the wrong ones left to the ``scripted-lazy`` cells. The checks: every
 correct solution passes with a score and no finding (but those in ``FLAGGED``, with their finding), every ``wrong.py`` is ``incorrect``; each cell's outcome
 is its final solution's, and its score is within ``--tolerance`` of that file's direct grade (as is each
@@ -38,7 +39,6 @@ import sys
 import tarfile
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
@@ -281,12 +281,10 @@ def main() -> int:
     solutions = [(track, problem, path) for track, problems in chosen.items() for problem in problems
                  for path in sorted((REPO / "problems" / track / problem / "solutions").glob("*.py"))]
     summary["bundled"] = {hashlib.sha256(path.read_bytes()).hexdigest(): f"{track}/{problem}/{path.name}" for track, problem, path in solutions}
-    with ThreadPoolExecutor(2) as pool:  # the direct grades beside the sweeps: the GPU lock orders them
-        futures = [pool.submit(grade, runner, track, problem, path, track_overrides(track, args.gpu, sandbox), outputs / "direct")
-                   for track, problem, path in solutions if args.direct == "all" or path.name != "wrong.py"]
-        for track, problems in chosen.items():
-            sweep(runner, track, problems, targets([track])[track], track_overrides(track, args.gpu, sandbox), conf)
-        summary["grades"] = [f.result() for f in futures]
+    for track, problems in chosen.items():
+        sweep(runner, track, problems, targets([track])[track], track_overrides(track, args.gpu, sandbox), conf)
+    summary["grades"] = [grade(runner, track, problem, path, track_overrides(track, args.gpu, sandbox), outputs / "direct")
+                         for track, problem, path in solutions if args.direct == "all" or path.name != "wrong.py"]
     smallest = min(chosen, key=lambda track: len(chosen[track]))  # the regrade's grades run one at a time
     runner.run([str(BIN / "kbsweep"), "regrade", *track_overrides(smallest, args.gpu, sandbox)], f"regrade {smallest}")
     runner.run([str(BIN / "kbsweep"), "report"], "report", late_ok=True)

@@ -125,7 +125,7 @@ def make_client(uri: str):
 def sync_at_checkpoints() -> None:
     """SQLite connections of this process sync their write-ahead log at checkpoints, not at every commit
     (``synchronous=NORMAL``): a run's logging is ~7 transactions, and a sync each was ~a sixth of the
-    orchestrator's CPU a cell (docs/benchmarks.md, "Sweep cost"). A crash may lose the last commits, never the
+    orchestrator's CPU a cell (docs/benchmarks.md, "Sweeps at scale"). A crash may lose the last commits, never the
     database; the cell's journal (result.json) is what a resume re-logs from. WAL needs every reader on this
     host: a store several hosts share is ``tracking=server``'s."""
     import sqlite3

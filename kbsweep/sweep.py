@@ -169,7 +169,7 @@ class InOrder:
     """The sweep's tracking work, run one call at a time in the order given, on a thread of its own, so the
     launcher's loop hands a free worker its next cell at once. Logging a finished cell (its batches, artifacts and
     trace) took ~1.2 s of the loop on a 2-core machine, and while it ran no free worker got a cell: a 100-cell
-    demo sweep ran one cell at a time for most of its length (docs/benchmarks.md, session 11). An error in a
+    demo sweep ran one cell at a time for most of its length (docs/benchmarks.md, "The 100-cell demo sweep"). An error in a
     call is raised in the caller's thread at its next ``submit``, or when the block ends, after every call given
     has run (a stopped sweep still logs the cells that finished)."""
 

@@ -315,7 +315,7 @@ class Tracker:
 
         No plots: the loop's progress is the ``loop.best_score*`` metrics, which MLflow charts, and the cell's shapes
         on the roofline are in the report's plot of its problem (every repeat's points); drawing both here cost
-        0.8-1 CPU-s a cell, most of what the orchestrator spent on a cell (docs/benchmarks.md, issue #22 item 5)."""
+        0.8-1 CPU-s a cell, most of what the orchestrator spent on a cell (docs/benchmarks.md, "The 100-cell demo sweep")."""
         from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
 
         from kbsweep.agent.mlflow_trace import log_trace

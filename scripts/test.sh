@@ -26,7 +26,6 @@ bash scripts/slurm_up.sh >/dev/null   # Slurm, and MariaDB (its accounting; the 
 # time (module fixtures are built once). Files that share something across files run first, in this process: one
 # Slurm (a preempting job must find only its own test's jobs), the machine's `kbsweep-bomb` processes, one MLflow
 # server; and test_multi, whose concurrent multi-rank grades (16 processes) failed under the other worker's load.
-# A grouping scheduler of our own crashed xdist workers on full runs (the worker left its first test).
 workers=(-n "${KBSWEEP_TEST_WORKERS:-2}" --dist loadfile)
 if [ "$#" -gt 0 ]; then
   python -m pytest -q "${workers[@]}" "$@"

@@ -1,4 +1,4 @@
-"""Runs on the lent GPU: the scored figure beside outside references of the same call ([timer], docs/benchmarks.md).
+"""Runs on the lent GPU: the scored figure beside outside references of the same call (docs/benchmarks.md, "Timer fidelity").
 
     python3 scripts/timer_fidelity.py OUT_DIR [--cases bf16,scale_shift,fp8,w4a16,paged] [--budget-s 540]
                                               [--conditions no_baselines,...] [--probe]
@@ -187,7 +187,7 @@ def median_ms(figures: list):
 
 
 def shape_rows(name: str, pid: str, grades: dict, local: list, host: dict) -> list:
-    """One object per kernel and shape, with the fields issue [timer] names (scored_ms: the median of the grades)."""
+    """One object per kernel and shape, with the fields the benchmarks table reads (scored_ms: the median of the grades)."""
     rows = []
     for index, here in enumerate(local):
         timed = {cond: (g["timings"][index]["candidate"] if g.get("outcome") == "pass" else {}) for cond, g in grades.items()}
@@ -222,7 +222,7 @@ def shape_rows(name: str, pid: str, grades: dict, local: list, host: dict) -> li
 
 
 def markdown(rows: list) -> str:
-    """The benchmarks table: scored ms per grade, the outside references (median of rounds), the ratios the issue bounds."""
+    """The benchmarks table: scored ms per grade, the outside references (median of rounds), the ratios the targets bound."""
     pct = lambda v: f"{(v - 1) * 100:+.1f}%" if v else "-"  # noqa: E731
     num = lambda v: f"{v:.4f}" if v else "-"  # noqa: E731
     lines = ["| kernel | shape | timer | scored ms (timed first / cached / none) | events ms | spread | graph+flush ms (rounds) | vs graph | graph+flush profiled ms (rounds) | vs profiled graph | graph+flush over draws ms (rounds) | vs graph over draws | do_bench read-flush ms (rounds) | vs do_bench | scores (first / cached / none) |",

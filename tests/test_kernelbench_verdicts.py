@@ -22,7 +22,7 @@ from tests.support.grading import CPU, graded
 REPO = Path(__file__).resolve().parent.parent
 CASES = Path(__file__).parent / "kernelbench_cases"
 
-# (problem/solution, KernelBench's verdict, kbsweep's outcome): the disagreement classes of issue 20 first
+# (problem/solution, KernelBench's verdict, kbsweep's outcome): the classes where the two graders' verdicts differ first
 EXPECTED = [
     ("1_matmul/fp16", "incorrect", "incorrect"),  # 1e-3 relative error: inside 1e-2 (v0.1), outside 1e-4 (v0.2)
     ("2_variance/biased", "incorrect", "incorrect"),  # divides by n, not n - 1

@@ -3,8 +3,8 @@
 Triton 3.7's interpreter patches ``triton.language`` at every kernel launch and every device-function call (``tl.max``
 and ``tl.sum`` are ones): ``_patch_builtin`` runs ``inspect.getmembers`` over ``tl``, ``tl.core``, their tensor
 class, ``tl.math`` and the tensor descriptor class, and wraps each member that holds a builtin in a new lambda
-passing the interpreter's semantic: a third of a small interpreted call's CPU (docs/benchmarks.md, issue #22 item
-5). Which names hold builtins, and their wrappers, do not change in a process, so :func:`install`, run by the
+passing the interpreter's semantic: a third of a small interpreted call's CPU (docs/benchmarks.md,
+"The 100-cell demo sweep"). Which names hold builtins, and their wrappers, do not change in a process, so :func:`install`, run by the
 runner's zygote before any candidate exists, lists them once from the pristine modules (the wrappers made by
 Triton's own ``_patch_attr``), and ``_patch_builtin`` patches from that list the names that hold a builtin, as
 Triton does: the same attributes, to wrappers that do the same, restored by Triton's scope as before. An object

@@ -21,7 +21,7 @@ from omegaconf import DictConfig
 
 from kbsweep.errors import ExitCode
 from kbsweep.paths import REPO_ROOT
-from kbsweep.planning import Plan, PlannedCell, plan_of, planned
+from kbsweep.planner.planning import Plan, PlannedCell, plan_of, planned
 
 
 @dataclass
@@ -64,8 +64,8 @@ def compose(overrides: Sequence[str], verb: str, config_dir: Optional[str] = Non
     from omegaconf.errors import OmegaConfBaseException
 
     from kbsweep.compose import prepare
-    from kbsweep.jobs import prepared_configs
-    from kbsweep.overrides import check_overrides, hydra_error
+    from kbsweep.config.jobs import prepared_configs
+    from kbsweep.config.overrides import check_overrides, hydra_error
 
     argv = check_overrides([*overrides, *(["-cd", str(config_dir)] if config_dir else [])])
     argv = [a for a in argv if a not in ("-cd", str(config_dir))]
@@ -85,7 +85,7 @@ def compose(overrides: Sequence[str], verb: str, config_dir: Optional[str] = Non
 
 
 def plan(*overrides: str, config_dir: Optional[str] = None) -> Plan:
-    from kbsweep.matrix import build_matrix
+    from kbsweep.planner.matrix import build_matrix
 
     return plan_of(build_matrix(compose(overrides, "plan", config_dir)))
 

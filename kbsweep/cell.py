@@ -22,19 +22,19 @@ from kbsweep.agent.models import Usage
 from kbsweep.agent.tools import Toolbox
 from kbsweep.agent.transcript import Redactor, Transcript
 from kbsweep.audit.judge import LazyModel
-from kbsweep.cell_result import CellResult
-from kbsweep.gpus import GpuSpec
+from kbsweep.tracking.cell_result import CellResult
+from kbsweep.config.gpus import GpuSpec
 from kbsweep.grader import grade
 from kbsweep.grader.processes import prewarm
 from kbsweep.grader.request import GradeRequest
 from kbsweep.harness import AgentJob, runner_for
-from kbsweep.locks import device_lock
-from kbsweep.matrix import Cell, cell_dir
+from kbsweep.grader.locks import device_lock
+from kbsweep.planner.matrix import Cell, cell_dir
 from kbsweep.outcomes import Outcome, StopReason
-from kbsweep.problems import load_problem
-from kbsweep.sandbox import Sandbox, SandboxPolicy
-from kbsweep.score import ShapeScore, load_roofline
-from kbsweep.tracking import owner, owner_alive
+from kbsweep.config.problems import load_problem
+from kbsweep.sandbox.confine import Sandbox, SandboxPolicy
+from kbsweep.score.roofline import ShapeScore, load_roofline
+from kbsweep.tracking.tracker import owner, owner_alive
 
 PUBLIC_FILES = ("reference.py", "prompt.md")
 RESULT_FILE = "result.json"
@@ -107,7 +107,7 @@ def reclaim(cell: Cell, wait_s: float = RECLAIM_WAIT_S) -> bool:
     """End the process holding a cell's lock (the orphaned job of a sweep that died: one orchestrator per sweep
     runs at a time, so no live one owns it) and wait for the lock; False if it is still held. A holder on
     another host is reached through its Slurm job, when it names one."""
-    from kbsweep.torchrun import kill_tree
+    from kbsweep.grader.torchrun import kill_tree
 
     holder = json.loads(cell_lock_path(cell).read_text() or "{}")
     stamp = holder.get("holder") or ""

@@ -16,7 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from kbsweep.compose import prepare
 from kbsweep.errors import ExitCode, InfraError, KbsweepError
-from kbsweep.overrides import check_overrides, check_yaml, hydra_error, split_options
+from kbsweep.config.overrides import check_overrides, check_yaml, hydra_error, split_options
 from kbsweep.paths import REPO_ROOT
 
 VERBS: Dict[str, Callable[[List[DictConfig]], int]] = {}
@@ -66,8 +66,8 @@ def dispatch(cfgs: List[DictConfig]) -> None:
 
 def sweep_cells(cfgs: List[DictConfig]) -> tuple:
     """Run (resume) the sweep of ``cfgs`` after its preflight; returns (its cells, those left unfinished)."""
-    from kbsweep.matrix import build_matrix
-    from kbsweep.sweep import run_sweep
+    from kbsweep.planner.matrix import build_matrix
+    from kbsweep.launch.sweep import run_sweep
 
     cells = build_matrix(cfgs)
     cfg = cfgs[0]
@@ -80,7 +80,7 @@ def sweep_cells(cfgs: List[DictConfig]) -> tuple:
 @verb("run")
 def run_verb(cfgs: List[DictConfig]) -> int:
     """Run a sweep (resuming it), then print its own leaderboards (the report files keep every sweep's)."""
-    from kbsweep.render import render_terminal
+    from kbsweep.reporting.render import render_terminal
 
     cells, left = sweep_cells(cfgs)
     sweeps = {cell.sweep for cell in cells}
@@ -105,7 +105,7 @@ def runs_link(uri: str, sweep: str, experiment_id: Optional[str] = None) -> str:
     machine_learning``, the GenAI | Model training switch): while it shows that switch it ignores the experiment's
     ``mlflow.experimentKind`` tag."""
     if experiment_id is None:
-        from kbsweep.mlflow_store import make_client
+        from kbsweep.tracking.mlflow_store import make_client
 
         experiment = make_client(uri).get_experiment_by_name(sweep)
         experiment_id = experiment.experiment_id if experiment else None
@@ -116,7 +116,7 @@ def runs_link(uri: str, sweep: str, experiment_id: Optional[str] = None) -> str:
 
 
 def preflight_mode(cfg: DictConfig) -> str:
-    from kbsweep.preflight import MODES
+    from kbsweep.planner.preflight import MODES
 
     mode = str(cfg.get("preflight"))
     if mode not in MODES:
@@ -127,7 +127,7 @@ def preflight_mode(cfg: DictConfig) -> str:
 def refuse_on_failure(cells, mode: str) -> None:
     """Preflight the models of ``cells``: each failure is one line, then exit (CONFIG for a key or route, INFRA
     for a provider fault) before anything launches."""
-    from kbsweep.preflight import preflight, worst
+    from kbsweep.planner.preflight import preflight, worst
 
     failed = [check for check in preflight(cells, mode) if check.status != "ok"]
     if failed:
@@ -138,8 +138,8 @@ def refuse_on_failure(cells, mode: str) -> None:
 @verb("preflight")
 def preflight_verb(cfgs: List[DictConfig]) -> int:
     """Check each model's key and route with one tiny request (preflight=keys: the keys only); runs nothing else."""
-    from kbsweep.matrix import build_matrix
-    from kbsweep.preflight import preflight, worst
+    from kbsweep.planner.matrix import build_matrix
+    from kbsweep.planner.preflight import preflight, worst
 
     checks = preflight(build_matrix(cfgs), "keys" if preflight_mode(cfgs[0]) == "keys" else "live")
     for check in checks:
@@ -152,8 +152,8 @@ def preflight_verb(cfgs: List[DictConfig]) -> int:
 @verb("plan")
 def plan_verb(cfgs: List[DictConfig]) -> int:
     """Print the cells, the harnesses (with the CLIs' versions), the count, a cost estimate and missing keys (--json: as JSON); run nothing."""
-    from kbsweep.planning import plan_of
-    from kbsweep.matrix import build_matrix
+    from kbsweep.planner.planning import plan_of
+    from kbsweep.planner.matrix import build_matrix
 
     plan = plan_of(build_matrix(cfgs))
     if cfgs[0].json:
@@ -184,14 +184,14 @@ def grade_verb(cfgs: List[DictConfig]) -> int:
 def grade_file(cfg: DictConfig) -> tuple:
     """(the grader's result, the exit code it means) for ``cfg.solution`` on ``cfg.problem``."""
     from kbsweep.cell import configured_grader
-    from kbsweep.gpus import GpuSpec
+    from kbsweep.config.gpus import GpuSpec
     from kbsweep.grader.processes import referee_prober
     from kbsweep.outcomes import Outcome
-    from kbsweep.problem_folders import find_problem_dir
-    from kbsweep.problems import load_problem
-    from kbsweep.sandbox import SandboxPolicy
-    from kbsweep.score import load_roofline, score_note
-    from kbsweep.validate import check_problem, check_references, reference_probe
+    from kbsweep.config.problem_folders import find_problem_dir
+    from kbsweep.config.problems import load_problem
+    from kbsweep.sandbox.confine import SandboxPolicy
+    from kbsweep.score.roofline import load_roofline, score_note
+    from kbsweep.planner.validate import check_problem, check_references, reference_probe
 
     if not cfg.problem or "/" not in str(cfg.problem) or not cfg.solution:
         raise KbsweepError("grade needs problem=<track>/<name> and solution=<file>")
@@ -220,7 +220,7 @@ def grade_file(cfg: DictConfig) -> tuple:
 @verb("report")
 def report_verb(cfgs: List[DictConfig]) -> int:
     """Leaderboards per (track, GPU) from the tracking store; Markdown, JSON and HTML with plots in outputs/reports."""
-    from kbsweep.render import render_terminal
+    from kbsweep.reporting.render import render_terminal
 
     boards, paths = write_boards(cfgs[0])
     print(render_terminal(boards))
@@ -232,7 +232,7 @@ def report_verb(cfgs: List[DictConfig]) -> int:
 @verb("regrade")
 def regrade_verb(cfgs: List[DictConfig]) -> int:
     """Grade a sweep's stored final solutions again under gpu= and track= (sweep.name=; --force: regraded ones too)."""
-    from kbsweep.regrade import regrade_sweep
+    from kbsweep.launch.regrade import regrade_sweep
 
     cfg = cfgs[0]
     done = regrade_sweep(OmegaConf.to_container(cfg, resolve=True), bool(cfg.sweep.force))
@@ -243,11 +243,11 @@ def regrade_verb(cfgs: List[DictConfig]) -> int:
 
 def write_boards(cfg: DictConfig) -> tuple:
     """(the boards of the tracking store, the report files written and logged to each sweep's latest run); read
-    back from the reports folder's snapshot while nothing was logged since it was written (:mod:`kbsweep.snapshot`)."""
-    from kbsweep import snapshot
-    from kbsweep.report import attach_regrades, build_boards
-    from kbsweep.render import write_report
-    from kbsweep.mlflow_store import log_report, make_client, runs_frame
+    back from the reports folder's snapshot while nothing was logged since it was written (:mod:`kbsweep.tracking.snapshot`)."""
+    from kbsweep.tracking import snapshot
+    from kbsweep.reporting.report import attach_regrades, build_boards
+    from kbsweep.reporting.render import write_report
+    from kbsweep.tracking.mlflow_store import log_report, make_client, runs_frame
 
     folder = Path(cfg.paths.outputs) / "reports"
     saved = snapshot.load(folder / ".boards.json", cfg.tracking.uri)
@@ -270,8 +270,8 @@ def write_boards(cfg: DictConfig) -> tuple:
 @verb("calibrate")
 def calibrate_verb(cfgs: List[DictConfig]) -> int:
     """Measure attainable peaks here; store them in outputs/ (and in the roofline spec with calibrate.write_spec=true)."""
-    from kbsweep.calibrate import calibrate
-    from kbsweep.score import find_roofline
+    from kbsweep.score.calibrate import calibrate
+    from kbsweep.score.roofline import find_roofline
 
     cfg = cfgs[0]
     measured = calibrate(OmegaConf.to_container(cfg.gpu, resolve=True))
@@ -291,7 +291,7 @@ def calibrate_verb(cfgs: List[DictConfig]) -> int:
 def export_verb(cfgs: List[DictConfig]) -> int:
     """Write a Hugging Face dataset folder (a trace-viewer JSONL per run, index.jsonl) to outputs/export or +out=DIR
     (a relative DIR under outputs/)."""
-    from kbsweep.export import export_dataset
+    from kbsweep.reporting.export import export_dataset
 
     cfg = cfgs[0]
     out = Path(cfg.paths.outputs) / str(cfg.get("out") or "export")  # an absolute out stands as given
@@ -337,7 +337,7 @@ def judge_model(name: str):
     """The judge: a model YAML of the ``model`` group, validated like any cell's model (the same loader the cells
     of a sweep use)."""
     from kbsweep.audit.judge import LazyModel
-    from kbsweep.config import model_conf
+    from kbsweep.config.schema import model_conf
 
     return LazyModel(model_conf(name))
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from kbsweep.config import group_source, validate
+from kbsweep.config.schema import group_source, validate
 from kbsweep.errors import KbsweepError
 from kbsweep.paths import REPO_ROOT
 
@@ -19,7 +19,7 @@ if not OmegaConf.has_resolver("kbsweep_root"):  # conf/config.yaml's paths: the 
 
 def resolve_gpu(cfg: DictConfig, hydra_cfg) -> None:
     """gpu=auto: the gpu YAML whose nvml_names match the local GPU, else cpu."""
-    from kbsweep import gpus
+    from kbsweep.config import gpus
 
     found = gpus.list_gpus()
     name = "cpu"
@@ -66,6 +66,6 @@ def prepare(cfg: DictConfig, hydra_cfg) -> DictConfig:
         sources["gpu"] = f"gpu/{cfg.gpu.name}.yaml"
     from kbsweep.agent.providers import MODEL_KINDS
     from kbsweep.harness import RUNNERS
-    from kbsweep.launch import LAUNCHERS
+    from kbsweep.launch.launchers import LAUNCHERS
 
     return validate(cfg, sources, (MODEL_KINDS, RUNNERS, LAUNCHERS))

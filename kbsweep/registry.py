@@ -1,6 +1,6 @@
 """Named implementations of one interface, picked by a YAML key: launchers (``launcher.kind``), model kinds
 (``model.provider``), harness runners (``harness.runner``). Adding one is a class and its name in the registry;
-config validation (:func:`kbsweep.config.validate`) refuses any other name as one line naming the file and key."""
+config validation (:func:`kbsweep.config.schema.validate`) refuses any other name as one line naming the file and key."""
 from __future__ import annotations
 
 from typing import Callable, Dict, Generic, Optional, TypeVar

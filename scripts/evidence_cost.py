@@ -22,7 +22,7 @@ sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
 
-from kbsweep.grader import profiling  # noqa: E402
+from kbsweep.grader.shared import profiling  # noqa: E402
 
 TAGS = ["/import", "/correctness/0", "/timing/0", "/timing/1", "/audit"]
 IDS = {tag: f"{i:0{profiling.TOKEN_CHARS}x}" for i, tag in enumerate(TAGS)}  # each group's calls under one command id

@@ -11,9 +11,9 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from kbsweep.config import load_gpu  # noqa: E402
-from kbsweep.sandbox import SandboxPolicy, self_test  # noqa: E402
-from kbsweep.score import load_roofline  # noqa: E402
+from kbsweep.config.schema import load_gpu  # noqa: E402
+from kbsweep.sandbox.confine import SandboxPolicy, self_test  # noqa: E402
+from kbsweep.score.roofline import load_roofline  # noqa: E402
 
 GPU = load_gpu("h100" if torch.cuda.is_available() and "H100" in torch.cuda.get_device_name() else "h200")  # a CPU dry run grades as on the H200
 ROOFLINE = load_roofline([str(REPO / "roofline_specs")], GPU.roofline)

@@ -113,7 +113,7 @@ def install(out: Path, runner: Runner) -> None:
 
 
 def environment(runner: Runner) -> Dict[str, Any]:
-    probe = ("import json, platform, torch, triton; from kbsweep.sandbox import self_test; "
+    probe = ("import json, platform, torch, triton; from kbsweep.sandbox.confine import self_test; "
              "print(json.dumps({'python': platform.python_version(), 'torch': torch.__version__, 'triton': triton.__version__, "
              "'cuda': torch.version.cuda, 'gpu': torch.cuda.get_device_name() if torch.cuda.is_available() else None, "
              "'unconfined': self_test() or None}))")

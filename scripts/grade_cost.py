@@ -19,11 +19,11 @@ from pathlib import Path
 GRADE = """
 import sys, time
 from pathlib import Path
-from kbsweep.config import load_gpu
+from kbsweep.config.schema import load_gpu
 from kbsweep.grader import grade
 from kbsweep.grader.request import GradeRequest
-from kbsweep.problems import load_problem
-from kbsweep.score import load_roofline
+from kbsweep.config.problems import load_problem
+from kbsweep.score.roofline import load_roofline
 repo = Path(sys.argv[1])
 cpu = load_gpu("cpu")
 problem = load_problem(repo / "problems/demo/scale_shift", "demo")

@@ -20,11 +20,12 @@ from pathlib import Path
 import torch  # noqa: F401 - the orchestrator's own import is not a grading process's start-up
 
 from kbsweep import REPO_ROOT
-from kbsweep.config import load_gpu
-from kbsweep.grader import grade, zygote
+from kbsweep.config.schema import load_gpu
+from kbsweep.grader import grade
+from kbsweep.grader.shared import zygote
 from kbsweep.grader.request import GradeRequest
-from kbsweep.problems import load_problem
-from kbsweep.score import load_roofline
+from kbsweep.config.problems import load_problem
+from kbsweep.score.roofline import load_roofline
 
 
 def main(out: Path, repeats: int) -> None:

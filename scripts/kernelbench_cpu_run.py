@@ -35,7 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Dict, List
 
-from kbsweep.kernelbench import kernelbench_names, materialize_all
+from kbsweep.config.kernelbench import kernelbench_names, materialize_all
 
 SOLUTIONS = ("reference", "wrong")
 

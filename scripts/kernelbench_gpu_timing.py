@@ -8,7 +8,7 @@ Each problem is one full grade of its reference as the candidate (``kbsweep.grad
 crashes costs only itself. The eager baseline is timed in the referee by kbsweep's timer (the scored figure:
 median of back-to-back calls, L2 flushed by a read, rotating inputs) and by KernelBench's
 ``time_execution_with_cuda_event`` as its ``measure_ref_program_time`` runs it (mean of 100 trials after 5
-warm-ups and 1 discarded, a 256 MiB write before each; :func:`kbsweep.grader.reference_timers.time_kernelbench`).
+warm-ups and 1 discarded, a 256 MiB write before each; :func:`kbsweep.grader.referee.reference_timers.time_kernelbench`).
 Problems are skipped, and say so, once ``--budget-s`` is spent. OUT.json is rewritten after every problem.
 ``--device cpu`` runs the same path at the CPU smoke sizes (KernelBench's loop with perf_counter): a dry run.
 """
@@ -25,8 +25,8 @@ from typing import Any, Dict
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from kbsweep.config import load_gpu  # noqa: E402
-from kbsweep.kernelbench import kernelbench_names, materialize_all  # noqa: E402
+from kbsweep.config.schema import load_gpu  # noqa: E402
+from kbsweep.config.kernelbench import kernelbench_names, materialize_all  # noqa: E402
 
 DEFAULT_IDS = [1, 4, 19, 23, 33, 36, 40, 47, 63, 88]  # matmul, matvec, elementwise, softmax, norms, reduction, conv, GELU
 QUICK_CPU_TIMING = {"min_runs": 2, "max_runs": 10, "max_time_s": 0.5}
@@ -38,8 +38,8 @@ def one(root: Path, device: str, timeout_s: float) -> Dict[str, Any]:
 
     from kbsweep.grader import grade
     from kbsweep.grader.request import GradeRequest
-    from kbsweep.problems import load_problem
-    from kbsweep.score import load_roofline
+    from kbsweep.config.problems import load_problem
+    from kbsweep.score.roofline import load_roofline
 
     repo = Path(__file__).resolve().parent.parent
     cuda = device == "cuda"

@@ -16,7 +16,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from kbsweep.grader.baselines import BaselineCache, conditions, entry_key  # noqa: E402
-from kbsweep.problems import load_problem  # noqa: E402
+from kbsweep.config.problems import load_problem  # noqa: E402
 
 
 def timed_baselines(result: dict, gpu: str) -> dict:

@@ -32,9 +32,9 @@ from kbsweep.audit.cases import private_deck
 from kbsweep.grader import grade, software_versions
 from kbsweep.grader.request import GradeRequest
 from kbsweep.grader.baselines import BaselineCache
-from kbsweep.grader.candidate import load_module
-from kbsweep.grader import profiling, timing
-from kbsweep.grader.timing import ClockSampler, L2Flush
+from kbsweep.grader.referee.candidate import load_module
+from kbsweep.grader.shared import profiling, timing
+from kbsweep.grader.shared.timing import ClockSampler, L2Flush
 
 CASES = {  # name: (problem, example solution, shapes kept)
     "bf16": ("proof/bf16_gemm", "torch_mm", 2),

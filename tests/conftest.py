@@ -34,7 +34,7 @@ def kbsweep(*args: str, cwd: Path | None = None, env: dict | None = None, timeou
 @pytest.fixture(scope="session")
 def problem():
     """demo/scale_shift, the problem most grading tests grade against."""
-    from kbsweep.problems import load_problem
+    from kbsweep.config.problems import load_problem
 
     return load_problem(REPO / "problems/demo/scale_shift", "demo")
 
@@ -42,7 +42,7 @@ def problem():
 @pytest.fixture(scope="session")
 def roofline():
     """The CPU's roofline spec: what a grade on this machine scores against."""
-    from kbsweep.score import load_roofline
+    from kbsweep.score.roofline import load_roofline
 
     return load_roofline([str(REPO / "roofline_specs")], "cpu")
 
@@ -57,7 +57,7 @@ def cases_home(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def store_template(tmp_path_factory) -> Path:
     """An initialized empty sqlite store; tests copy it (creating the schema takes seconds)."""
-    from kbsweep.mlflow_store import make_client
+    from kbsweep.tracking.mlflow_store import make_client
 
     folder = tmp_path_factory.mktemp("mlflow-template")
     make_client(f"sqlite:///{folder}/mlflow.db").search_experiments()

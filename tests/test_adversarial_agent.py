@@ -162,7 +162,7 @@ def test_tripwire_names_whole_words_and_numbers_only(tmp_path):
 
 def test_tripwire_finds_run_ids_of_the_sqlite_store_and_only_those(tmp_path, monkeypatch):
     """Runs are looked up by the ids the texts hold: a store's run is named, a 32-hex word that is no run is not."""
-    from kbsweep.mlflow_store import make_client
+    from kbsweep.tracking.mlflow_store import make_client
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     outputs = tmp_path / "outputs"

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from kbsweep.config import ModelConf
+from kbsweep.config.schema import ModelConf
 
 pytestmark = pytest.mark.fast
 

@@ -35,7 +35,7 @@ def test_grade_returns_the_outcome_and_result(tmp_path, monkeypatch):
 
 
 def test_run_then_resume_with_nothing_to_do(tmp_path, monkeypatch):
-    from kbsweep.mlflow_store import make_client
+    from kbsweep.tracking.mlflow_store import make_client
 
     monkeypatch.setenv("KBSWEEP_OUTPUTS", str(tmp_path / "outputs"))
     monkeypatch.setenv("KBSWEEP_LOCK_DIR", str(tmp_path / "locks"))

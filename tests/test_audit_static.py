@@ -69,7 +69,7 @@ def test_forbidden_gemm_is_found_however_spelled(source):
         ("import torch\nf = torch.compile(g)", "torch_compile"),
         ("from reference import Model\nclass ModelNew(Model):\n    pass", "reference_use"),
         ("import sys\nref = sys.modules['kbsweep_reference']", "reference_use"),
-        ("import kbsweep.grader.checks as c\nc.compare = len", "grader_patch"),
+        ("import kbsweep.grader.referee.checks as c\nc.compare = len", "grader_patch"),
         ("import glob\nhits = glob.glob('/srv/outputs/sweeps/*/*/solution.py')", "other_runs"),
         ("class M:\n    def __init__(self):\n        self.c = {}\n    def forward(self, x):\n        k = (x.data_ptr(), x.shape)\n        return self.c[k]", "output_cache"),
         ("_C = {}\ndef f(x):\n    return _C.get(float(x[0, :8].sum()))", "output_cache"),

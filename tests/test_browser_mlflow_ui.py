@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from kbsweep.mlflow_store import make_client
+from kbsweep.tracking.mlflow_store import make_client
 from tests.test_tracking_server import served_sweep
 
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"

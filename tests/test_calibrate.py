@@ -28,6 +28,6 @@ def test_the_timer_and_a_gemm_on_the_cpu():
     """The calibration's pieces on a tiny CPU GEMM: a positive time per call."""
     import torch
 
-    from kbsweep.calibrate import gemm, timed
+    from kbsweep.score.calibrate import gemm, timed
 
     assert timed(gemm("fp32", 64, torch.device("cpu")), torch.device("cpu"), repeats=3) > 0

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from kbsweep.problems import load_problem
+from kbsweep.config.problems import load_problem
 
 REPO = Path(__file__).resolve().parent.parent
 DECKS = ("hard", "demo", "mega")

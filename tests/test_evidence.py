@@ -13,9 +13,10 @@ import pytest
 import torch
 
 from kbsweep.audit.cases import run_case, summary
-from kbsweep.grader import checks, profiling, witness
-from kbsweep.grader.candidate import load_module
-from kbsweep.score import load_roofline
+from kbsweep.grader.referee import checks, witness
+from kbsweep.grader.shared import profiling
+from kbsweep.grader.referee.candidate import load_module
+from kbsweep.score.roofline import load_roofline
 from tests.support.grading import CPU
 from tests.test_exploits import QUICK_TIMING, REPO
 

@@ -16,16 +16,16 @@ import pytest
 from omegaconf import OmegaConf
 
 from kbsweep.cell import cell_busy, cell_lock_path
-from kbsweep.mlflow_store import runs_frame
-from kbsweep.sandbox import HOST_SHARE, Sandbox, SandboxPolicy, host_memory_mib, memory_cap_mib
-from kbsweep.sweep import plan
+from kbsweep.tracking.mlflow_store import runs_frame
+from kbsweep.sandbox.confine import HOST_SHARE, Sandbox, SandboxPolicy, host_memory_mib, memory_cap_mib
+from kbsweep.launch.sweep import plan
 from tests.test_orphans import demo_cell
 
 REPO = Path(__file__).resolve().parent.parent
 
 
 def open_tracker(uri: str, name: str) -> subprocess.Popen:
-    code = f"from kbsweep.tracking import Tracker; Tracker({uri!r}, '/tmp/unused-artifacts', {name!r}).start_sweep({{}}, 1); print('ok')"
+    code = f"from kbsweep.tracking.tracker import Tracker; Tracker({uri!r}, '/tmp/unused-artifacts', {name!r}).start_sweep({{}}, 1); print('ok')"
     return subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -82,7 +82,7 @@ def test_a_rerun_reclaims_a_cell_its_dead_sweep_left_running(outputs):
     cell = demo_cell(outputs)
     path = cell_lock_path(cell)
     path.parent.mkdir(parents=True, exist_ok=True)
-    hold = ("import fcntl, json, time; from kbsweep.tracking import owner; h = open({path!r}, 'a'); fcntl.flock(h, fcntl.LOCK_EX); "
+    hold = ("import fcntl, json, time; from kbsweep.tracking.tracker import owner; h = open({path!r}, 'a'); fcntl.flock(h, fcntl.LOCK_EX); "
             "h.write(json.dumps({{'holder': owner()}})); h.flush(); print('held', flush=True); time.sleep(300)")
     orphan = subprocess.Popen([sys.executable, "-c", hold.format(path=str(path))], cwd=REPO, stdout=subprocess.PIPE, text=True)
     assert orphan.stdout.readline().strip() == "held" and cell_busy(cell)

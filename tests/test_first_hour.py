@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from kbsweep.score import score_note
+from kbsweep.score.roofline import score_note
 
 REPO = Path(__file__).resolve().parent.parent
 KBSWEEP = Path(sys.executable).parent / "kbsweep"  # the installed command
@@ -122,9 +122,9 @@ def test_the_readme_set_up_lines_stand_and_its_commands_activate_the_venv_first(
 
 
 def test_the_api_names_stay_functions_once_their_submodules_are_imported():
-    code = ("import kbsweep, kbsweep.api, kbsweep.cli; from kbsweep.report import build_boards; import kbsweep.report; "
+    code = ("import kbsweep, kbsweep.api, kbsweep.cli; from kbsweep.reporting.report import build_boards; import kbsweep.reporting.report; "
             "assert [getattr(kbsweep, n) for n in kbsweep.API] == [getattr(kbsweep.api, n) for n in kbsweep.API]; "
-            "import sys; assert sys.modules['kbsweep.report'].build_boards is build_boards")
+            "import sys; assert sys.modules['kbsweep.reporting.report'].build_boards is build_boards")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-2000:]
 
@@ -221,7 +221,7 @@ def up(url: str, within_s: float) -> None:
 def test_a_sweep_prints_the_mlflow_address_that_opens_on_its_runs(outputs, tmp_path):
     """The sweep's experiment is tagged a model-training one, and the address the sweep prints opens MLflow's UI (as
     the README starts it) on the experiment's runs, not its GenAI overview."""
-    from kbsweep.mlflow_store import make_client
+    from kbsweep.tracking.mlflow_store import make_client
     from tests.test_tracking_server import free_port
 
     proc = typed("gpu=cpu", "problem=scale_shift", "launcher=inline", cwd=tmp_path)

@@ -10,7 +10,8 @@ import tomllib
 import pytest
 from packaging.requirements import Requirement
 
-from kbsweep import KbsweepError, gpus
+from kbsweep import KbsweepError
+from kbsweep.config import gpus
 from kbsweep.api import run
 from tests.conftest import REPO, kbsweep
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from kbsweep.gpus import GpuSpec
+from kbsweep.config.gpus import GpuSpec
 from kbsweep.grader.request import GradeRequest, RefereeRequest
 from kbsweep.grader.result import GradeResult
 from kbsweep.outcomes import Outcome

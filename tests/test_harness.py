@@ -18,7 +18,7 @@ from kbsweep.agent.llm import LiteLLMModel
 from kbsweep.agent.loop import Budgets
 from kbsweep.agent.trace_export import to_claude_code
 from kbsweep.agent.transcript import read_events
-from kbsweep.export import export_dataset
+from kbsweep.reporting.export import export_dataset
 from kbsweep.harness import runner_for
 from kbsweep.harness.locate import install_dir
 from kbsweep.harness.proxy import ModelProxy

@@ -1,4 +1,4 @@
-"""The runner zygote's cache of Triton's interpreter patches (kbsweep.grader.interpreter_cache): the same attributes
+"""The runner zygote's cache of Triton's interpreter patches (kbsweep.grader.runner.interpreter_cache): the same attributes
 patched as Triton patches them, kernels computing the same, ``triton.language`` pristine after a launch, and a
 Triton of another version left alone."""
 from __future__ import annotations
@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 triton = pytest.importorskip("triton")
 from triton.runtime import interpreter  # noqa: E402
 
-from kbsweep.grader import interpreter_cache  # noqa: E402
+from kbsweep.grader.runner import interpreter_cache  # noqa: E402
 from kbsweep.paths import REPO_ROOT  # noqa: E402
 
 pytestmark = pytest.mark.fast

@@ -49,7 +49,7 @@ def test_cli_sweep_composes_every_job_before_the_verb(cli):
 def test_repeats_share_one_config_and_give_the_cells_of_one_by_one_composition():
     """A set's repeats are one prepared config until a job's own is read; its cells, keys and order are those of
     composing each job alone; an interpolated repeat still resolves per job."""
-    from kbsweep.matrix import build_matrix
+    from kbsweep.planner.matrix import build_matrix
 
     jobs = compose(["gpu=cpu", "repeat=range(0,5)", "model=scripted,scripted-lazy"], "plan")
     assert len(jobs.units) == 2 and not jobs.copies

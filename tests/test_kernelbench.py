@@ -96,7 +96,7 @@ def test_unknown_timer_in_config_is_one_line(cli, outputs):
 def test_reference_probe_cache_merges_concurrent_writers(tmp_path, monkeypatch):
     """A grade's probe adds its reference to what other processes wrote meanwhile, never overwriting it (four
     concurrent KernelBench grades lost entries, and a wrong solution's grade probed its reference again)."""
-    from kbsweep import validate
+    from kbsweep.planner import validate
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     cache = validate.cache_file()

@@ -12,11 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from kbsweep import kernelbench_sizing
-from kbsweep.grader import kernelbench_eval, reference_timers, timing
-from kbsweep.kernelbench import cache_key, fit, kernelbench_names, materialize, materialize_all, with_sizes
-from kbsweep.problems import load_problem
-from kbsweep.sandbox import SandboxPolicy
+from kbsweep.config import kernelbench_sizing
+from kbsweep.grader.referee import kernelbench_eval, reference_timers
+from kbsweep.grader.shared import timing
+from kbsweep.config.kernelbench import cache_key, fit, kernelbench_names, materialize, materialize_all, with_sizes
+from kbsweep.config.problems import load_problem
+from kbsweep.sandbox.confine import SandboxPolicy
 from tests.support.grading import CPU, graded
 
 REPO = Path(__file__).resolve().parent.parent
@@ -219,7 +220,7 @@ def test_one_sizing_child_for_a_folder_cached_by_content(tmp_path, monkeypatch):
 def test_fast_p_and_geomean_follow_kernelbenchs_verdict():
     """Correctness by KernelBench's verdict; the speedup of a cell kbsweep failed but KernelBench calls correct is
     its KernelBench-only timing (``kernelbench_speedup_*``); a pass logged before that metric existed: kbsweep's."""
-    from kbsweep.report import kernelbench_metrics
+    from kbsweep.reporting.report import kernelbench_metrics
 
     def row(kb, kbsweep, eager=None, compile_=None, kb_eager=None):
         found = {"model": "m", "params": {"track.problems_dir": "/x/level1"}, "verdict.kernelbench": kb, "verdict.kbsweep": kbsweep,

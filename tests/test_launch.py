@@ -13,11 +13,12 @@ from pathlib import Path
 import cloudpickle
 import pytest
 
-from kbsweep import KbsweepError, gpus
-from kbsweep.gpus import GpuSpec
-from kbsweep.launch import LocalLauncher, SubmititLauncher, WarmLocalLauncher
-from kbsweep.matrix import Cell, cell_dir
-from kbsweep.torchrun import run_torchrun, torchrun_command
+from kbsweep import KbsweepError
+from kbsweep.config import gpus
+from kbsweep.config.gpus import GpuSpec
+from kbsweep.launch.launchers import LocalLauncher, SubmititLauncher, WarmLocalLauncher
+from kbsweep.planner.matrix import Cell, cell_dir
+from kbsweep.grader.torchrun import run_torchrun, torchrun_command
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # job functions below travel to the job by value
 
@@ -85,7 +86,7 @@ def via_run_cell_pinned(body):
     """A job running the real ``run_cell_pinned``, with ``body(cell)`` standing in for the cell."""
 
     def job(cell, visible):
-        import kbsweep.launch as launch
+        import kbsweep.launch.launchers as launch
 
         launch.run_cell = body
         return launch.run_cell_pinned(cell, visible)
@@ -161,7 +162,7 @@ def test_local_jobs_get_the_nvml_pool_pinned_and_a_process_group_of_their_own(tm
 
 HOLDER = """
 import json, os, sys, time
-from kbsweep.locks import device_lock
+from kbsweep.grader.locks import device_lock
 with device_lock("cuda", count=int(sys.argv[2])) as held:
     start = time.time()
     pinned = os.environ["CUDA_VISIBLE_DEVICES"]
@@ -294,7 +295,7 @@ def test_torchrun_command_runs_a_module_under_this_interpreter():
 
 
 def test_torchrun_gloo_world_of_two(tmp_path):
-    run = run_torchrun(2, "kbsweep.torchrun", log_dir=tmp_path, timeout_s=180)
+    run = run_torchrun(2, "kbsweep.grader.torchrun", log_dir=tmp_path, timeout_s=180)
     assert run.returncode == 0, run.stderr()[-2000:]
     report = json.loads(run.stdout().strip().splitlines()[-1])
     assert (report["world"], report["backend"], report["sum"]) == (2, "gloo", 3.0)
@@ -320,7 +321,7 @@ def test_torchrun_hung_ranks_are_killed_at_the_timeout(tmp_path):
 def test_model_concurrency_caps_cells_per_provider(tmp_path):
     """model.concurrency: cells at once per provider (the smallest cap of its models); other providers and
     scripted models are not held back by it."""
-    from kbsweep.launch import next_cell, provider_caps
+    from kbsweep.launch.launchers import next_cell, provider_caps
 
     def cell(name, route, concurrency):
         c = make_cell(tmp_path, name)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from kbsweep.live import LiveCells
-from kbsweep.tracking import Tracker
+from kbsweep.tracking.live import LiveCells
+from kbsweep.tracking.tracker import Tracker
 from tests.test_tracking import make_cell
 
 

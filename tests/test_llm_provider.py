@@ -235,7 +235,7 @@ def test_structured_model_conf_and_per_model_prices():
     """The real ModelConf schema works, and two models on one route keep their own prices (litellm's table is global)."""
     from omegaconf import OmegaConf
 
-    from kbsweep.config import ModelConf
+    from kbsweep.config.schema import ModelConf
 
     step = Reply(content="ok", prompt_tokens=1_000_000, completion_tokens=0, cached_tokens=500_000)
     with FakeProvider([step] * 3) as fp:

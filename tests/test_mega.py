@@ -14,8 +14,9 @@ import torch
 
 from kbsweep.audit import audit
 from kbsweep.audit.kinds import KINDS
-from kbsweep.grader import checks, launch_gate, processes
-from kbsweep.problems import load_problem
+from kbsweep.grader.referee import checks
+from kbsweep.grader import launch_gate, processes
+from kbsweep.config.problems import load_problem
 from tests.support.grading import CPU, graded
 
 REPO = Path(__file__).resolve().parent.parent
@@ -207,7 +208,7 @@ def test_the_kernel_profile_counts_a_calls_own_launches_and_gates_on_the_median_
     """Shaped as the H200's profiler reported a Triton megakernel: its driver launch (cuLaunchKernelEx) inside the
     call's host span, the flush's runtime launch outside it, the span repeated on the GPU's timeline. One call
     that also launched a warm-up kernel (a graph capture's) moves the mean, not the gate."""
-    from kbsweep.grader.profiling import GpuKernels
+    from kbsweep.grader.shared.profiling import GpuKernels
 
     events, ranges = [], []
     for call in range(10):

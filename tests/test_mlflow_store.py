@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import mlflow.store.db.utils
-from kbsweep import mlflow_store
+from kbsweep.tracking import mlflow_store
 
 REPO = Path(__file__).resolve().parent.parent
 

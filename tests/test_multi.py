@@ -15,8 +15,8 @@ import pytest
 
 from kbsweep.audit.static import analyze
 from kbsweep.grader.distributed import COMM_FINDINGS
-from kbsweep.problems import load_problem
-from kbsweep.score import load_roofline
+from kbsweep.config.problems import load_problem
+from kbsweep.score.roofline import load_roofline
 from tests.support.grading import CPU, graded
 
 REPO = Path(__file__).resolve().parent.parent
@@ -241,7 +241,7 @@ def _attempts():
 
     rank = dist.get_rank()
     grader = {{"isolated": sys.flags.isolated,  # the trusted side lives in other processes, in either mode
-              "grader_modules": sorted(m for m in sys.modules if m.startswith(("kbsweep_reference", "kbsweep.grader.referee", "kbsweep.grader.distributed"))),
+              "grader_modules": sorted(m for m in sys.modules if m.startswith(("kbsweep_reference", "kbsweep.grader.referee.referee", "kbsweep.grader.distributed"))),
               "secret_keys": sorted({{k for o in gc.get_objects() if isinstance(o, dict) for k in list(o)[:50] if k in ("secret_seed", "baseline_budget_s")}})}}
     return {{"rank": rank, **grader, "secret": read({secret!r}), "solution": read({solution!r}) is not None,
             "outside": write(f"{outside}/escape-{{rank}}"), "grade_folder": write(f"{grade_folder}/escape-{{rank}}"),
@@ -273,7 +273,7 @@ def test_ranks_are_confined_and_unsafe_mode_still_grades(tmp_path):
     assertions would see without the sandbox."""
     import socket
 
-    from kbsweep.sandbox import SandboxPolicy
+    from kbsweep.sandbox.confine import SandboxPolicy
 
     prob = problem("allreduce_residual")
     example = prob.root / "solutions/p2p.py"
@@ -325,7 +325,7 @@ def test_only_a_runner_rank_with_the_grade_token_reaches_its_referee_rank(tmp_pa
     import socket
     import threading
 
-    from kbsweep.grader.channel import Channel, ChannelError, accept_rank, connect_rank, listen, rank_socket
+    from kbsweep.grader.shared.channel import Channel, ChannelError, accept_rank, connect_rank, listen, rank_socket
 
     listener = listen(tmp_path, 1)
     accepted = []

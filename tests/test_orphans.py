@@ -6,9 +6,9 @@ import sys
 from pathlib import Path
 
 from kbsweep.cell import cell_busy, cell_lock_path
-from kbsweep.config import load_gpu
-from kbsweep.matrix import Cell
-from kbsweep.sweep import plan
+from kbsweep.config.schema import load_gpu
+from kbsweep.planner.matrix import Cell
+from kbsweep.launch.sweep import plan
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -7,10 +7,10 @@ import shutil
 
 import pytest
 
-from kbsweep.cell_result import CellResult
-from kbsweep.matrix import cell_dir
-from kbsweep.mlflow_store import runs_frame
-from kbsweep.tracking import Tracker
+from kbsweep.tracking.cell_result import CellResult
+from kbsweep.planner.matrix import cell_dir
+from kbsweep.tracking.mlflow_store import runs_frame
+from kbsweep.tracking.tracker import Tracker
 from tests.test_report import REPO, cli
 from tests.test_tracking import make_cell, write_result
 
@@ -52,10 +52,10 @@ def test_regrade_grades_stored_solutions_beside_the_old_records(store):
 
 @pytest.mark.fast
 def test_a_cell_counts_as_regraded_by_its_finished_regrade_on_that_gpu():
-    """What a rerun skips (kbsweep/regrade.py): cells with a FINISHED regrade run on the GPU; a failed one is redone."""
+    """What a rerun skips (kbsweep/launch/regrade.py): cells with a FINISHED regrade run on the GPU; a failed one is redone."""
     from types import SimpleNamespace
 
-    from kbsweep.regrade import REGRADE_OF, regraded
+    from kbsweep.launch.regrade import REGRADE_OF, regraded
 
     def run(of, run_id, status):
         return SimpleNamespace(data=SimpleNamespace(tags={REGRADE_OF: of}), info=SimpleNamespace(run_id=run_id, status=status))

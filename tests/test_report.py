@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from kbsweep.cell_result import CellResult
-from kbsweep.report import build_boards, mean_ci95, pass_at_k
+from kbsweep.tracking.cell_result import CellResult
+from kbsweep.reporting.report import build_boards, mean_ci95, pass_at_k
 
-from kbsweep.figures import pareto
+from kbsweep.reporting.figures import pareto
 
-from kbsweep.render import board_figures, board_table, flagged_table, kernelbench_table, render_html, render_markdown, render_terminal, write_report
-from kbsweep.tracking import Tracker
+from kbsweep.reporting.render import board_figures, board_table, flagged_table, kernelbench_table, render_html, render_markdown, render_terminal, write_report
+from kbsweep.tracking.tracker import Tracker
 from tests.test_tracking import artifact_paths, log_cell, make_cell, write_result
 
 REPO = Path(__file__).resolve().parent.parent

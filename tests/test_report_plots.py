@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from kbsweep.figures import new_figure, png
-from kbsweep.render import board_figures, write_report
-from kbsweep.report import build_boards
+from kbsweep.reporting.figures import new_figure, png
+from kbsweep.reporting.render import board_figures, write_report
+from kbsweep.reporting.report import build_boards
 from tests.test_browser_mlflow_ui import browser  # noqa: F401 (fixture)
 from tests.test_report import ROWS, row
 

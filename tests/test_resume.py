@@ -17,12 +17,14 @@ from typing import List
 
 import pytest
 
-from kbsweep import KbsweepError, sweep, tracking
-from kbsweep.launch import Launcher
-from kbsweep.matrix import cell_dir
-from kbsweep.mlflow_store import latest_per_cell, make_client, page_runs, runs_frame
-from kbsweep.snapshot import load as load_snapshot
-from kbsweep.tracking import Tracker
+from kbsweep import KbsweepError
+from kbsweep.launch import sweep
+from kbsweep.tracking import tracker as tracking
+from kbsweep.launch.launchers import Launcher
+from kbsweep.planner.matrix import cell_dir
+from kbsweep.tracking.mlflow_store import latest_per_cell, make_client, page_runs, runs_frame
+from kbsweep.tracking.snapshot import load as load_snapshot
+from kbsweep.tracking.tracker import Tracker
 from tests.test_tracking import dead_pid, make_cell, write_result
 
 REPO = Path(__file__).resolve().parent.parent

@@ -1,4 +1,4 @@
-"""The sandbox (kbsweep/sandbox.py) on this host: run_shell cannot reach other runs, outputs/, other workspaces,
+"""The sandbox (kbsweep/sandbox/confine.py) on this host: run_shell cannot reach other runs, outputs/, other workspaces,
 the orchestrator's /proc or environment, the network, or any folder but its workspace; fork bombs, disk fills,
 memory hogs, CPU burners and sleepers are stopped by its limits; the file tools do not follow symlinks out; the
 grading process is confined the same way and still passes the demo solution; where bwrap cannot run, kbsweep
@@ -16,10 +16,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from kbsweep import sandbox
+from kbsweep.sandbox import confine as sandbox
 from kbsweep.agent.tools import Toolbox
-from kbsweep.sandbox import Sandbox, SandboxPolicy, SandboxUnavailable
-from kbsweep.sandbox_usage import used_mib
+from kbsweep.sandbox.confine import Sandbox, SandboxPolicy, SandboxUnavailable
+from kbsweep.sandbox.usage import used_mib
 
 REPO = Path(__file__).resolve().parent.parent
 PLANTED = "planted-0f9e8d7c6b5a4"
@@ -183,8 +183,8 @@ def test_file_tools_do_not_follow_symlinks_out(tree):
 
 
 def test_grading_is_confined_and_still_passes(tree, server, tmp_path):
-    from kbsweep.problems import load_problem
-    from kbsweep.score import load_roofline
+    from kbsweep.config.problems import load_problem
+    from kbsweep.score.roofline import load_roofline
     from tests.support.grading import CPU, graded
 
     problem = load_problem(REPO / "problems/demo/scale_shift", "demo")
@@ -240,8 +240,8 @@ def composed_cell(outputs: Path, *overrides: str):
     from hydra import compose, initialize_config_dir
 
     import kbsweep.compose  # noqa: F401  (registers the config resolvers)
-    from kbsweep.config import validate
-    from kbsweep.matrix import cells_of
+    from kbsweep.config.schema import validate
+    from kbsweep.planner.matrix import cells_of
 
     with initialize_config_dir(version_base="1.3", config_dir=str(REPO / "conf")):
         cfg = compose(config_name="config", overrides=["gpu=cpu", "problem=scale_shift", f"paths.outputs={outputs}", *overrides])
@@ -250,7 +250,7 @@ def composed_cell(outputs: Path, *overrides: str):
 
 
 def test_the_sandbox_mode_is_recorded_on_every_cell(tmp_path):
-    from kbsweep.tracking import flatten
+    from kbsweep.tracking.tracker import flatten
 
     confined = composed_cell(tmp_path)
     assert SandboxPolicy.of(confined.track) == SandboxPolicy()  # the root section's defaults reach the cell

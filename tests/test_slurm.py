@@ -16,8 +16,8 @@ from pathlib import Path
 import cloudpickle
 import pytest
 
-from kbsweep.launch import SlurmLauncher
-from kbsweep.matrix import cell_dir
+from kbsweep.launch.launchers import SlurmLauncher
+from kbsweep.planner.matrix import cell_dir
 from test_launch import launcher_conf, make_cell, run_all, via_run_cell_pinned
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -85,14 +85,14 @@ def jobs_of(outputs: Path) -> list:
 
 
 def torchrun_grade(cell):
-    """What a multi-track grade does (kbsweep.torchrun's recipe), with the smoke worker as the grade."""
-    from kbsweep.locks import device_lock
-    from kbsweep.torchrun import run_torchrun
+    """What a multi-track grade does (kbsweep.grader.torchrun's recipe), with the smoke worker as the grade."""
+    from kbsweep.grader.locks import device_lock
+    from kbsweep.grader.torchrun import run_torchrun
 
     job_id_note(cell)
     n = cell.track["world_size"]
     with device_lock(cell.gpu.device, count=n) as held:
-        run = run_torchrun(n, "kbsweep.torchrun", log_dir=cell_dir(cell) / "torchrun", timeout_s=120)
+        run = run_torchrun(n, "kbsweep.grader.torchrun", log_dir=cell_dir(cell) / "torchrun", timeout_s=120)
     env = {k: os.environ.get(k) for k in ("SLURM_GPUS_ON_NODE", "SLURM_NTASKS", "SLURM_JOB_NUM_NODES")}
     report = json.loads(run.stdout().strip().splitlines()[-1]) if run.returncode == 0 else run.stderr()[-2000:]
     return {"outcome": "pass", "held": held, "report": report, "env": env}

@@ -9,11 +9,11 @@ from typing import List
 
 import pytest
 
-from kbsweep import sweep
-from kbsweep.launch import Launcher
-from kbsweep.mlflow_store import runs_frame
-from kbsweep.sweep import InOrder
-from kbsweep.tracking import Tracker
+from kbsweep.launch import sweep
+from kbsweep.launch.launchers import Launcher
+from kbsweep.tracking.mlflow_store import runs_frame
+from kbsweep.launch.sweep import InOrder
+from kbsweep.tracking.tracker import Tracker
 from tests.test_tracking import make_cell, write_result
 
 SLOW_S = 0.6  # one cell's logging, made slow

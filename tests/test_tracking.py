@@ -16,11 +16,11 @@ from typing import Any, Dict
 import pytest
 
 import kbsweep.compose  # noqa: F401  (registers the config resolvers)
-from kbsweep import tracking
-from kbsweep.cell_result import CellResult
-from kbsweep.matrix import Cell, cell_dir
-from kbsweep.score import geomean
-from kbsweep.tracking import Tracker, cell_metrics, outcome_class
+from kbsweep.tracking import tracker as tracking
+from kbsweep.tracking.cell_result import CellResult
+from kbsweep.planner.matrix import Cell, cell_dir
+from kbsweep.score.roofline import geomean
+from kbsweep.tracking.tracker import Tracker, cell_metrics, outcome_class
 
 REPO = Path(__file__).resolve().parent.parent
 STEPS = [
@@ -40,8 +40,8 @@ def make_cell(outputs: Path, repeat: int = 0, model: str = "scripted", problem: 
     """A real cell (Hydra-composed, schema-validated) writing under ``outputs``."""
     from hydra import compose, initialize_config_dir
 
-    from kbsweep.config import validate
-    from kbsweep.matrix import cells_of
+    from kbsweep.config.schema import validate
+    from kbsweep.planner.matrix import cells_of
 
     overrides = ["gpu=cpu", "launcher=inline", f"model={model}", f"problem={problem}", f"repeat={repeat}", f"paths.outputs={outputs}", f"sweep.name={sweep}"]
     with initialize_config_dir(version_base="1.3", config_dir=str(REPO / "conf")):

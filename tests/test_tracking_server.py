@@ -18,7 +18,7 @@ from typing import Any, Dict
 
 import pytest
 
-from kbsweep.mlflow_store import make_client
+from kbsweep.tracking.mlflow_store import make_client
 from tests.test_tracking import artifact_paths
 
 REPO = Path(__file__).resolve().parent.parent

@@ -114,9 +114,9 @@ _state = {"calls": 0, "last": None}
 
 @pytest.mark.fast
 def test_the_runner_resolves_only_top_level_helpers_from_the_candidate_folder(tmp_path):
-    """The runner's import hook (kbsweep/grader/runner.py): the candidate's folder is one package, and a top-level
+    """The runner's import hook (kbsweep/grader/runner/runner.py): the candidate's folder is one package, and a top-level
     name falls through to its helper file; a dotted name or a submodule search never does."""
-    from kbsweep.grader.runner import PACKAGE, CandidateFinder
+    from kbsweep.grader.runner.runner import PACKAGE, CandidateFinder
 
     (tmp_path / "_kernels.py").write_text("X = 1\n")
     finder = CandidateFinder(tmp_path)

@@ -1,4 +1,4 @@
-"""Warm grading processes (kbsweep.grader.zygote): grades of one folder fork their runner from one zygote, yet
+"""Warm grading processes (kbsweep.grader.shared.zygote): grades of one folder fork their runner from one zygote, yet
 what a candidate leaves behind (a process, files in /tmp and /dev/shm) is gone before the next, it cannot read
 its zygote's memory, and a grade that breaches a limit takes its zygotes with it."""
 from __future__ import annotations
@@ -74,11 +74,12 @@ def test_the_referee_zygote_probes_references(problem, tmp_path, monkeypatch):  
 
     import pytest
 
-    from kbsweep import KbsweepError, validate
-    from kbsweep.grader import zygote
+    from kbsweep import KbsweepError
+    from kbsweep.planner import validate
+    from kbsweep.grader.shared import zygote
     from kbsweep.grader.processes import referee_prober, zygote_view
-    from kbsweep.problems import load_problem
-    from kbsweep.sandbox import SandboxPolicy, grading_view
+    from kbsweep.config.problems import load_problem
+    from kbsweep.sandbox.confine import SandboxPolicy, grading_view
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     no_subprocess = SimpleNamespace(run=lambda *a, **k: pytest.fail("probed in a subprocess"), TimeoutExpired=subprocess.TimeoutExpired)

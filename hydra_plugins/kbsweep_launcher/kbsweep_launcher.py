@@ -50,7 +50,7 @@ class KbsweepLauncher(Launcher):
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         from kbsweep.cli import dispatch, fail, prepare_or_fail
         from kbsweep.errors import ExitCode, KbsweepError
-        from kbsweep.jobs import prepared_configs
+        from kbsweep.config.jobs import prepared_configs
 
         setup_globals()
         try:

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
-from kbsweep.sandbox import Sandbox
+from kbsweep.sandbox.confine import Sandbox
 
 MAX_TOOL_OUTPUT = 12_000
 MAX_FILE_BYTES = 1_000_000

@@ -4,7 +4,7 @@
    names and the rule set (fallbacks, caches, sniffing, patching, threads, files, flags, precision, other runs).
 2. :mod:`~kbsweep.audit.dynamic`: the grader's own evidence (ghost replays, the aten trace of a probe call,
    runtime events, threads, flags, file hashes, timer gaps, profiled kernels), recorded by
-   :mod:`~kbsweep.audit.runtime` inside the grading process; plus the transcript's reaches into other runs.
+   :mod:`~kbsweep.grader.runner.runtime` inside the grading process; plus the transcript's reaches into other runs.
 3. :mod:`~kbsweep.audit.judge`: an LLM over the solution, the findings, the evidence and transcript excerpts.
 
 Each finding implies a verdict (:data:`~kbsweep.audit.kinds.KINDS`); the cell's verdict is the most severe.

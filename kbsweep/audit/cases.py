@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 from kbsweep.audit import audit, workspace_helpers
-from kbsweep.gpus import GpuSpec
+from kbsweep.config.gpus import GpuSpec
 from kbsweep.grader import grade
 from kbsweep.grader.request import GradeRequest
 from kbsweep.outcomes import Outcome
-from kbsweep.problems import load_problem
+from kbsweep.config.problems import load_problem
 
 
 def header(path: Path) -> Dict[str, str]:
@@ -54,7 +54,7 @@ def private_deck(problems: Path, problem_id: str, folder: Path, max_shapes: Opti
     if deck.exists() and stamp.exists() and stamp.read_text() == deck_digest(deck):
         return load_problem(deck, track)
     if deck.exists():  # changed by a case: out of use, and its zygotes with it (their view holds the old folder)
-        from kbsweep.grader import zygote
+        from kbsweep.grader.shared import zygote
 
         zygote.close_all()
         shutil.rmtree(deck)

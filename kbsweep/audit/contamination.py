@@ -69,7 +69,7 @@ def runs_named(outputs: Path, tokens: Set[str]) -> Set[str]:
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 
-    from kbsweep.mlflow_store import page_runs
+    from kbsweep.tracking.mlflow_store import page_runs
 
     found = {p.name for root in ("mlartifacts", "mlruns") for p in (outputs / root).glob("*/*") if p.name in tokens}
     db = outputs / "mlflow.db"

@@ -1,5 +1,5 @@
 """Dynamic layer: findings from the grading process's own evidence (recorded by the worker and
-:mod:`kbsweep.audit.runtime`): ghost replays, the aten trace of a probe call, runtime events, threads, global
+:mod:`kbsweep.grader.runner.runtime`): ghost replays, the aten trace of a probe call, runtime events, threads, global
 flags, file hashes and, on GPUs, profiled kernel names, streams and the persisting-L2 limit."""
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 ``grade(request)`` (a :class:`~kbsweep.grader.request.GradeRequest`) returns one
 :class:`~kbsweep.grader.result.GradeResult` (stored as JSON): outcome, correctness, per-shape timings and scores,
 baselines, evidence for the audit, and the environment it ran in. A crash, hang, OOM or illegal memory
-access is a classified outcome, never an exception. The grading process runs in :mod:`kbsweep.sandbox`: it sees
+access is a classified outcome, never an exception. The grading process runs in :mod:`kbsweep.sandbox.confine`: it sees
 kbsweep's package, the problem's files (not its solutions) and Python read-only, its candidate folder writable,
 and starts from a minimal environment.
 """
@@ -18,18 +18,18 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
-from kbsweep import gpus
-from kbsweep.config import BASELINE_TIMERS
+from kbsweep.config import gpus
+from kbsweep.config.schema import BASELINE_TIMERS
 from kbsweep.errors import KbsweepError
 from kbsweep.grader import processes
 from kbsweep.grader.baselines import BaselineCache, conditions, entry_key
-from kbsweep.grader.failures import COMM_FINDINGS
+from kbsweep.grader.shared.failures import COMM_FINDINGS
 from kbsweep.grader.processes import Supervision, grading_env, warm_runner
 from kbsweep.grader.result import GradeResult
 from kbsweep.outcomes import Outcome
-from kbsweep.problems import asdict_spec
-from kbsweep.sandbox import Sandbox, SandboxPolicy, give, grading_view, is_root, sandbox_uid
-from kbsweep.score import score_grade, shape_speedups
+from kbsweep.config.problems import asdict_spec
+from kbsweep.sandbox.confine import Sandbox, SandboxPolicy, give, grading_view, is_root, sandbox_uid
+from kbsweep.score.roofline import score_grade, shape_speedups
 
 if TYPE_CHECKING:  # the runner imports this package: it must not hold even the request's field names
     from kbsweep.grader.request import GradeRequest

@@ -4,7 +4,7 @@ The trust boundary of a single-process grade (docs/grading.md), per rank. The **
 module's :func:`main`, never importing candidate code) hold the request and the secret seed, run the NCCL
 reference among themselves (its inputs may ask ``torch.distributed`` for the world, and its forward is a
 collective, so it needs ranks of its own rather than an emulation in one process), compare, own the clock and
-write the result. The **runner ranks** (:mod:`kbsweep.grader.runner` under torchrun, isolated interpreters in a
+write the result. The **runner ranks** (:mod:`kbsweep.grader.runner.runner` under torchrun, isolated interpreters in a
 sandbox of their own) import the candidate and talk among themselves for its communication. Runner rank r dials
 referee rank r on a unix socket in the grade's rendezvous folder with the grade's token (torchrun's agent closes
 inherited descriptors, so no socket pair survives it); from there the referee rank drives it exactly as a
@@ -45,15 +45,15 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 import torch
 import torch.distributed as dist
 
-from kbsweep.grader import checks
-from kbsweep.grader.channel import Channel, ChannelError, accept_rank, listen
-from kbsweep.grader.failures import COMM_FINDINGS, GradeFailure  # noqa: F401 - COMM_FINDINGS: this module's findings
+from kbsweep.grader.referee import checks
+from kbsweep.grader.shared.channel import Channel, ChannelError, accept_rank, listen
+from kbsweep.grader.shared.failures import COMM_FINDINGS, GradeFailure  # noqa: F401 - COMM_FINDINGS: this module's findings
 from kbsweep.grader.processes import BREACH_OUTCOMES, RUNNER_BOOT, Supervision, runner_env
-from kbsweep.grader.referee import Referee, referee_message
+from kbsweep.grader.referee.referee import Referee, referee_message
 from kbsweep.grader.request import RefereeRequest
 from kbsweep.outcomes import Outcome
 from kbsweep.paths import REPO_ROOT
-from kbsweep.sandbox import POLL_S, Watch
+from kbsweep.sandbox.confine import POLL_S, Watch
 
 RANK_SEED_STRIDE = 1_000_003
 # c10d operations (the profiler's CPU-side names) that are collectives; send/recv are point-to-point
@@ -84,7 +84,7 @@ def bus_ceiling(collective: str, world: int) -> float:
 
 def multi_work(problem: Any, shape: Dict[str, Any], world: int) -> Dict[str, Optional[float]]:
     """Per-rank FLOPs and bus bytes of one shape at ``world`` ranks (formulas see ``world``)."""
-    from kbsweep.problems import evaluate
+    from kbsweep.config.problems import evaluate
 
     multi = problem.spec.constraints
     values = {**shape, "world": world}
@@ -101,7 +101,7 @@ def score_multi(worker: Dict[str, Any], spec: Any, roofline: Dict[str, Any], wor
     """Per shape: bus bandwidth over the one-direction NVLink figure, compute over the peak where the problem has
     FLOPs; the shape's fraction is the larger (the roofline of ideal overlap). Speedups over the NCCL reference
     beside it. No fraction (world size 1, no link figure): the speedup is the score."""
-    from kbsweep.score import geomean, score_grade
+    from kbsweep.score.roofline import geomean, score_grade
 
     scored = score_grade(worker, SimpleNamespace(regime="compute", peak=spec.peak, score=spec.score), roofline)
     link = roofline.get("nvlink_gbps")
@@ -168,7 +168,7 @@ def watch_ranks(referee, runner, timeout_s: float, memory_mib: float, disk_mib: 
     """Until the referee ranks' torchrun ends (then the runner ranks' gets RUNNER_GRACE_S to end on its own, so its
     agent names a crashed rank) or either passes a limit; both trees are killed on the way out. A runner torchrun
     that ends first leaves the referee ranks RUNNER_GRACE_S to report it. Returns the breach, if any."""
-    from kbsweep.torchrun import kill_tree
+    from kbsweep.grader.torchrun import kill_tree
 
     watches = [Watch(referee, timeout_s, None, 0, []), Watch(runner, timeout_s, None, disk_mib, folders)]
     breach, runner_ended = None, None
@@ -200,7 +200,7 @@ def supervise_ranks(request: RefereeRequest, how: Supervision) -> Dict[str, Any]
     request/result folder and the rendezvous folder writable) and the runner ranks' torchrun (kbsweep's package and
     the rendezvous folder read-only, the candidate's folder writable), each in a sandbox of its own like the two
     processes of :func:`kbsweep.grader.processes.supervise`; returns the one result message."""
-    from kbsweep.torchrun import launcher, spawn_torchrun, torchrun_command
+    from kbsweep.grader.torchrun import launcher, spawn_torchrun, torchrun_command
 
     log_dir, env, sandbox = how.log_dir, how.env, how.sandbox
     world, workdir = request.world_size, Path(request.workdir)
@@ -364,7 +364,7 @@ class RankReferee(Referee):
 
 def main() -> None:
     """One referee rank: join the reference's process group, wait for runner rank r, grade, report."""
-    from kbsweep.torchrun import init_distributed
+    from kbsweep.grader.torchrun import init_distributed
 
     request_path = Path(sys.argv[1])
     rank, world, device = init_distributed()  # NCCL on GPUs (the reference's collectives), gloo on CPU

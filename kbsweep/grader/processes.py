@@ -15,17 +15,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence, Tuple
 
-from kbsweep.grader import zygote
+from kbsweep.grader.shared import zygote
 from kbsweep.outcomes import Outcome
 from kbsweep.paths import REPO_ROOT
-from kbsweep.problems import Problem
-from kbsweep.sandbox import Sandbox, SandboxPolicy, Watch, grading_view, minimal_env
+from kbsweep.config.problems import Problem
+from kbsweep.sandbox.confine import Sandbox, SandboxPolicy, Watch, grading_view, minimal_env
 
 if TYPE_CHECKING:  # the runner imports this package: it must not hold even the request's field names
     from kbsweep.grader.request import RefereeRequest
 
 BREACH_OUTCOMES = {"wall": Outcome.GRADE_TIMEOUT, "memory": Outcome.GRADE_OOM, "disk": Outcome.RUNTIME_ERROR}
-RUNNER_BOOT = "import sys; sys.path.append({root!r}); from kbsweep.grader.runner import main; main()"
+RUNNER_BOOT = "import sys; sys.path.append({root!r}); from kbsweep.grader.runner.runner import main; main()"
 
 
 @dataclass
@@ -72,7 +72,7 @@ def supervise(request: RefereeRequest, how: Supervision, warm: Optional[zygote.Z
             referee_dir = log_dir / "referee"
             referee_dir.mkdir(exist_ok=True)
             referee = sandbox.popen(
-                [sys.executable, "-m", "kbsweep.grader.referee", str(write_fd), str(referee_end.fileno())],
+                [sys.executable, "-m", "kbsweep.grader.referee.referee", str(write_fd), str(referee_end.fileno())],
                 cwd=str(referee_dir), env=env, writable=[(referee_dir, str(referee_dir))], readonly=readonly,
                 stdin=subprocess.PIPE, stdout=referee_log, stderr=subprocess.STDOUT, pass_fds=(write_fd, referee_end.fileno()),
             )
@@ -125,7 +125,7 @@ def died_of(signum: int) -> Dict[str, Any]:
 
 def watch_both(referee, runner, timeout_s: float, memory_mib: float, disk_mib: float, folders: Sequence[Path]):
     """Until the referee ends or either process passes a limit (then both are killed); returns the breach."""
-    from kbsweep.sandbox import POLL_S, kill
+    from kbsweep.sandbox.confine import POLL_S, kill
 
     watches = [Watch(referee, timeout_s, memory_mib, disk_mib, []), Watch(runner, timeout_s, memory_mib, disk_mib, folders)]
     try:
@@ -192,7 +192,7 @@ def prewarm(problem: Problem, device: str, world_size: int, hide_env: Sequence[s
 
 
 def referee_prober(problem: Problem, device: str, world_size: int, hide_env: Sequence[str], policy: SandboxPolicy):
-    """``probe(request, limit_s)`` for :func:`kbsweep.validate.check_references`: the probe forked by the referee's
+    """``probe(request, limit_s)`` for :func:`kbsweep.planner.validate.check_references`: the probe forked by the referee's
     zygote that ``problem``'s grades fork from (the probe sees what the referee sees), so it pays no torch import
     of its own; None where grades spawn cold. ``probe`` returns None when the zygote did not start (probe cold)."""
     view = zygote_view(problem, device, world_size, hide_env, policy)
@@ -202,7 +202,7 @@ def referee_prober(problem: Problem, device: str, world_size: int, hide_env: Seq
     def probe(request: str, limit_s: float) -> Optional[Tuple[int, str, str]]:
         judge = zygote.take("referee", *view)
         try:
-            ran = judge.run("kbsweep.validate", request, limit_s)
+            ran = judge.run("kbsweep.planner.validate", request, limit_s)
         except OSError:
             zygote.discard(judge)
             return None

@@ -12,12 +12,12 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence
 
-from kbsweep.gpus import GpuSpec
+from kbsweep.config.gpus import GpuSpec
 
 if TYPE_CHECKING:
     from kbsweep.grader.baselines import BaselineCache
-    from kbsweep.problems import Problem
-    from kbsweep.sandbox import SandboxPolicy
+    from kbsweep.config.problems import Problem
+    from kbsweep.sandbox.confine import SandboxPolicy
 
 
 @dataclass
@@ -27,8 +27,8 @@ class GradeRequest:
     ``mode``: check (correctness only), bench or full (correctness + timing). ``baselines``: timed when the mode
     times, served from ``baseline_cache`` where it holds them. ``world_size`` > 1 (or a problem with a
     ``collective``) grades at that many ranks. ``hide_env``: names never passed to the grading processes.
-    ``sandbox``: their confinement (default: :class:`~kbsweep.sandbox.SandboxPolicy`'s defaults). ``timers``:
-    timers of :data:`kbsweep.config.BASELINE_TIMERS` that time the baselines too, beside kbsweep's scored figure
+    ``sandbox``: their confinement (default: :class:`~kbsweep.sandbox.confine.SandboxPolicy`'s defaults). ``timers``:
+    timers of :data:`kbsweep.config.schema.BASELINE_TIMERS` that time the baselines too, beside kbsweep's scored figure
     (default: ``kernelbench`` for a KernelBench problem on a GPU). ``zygote_home``: the folder the runner's
     zygote keeps its home under (default: ``log_dir``'s parent); grades that share it share the zygote.
     ``own_kernels``: the track scores the candidate's own kernels, so counted calls that launch none of them are a
@@ -61,7 +61,7 @@ class GradeRequest:
         """The grade a resolved config's sections ask for on ``problem``: its GPU, track limits (time, world size,
         sandbox), timing, baselines and their cache under ``paths.outputs``; :meth:`of` names the solution."""
         from kbsweep.grader.baselines import BaselineCache
-        from kbsweep.sandbox import SandboxPolicy, memory_cap_mib
+        from kbsweep.sandbox.confine import SandboxPolicy, memory_cap_mib
 
         return cls(
             problem, Path(), gpu, roofline,
@@ -104,7 +104,7 @@ class RefereeRequest:
     baselines: List[str]  # the ones to time now (the cache holds the others)
     compile_mode: Optional[str]
     l2_bytes: int
-    timing: Dict[str, Any]  # kbsweep.grader.timing.TimingConfig's fields
+    timing: Dict[str, Any]  # kbsweep.grader.shared.timing.TimingConfig's fields
     baseline_budget_s: float
     secret_seed: Optional[int]  # never sent to the runner; the referee keeps it out of its request once read
     world_size: int

@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 from kbsweep.outcomes import Outcome
-from kbsweep.score import ShapeScore
-from kbsweep.stored import from_stored, to_stored
+from kbsweep.score.roofline import ShapeScore
+from kbsweep.score.stored import from_stored, to_stored
 
 # The keys of a result by when they are written: every grade's, a passed grade's, a failed grade's, a timed pass's
 # scores (absent when nothing was timed), and a KernelBench problem's two verdicts.

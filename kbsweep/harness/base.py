@@ -27,7 +27,7 @@ class AgentJob:
 
 
 class Runner:
-    """One harness. ``conf`` is its resolved YAML (kbsweep.config.HarnessConf)."""
+    """One harness. ``conf`` is its resolved YAML (kbsweep.config.schema.HarnessConf)."""
 
     name: ClassVar[str]
 

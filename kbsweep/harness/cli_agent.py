@@ -4,7 +4,7 @@ Per cell: a :class:`~kbsweep.harness.proxy.ModelProxy` on the orchestrator's loo
 the workspace (writable, its cwd), a fresh home (writable), its installed package and interpreter
 (:mod:`kbsweep.harness.locate`) and kbsweep's tools (``tool_server.py``: the ``kbsweep-check``
 command, or an MCP server when the track forbids the shell) read-only; no network but a forwarder to the proxy
-(:class:`kbsweep.sandbox_net.Relay`). Its environment is the
+(:class:`kbsweep.sandbox.net.Relay`). Its environment is the
 sandbox's minimal one plus the proxy's URL and a per-cell token, never the provider key. The CLI's own stream
 (JSON lines on stdout) is kept redacted as ``harness_stream.jsonl`` in the cell's folder and normalized to
 kbsweep's transcript schema by the subclass. The session's wall time, memory and disk are the sandbox's watch's;
@@ -32,8 +32,8 @@ from kbsweep.harness.base import AgentJob, Runner
 from kbsweep.harness.locate import Installed, locate
 from kbsweep.harness.proxy import SERVED, ModelProxy
 from kbsweep.outcomes import StopReason
-from kbsweep.sandbox import POLL_S, WORKSPACE, Sandbox, SandboxPolicy, Watch, kill, minimal_env, self_test
-from kbsweep.sandbox_net import BASH, FORWARDER, PROXY_PORT, PROXY_SOCKET, WITH_FORWARDER, Relay
+from kbsweep.sandbox.confine import POLL_S, WORKSPACE, Sandbox, SandboxPolicy, Watch, kill, minimal_env, self_test
+from kbsweep.sandbox.net import BASH, FORWARDER, PROXY_PORT, PROXY_SOCKET, WITH_FORWARDER, Relay
 
 SANDBOX_HOME = "/home/agent"
 TOOL_SERVER = Path(__file__).with_name("tool_server.py")  # copied into the sandbox (kbsweep itself is not there)

@@ -1,7 +1,7 @@
 """The model proxy: the only way a CLI harness reaches its model, and the host end of its check tool.
 
 :class:`ModelProxy` is an HTTP server on 127.0.0.1 in the orchestrator, one per cell. A harness in the sandbox
-reaches it through :class:`kbsweep.sandbox_net.Relay` and holds only a per-cell token, revoked when the cell ends; the
+reaches it through :class:`kbsweep.sandbox.net.Relay` and holds only a per-cell token, revoked when the cell ends; the
 provider key stays in the orchestrator's environment, read by the cell's ChatModel (``LiteLLMModel``) at each call.
 
 It speaks the two wires the CLIs use, both carried over litellm's own translations to and from chat completions

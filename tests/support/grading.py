@@ -7,7 +7,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Dict
 
-from kbsweep.config import load_gpu
+from kbsweep.config.schema import load_gpu
 from kbsweep.grader import grade
 from kbsweep.grader.request import GradeRequest
 

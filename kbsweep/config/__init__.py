@@ -1,0 +1,1 @@
+"""What a sweep is asked and what it names: the config groups' schemas and validation, the command line before Hydra, Hydra's jobs, GPU specs, problems and their folders (KernelBench decks included). Imports: records only."""

@@ -1,0 +1,1 @@
+"""The trusted side of a grade: the referee process and its stages (correctness, timing, probes), the checks and the reference timers. Never imports kbsweep.grader.runner. Imports: grader.shared, grader.request, config, records."""

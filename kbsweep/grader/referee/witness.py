@@ -1,0 +1,99 @@
+"""What the referee reads from the runner's records of each call: the work of the calls that count against the
+problem's, whether the candidate launched kernels of its own, and whether the records agree with the calls the
+referee made itself.
+
+Everything here runs in the referee on numbers the runner sent (docs/grading.md, threat model): evidence, never a
+verdict's only ground. The calls that count are the timed ones (event-timed and captured for a replay), or every
+compared call of the correctness stage when nothing was timed; a group is one stage's calls on one shape. The
+work figures leave out each instance's first call (a one-time preparation, dequantising its weights, is not the
+call's work: a timed instance's first call is a warm-up, never scored) and read the median of the rest, as the
+scored time is a median: a path taken in fewer than half the calls moves neither.
+"""
+from __future__ import annotations
+
+import statistics
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from kbsweep.grader.shared.profiling import TOKEN_CHARS, group_of
+
+TIMED, COMPARED = "/timing/", "/correctness/"  # the groups whose calls count (their tags start so)
+# a record: bytes torch ops that compute moved, their FLOPs, own launches, graph replays, bytes crossing to host arrays
+BYTES, FLOPS, LAUNCHES, REPLAYS, HOST = range(5)
+
+
+def grouped(records: Any, groups: Dict[str, str], instances: Dict[str, Any]) -> Dict[str, List[Tuple[Any, List[float]]]]:
+    """The runner's per-call records (command id, or id and the runner's own tag -> records, in call order) by group,
+    each with the instance (``instances``: command id -> the model it called) it ran on; records of ids no command
+    had, and malformed ones, are dropped."""
+    out: Dict[str, List[Tuple[Any, List[float]]]] = {}
+    for key, rows in (records if isinstance(records, dict) else {}).items():
+        group = group_of(str(key), groups)
+        if group is not None and isinstance(rows, list):
+            instance = instances.get(str(key)[:TOKEN_CHARS])
+            out.setdefault(group, []).extend((instance, [float(v) for v in row]) for row in rows if well_formed(row))
+    return out
+
+
+def well_formed(row: Any) -> bool:
+    return isinstance(row, list) and len(row) == 5 and all(isinstance(v, (int, float)) for v in row)
+
+
+def counted_groups(by_group: Dict[str, Any]) -> Tuple[str, List[str]]:
+    """(basis, groups): the timed groups when any call was timed, else the compared ones."""
+    for basis, prefix in (("timed", TIMED), ("compared", COMPARED)):
+        chosen = sorted(group for group, rows in by_group.items() if group.startswith(prefix) and rows)
+        if chosen:
+            return basis, chosen
+    return "none", []
+
+
+def call_work(by_group: Dict[str, List[Tuple[Any, List[float]]]], range_flops: Any,
+              problem: Callable[[str], Tuple[float, float]]) -> Dict[str, Any]:
+    """The counted groups' calls against the problem's work per call (``problem``: group -> its shape's FLOPs and
+    bytes). Past each instance's first call (its one-time preparation): the largest shares of the median call's
+    FLOPs (the recorder's, or the profiler's, which sees ops run with dispatch disabled too) and bytes moved by
+    torch ops that compute. Over every call: the most bytes one call moved between torch and host arrays, the
+    candidate's own launches, and the groups whose median call launched nothing of its own (no kernel, no graph
+    replay)."""
+    basis, chosen = counted_groups(by_group)
+    profiled = range_flops if isinstance(range_flops, dict) else {}
+    work = {"basis": basis, "calls": 0, "flop_share": 0.0, "byte_share": 0.0, "host_bytes": 0.0, "own_launches": 0, "idle_groups": []}
+    for group in chosen:
+        rows = by_group[group]
+        ranges = [float(v) if isinstance(v, (int, float)) else 0.0 for v in profiled.get(group) or []]
+        seen, later = set(), []
+        for (instance, row), flops in zip(rows, ranges + [0.0] * (len(rows) - len(ranges))):
+            if instance in seen:
+                later.append((row[BYTES], max(row[FLOPS], flops)))
+            seen.add(instance)
+        problem_flops, problem_bytes = problem(group)
+        work["calls"] += len(rows)
+        if later:
+            work["flop_share"] = max(work["flop_share"], statistics.median(f for _, f in later) / problem_flops if problem_flops else 0.0)
+            work["byte_share"] = max(work["byte_share"], statistics.median(b for b, _ in later) / problem_bytes if problem_bytes else 0.0)
+        work["host_bytes"] = max([work["host_bytes"]] + [row[HOST] for _, row in rows])
+        work["own_launches"] += int(sum(row[LAUNCHES] for _, row in rows))
+        if statistics.median(row[LAUNCHES] + row[REPLAYS] for _, row in rows) == 0:
+            work["idle_groups"].append(group)
+    return work
+
+
+def mismatches(counted: Dict[str, int], by_group: Dict[str, List[Any]], profiled: Optional[Dict[str, Any]]) -> List[str]:
+    """Where the runner's records disagree with the calls this process made (``counted``: group -> calls): a group
+    with fewer recorded calls or call ranges than that (a harness record suppressed; the runner may make calls
+    the referee does not count, a warm-up's), records and ranges that disagree, and forged ranges."""
+    out = []
+    recorded = {group: len(rows) for group, rows in by_group.items()}
+    short = sorted(group for group, n in counted.items() if n and recorded.get(group, 0) < n)
+    if short:
+        out.append(f"calls recorded by the runner fewer than made in {', '.join(short)}")
+    if profiled:
+        ranges = profiled.get("ranges") if isinstance(profiled.get("ranges"), dict) else {}
+        unranged = sorted(group for group, n in counted.items() if n and int(ranges.get(group) or 0) < n)
+        if unranged:
+            out.append(f"call ranges fewer than calls made in {', '.join(unranged)}")
+        if {g: n for g, n in ranges.items() if n} != {g: n for g, n in recorded.items() if n}:
+            out.append("the runner's call records and its profiler's call ranges disagree")
+        if profiled.get("forged_ranges"):
+            out.append(f"{int(profiled['forged_ranges'])} call ranges no command of this grade opened, or inside another")
+    return out

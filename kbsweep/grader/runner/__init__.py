@@ -1,0 +1,1 @@
+"""The candidate's process: the runner, its import hook, and the instruments it installs before the candidate is imported (monitor, kernel gate, seals). Imports: grader.shared and records only; never the request, the referee or anything that holds a secret."""

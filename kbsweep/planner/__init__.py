@@ -1,0 +1,1 @@
+"""The plan stage: composed configs -> cells with stable keys, plan-time validation and preflight, the plan verb's record. (Not `plan`: that name is the API function kbsweep.plan.) Imports: config, score, sandbox, agent, harness, grader, records."""

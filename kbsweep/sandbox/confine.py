@@ -1,0 +1,375 @@
+"""The sandbox: an agent's shell commands and the grading process run confined (docs/sandbox.md).
+
+Under bubblewrap a command gets its own pid, network, ipc and uts namespaces and a fresh root holding only the
+system folders and Python (read-only), the paths it is given (read-only or writable), a size-limited tmpfs /tmp
+and /dev/shm, and with a GPU its device nodes and /sys. It never sees other runs, ``outputs/``, the tracking
+store or the orchestrator's processes, and it starts from an explicit minimal environment. It runs without
+privileges (as root, kbsweep hands it an unused uid: the kernel's process limit does not bind root), under
+rlimits for processes, CPU seconds, file size and (without a GPU) address space. Its supervisor (:class:`Watch`)
+stops it past its wall time, its memory (proportional set sizes of the whole tree: shared pages counted once) or
+its disk quota (the writable folders and the files its output goes to). Network is off; ``network_allow`` hosts are reached through a filtering proxy (:class:`kbsweep.sandbox.net.AllowProxy`).
+
+``mode: unsafe`` runs the same commands with the same environment and limits but no namespaces; it is never
+chosen silently: where bubblewrap cannot run, :func:`require` refuses.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+
+from kbsweep.errors import KbsweepError
+from kbsweep.paths import REPO_ROOT
+from kbsweep.sandbox.usage import output_files, pss_mib, rss_mib, used_mib
+from kbsweep.sandbox.net import BASH, FORWARDER, PROXY_PORT, PROXY_SOCKET, WITH_FORWARDER, AllowProxy
+
+MODES = ("bwrap", "unsafe")
+WORKSPACE = "/workspace"  # where run_shell sees its workspace
+SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt")
+PASS_ENV = ("PATH", "LD_LIBRARY_PATH", "LANG", "LC_ALL", "TZ", "CUDA_HOME", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "TRITON_INTERPRET")
+ROOT_UID_BASE = 200_000  # as root, a sandbox runs as ROOT_UID_BASE + pid % ROOT_UID_SPAN (its own process count)
+ROOT_UID_SPAN = 100_000
+POLL_S = 0.1
+HOST_SHARE = 0.75  # of the host's memory, a grade's default cap: the orchestrator and the agent keep the rest
+DISK_POLL_S = 0.5
+
+
+class SandboxUnavailable(KbsweepError):
+    """bubblewrap cannot confine commands on this host, and ``sandbox.mode`` is not ``unsafe``."""
+
+
+@dataclass(frozen=True)
+class SandboxPolicy:
+    """Limits of one sandboxed command. ``memory_mib`` and ``wall_s`` are run_shell's (grading has its own)."""
+
+    mode: str = "bwrap"  # bwrap | unsafe
+    network_allow: Tuple[str, ...] = ()  # "host" or "host:port", reached through the proxy
+    cpu_s: int = 3600  # CPU seconds per process (all its threads)
+    memory_mib: int = 16384  # memory of all the command's processes (never more than the host's)
+    max_procs: int = 4096  # processes and threads at once (torch starts a thread per core)
+    disk_mib: int = 4096  # the writable folders' growth, /tmp, /dev/shm, and any one file
+    wall_s: float = 600.0
+
+    @classmethod
+    def of(cls, track: Mapping[str, Any]) -> "SandboxPolicy":
+        """The policy of a resolved track config: its ``sandbox`` section plus the track's own ``network_allow``."""
+        conf = dict(track.get("sandbox") or {})
+        hosts = [*conf.pop("network_allow", ()), *(track.get("network_allow") or ())]
+        return cls(**conf, network_allow=tuple(dict.fromkeys(hosts)))
+
+
+@dataclass
+class ShellResult:
+    returncode: int
+    output: str  # stdout and stderr interleaved, head and tail when long
+    notes: List[str] = field(default_factory=list)  # what the sandbox stopped or refused
+
+
+def is_root() -> bool:
+    return os.geteuid() == 0
+
+
+def sandbox_uid() -> int:
+    return ROOT_UID_BASE + os.getpid() % ROOT_UID_SPAN
+
+
+def python_dirs() -> List[Path]:
+    """Python's installation, the virtual environment and site-packages (read-only in every sandbox)."""
+    import site
+
+    dirs = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix, *site.getsitepackages()}
+    if site.ENABLE_USER_SITE:
+        dirs.add(site.getusersitepackages())
+    return [Path(d) for d in sorted(dirs) if Path(d).exists()]
+
+
+def limits(policy: SandboxPolicy, gpu: bool, memory_mib: Optional[float]) -> List[str]:
+    """A bash prefix setting the rlimits (soft and hard) before it execs the command."""
+    caps = f"ulimit -u {policy.max_procs} -t {policy.cpu_s} -f {policy.disk_mib * 1024}"
+    if memory_mib and not gpu:  # CUDA reserves far more address space than it uses: with a GPU, Watch alone
+        caps += f" -v {int(memory_mib * 1024)}"
+    return [BASH, "-c", f'{caps} && exec "$@"', "kbsweep-sandbox"]
+
+
+def ancestors(dests: Sequence[str]) -> List[str]:
+    """Folders above the mount points that no mount provides, top-down (created 0755: as root, bubblewrap copies
+    the host's modes, and a 0700 /root would hide a Python installed under it)."""
+    out: List[str] = []
+    for dest in dests:
+        for parent in reversed(Path(dest).parents[:-1]):
+            p = str(parent)
+            if p not in out and p not in dests and not any(p.startswith(d.rstrip("/") + "/") for d in dests):
+                out.append(p)
+    return out
+
+
+def bwrap_argv(
+    command: Sequence[str],
+    policy: SandboxPolicy,
+    *,
+    cwd: str,
+    writable: Sequence[Tuple[Path, str]] = (),
+    readonly: Iterable[Path] = (),
+    gpu: bool = False,
+    memory_mib: Optional[float] = None,
+    extra: Sequence[str] = (),
+) -> List[str]:
+    """The bubblewrap command line: ``writable`` is (host path, sandbox path) pairs; ``readonly`` paths keep theirs."""
+    size = str(policy.disk_mib * 2**20)
+    system = [*SYSTEM_DIRS, "/sys" if gpu else "/sys/devices/system/cpu"]  # torch reads the CPU topology
+    binds = [("--ro-bind", str(p), str(p)) for p in [*map(Path, system), *python_dirs(), *readonly] if p.exists()]
+    binds += [("--bind", str(src), dest) for src, dest in writable]
+    binds.sort(key=lambda b: b[2].count("/"))  # parents before children
+    argv = ["bwrap", "--die-with-parent", "--new-session", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
+            "--unshare-cgroup-try", "--proc", "/proc", "--dev", "/dev"]
+    if is_root():  # no user namespace: the command drops to an unprivileged uid (setpriv below)
+        argv += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+    else:
+        argv += ["--unshare-user", "--disable-userns"]
+    for tmp in ("/tmp", "/dev/shm"):
+        argv += ["--perms", "1777", "--size", size, "--tmpfs", tmp]
+    for folder in ancestors([b[2] for b in binds]):
+        argv += ["--perms", "0755", "--dir", folder]
+    for flag, src, dest in binds:
+        argv += [flag, src, dest]
+    if gpu:
+        argv += [a for node in sorted(Path("/dev").glob("nvidia*")) for a in ("--dev-bind", str(node), str(node))]
+    argv += [*extra, "--remount-ro", "/", "--remount-ro", "/dev", "--chdir", cwd, "--"]  # only the tmpfs and binds stay writable
+    if is_root():
+        uid = str(sandbox_uid())
+        argv += ["setpriv", "--reuid", uid, "--regid", uid, "--clear-groups", "--inh-caps=-all", "--bounding-set=-all", "--"]
+    return argv + limits(policy, gpu, memory_mib) + list(command)
+
+
+@functools.lru_cache(maxsize=None)
+def self_test() -> Optional[str]:
+    """None when bubblewrap confines a command here, else why not (cached per process)."""
+    if shutil.which("bwrap") is None:
+        return "bwrap is not installed"
+    if is_root() and shutil.which("setpriv") is None:
+        return "setpriv (util-linux) is not installed"
+    argv = bwrap_argv(["sh", "-c", 'test "$(id -u)" != 0'], SandboxPolicy(), cwd="/")  # confined and unprivileged
+    try:
+        proc = subprocess.run(argv, env=minimal_env(), capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return str(exc)
+    if proc.returncode != 0:
+        return (proc.stderr.strip().splitlines() or [f"exit code {proc.returncode}"])[-1]
+    return None
+
+
+def require(policy: SandboxPolicy, probe: bool = True) -> None:
+    """Raise (one line) unless ``policy`` can be honoured here: bwrap works (``probe``: test it), or the mode is
+    explicitly unsafe."""
+    if policy.mode not in MODES:
+        raise KbsweepError(f"sandbox.mode must be one of {', '.join(MODES)}, got '{policy.mode}'")
+    reason = self_test() if probe and policy.mode == "bwrap" else None
+    if reason:
+        raise SandboxUnavailable(
+            f"sandbox.mode=bwrap but bubblewrap cannot confine commands here ({reason}); install bubblewrap and allow "
+            "user namespaces, or run with sandbox.mode=unsafe (docs/sandbox.md)"
+        )
+
+
+def grading_view(problem_root: Path) -> List[Path]:
+    """What a grading process sees read-only besides the system and Python: kbsweep's package and the problem's
+    files, never its ``solutions/`` (single-process and multi-rank grades alike)."""
+    return [REPO_ROOT / "kbsweep", *(p for p in sorted(Path(problem_root).iterdir()) if p.name != "solutions")]
+
+
+def minimal_env(hide: Iterable[str] = (), **extra: str) -> Dict[str, str]:
+    """The environment of a sandboxed command: Python's bin folder first on PATH, HOME and TMPDIR in /tmp, USER
+    (getpass, even for a uid without a passwd entry), a few named variables of this process (never a secret's, see
+    :func:`~kbsweep.agent.transcript.secret_names`)."""
+    from kbsweep.agent.transcript import secret_names
+
+    hidden = secret_names(hide)
+    env = {k: os.environ[k] for k in PASS_ENV if k in os.environ and k not in hidden}
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "/usr/local/bin:/usr/bin:/bin")])
+    env.update(HOME="/tmp", TMPDIR="/tmp", USER="sandbox", LOGNAME="sandbox", LANG=env.get("LANG", "C.UTF-8"), **extra)
+    return env
+
+
+def process_tree(pid: int) -> List[int]:
+    """``pid`` and its descendants (a sandbox's orphans are reparented inside it, so they stay in the tree)."""
+    tree, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        tree.append(current)
+        try:
+            for task in os.listdir(f"/proc/{current}/task"):
+                with open(f"/proc/{current}/task/{task}/children") as fh:
+                    todo += [int(c) for c in fh.read().split()]
+        except OSError:
+            continue
+    return tree
+
+
+def host_memory_mib() -> float:
+    """This host's memory, or less where a cgroup (a Slurm job's, a container's) limits this process."""
+    with open("/proc/meminfo") as fh:
+        total = next(int(line.split()[1]) for line in fh if line.startswith("MemTotal:")) / 1024
+    for limit in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            value = Path(limit).read_text().strip()
+        except OSError:
+            continue
+        if value.isdigit():
+            total = min(total, int(value) / 2**20)
+    return total
+
+
+def memory_cap_mib(configured: Optional[float]) -> float:
+    """The memory cap of a sandbox: the configured one, else HOST_SHARE of the host's; never more than the host
+    has (past it the kernel's OOM killer, not the watch, would end the process, and nobody could say why)."""
+    host = host_memory_mib()
+    return min(float(configured), host) if configured else HOST_SHARE * host
+
+
+def give(folders: Iterable[Path], uid: int) -> None:
+    """Hand writable folders to the sandbox's uid (as root); never follows a symlink the sandbox planted."""
+    for folder in folders:
+        os.lchown(folder, uid, uid)
+        for root, dirs, files in os.walk(folder):
+            for name in dirs + files:
+                os.lchown(os.path.join(root, name), uid, uid)
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def kill(proc: subprocess.Popen, settle_s: float = 10.0) -> None:
+    """Kill the sandbox's process group and wait until its whole tree is gone (bubblewrap's --die-with-parent
+    takes the namespace's processes down)."""
+    tree = process_tree(proc.pid)
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.wait()
+    deadline = time.monotonic() + settle_s
+    while any(map(alive, tree)) and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+class Watch:
+    """Polls a sandboxed process: wall time, memory of its whole tree (:func:`pss_mib`), disk held by its
+    writable folders and by the files its stdout and stderr go to."""
+
+    def __init__(self, proc: subprocess.Popen, wall_s: float, memory_mib: Optional[float], disk_mib: float, folders: Sequence[Path]):
+        self.proc, self.wall_s, self.memory_mib, self.disk_mib, self.folders = proc, wall_s, memory_mib, disk_mib, folders
+        self.started = time.monotonic()
+        self.outputs = output_files(proc.pid)
+        self.disk_start = used_mib(folders, self.outputs)
+        self.disk_checked = self.started
+
+    def breach(self) -> Optional[Tuple[str, str]]:
+        """("wall" | "memory" | "disk", message) once a limit is passed, else None."""
+        now = time.monotonic()
+        if now - self.started > self.wall_s:
+            return "wall", f"stopped after {self.wall_s:.0f} s (wall-clock limit)"
+        # the exact figure (PSS) only when the cheap upper bound (RSS) is over the cap: polled every 0.1 s, the PSS
+        # walk alone took a third of a core beside a CPU grade on a 2-core host
+        tree = process_tree(self.proc.pid) if self.memory_mib else []
+        if self.memory_mib and rss_mib(tree) > self.memory_mib and pss_mib(tree) > self.memory_mib:
+            return "memory", f"stopped: its processes held more than {self.memory_mib:.0f} MiB of memory"
+        if self.folders and now - self.disk_checked > DISK_POLL_S:  # a quota for sandboxes with writable folders
+            self.disk_checked = now
+            used = used_mib(self.folders, self.outputs)
+            if used > self.disk_mib and used > self.disk_start:
+                return "disk", f"stopped: the writable folders and its output hold {used:.0f} MiB, over the {self.disk_mib} MiB quota"
+        return None
+
+    def wait(self) -> Optional[Tuple[str, str]]:
+        """Until the process ends or passes a limit (then it is killed); returns the breach, if any."""
+        while self.proc.poll() is None:
+            found = self.breach()
+            if found:
+                kill(self.proc)
+                return found
+            time.sleep(POLL_S)
+        return None
+
+
+def head_tail(fh, limit: int) -> str:
+    """The first and last ``limit // 2`` bytes of an open file (the whole file when it is short)."""
+    size = fh.seek(0, os.SEEK_END)
+    fh.seek(0)
+    if size <= limit:
+        return fh.read().decode(errors="replace")
+    head = fh.read(limit // 2).decode(errors="replace")
+    fh.seek(size - limit // 2)
+    return f"{head}\n[... {size - limit} bytes cut ...]\n{fh.read().decode(errors='replace')}"
+
+
+class Sandbox:
+    """Runs untrusted commands under one policy. ``gpu``: expose the GPU device nodes. Construction refuses
+    (:func:`require`) when the policy cannot be honoured here."""
+
+    def __init__(self, policy: SandboxPolicy = SandboxPolicy(), gpu: bool = False):
+        require(policy)
+        self.policy, self.gpu = policy, gpu
+
+    @property
+    def confined(self) -> bool:
+        return self.policy.mode == "bwrap"
+
+    def popen(
+        self,
+        command: Sequence[str],
+        *,
+        cwd: str,
+        env: Mapping[str, str],
+        writable: Sequence[Tuple[Path, str]] = (),
+        readonly: Iterable[Path] = (),
+        memory_mib: Optional[float] = None,
+        extra: Sequence[str] = (),
+        **popen: Any,
+    ) -> subprocess.Popen:
+        """Start ``command`` confined, in a session of its own, with exactly ``env``. ``writable``: (host, sandbox)
+        path pairs (unsafe mode: the command sees host paths, so ``cwd`` must be one)."""
+        if not self.confined:
+            return subprocess.Popen([*limits(self.policy, self.gpu, memory_mib), *command], cwd=cwd, env=dict(env), start_new_session=True, **popen)
+        if is_root():
+            give([src for src, _ in writable], sandbox_uid())
+        argv = bwrap_argv(command, self.policy, cwd=cwd, writable=writable, readonly=readonly, gpu=self.gpu, memory_mib=memory_mib, extra=extra)
+        return subprocess.Popen(argv, env=dict(env), start_new_session=True, **popen)
+
+    def shell(self, command: str, workspace: Path, hide: Iterable[str] = (), output_limit: int = 12_000) -> ShellResult:
+        """``bash -c command`` in the workspace (seen as /workspace), under the policy's limits."""
+        workspace = Path(workspace).resolve()
+        env = minimal_env(hide)
+        argv, extra, proxy = [BASH, "-c", command], [], None
+        if self.confined and self.policy.network_allow:
+            proxy = AllowProxy(self.policy.network_allow)
+            url = f"http://127.0.0.1:{PROXY_PORT}"
+            env.update(HTTP_PROXY=url, HTTPS_PROXY=url, http_proxy=url, https_proxy=url)
+            argv, extra = [BASH, "-c", WITH_FORWARDER, "kbsweep-shell", FORWARDER, command], ["--bind", str(proxy.path), PROXY_SOCKET]
+        cwd = WORKSPACE if self.confined else str(workspace)
+        try:
+            with tempfile.TemporaryFile() as out:
+                proc = self.popen(argv, cwd=cwd, env=env, writable=[(workspace, WORKSPACE)], memory_mib=self.policy.memory_mib,
+                                  extra=extra, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
+                breach = Watch(proc, self.policy.wall_s, memory_cap_mib(self.policy.memory_mib), self.policy.disk_mib, [workspace]).wait()
+                result = ShellResult(124 if breach else proc.returncode, head_tail(out, output_limit))
+        finally:
+            if proxy:
+                proxy.close()
+        if breach:
+            result.notes.append(breach[1])
+        if proxy and proxy.refused:
+            result.notes.append(f"refused network access to {', '.join(dict.fromkeys(proxy.refused))} (not in sandbox.network_allow)")
+        return result

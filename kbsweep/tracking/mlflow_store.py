@@ -1,0 +1,199 @@
+"""The MLflow store: one client per URI and process, an SQLite store created whole, and its runs read back as rows
+for boards, exports, resume and regrade. The writer is :mod:`kbsweep.tracking.tracker`."""
+from __future__ import annotations
+
+import contextlib
+import functools
+import gc
+import os
+import shutil
+from pathlib import Path
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional
+
+from kbsweep.paths import user_cache
+
+KIND_TAG = "kbsweep.kind"
+
+
+CELL_KEY_TAG = "kbsweep.cell_key"
+
+
+PAGE = 1000  # runs a search request returns
+
+
+def run_pages(client, experiment_ids: List[str], filter_string: str) -> Iterator[List[Any]]:
+    """Every matching run, a page at a time. MLflow builds ~150 ORM objects a run (its params, tags and metrics),
+    and Python's collector walking a heap that grew by them took ~60% of reading 10 000 runs: it is paused while a
+    page is read. Pages of 1 000 bound what a read holds at once (10 000 runs in one page: 2.2 GB)."""
+    token = None
+    while True:
+        paused = gc.isenabled()
+        gc.disable()
+        try:
+            page = client.search_runs(experiment_ids, filter_string=filter_string, max_results=PAGE, page_token=token)
+        finally:
+            if paused:
+                gc.enable()
+        yield page
+        token = page.token
+        if not token:
+            return
+
+
+def page_runs(client, experiment_ids: List[str], filter_string: str) -> List[Any]:
+    """Every matching run (:func:`run_pages`)."""
+    return [run for page in run_pages(client, experiment_ids, filter_string) for run in page]
+
+
+def create_sqlite_store(path: Path) -> None:
+    """Create an MLflow sqlite database whole or not at all (:func:`build_whole`): a copy of :func:`empty_store`,
+    opened by MLflow, which adds its Default experiment. Two sweeps starting together on a fresh folder would
+    otherwise race, and a run killed while creating it would leave a half-made database that breaks every later run."""
+    import sqlite3
+
+    template = empty_store()
+
+    def build(partial: Path) -> None:
+        shutil.copyfile(template, partial)
+        with contextlib.closing(sqlite3.connect(partial)) as db:
+            db.execute("PRAGMA journal_mode=WAL")  # kept in the file: every later connection writes through the log
+        open_store(partial)
+
+    build_whole(path, build)
+
+
+def empty_store() -> Path:
+    """An sqlite store at MLflow's schema with no experiment, made once per MLflow and SQLAlchemy version in the
+    user's cache: a store made from scratch runs MLflow's ~70 Alembic migrations, ~1.9 CPU-s for every new
+    outputs folder (docs/benchmarks.md). Its copy is opened by MLflow, which then adds the Default experiment as on a fresh store (with
+    that process's folder and time, so the template keeps none)."""
+    import sqlite3
+    from importlib.metadata import version
+
+    def build(partial: Path) -> None:
+        open_store(partial)
+        with contextlib.closing(sqlite3.connect(partial)) as db, db:
+            db.execute("DELETE FROM experiments")
+
+    path = user_cache() / f"mlflow-{version('mlflow')}-sqlalchemy-{version('sqlalchemy')}.db"
+    build_whole(path, build)
+    return path
+
+
+def open_store(path: Path) -> None:
+    """Open ``path`` as MLflow's sqlite store: migrated to its schema and given its Default experiment if new."""
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+    from mlflow.tracking._tracking_service.utils import DEFAULT_LOCAL_FILE_AND_ARTIFACT_PATH
+
+    SqlAlchemyStore(f"sqlite:///{path}", DEFAULT_LOCAL_FILE_AND_ARTIFACT_PATH).engine.dispose()
+
+
+def build_whole(path: Path, build: Callable[[Path], None]) -> None:
+    """Unless ``path`` exists: ``build`` a partial file of its own, renamed into place after, under a lock of
+    ``path`` (another process building it meanwhile makes this one build nothing). Partial files left by a
+    builder killed mid-way go first."""
+    import fcntl
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(path.name + ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if path.exists():
+            return
+        for stale in path.parent.glob(f".{path.name}.*.partial*"):
+            stale.unlink()
+        partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
+        build(partial)
+        os.replace(partial, path)
+
+
+@functools.lru_cache(maxsize=None)
+def make_client(uri: str):
+    """The process's one MLflow client of ``uri`` (creating an SQLite store on first use)."""
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # a bar per downloaded artifact floods export and regrade
+    from mlflow.tracking import MlflowClient
+
+    if uri.startswith("sqlite:///"):
+        path = Path(uri[len("sqlite:///") :])
+        if not path.exists():
+            create_sqlite_store(path)
+        sync_at_checkpoints()
+    return MlflowClient(tracking_uri=uri)
+
+
+@functools.lru_cache(maxsize=None)
+def sync_at_checkpoints() -> None:
+    """SQLite connections of this process sync their write-ahead log at checkpoints, not at every commit
+    (``synchronous=NORMAL``): a run's logging is ~7 transactions, and a sync each was ~a sixth of the
+    orchestrator's CPU a cell (docs/benchmarks.md, "Sweeps at scale"). A crash may lose the last commits, never the
+    database; the cell's journal (result.json) is what a resume re-logs from. WAL needs every reader on this
+    host: a store several hosts share is ``tracking=server``'s."""
+    import sqlite3
+
+    from sqlalchemy import event
+    from sqlalchemy.engine import Engine
+
+    @event.listens_for(Engine, "connect")
+    def on_connect(connection, _record) -> None:
+        if isinstance(connection, sqlite3.Connection):
+            connection.execute("PRAGMA synchronous=NORMAL")
+
+
+def runs_frame(uri: str, experiments: Optional[Iterable[str]] = None, kind: str = "cell") -> List[Dict[str, Any]]:
+    """Every cell run (or run of another ``kind``: regrade) of the store (or of the named experiments) as plain
+    rows: tags and metrics at the top level, params under ``params``, plus run id, artifact URI, status, start time
+    and experiment name."""
+    client = make_client(uri)
+    names = set(experiments or [])
+    found = {e.experiment_id: e.name for e in client.search_experiments() if not names or e.name in names}
+    if not found:
+        return []
+    rows = []
+    shared: Dict[str, str] = {}  # one copy of each string: a sweep's runs repeat most keys and values (~100 params a run)
+    one = lambda text: shared.setdefault(text, text)  # noqa: E731
+    for page in run_pages(client, list(found), f"tags.`{KIND_TAG}` = '{kind}'"):
+        for run in page:
+            tags = run.data.tags
+            rows.append(
+                {
+                    **{one(k): one(v) for k, v in tags.items() if not k.startswith("mlflow.")},
+                    **{one(k): v for k, v in run.data.metrics.items()},
+                    "cell_key": tags.get(CELL_KEY_TAG),
+                    "params": {one(k): one(v) for k, v in run.data.params.items()},
+                    "run_id": run.info.run_id,
+                    "artifact_uri": run.info.artifact_uri,
+                    "status": run.info.status,
+                    "start_time": run.info.start_time,
+                    "experiment": found[run.info.experiment_id],
+                }
+            )
+    return rows
+
+
+def latest_per_cell(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """The latest FINISHED run of each cell key, whatever sweep logged it (a --force rerun supersedes the older record)."""
+    latest: Dict[str, Dict[str, Any]] = {}
+    for row in rows:
+        if row.get("status") != "FINISHED":
+            continue
+        key = row.get("cell_key") or row["run_id"]
+        if key not in latest or row["start_time"] > latest[key]["start_time"]:
+            latest[key] = row
+    return sorted(latest.values(), key=lambda r: r["start_time"])
+
+
+def log_report(uri: str, experiments: Iterable[str], folder: Path) -> List[str]:
+    """Log a report folder under ``report/`` of the latest sweep run of each experiment; returns those run ids."""
+    client = make_client(uri)
+    logged = []
+    for name in experiments:
+        experiment = client.get_experiment_by_name(name)
+        runs = (
+            client.search_runs([experiment.experiment_id], f"tags.`{KIND_TAG}` = 'sweep'", max_results=1, order_by=["attributes.start_time DESC"])
+            if experiment
+            else []
+        )
+        if runs:
+            client.log_artifacts(runs[0].info.run_id, str(folder), "report")
+            logged.append(runs[0].info.run_id)
+    return logged

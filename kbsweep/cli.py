@@ -337,7 +337,7 @@ def judge_model(name: str):
     """The judge: a model YAML of the ``model`` group, validated like any cell's model (the same loader the cells
     of a sweep use)."""
     from kbsweep.audit.judge import LazyModel
-    from kbsweep.config.schema import model_conf
+    from kbsweep.agent.providers import model_conf
 
     return LazyModel(model_conf(name))
 

@@ -12,6 +12,8 @@ from kbsweep.config.schema import group_source, validate
 from kbsweep.errors import KbsweepError
 from kbsweep.paths import REPO_ROOT
 
+SANDBOXED_VERBS = ("run", "grade")  # verbs that run untrusted code: refused where the sandbox cannot work
+
 if not OmegaConf.has_resolver("kbsweep_root"):  # conf/config.yaml's paths: the repository and the working folder
     OmegaConf.register_new_resolver("kbsweep_root", lambda: str(REPO_ROOT))
     OmegaConf.register_new_resolver("kbsweep_cwd", os.getcwd)
@@ -57,7 +59,8 @@ def grade_track(cfg: DictConfig, hydra_cfg) -> str:
 
 def prepare(cfg: DictConfig, hydra_cfg) -> DictConfig:
     """Validate every group against its schema (one line naming file and key on error), resolve gpu=auto and a
-    one-file grade's track."""
+    one-file grade's track; refuse a sandbox this machine cannot provide (probed for the verbs that run untrusted
+    code)."""
     choices = {g: str(hydra_cfg.runtime.choices.get(g)) for g in ("model", "gpu", "track", "harness", "launcher", "tracking")}
     choices["track"] = grade_track(cfg, hydra_cfg)
     sources = {g: group_source(hydra_cfg, g, choice) for g, choice in choices.items()}
@@ -67,5 +70,8 @@ def prepare(cfg: DictConfig, hydra_cfg) -> DictConfig:
     from kbsweep.agent.providers import MODEL_KINDS
     from kbsweep.harness import RUNNERS
     from kbsweep.launch.launchers import LAUNCHERS
+    from kbsweep.sandbox.confine import SandboxPolicy, require
 
-    return validate(cfg, sources, (MODEL_KINDS, RUNNERS, LAUNCHERS))
+    validate(cfg, sources, (MODEL_KINDS, RUNNERS, LAUNCHERS))
+    require(SandboxPolicy.of(OmegaConf.to_container(cfg.track, resolve=True)), probe=cfg.get("verb") in SANDBOXED_VERBS)
+    return cfg

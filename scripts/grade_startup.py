@@ -22,7 +22,7 @@ import torch  # noqa: F401 - the orchestrator's own import is not a grading proc
 from kbsweep import REPO_ROOT
 from kbsweep.config.schema import load_gpu
 from kbsweep.grader import grade
-from kbsweep.grader.shared import zygote
+from kbsweep.grader import zygotes
 from kbsweep.grader.request import GradeRequest
 from kbsweep.config.problems import load_problem
 from kbsweep.score.roofline import load_roofline
@@ -37,7 +37,7 @@ def main(out: Path, repeats: int) -> None:
     for i in range(repeats):
         for mode in ("cold", "warm"):
             if mode == "cold":
-                zygote.close_all()
+                zygotes.close_all()
             result = grade(GradeRequest(problem, problem.root / "solutions/triton.py", cpu, roofline, mode="check", timeout_s=300, log_dir=grades / f"{mode}-{i}")).to_json()
             assert result["outcome"] == "pass", result.get("message")
             record[mode].append(result["startup_s"])

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from kbsweep.config.gpus import GpuSpec
-from kbsweep.grader.request import GradeRequest, RefereeRequest
+from kbsweep.grader.referee.request import RefereeRequest
+from kbsweep.grader.request import GradeRequest
 from kbsweep.grader.result import GradeResult
 from kbsweep.outcomes import Outcome
 

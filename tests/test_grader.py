@@ -116,17 +116,17 @@ def test_grade_cli_grades_under_the_problems_track_and_caches_baselines(cli, out
 def test_baselines_past_their_budget_are_left_for_a_later_grade(problem, roofline, tmp_path, monkeypatch):
     """Baselines are timed before the candidate is imported, within a share of the grade's time limit; one left
     untimed does not cost the candidate its grade and is not cached (a later grade times it)."""
-    import kbsweep.grader as grader
+    from kbsweep.grader import grading
 
     solution = problem.root / "solutions/triton.py"
     cache = BaselineCache(tmp_path / "baselines.json")
-    monkeypatch.setattr(grader, "BASELINE_SHARE", 0.0)
+    monkeypatch.setattr(grading, "BASELINE_SHARE", 0.0)
     spent = graded(problem, solution, CPU, roofline, baselines=["eager"], log_dir=tmp_path / "a", baseline_cache=cache)
     assert spent["outcome"] == "pass" and spent["score"] is not None
     for entry in spent["timings"]:
         assert entry["baselines"]["eager"]["retry"] and "budget" in entry["baselines"]["eager"]["error"]
     assert not (tmp_path / "baselines.json").exists()
-    monkeypatch.setattr(grader, "BASELINE_SHARE", 0.4)
+    monkeypatch.setattr(grading, "BASELINE_SHARE", 0.4)
     timed = graded(problem, solution, CPU, roofline, baselines=["eager"], log_dir=tmp_path / "b", baseline_cache=cache)
     assert all(entry["baselines"]["eager"]["median_ms"] > 0 for entry in timed["timings"])
     assert len(json.loads((tmp_path / "baselines.json").read_text())) == len(problem.spec.smoke_shapes)

@@ -76,7 +76,7 @@ def test_the_referee_zygote_probes_references(problem, tmp_path, monkeypatch):  
 
     from kbsweep import KbsweepError
     from kbsweep.planner import validate
-    from kbsweep.grader.shared import zygote
+    from kbsweep.grader import zygotes
     from kbsweep.grader.processes import referee_prober, zygote_view
     from kbsweep.config.problems import load_problem
     from kbsweep.sandbox.confine import SandboxPolicy, grading_view
@@ -103,7 +103,7 @@ def test_the_referee_zygote_probes_references(problem, tmp_path, monkeypatch):  
     monkeypatch.setattr(validate, "PROBE_TIMEOUT_S", 5.0)
     with pytest.raises(KbsweepError, match="took over 15 s"):
         validate.check_references([validate.reference_probe(hang)], prober)
-    assert not [z for z in zygote.LIVE if z.key[4] == tuple(map(str, grading_view(hang.root)))]  # closed with its child
-    judge = zygote.take("referee", *zygote_view(good, "cpu", 1, (), SandboxPolicy()))
+    assert not [z for z in zygotes.LIVE if z.key[4] == tuple(map(str, grading_view(hang.root)))]  # closed with its child
+    judge = zygotes.take("referee", *zygote_view(good, "cpu", 1, (), SandboxPolicy()))
     assert judge.run("kbsweep.cli", "", 60)[0] == 70  # not one of the referee's entries: the child exits at once
-    zygote.discard(judge)
+    zygotes.discard(judge)

@@ -6,15 +6,11 @@ import os
 import re
 import time
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Set
+from typing import Any, Dict, Iterable, List
+
+from kbsweep.sandbox.secret_env import secret_names
 
 KEY_PATTERN = re.compile(r"\b(sk-[A-Za-z0-9_\-]{8,}|sk-ant-[A-Za-z0-9_\-]{8,}|AIza[0-9A-Za-z_\-]{20,}|xai-[A-Za-z0-9]{16,})\b")
-SECRET_ENV_SUFFIXES = ("_API_KEY", "_TOKEN", "_SECRET")
-
-
-def secret_names(extra_env: Iterable[str] = ()) -> Set[str]:
-    """Env vars that hold secrets: the model YAMLs' key vars (``extra_env``) and any *_API_KEY/_TOKEN/_SECRET."""
-    return set(extra_env) | {k for k in os.environ if k.endswith(SECRET_ENV_SUFFIXES)}
 
 
 def secret_values(extra_env: Iterable[str] = ()) -> List[str]:

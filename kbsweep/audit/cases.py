@@ -54,9 +54,9 @@ def private_deck(problems: Path, problem_id: str, folder: Path, max_shapes: Opti
     if deck.exists() and stamp.exists() and stamp.read_text() == deck_digest(deck):
         return load_problem(deck, track)
     if deck.exists():  # changed by a case: out of use, and its zygotes with it (their view holds the old folder)
-        from kbsweep.grader.shared import zygote
+        from kbsweep.grader import zygotes
 
-        zygote.close_all()
+        zygotes.close_all()
         shutil.rmtree(deck)
     shutil.copytree(problems / track / name, deck, ignore=shutil.ignore_patterns("solutions", ".grade"))
     if max_shapes:

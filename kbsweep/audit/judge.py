@@ -3,7 +3,7 @@ excerpts; the model answers one JSON object (verdict, summary, verbatim quotes).
 with a quote found verbatim in the solution or the transcript; a malformed answer is asked again once; a failed
 call (or any other failure of the judge) is a ``judge_error`` finding, never an exception.
 
-The judge is a model YAML of ``conf/model`` (``audit.judge``), loaded by :func:`kbsweep.config.schema.model_conf` for both
+The judge is a model YAML of ``conf/model`` (``audit.judge``), loaded by :func:`kbsweep.agent.providers.model_conf` for both
 places it runs:
 inside every cell of a sweep (the cell carries the resolved config) and in ``kbsweep audit``."""
 from __future__ import annotations

@@ -17,6 +17,7 @@ import re
 import shutil
 import sys
 import tempfile
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -46,6 +47,57 @@ smoke_shapes: [{smoke}]   # {smoke_note}
 seeds: 3
 score: speedup
 """
+
+
+# -- the pinned eval semantics (kbsweep.grader.referee.kernelbench_eval runs them) ----------------
+# torch's dtype names; torch is imported where tensors are made, so the CLI that only reads the semantics (a
+# problem's folder, a plan) does not import it (3-6 s a process on a loaded 2-core host)
+PRECISIONS = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+
+
+@dataclass(frozen=True)
+class Semantics:
+    """What one KernelBench version's eval does when it decides correctness."""
+
+    version: str
+    tolerance: Dict[str, float]  # atol = rtol, keyed by the eval precision (not by the output's dtype)
+    precision: str = "fp32"  # KernelBench's default eval precision: every tensor input is cast to it
+    trials: int = 5  # num_correct_trials of its eval scripts (the function's own default is 1)
+    seed: int = 42  # seed_num: weights of both models, and the root of the trial seeds
+    train_mode: bool = True  # it never calls .eval(): nn.Module's default, training mode
+    cast_inputs: bool = True  # since 0.2 (precision support): every tensor input, integer ones too, cast
+
+    @property
+    def atol(self) -> float:
+        return self.tolerance[self.precision]
+
+    def record(self) -> Dict[str, Any]:
+        return {**asdict(self), "atol": self.atol, "rtol": self.atol}
+
+
+VERSIONS = {
+    # 0.1 (paper release, up to commit 2c3dbda^ of 2025-11-04): fp32 only, atol = rtol = 1e-2, inputs not cast
+    "0.1": Semantics("0.1", {"fp32": 1e-2}, cast_inputs=False),
+    # 0.2 (current, commit 423217d): tolerances by precision after torchbench: fp32 1e-4, fp16/bf16 1e-2
+    "0.2": Semantics("0.2", {"fp32": 1e-4, "fp16": 1e-2, "bf16": 1e-2}),
+}
+DEFAULT_VERSION = "0.2"
+
+
+def semantics(version: str, precision: str = "fp32") -> Semantics:
+    """The pinned semantics of ``version`` at ``precision``; unknown names are config errors (ValueError)."""
+    if version not in VERSIONS:
+        raise ValueError(f"unknown KernelBench version {version!r} (known: {', '.join(VERSIONS)})")
+    pinned = VERSIONS[version]
+    if precision not in pinned.tolerance:
+        raise ValueError(f"KernelBench {version} has no tolerance for precision {precision!r} (has {', '.join(pinned.tolerance)})")
+    return Semantics(**{**asdict(pinned), "precision": precision})
+
+
+def from_spec(spec: Dict[str, Any]) -> Optional[Semantics]:
+    """The semantics a problem's spec names (its ``kernelbench`` key), or None for a kbsweep problem."""
+    pinned = spec.get("kernelbench") or {}
+    return semantics(str(pinned["version"]), str(pinned.get("precision", "fp32"))) if pinned.get("version") else None
 
 
 GENERATED_SOLUTIONS = {
@@ -89,11 +141,9 @@ def materialize(folder: Path, name: str, version: Optional[str] = None, precisio
 def materialize_all(folder: Path, names: List[str], version: Optional[str] = None, precision: str = "fp32") -> List[Path]:
     """The kbsweep problem folders for ``folder/<name>.py`` of each name; the files not sized yet are sized
     together in one child interpreter (:func:`fits`)."""
-    from kbsweep.grader.referee import kernelbench_eval
-
-    version = version or kernelbench_eval.DEFAULT_VERSION
+    version = version or DEFAULT_VERSION
     try:
-        sem = kernelbench_eval.semantics(version, precision)
+        sem = semantics(version, precision)
     except ValueError as exc:
         raise KbsweepError(f"track.kernelbench_version: {exc}") from None
     for name in names:

@@ -160,7 +160,6 @@ GROUP_SCHEMAS = {
     "sandbox": SandboxConf,
     "audit": AuditConf,
 }
-SANDBOXED_VERBS = ("run", "grade")  # verbs that run untrusted code: refused where the sandbox cannot work
 
 
 def at_least(low: float) -> Callable[[Any], bool]:
@@ -265,9 +264,6 @@ def validate(cfg: DictConfig, sources: Optional[Dict[str, str]] = None, registri
         where = sources.get(group)
         raise KbsweepError(f"{where}: key '{inner}': {msg}" if where else f"config: key '{key}': {msg}") from None
     check_rules(cfg, sources, registries)
-    from kbsweep.sandbox.confine import SandboxPolicy, require
-
-    require(SandboxPolicy.of(OmegaConf.to_container(cfg.track, resolve=True)), probe=cfg.get("verb") in SANDBOXED_VERBS)
     return cfg
 
 
@@ -337,26 +333,3 @@ def load_gpu(name: str, conf_dir: Path = REPO_ROOT / "conf") -> GpuSpec:
     loaded = load_yaml(path, GpuSpec)
     check_rules(OmegaConf.create({"gpu": loaded}), {"gpu": str(path)}, keys={key for key, _, _ in RULES if key.startswith("gpu.")})
     return GpuSpec(**loaded)
-
-
-def model_conf(name: str, hydra_cfg: Any = None) -> Dict[str, Any]:
-    """The judge's model config (``audit.judge``): ``model/<name>.yaml`` along Hydra's config search path (the
-    running app's, else the repository's ``conf/``), merged onto the model schema, resolved like a cell's model and
-    built once (no route, an unknown provider: refused before any cell runs). Plain data (a cell carries it to its
-    launcher); KbsweepError naming the file and key when it is missing or invalid."""
-    from kbsweep.agent.providers import MODEL_KINDS
-
-    if hydra_cfg is None:
-        from hydra.core.hydra_config import HydraConfig
-
-        hydra_cfg = HydraConfig.get() if HydraConfig.initialized() else None
-    path = Path(group_source(hydra_cfg, "model", name)) if hydra_cfg is not None else REPO_ROOT / "conf" / "model" / f"{name}.yaml"
-    if not path.is_file():
-        raise KbsweepError(f"audit.judge: no model '{name}' (model/{name}.yaml)")
-    resolved = load_yaml(path, ModelConf, "audit.judge")
-    build = MODEL_KINDS.lookup(resolved["provider"], f"{path} (audit.judge)")
-    try:
-        build(resolved, {})
-    except (ValueError, KeyError, TypeError) as exc:
-        raise KbsweepError(f"{path}: {exc} (audit.judge)") from None
-    return resolved

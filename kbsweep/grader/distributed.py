@@ -50,7 +50,7 @@ from kbsweep.grader.shared.channel import Channel, ChannelError, accept_rank, li
 from kbsweep.grader.shared.failures import COMM_FINDINGS, GradeFailure  # noqa: F401 - COMM_FINDINGS: this module's findings
 from kbsweep.grader.processes import BREACH_OUTCOMES, RUNNER_BOOT, Supervision, runner_env
 from kbsweep.grader.referee.referee import Referee, referee_message
-from kbsweep.grader.request import RefereeRequest
+from kbsweep.grader.referee.request import RefereeRequest
 from kbsweep.outcomes import Outcome
 from kbsweep.paths import REPO_ROOT
 from kbsweep.sandbox.confine import POLL_S, Watch
@@ -364,7 +364,7 @@ class RankReferee(Referee):
 
 def main() -> None:
     """One referee rank: join the reference's process group, wait for runner rank r, grade, report."""
-    from kbsweep.grader.torchrun import init_distributed
+    from kbsweep.grader.shared.ranks import init_distributed
 
     request_path = Path(sys.argv[1])
     rank, world, device = init_distributed()  # NCCL on GPUs (the reference's collectives), gloo on CPU

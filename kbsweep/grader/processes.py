@@ -15,14 +15,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence, Tuple
 
-from kbsweep.grader.shared import zygote
+from kbsweep.grader import zygotes
 from kbsweep.outcomes import Outcome
 from kbsweep.paths import REPO_ROOT
 from kbsweep.config.problems import Problem
 from kbsweep.sandbox.confine import Sandbox, SandboxPolicy, Watch, grading_view, minimal_env
 
-if TYPE_CHECKING:  # the runner imports this package: it must not hold even the request's field names
-    from kbsweep.grader.request import RefereeRequest
+if TYPE_CHECKING:
+    from kbsweep.grader.referee.request import RefereeRequest
 
 BREACH_OUTCOMES = {"wall": Outcome.GRADE_TIMEOUT, "memory": Outcome.GRADE_OOM, "disk": Outcome.RUNTIME_ERROR}
 RUNNER_BOOT = "import sys; sys.path.append({root!r}); from kbsweep.grader.runner.runner import main; main()"
@@ -41,7 +41,7 @@ class Supervision:
     readonly: Sequence[Path]
 
 
-def supervise(request: RefereeRequest, how: Supervision, warm: Optional[zygote.Zygote] = None) -> Dict[str, Any]:
+def supervise(request: RefereeRequest, how: Supervision, warm: Optional[zygotes.Zygote] = None) -> Dict[str, Any]:
     """Start the referee (trusted: sees ``how.readonly``, holds the request) and the candidate's runner (sees only
     kbsweep's package and the candidate's folder, in an isolated interpreter), each in its own sandbox, joined by
     a socket pair: forked by warm zygotes (``warm``: the runner's, whose home holds the staged candidate), else
@@ -55,7 +55,7 @@ def supervise(request: RefereeRequest, how: Supervision, warm: Optional[zygote.Z
     with open(log_dir / "grade_stdout.log", "wb") as out, open(log_dir / "grade_stderr.log", "wb") as err, \
             open(log_dir / "referee.log", "wb") as referee_log, open(os.devnull, "rb") as null:
         if warm is not None:
-            judge = zygote.take("referee", sandbox, env, readonly)
+            judge = zygotes.take("referee", sandbox, env, readonly)
             runner = warm.fork(workdir, ["fd:channel"], {"stdin": null.fileno(), "stdout": out.fileno(), "stderr": err.fileno(),
                                                           "channel": runner_end.fileno()})
             request_in, request_out = os.pipe()
@@ -94,7 +94,7 @@ def supervise(request: RefereeRequest, how: Supervision, warm: Optional[zygote.Z
         for entry in warm.home.iterdir():
             shutil.move(str(entry), str(log_dir / "candidate" / entry.name))
         for found in (judge, warm):
-            zygote.keep(found) if healthy else zygote.discard(found)
+            zygotes.keep(found) if healthy else zygotes.discard(found)
     with os.fdopen(read_fd) as channel:
         lines = channel.read().splitlines()
     if breach:
@@ -155,20 +155,20 @@ def runner_env(env: Dict[str, str]) -> Dict[str, str]:
     return {k: v for k, v in env.items() if k != "PYTHONPATH"}  # isolated mode ignores it anyway
 
 
-def warm_runner(sandbox: Sandbox, env: Dict[str, str], view: Sequence[Path], parent: Path) -> Optional[zygote.Zygote]:
+def warm_runner(sandbox: Sandbox, env: Dict[str, str], view: Sequence[Path], parent: Path) -> Optional[zygotes.Zygote]:
     """The runner's zygote for a single-process grade, once both sides' zygotes are ready; None (spawn cold)
     unconfined, or when a zygote fails to start (its log says why)."""
     if not sandbox.confined:
         return None
-    warm = zygote.take("runner", sandbox, runner_env(env), [REPO_ROOT / "kbsweep"], parent)
-    judge = zygote.take("referee", sandbox, env, view)
+    warm = zygotes.take("runner", sandbox, runner_env(env), [REPO_ROOT / "kbsweep"], parent)
+    judge = zygotes.take("referee", sandbox, env, view)
     try:
         warm.started()
         judge.started()
     except OSError:
-        zygote.discard(warm, judge)
+        zygotes.discard(warm, judge)
         return None
-    zygote.keep(judge)  # taken again by supervise, still warm
+    zygotes.keep(judge)  # taken again by supervise, still warm
     return warm
 
 
@@ -187,8 +187,8 @@ def prewarm(problem: Problem, device: str, world_size: int, hide_env: Sequence[s
     view = zygote_view(problem, device, world_size, hide_env, policy)
     if view is not None:
         sandbox, env, readonly = view
-        zygote.prewarm("referee", sandbox, env, readonly)
-        zygote.prewarm("runner", sandbox, runner_env(env), [REPO_ROOT / "kbsweep"], grades)
+        zygotes.prewarm("referee", sandbox, env, readonly)
+        zygotes.prewarm("runner", sandbox, runner_env(env), [REPO_ROOT / "kbsweep"], grades)
 
 
 def referee_prober(problem: Problem, device: str, world_size: int, hide_env: Sequence[str], policy: SandboxPolicy):
@@ -200,13 +200,13 @@ def referee_prober(problem: Problem, device: str, world_size: int, hide_env: Seq
         return None
 
     def probe(request: str, limit_s: float) -> Optional[Tuple[int, str, str]]:
-        judge = zygote.take("referee", *view)
+        judge = zygotes.take("referee", *view)
         try:
             ran = judge.run("kbsweep.planner.validate", request, limit_s)
         except OSError:
-            zygote.discard(judge)
+            zygotes.discard(judge)
             return None
-        zygote.keep(judge) if ran[0] == 0 else zygote.discard(judge)
+        zygotes.keep(judge) if ran[0] == 0 else zygotes.discard(judge)
         return ran
 
     return probe

@@ -1,14 +1,12 @@
 """What a grade is asked: :class:`GradeRequest`, the one argument of :func:`kbsweep.grader.grade` (built from a
 resolved config by :meth:`GradeRequest.from_config`, for a sweep's cells, ``kbsweep grade`` and ``kbsweep regrade``
-alike), and :class:`RefereeRequest`, what the grade hands its trusted referee (secret seed included; the
-candidate's runner gets :meth:`RefereeRequest.for_runner` of it, nothing more).
+alike). What the grade hands its trusted referee is :class:`kbsweep.grader.referee.request.RefereeRequest`.
 
-The candidate's runner never imports this module (not even the field names reach it: tests/test_trust.py), and
-it imports no torch (the orchestrator need not pay for it).
+It imports no torch (the orchestrator need not pay for it).
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence
 
@@ -87,33 +85,3 @@ class GradeRequest:
     def of(self, mode: str, solution: Path, log_dir: Path) -> "GradeRequest":
         """This grade of ``solution`` in ``mode``, logged under ``log_dir``: the baselines are timed by full grades only."""
         return replace(self, mode=mode, solution=Path(solution), log_dir=log_dir, baselines=self.baselines if mode == "full" else [])
-
-
-@dataclass
-class RefereeRequest:
-    """What the referee gets (as JSON on its stdin, or a file only the referee ranks see): the problem's spec and
-    reference, the staged solution and its folder, the shapes, what to time and how, and the secret seed."""
-
-    spec: Dict[str, Any]
-    reference: str
-    solution: str
-    workdir: str
-    device: str  # "cuda:0" or "cpu" (a rank: its own device)
-    shapes: List[Dict[str, Any]]
-    mode: str
-    baselines: List[str]  # the ones to time now (the cache holds the others)
-    compile_mode: Optional[str]
-    l2_bytes: int
-    timing: Dict[str, Any]  # kbsweep.grader.shared.timing.TimingConfig's fields
-    baseline_budget_s: float
-    secret_seed: Optional[int]  # never sent to the runner; the referee keeps it out of its request once read
-    world_size: int
-    timers: List[str]
-    own_kernels: bool = True  # calls that launch no kernel of the candidate's own are a finding (GradeRequest.own_kernels)
-
-    def to_json(self) -> Dict[str, Any]:
-        return asdict(self)
-
-    def for_runner(self) -> Dict[str, Any]:
-        """The runner's whole share of the request: where it runs, its folder, and the L2 size it flushes."""
-        return {"device": self.device, "workdir": self.workdir, "l2_bytes": self.l2_bytes}

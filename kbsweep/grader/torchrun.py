@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from kbsweep.grader.shared.ranks import init_distributed
 from kbsweep.sandbox.confine import POLL_S, Sandbox, Watch
 
 
@@ -137,23 +138,6 @@ def run_torchrun(
         proc.wait()
     code = None if stopped else proc.returncode
     return TorchrunResult(code, bool(stopped and stopped[0] == "wall"), time.monotonic() - started, Path(log_dir), stopped)
-
-
-def init_distributed() -> Tuple[int, int, str]:
-    """In a torchrun worker: join the process group (NCCL on CUDA, else gloo) and bind this rank's GPU.
-
-    Returns (rank, world size, torch device string)."""
-    import torch
-    import torch.distributed as dist
-
-    if torch.cuda.is_available():
-        local_rank = int(os.environ["LOCAL_RANK"])
-        torch.cuda.set_device(local_rank)
-        backend, device = "nccl", f"cuda:{local_rank}"
-    else:
-        backend, device = "gloo", "cpu"
-    dist.init_process_group(backend)
-    return dist.get_rank(), dist.get_world_size(), device
 
 
 def smoke() -> Dict[str, object]:

@@ -121,7 +121,7 @@ def judge_conf(cfg: DictConfig) -> Optional[Dict[str, Any]]:
     name = (cfg.get("audit") or {}).get("judge")
     if not name:
         return None
-    from kbsweep.config.schema import model_conf
+    from kbsweep.agent.providers import model_conf
 
     return model_conf(str(name))
 

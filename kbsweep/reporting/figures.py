@@ -19,10 +19,6 @@ def pareto(points: Dict[str, Point]) -> List[str]:
     return frontier
 
 
-def shape_label(shape: Any) -> str:
-    return ", ".join(f"{k}={v}" for k, v in shape.items()) if isinstance(shape, dict) else str(shape)
-
-
 def roofline_of(params: Dict[str, str]) -> Dict[str, Any]:
     """The GPU's peaks and the problem's governing peak, from a cell run's params."""
     prefix = "roofline.peaks_tflops."

@@ -30,6 +30,7 @@ from kbsweep.errors import KbsweepError
 from kbsweep.paths import REPO_ROOT
 from kbsweep.sandbox.usage import output_files, pss_mib, rss_mib, used_mib
 from kbsweep.sandbox.net import BASH, FORWARDER, PROXY_PORT, PROXY_SOCKET, WITH_FORWARDER, AllowProxy
+from kbsweep.sandbox.secret_env import secret_names
 
 MODES = ("bwrap", "unsafe")
 WORKSPACE = "/workspace"  # where run_shell sees its workspace
@@ -188,9 +189,7 @@ def grading_view(problem_root: Path) -> List[Path]:
 def minimal_env(hide: Iterable[str] = (), **extra: str) -> Dict[str, str]:
     """The environment of a sandboxed command: Python's bin folder first on PATH, HOME and TMPDIR in /tmp, USER
     (getpass, even for a uid without a passwd entry), a few named variables of this process (never a secret's, see
-    :func:`~kbsweep.agent.transcript.secret_names`)."""
-    from kbsweep.agent.transcript import secret_names
-
+    :func:`~kbsweep.sandbox.secret_env.secret_names`)."""
     hidden = secret_names(hide)
     env = {k: os.environ[k] for k in PASS_ENV if k in os.environ and k not in hidden}
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "/usr/local/bin:/usr/bin:/bin")])

@@ -108,6 +108,11 @@ class ShapeScore:
 ALWAYS_STORED = ("shape", "ms", "tflops", "gbps", "compute_fraction", "memory_fraction", "fraction", "speedup")
 
 
+def shape_label(shape: Any) -> str:
+    """A shape as one line, ``k=v, ...`` (a cell run's ``shape<i>`` params)."""
+    return ", ".join(f"{k}={v}" for k, v in shape.items()) if isinstance(shape, dict) else str(shape)
+
+
 def shape_score(
     ms: float, work: Dict[str, Optional[float]], regime: str, peak_key: Optional[str], roofline: Dict[str, Any], shape: Dict[str, Any]
 ) -> ShapeScore:

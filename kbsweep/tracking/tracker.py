@@ -321,7 +321,7 @@ class Tracker:
         from kbsweep.agent.mlflow_trace import log_trace
         from kbsweep.agent.transcript import read_events
         from kbsweep.agent.trace_export import trace_jsonl
-        from kbsweep.reporting.figures import shape_label
+        from kbsweep.score.roofline import shape_label
 
         stored = result.to_json()
         metrics = [(k, v, 0) for k, v in cell_metrics(stored).items()] + step_metrics(result.steps or [])

@@ -21,12 +21,13 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch
 
-from kbsweep.grader.referee import checks, kernelbench_eval
+from kbsweep.config import kernelbench
+from kbsweep.grader.referee import checks
 from kbsweep.grader.shared import profiling, timing
 from kbsweep.grader.shared.arena import Arena, clone, encode, nbytes, padded, seed_rng
 from kbsweep.grader.shared.channel import Channel, ChannelError
 from kbsweep.grader.shared.failures import GradeFailure
-from kbsweep.grader.request import RefereeRequest
+from kbsweep.grader.referee.request import RefereeRequest
 from kbsweep.outcomes import Outcome
 
 MAX_EVENTS = 60  # runtime events kept from the runner's stream, and from its own record
@@ -69,7 +70,7 @@ class CandidateContext:
         self.work = {"calls": 0, "flops": 0.0, "bytes": 0.0}  # what the candidate's calls should cost, summed
         self.barrier: Optional[Callable[[], None]] = None  # ranks: across the referee ranks, as the runner ranks have theirs
         # A KernelBench problem: both models in training mode, built from the same seed, weights never copied
-        self.kernelbench = kernelbench_eval.from_spec(self.spec)
+        self.kernelbench = kernelbench.from_spec(self.spec)
         host_runs = timing.KERNELBENCH_HOST_RUNS if self.kernelbench else timing.HOST_MAX_RUNS
         self.cfg = timing.for_device(timing.TimingConfig(**request.timing), self.device.type, host_runs)
         # per shape: (arena size, the reference's output on the first timing inputs), computed once a grade

@@ -29,7 +29,7 @@ from kbsweep.grader.referee.candidate import load_module
 from kbsweep.grader.referee.correctness import CorrectnessStage
 from kbsweep.grader.shared.failures import GradeFailure, one_line
 from kbsweep.grader.referee.probes import ProbeStage
-from kbsweep.grader.request import RefereeRequest
+from kbsweep.grader.referee.request import RefereeRequest
 from kbsweep.grader.referee.timing_stage import TimingStage
 from kbsweep.outcomes import Outcome
 
@@ -46,9 +46,7 @@ class Referee(CorrectnessStage, TimingStage, ProbeStage):
         timed = self.req.mode in ("bench", "full")
         baselines: List[Dict[str, Any]] = []
         if self.device.type == "cuda":  # a persisting-L2 carve-out an earlier process left on the GPU is not this candidate's
-            from kbsweep.grader.runner import runtime
-
-            self.evidence["persisting_l2_inherited"] = runtime.persisting_l2_limit()
+            self.evidence["persisting_l2_inherited"] = timing.persisting_l2_limit()
             timing.reset_persisting_l2()
         if timed and self.req.baselines:
             self.stage = "baselines"  # before the candidate is imported: it cannot touch what its speedups divide by

@@ -22,7 +22,7 @@ from kbsweep.grader.shared import profiling, timing
 from kbsweep.grader.shared.arena import clone, encode
 from kbsweep.grader.referee.candidate import CandidateContext, load_module
 from kbsweep.grader.shared.failures import GradeFailure, one_line
-from kbsweep.grader.request import RefereeRequest
+from kbsweep.grader.referee.request import RefereeRequest
 from kbsweep.outcomes import Outcome
 
 PICKS = 2  # calls of each timed batch whose outputs are compared with the reference after it

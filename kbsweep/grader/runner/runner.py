@@ -61,7 +61,7 @@ class Runner:
         self.stage = self.tag = ""  # the current command's id: the referee never names its stage here
         self.flush = timing.L2Flush(request["l2_bytes"]) if self.device.type == "cuda" else None
         if self.device.type == "cuda":  # a fresh context may start with a persisting-L2 carve-out: not the candidate's
-            self.evidence["persisting_l2_inherited"] = runtime.persisting_l2_limit()
+            self.evidence["persisting_l2_inherited"] = timing.persisting_l2_limit()
             timing.reset_persisting_l2()
         self.ops = {"calls": 0}
         self.calls: Dict[str, List[List[int]]] = {}  # per command id, each call's work (Runner.work)
@@ -264,7 +264,7 @@ class Runner:
             session.stop()
             profiled = {"profiled": profiling.session_evidence(session, message.get("groups") or {}, message.get("calls") or {})}
         ops = {**self.ops, "aten_ops": dict(self.recorder.ops), "own_ops": dict(self.recorder.own_ops)}
-        extra = {"persisting_l2_limit": runtime.persisting_l2_limit()} if self.device.type == "cuda" else {}
+        extra = {"persisting_l2_limit": timing.persisting_l2_limit()} if self.device.type == "cuda" else {}
         return {"evidence": self.evidence, "ops": ops, "launches": dict(self.gate.counts), "kernels": sorted(self.gate.names),
                 "calls": self.calls, **extra, **profiled}
 
@@ -297,7 +297,7 @@ def join_ranks() -> tuple:
     import torch.distributed as dist
 
     from kbsweep.grader.shared.channel import connect_rank
-    from kbsweep.grader.torchrun import init_distributed
+    from kbsweep.grader.shared.ranks import init_distributed
 
     rank, _, _ = init_distributed()
     control = dist.new_group(backend="gloo")

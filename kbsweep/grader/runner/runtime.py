@@ -249,25 +249,3 @@ class KernelGate:
     def own_launches(self) -> int:
         """The candidate's own kernels launched so far (Triton and extension functions, not graph replays)."""
         return self.counts["triton"] + self.counts["extension"]
-
-
-def loaded_library(stem: str) -> Optional[str]:
-    """Path of a shared library already mapped into this process (the one torch itself uses)."""
-    with open("/proc/self/maps") as fh:
-        for line in fh:
-            path = line.split()[-1]
-            if f"/{stem}" in path and ".so" in path:
-                return path
-    return None
-
-
-def persisting_l2_limit() -> Optional[int]:
-    """cudaDeviceGetLimit(cudaLimitPersistingL2CacheSize) through the process's libcudart, or None."""
-    import ctypes
-
-    path = loaded_library("libcudart")
-    if path is None:
-        return None
-    value = ctypes.c_size_t(0)
-    status = ctypes.CDLL(path).cudaDeviceGetLimit(ctypes.byref(value), 0x06)
-    return int(value.value) if status == 0 else None

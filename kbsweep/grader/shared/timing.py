@@ -76,6 +76,26 @@ def summarize(samples_ms: List[float]) -> Dict[str, Any]:
     }
 
 
+def loaded_library(stem: str) -> Optional[str]:
+    """Path of a shared library already mapped into this process (the one torch itself uses)."""
+    with open("/proc/self/maps") as fh:
+        for line in fh:
+            path = line.split()[-1]
+            if f"/{stem}" in path and ".so" in path:
+                return path
+    return None
+
+
+def persisting_l2_limit() -> Optional[int]:
+    """cudaDeviceGetLimit(cudaLimitPersistingL2CacheSize) through the process's libcudart, or None."""
+    path = loaded_library("libcudart")
+    if path is None:
+        return None
+    value = ctypes.c_size_t(0)
+    status = ctypes.CDLL(path).cudaDeviceGetLimit(ctypes.byref(value), CUDA_LIMIT_PERSISTING_L2)
+    return int(value.value) if status == 0 else None
+
+
 def reset_persisting_l2() -> bool:
     """Set the persisting-L2 limit to 0 and reset persisting lines (defeats L2-persistence carve-outs)."""
     try:

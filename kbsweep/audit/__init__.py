@@ -1,4 +1,4 @@
-"""The audit stage: three layers, one verdict (see docs/audit.md).
+"""The audit stage: findings and one verdict per cell, in three layers (see docs/audit.md).
 
 1. :mod:`~kbsweep.audit.static`: the candidate's AST, names resolved, checked against the problem's forbidden
    names and the rule set (fallbacks, caches, sniffing, patching, threads, files, flags, precision, other runs).
@@ -8,6 +8,11 @@
 3. :mod:`~kbsweep.audit.judge`: an LLM over the solution, the findings, the evidence and transcript excerpts.
 
 Each finding implies a verdict (:data:`~kbsweep.audit.kinds.KINDS`); the cell's verdict is the most severe.
+Also the audit cases (:mod:`~kbsweep.audit.cases`) and re-audits of stored runs (:mod:`~kbsweep.audit.store`).
+
+Rank 9 of the layout (docs/architecture.md; the ranks live in tests/test_layout.py): imports tracking and the
+stages below it. What the grader installs in the candidate's process (monitor, gate, seals) is
+:mod:`kbsweep.grader.runner`, not here.
 """
 from __future__ import annotations
 

@@ -1,8 +1,10 @@
 """The grading stage: one grade of one candidate, in two sandboxed processes, scored (docs/grading.md).
 
 Its one job: ``grade(request)`` (:mod:`kbsweep.grader.grading`) runs the trusted referee and the candidate's runner,
-each confined, and returns a :class:`~kbsweep.grader.result.GradeResult`. Rank 6 of the layout
-(docs/architecture.md): it imports config, score, sandbox and the records, never agent, harness or anything above.
+each confined, and returns a :class:`~kbsweep.grader.result.GradeResult`.
+
+Rank 6 of the layout (docs/architecture.md; the ranks live in tests/test_layout.py): imports harness and the
+stages below it (in practice sandbox, score, config and the records). Inside it, the trust boundary:
 
 * ``referee/``: the trusted process (reference, checks, clocks, the secret seed); never imports ``runner/``.
 * ``runner/``: the candidate's process and what it installs before the candidate is imported; imports only
@@ -15,13 +17,13 @@ This file stays light: the runner's and the zygotes' processes run it as their p
 nothing and forwards the orchestrator's names (``from kbsweep.grader import grade``) on first use.
 """
 
-FORWARDED = {"grade": "kbsweep.grader.grading", "software_versions": "kbsweep.grader.grading", "launch_gate": "kbsweep.grader.grading"}
+FORWARDED = ("grade", "software_versions", "launch_gate")
 
 
 def __getattr__(name: str):
     """``grade``, ``software_versions``, ``launch_gate``: :mod:`kbsweep.grader.grading`'s, imported on first use."""
     if name in FORWARDED:
-        import importlib
+        from kbsweep.grader import grading
 
-        return getattr(importlib.import_module(FORWARDED[name]), name)
+        return getattr(grading, name)
     raise AttributeError(f"module 'kbsweep.grader' has no attribute {name!r}")

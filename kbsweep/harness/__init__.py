@@ -5,6 +5,9 @@ tool, the transcript) and returns the loop's :class:`~kbsweep.agent.loop.AgentRe
 dollars, provider fault); the cell grades whatever ``solution.py`` the workspace holds afterwards. Runners are
 registered by name; a harness YAML (``conf/harness/<name>.yaml``) picks one with ``runner:``. Adding a harness is
 one YAML and one :class:`Runner` subclass decorated with :func:`register`, in a module imported here.
+
+Rank 5 of the layout (docs/architecture.md; the ranks live in tests/test_layout.py): imports agent and the
+stages below it.
 """
 from __future__ import annotations
 

@@ -1,1 +1,8 @@
-"""Confinement: commands and grading processes under bubblewrap, their only ways out (relays, allow-proxy), what they use (memory, disk). Imports: records, config."""
+"""The sandbox stage: confining processes (docs/sandbox.md).
+
+An agent's commands and the grading processes run under bubblewrap (:mod:`~kbsweep.sandbox.confine`), with their
+only ways out (a relay and an allow-list proxy, :mod:`~kbsweep.sandbox.net`), a watch on what they use (memory,
+disk: :mod:`~kbsweep.sandbox.usage`) and an environment without secrets (:mod:`~kbsweep.sandbox.secret_env`).
+
+Rank 3 of the layout (docs/architecture.md; the ranks live in tests/test_layout.py): imports score, config and the records (in practice the records only).
+"""

@@ -24,8 +24,14 @@ def modules() -> dict[str, Path]:
 
 def imported(name: str, path: Path, known: set[str]) -> set[str]:
     """The kbsweep modules `name` imports anywhere in its file; `from pkg import mod` counts as the module."""
+    return {target for target, _ in imports(name, path, known)}
+
+
+def imports(name: str, path: Path, known: set[str]) -> list[tuple[str, int]]:
+    """(module, line) of every kbsweep import in `name`'s file, function-local ones too, ``if TYPE_CHECKING:`` ones
+    left out."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    found = set()
+    found = []
     tree = ast.parse(path.read_text(), str(path))
     typing_only = {id(n) for block in ast.walk(tree) if is_type_checking(block) for n in ast.walk(block)}
     for node in ast.walk(tree):
@@ -46,7 +52,7 @@ def imported(name: str, path: Path, known: set[str]) -> set[str]:
             while target and target not in known:
                 target = target.rpartition(".")[0]
             if target and target != name:
-                found.add(target)
+                found.append((target, node.lineno))
     return found
 
 

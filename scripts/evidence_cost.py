@@ -35,10 +35,19 @@ def load(name: str, path: Path):
     return module
 
 
+def profiling_at(rev: str) -> str:
+    """The profiler module's source at ``rev``: under grader/shared/ once the grader was split by side, grader/ before."""
+    for path in ("kbsweep/grader/shared/profiling.py", "kbsweep/grader/profiling.py"):
+        shown = subprocess.run(["git", "show", f"{rev}:{path}"], cwd=REPO, capture_output=True, text=True)
+        if shown.returncode == 0:
+            return shown.stdout
+    raise SystemExit(f"{rev}: no grader profiling module")
+
+
 def main(rev: str, out: Path, calls: int = 120) -> None:
     with tempfile.TemporaryDirectory() as folder:
         before = Path(folder) / "profiling_before.py"
-        before.write_text(subprocess.run(["git", "show", f"{rev}:kbsweep/grader/profiling.py"], cwd=REPO, capture_output=True, text=True, check=True).stdout)
+        before.write_text(profiling_at(rev))
         versions = {rev: load("profiling_before", before), "tree": profiling}
     solution = load("solution", REPO / "problems/demo/scale_shift/solutions/triton.py")
     model, x = solution.ModelNew(96), torch.randn(64, 96)

@@ -49,14 +49,10 @@ def create_sqlite_store(path: Path) -> None:
     """Create an MLflow sqlite database whole or not at all (:func:`build_whole`): a copy of :func:`empty_store`,
     opened by MLflow, which adds its Default experiment. Two sweeps starting together on a fresh folder would
     otherwise race, and a run killed while creating it would leave a half-made database that breaks every later run."""
-    import sqlite3
-
     template = empty_store()
 
     def build(partial: Path) -> None:
         shutil.copyfile(template, partial)
-        with contextlib.closing(sqlite3.connect(partial)) as db:
-            db.execute("PRAGMA journal_mode=WAL")  # kept in the file: every later connection writes through the log
         open_store(partial)
 
     build_whole(path, build)
@@ -117,26 +113,7 @@ def make_client(uri: str):
         path = Path(uri[len("sqlite:///") :])
         if not path.exists():
             create_sqlite_store(path)
-        sync_at_checkpoints()
     return MlflowClient(tracking_uri=uri)
-
-
-@functools.lru_cache(maxsize=None)
-def sync_at_checkpoints() -> None:
-    """SQLite connections of this process sync their write-ahead log at checkpoints, not at every commit
-    (``synchronous=NORMAL``): a run's logging is ~7 transactions, and a sync each was ~a sixth of the
-    orchestrator's CPU a cell (docs/benchmarks.md, "Sweeps at scale"). A crash may lose the last commits, never the
-    database; the cell's journal (result.json) is what a resume re-logs from. WAL needs every reader on this
-    host: a store several hosts share is ``tracking=server``'s."""
-    import sqlite3
-
-    from sqlalchemy import event
-    from sqlalchemy.engine import Engine
-
-    @event.listens_for(Engine, "connect")
-    def on_connect(connection, _record) -> None:
-        if isinstance(connection, sqlite3.Connection):
-            connection.execute("PRAGMA synchronous=NORMAL")
 
 
 def runs_frame(uri: str, experiments: Optional[Iterable[str]] = None, kind: str = "cell") -> List[Dict[str, Any]]:

@@ -38,7 +38,7 @@ SWEEP = ["-m", "model=instant", "track=instant", "gpu=cpu", "preflight=off"]
 # runs kbsweep's CLI and writes its own usage at exit: CPU-seconds, peak RSS, and the tracking calls' thread CPU
 MEASURED = """
 import atexit, json, resource, sys, time
-from kbsweep import tracking
+from kbsweep.tracking import tracker as tracking
 out, sys.argv = sys.argv[1], ["kbsweep", *sys.argv[2:]]
 calls = {"cells_logged": 0, "tracking_cpu_s": 0.0}
 def timed(name):

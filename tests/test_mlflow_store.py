@@ -56,7 +56,7 @@ def test_a_copied_store_is_the_store_mlflow_makes(tmp_path, monkeypatch):
 
 def test_processes_creating_the_empty_store_at_once_leave_one_whole_store(tmp_path):
     """Three processes on a cold cache and three new folders: each store opens, one empty store, no partial file."""
-    code = ("import sys; from pathlib import Path; sys.path.insert(0, sys.argv[1]); from kbsweep import mlflow_store; "
+    code = ("import sys; from pathlib import Path; sys.path.insert(0, sys.argv[1]); from kbsweep.tracking import mlflow_store; "
             "mlflow_store.create_sqlite_store(Path(sys.argv[2])); print(mlflow_store.empty_store())")
     env = {"XDG_CACHE_HOME": str(tmp_path / "cache"), "PATH": "/usr/bin:/bin"}
     procs = [subprocess.Popen([sys.executable, "-c", code, str(REPO), str(tmp_path / f"out{i}" / "mlflow.db")], env=env,

@@ -123,5 +123,10 @@ def test_multirun_two_models_two_problems(cli, outputs):
         ("scripted-lazy", "demo/scale_shift"): "incorrect",
         ("scripted-lazy", "demo/row_softmax"): "incorrect",
     }
-    parents = {r.data.tags["mlflow.parentRunId"] for r in runs}
-    assert len(parents) == 1  # one sweep invocation
+    [parent] = {r.data.tags["mlflow.parentRunId"] for r in runs}  # one sweep invocation
+    # the launcher's settings are the invocation's, logged once on its run
+    from mlflow.tracking import MlflowClient
+
+    sweep_params = MlflowClient(f"sqlite:///{outputs}/mlflow.db").get_run(parent).data.params
+    assert sweep_params["launcher.concurrency"] == "2" and sweep_params["launcher"] == "local"
+    assert not any(k.startswith("launcher") for k in runs[0].data.params)

@@ -20,7 +20,7 @@ from kbsweep.tracking import tracker as tracking
 from kbsweep.tracking.cell_result import CellResult
 from kbsweep.planner.matrix import Cell, cell_dir
 from kbsweep.score.roofline import geomean
-from kbsweep.tracking.tracker import Tracker, cell_metrics, outcome_class
+from kbsweep.tracking.tracker import BATCH, Tracker, cell_metrics, cell_params, outcome_class
 
 REPO = Path(__file__).resolve().parent.parent
 STEPS = [
@@ -115,9 +115,11 @@ def test_cell_run_holds_config_metrics_steps_tags_and_artifacts(store):
     assert client.get_experiment(tracker.experiment_id).tags["mlflow.experimentKind"] == "custom_model_development"
     # the whole resolved config, flattened; deck version, software versions, GPU identity
     assert params["model.name"] == "scripted" and params["gpu.roofline"] == "cpu" and params["track.name"] == "demo"
-    assert params["grade.timing.min_runs"] == str(cell.grade["timing"]["min_runs"]) and params["launcher.kind"] == "inline"
-    assert params["deck_version"] == cell.deck_version and params["repeat"] == "0"
-    assert params["version.mlflow"] and params["version.kbsweep"] and params["env.torch"] == "2.13.0+cpu"
+    assert params["grade.timing.min_runs"] == str(cell.grade["timing"]["min_runs"])
+    assert params["deck_version"] == cell.deck_version and params["repeat"] == "0" and params["env.torch"] == "2.13.0+cpu"
+    # the orchestrator's versions are the sweep run's, and a cell's params fit one request of MLflow's
+    sweep_params = client.get_run(parent).data.params
+    assert sweep_params["version.mlflow"] and sweep_params["version.kbsweep"] and len(cell_params(cell)) <= BATCH["params"]
     assert params["env.gpu0.name"] == "NVIDIA H200" and params["env.gpu0.uuid"] == "GPU-abc"
     assert params["roofline.dram_gbps"] == "20" and params["problem.peak"] == "fp32" and params["shape0"] == "rows=64, cols=96"
     # per-shape, summary, tokens, dollars, times

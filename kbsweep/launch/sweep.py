@@ -26,7 +26,7 @@ from kbsweep.errors import KbsweepError
 from kbsweep.launch.launchers import make_launcher
 from kbsweep.tracking.live import LiveCells
 from kbsweep.planner.matrix import Cell, cell_dir
-from kbsweep.tracking.tracker import Tracker, owner, result_id
+from kbsweep.tracking.tracker import Tracker, flatten, owner, result_id
 
 
 class Progress:
@@ -206,7 +206,7 @@ def orchestrate(cells: List[Cell], tracking: Dict[str, Any], launcher: Dict[str,
     runner = make_launcher(launcher)
     runner.check(todo)  # a cell the launcher cannot run (too few GPUs) is refused before the preflight's requests and any run
     before(todo)
-    tracker.start_sweep({"launcher": launcher["kind"], "force": str(force)}, len(cells))
+    tracker.start_sweep({"launcher": launcher["kind"], "force": str(force), **flatten("launcher", launcher, {})}, len(cells))
     unlogged: List[str] = []
 
     def log(cell: Cell, run_id: Optional[str], result: CellResult) -> None:

@@ -103,11 +103,13 @@ def provider_of(model: Dict[str, Any]) -> str:
 
 
 def cell_params(cell: Cell) -> Dict[str, str]:
-    """The whole resolved cell config, flattened, plus what reports need to draw rooflines."""
-    config = {"model": cell.model, "harness": cell.harness, "gpu": asdict(cell.gpu), "track": cell.track, "grade": cell.grade, "launcher": cell.launcher, "paths": cell.paths}
+    """The resolved cell config, flattened, plus what reports need to draw rooflines. The launcher's settings and
+    the orchestrator's software versions are the same for every cell of an invocation: they are its sweep run's
+    params (:meth:`Tracker.start_sweep`), which keeps a cell's params within one ``log_batch`` request."""
+    config = {"model": cell.model, "harness": cell.harness, "gpu": asdict(cell.gpu), "track": cell.track, "grade": cell.grade, "paths": cell.paths}
     params = flatten("", config, {})
     params.update(problem_params(cell.problem_dir, cell.deck_version, cell.track["name"], tuple(cell.paths["roofline_specs"]), cell.gpu.roofline))
-    params.update({"problem": cell.problem, "repeat": str(cell.repeat), "deck_version": cell.deck_version, **versions()})
+    params.update({"problem": cell.problem, "repeat": str(cell.repeat), "deck_version": cell.deck_version})
     return params
 
 
@@ -250,6 +252,8 @@ class Tracker:
             self.client.log_batch(run_id, **{kind: items[i * BATCH[kind] : (i + 1) * BATCH[kind]] for kind, items in entities.items()})
 
     def start_sweep(self, params: Dict[str, Any], cells: int) -> str:
+        """The invocation's run: its cell count, the given params (the sweep's launcher settings) and the software
+        versions."""
         tags = {KIND_TAG: "sweep", OWNER_TAG: owner(), **self.source}
         run = self.client.create_run(self.experiment_id, tags=tags, run_name=time.strftime("sweep-%Y%m%d-%H%M%S"))
         self.parent_id = run.info.run_id

@@ -97,25 +97,22 @@ class CorrectnessStage(CandidateContext):
         slots = self.output_slots(expected)
         for _ in range(11):
             self.ask("call", model=model, inputs=encoded, outputs=slots)
-        nudged = self.nudged(inputs)  # a few elements swapped within one row: what a cache of part of the input misses
-        for sent, value in zip(encoded["list"], nudged):
-            if "slot" in sent:
-                self.arena.view(sent["slot"]).copy_(value)
-        try:
-            self.check_case(ref_model, model, nudged, encoded=encoded)
-        except checks.CheckFailure as exc:
-            raise checks.CheckFailure(f"stale output after a few input elements changed in place (a cache of part of the input?): {exc}")
-        fresh = self.inputs(shape, seed + 1)
-        for sent, value in zip(encoded["list"], fresh):
-            if "slot" in sent:
-                self.arena.view(sent["slot"]).copy_(value)
-        try:
-            self.check_case(ref_model, model, fresh, encoded=encoded)
-        except checks.CheckFailure as exc:
-            raise checks.CheckFailure(f"stale output after inputs changed in place (a pointer-keyed cache?): {exc}")
+        # a few elements swapped within one row (what a cache of part of the input misses), then new inputs
+        self.refill_and_check(ref_model, model, encoded, self.nudged(inputs), "a few input elements changed in place (a cache of part of the input?)")
+        self.refill_and_check(ref_model, model, encoded, self.inputs(shape, seed + 1), "inputs changed in place (a pointer-keyed cache?)")
         self.count_work(shape, 11)
         self.arena.used = mark
         self.evidence["pointer_cache_probe"] = "passed"
+
+    def refill_and_check(self, ref_model, model: int, encoded: Dict[str, Any], values: List[Any], change: str) -> None:
+        """Overwrite the input slots already sent with ``values`` in place, then check the next call's output on them."""
+        for sent, value in zip(encoded["list"], values):
+            if "slot" in sent:
+                self.arena.view(sent["slot"]).copy_(value)
+        try:
+            self.check_case(ref_model, model, values, encoded=encoded)
+        except checks.CheckFailure as exc:
+            raise checks.CheckFailure(f"stale output after {change}: {exc}")
 
     def nudged(self, inputs: List[Any], pairs: int = 4) -> List[Any]:
         """``inputs`` with ``pairs`` element pairs of each float tensor swapped within one row drawn now (row sums and

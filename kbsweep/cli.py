@@ -67,7 +67,7 @@ def dispatch(cfgs: List[DictConfig]) -> None:
 def sweep_cells(cfgs: List[DictConfig]) -> tuple:
     """Run (resume) the sweep of ``cfgs`` after its preflight; returns (its cells, those left unfinished, those its
     budget did not start)."""
-    from kbsweep.launch.budget import Ledger, Unlimited
+    from kbsweep.launch.budget import Ledger, Budget
     from kbsweep.planner.budget import sweep_budget
     from kbsweep.planner.matrix import build_matrix
     from kbsweep.launch.sweep import run_sweep
@@ -76,7 +76,7 @@ def sweep_cells(cfgs: List[DictConfig]) -> tuple:
     cfg = cfgs[0]
     mode = preflight_mode(cfg)
     limits = sweep_budget(cfgs, cells)
-    budget = Ledger(limits) if limits else Unlimited()
+    budget = Ledger(limits) if limits else Budget()
     left = run_sweep(cells, OmegaConf.to_container(cfg.tracking, resolve=True), OmegaConf.to_container(cfg.launcher, resolve=True), bool(cfg.sweep.force),
                      lambda todo: refuse_on_failure(todo, mode), budget)
     return cells, left, budget.held

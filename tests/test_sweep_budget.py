@@ -90,7 +90,11 @@ def test_the_budget_stops_starting_cells_and_a_raised_one_runs_the_rest(tmp_path
     assert len(cell_runs(outputs, "instant")) == CELLS
 
 
-def test_a_job_that_left_no_record_counts_at_its_caps(tmp_path):
+@pytest.mark.fast
+def test_a_job_that_left_no_record_counts_at_its_caps_and_the_progress_line_shows_the_budget(tmp_path):
+    from rich.console import Console
+
+    from kbsweep.launch.sweep import Progress
     from tests.test_tracking import make_cell
 
     cells = [make_cell(tmp_path, repeat=r) for r in range(3)]
@@ -103,6 +107,8 @@ def test_a_job_that_left_no_record_counts_at_its_caps(tmp_path):
     assert ledger.spent == {"tokens": CAP} and not ledger.admit(cells[2])
     ledger.ended(cells[1], {"outcome": "pass", "started": 1.0, "usage": {"input_tokens": 100, "output_tokens": 20}})
     assert ledger.spent == {"tokens": CAP + 120} and ledger.admit(cells[2])
+    progress = Progress(3, console=Console(stderr=True, force_terminal=False), budget=ledger.status)
+    assert progress.line().endswith(f"; sweep budget: {CAP + 120:,} tokens spent + {CAP:,} tokens in flight of {2.5 * CAP:,.0f} tokens")
 
 
 @pytest.mark.fast

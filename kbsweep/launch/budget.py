@@ -18,8 +18,9 @@ from kbsweep.planner.budget import SweepBudget, amount
 from kbsweep.planner.matrix import Cell
 
 
-class Unlimited:
-    """A sweep without a budget: every cell may start."""
+class Budget:
+    """What a launcher asks before it starts a cell and tells when one ends; this base is no budget at all (every
+    cell may start), :class:`Ledger` keeps a real one."""
 
     held: List[Cell] = []
 
@@ -53,7 +54,7 @@ def spend_of(result: Dict[str, Any]) -> Dict[str, float]:
     return {"usd": float(result.get("cost_usd") or 0.0), "tokens": float(tokens)}
 
 
-class Ledger(Unlimited):
+class Ledger(Budget):
     """A sweep's budget as its cells start and end (from the launcher's thread)."""
 
     def __init__(self, budget: SweepBudget):

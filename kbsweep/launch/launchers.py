@@ -40,7 +40,7 @@ from kbsweep.planner.matrix import Cell, cell_dir
 from kbsweep.outcomes import Outcome
 from kbsweep.registry import Registry
 from kbsweep.grader.torchrun import kill_tree
-from kbsweep.launch.budget import Unlimited
+from kbsweep.launch.budget import Budget
 from kbsweep.launch.submission import ArrayTask, next_cell, provider_caps, submit_arrays
 from kbsweep.tracking.tracker import owner
 from kbsweep.launch.workers import POLL_S, Job, Worker, end_when_gone, grading_of, infra_result
@@ -86,7 +86,7 @@ class Launcher(ABC):
 
     def __init__(self, conf: Dict[str, Any]):
         self.conf = conf
-        self.budget = Unlimited()  # the sweep's budget (kbsweep.launch.budget): whether a cell may start, what it spent
+        self.budget = Budget()  # the sweep's budget (kbsweep.launch.budget): whether a cell may start, what it spent
 
     @classmethod
     def from_conf(cls, conf: Dict[str, Any]) -> "Launcher":

@@ -24,7 +24,7 @@ from kbsweep.tracking import snapshot
 from kbsweep.cell import RESULT_FILE, cell_busy, reclaim
 from kbsweep.tracking.cell_result import CellResult
 from kbsweep.errors import KbsweepError
-from kbsweep.launch.budget import Unlimited
+from kbsweep.launch.budget import Budget
 from kbsweep.launch.launchers import make_launcher
 from kbsweep.tracking.live import LiveCells
 from kbsweep.planner.matrix import Cell, cell_dir
@@ -124,7 +124,7 @@ def plan(cells: List[Cell], finished: Dict[str, str], logged: Set[str], force: b
 
 def run_sweep(
     cells: List[Cell], tracking: Dict[str, Any], launcher: Dict[str, Any], force: bool, before: Callable[[List[Cell]], None] = lambda todo: None,
-    budget: Optional[Unlimited] = None,
+    budget: Optional[Budget] = None,
 ) -> List[Cell]:
     """Run every cell not already finished that ``budget`` admits (its ``held`` then lists those it did not); log
     each result as it comes back. ``before(cells to run)`` runs before anything launches (the preflight). Returns
@@ -137,7 +137,7 @@ def run_sweep(
         if saved is not None and all(c.key in saved["finished"] for c in cells):  # nothing to do: MLflow is not even imported
             announce(cells, len(cells), 0, 0, 0)
             return []
-        return orchestrate(cells, tracking, launcher, force, before, budget or Unlimited())
+        return orchestrate(cells, tracking, launcher, force, before, budget or Budget())
 
 
 def history_path(cell: Cell) -> Path:
@@ -200,7 +200,7 @@ class InOrder:
 
 
 def orchestrate(cells: List[Cell], tracking: Dict[str, Any], launcher: Dict[str, Any], force: bool, before: Callable[[List[Cell]], None],
-                budget: Unlimited) -> List[Cell]:
+                budget: Budget) -> List[Cell]:
     tracker = Tracker(tracking["uri"], tracking["artifact_root"], cells[0].sweep)
     stale = tracker.close_stale()
     finished, logged_results = read_history(tracker, cells[0], tracking["uri"])
@@ -295,7 +295,7 @@ def orchestrate(cells: List[Cell], tracking: Dict[str, Any], launcher: Dict[str,
     return unfinished(cells, finished, budget)
 
 
-def unfinished(cells: List[Cell], finished: Dict[str, str], budget: Unlimited) -> List[Cell]:
+def unfinished(cells: List[Cell], finished: Dict[str, str], budget: Budget) -> List[Cell]:
     """The cells without a finished record, but those the budget held."""
     held = {cell.key for cell in budget.held}
     return [c for c in cells if c.key not in finished and c.key not in held]

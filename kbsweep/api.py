@@ -1,7 +1,7 @@
 """The Python API: the CLI's verbs as functions returning typed records.
 
     import kbsweep
-    p = kbsweep.plan("model=scripted,scripted-lazy", "gpu=cpu")      # Plan: cells, estimate, missing keys
+    p = kbsweep.plan("model=scripted,scripted-lazy", "gpu=cpu")      # Plan: cells, estimate, budget, missing keys
     r = kbsweep.run("model=scripted", "gpu=cpu", "launcher=inline")  # Run: the sweep, its unfinished cells, its report
     g = kbsweep.grade("demo/scale_shift", "my.py", "gpu=cpu")        # Grade: outcome, score, the grader's whole result
     b = kbsweep.report()                                              # Report: boards and the files written
@@ -13,7 +13,7 @@ Errors are the CLI's: :class:`~kbsweep.KbsweepError` (a config or input error, o
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -21,7 +21,7 @@ from omegaconf import DictConfig
 
 from kbsweep.errors import ExitCode
 from kbsweep.paths import REPO_ROOT
-from kbsweep.planner.planning import Plan, PlannedCell, plan_of, planned
+from kbsweep.planner.planning import Plan, PlannedCell, plan_sweep, planned
 
 
 @dataclass
@@ -32,12 +32,15 @@ class Report:
 
 @dataclass
 class Run:
-    """A finished invocation: ``unfinished`` holds the keys of cells left without a finished record (infra faults)."""
+    """A finished invocation: ``unfinished`` holds the keys of cells left without a finished record (infra faults),
+    ``not_started`` those the sweep's budget did not start (``sweep.max_usd``/``max_tokens``: no fault; a rerun with
+    a raised budget runs them)."""
 
     sweep: str
     cells: List[PlannedCell]
     unfinished: List[str]
     report: Report
+    not_started: List[str] = field(default_factory=list)
 
     @property
     def exit_code(self) -> ExitCode:
@@ -85,9 +88,7 @@ def compose(overrides: Sequence[str], verb: str, config_dir: Optional[str] = Non
 
 
 def plan(*overrides: str, config_dir: Optional[str] = None) -> Plan:
-    from kbsweep.planner.matrix import build_matrix
-
-    return plan_of(build_matrix(compose(overrides, "plan", config_dir)))
+    return plan_sweep(compose(overrides, "plan", config_dir))
 
 
 def report(*overrides: str, config_dir: Optional[str] = None) -> Report:
@@ -102,9 +103,10 @@ def run(*overrides: str, config_dir: Optional[str] = None) -> Run:
     from kbsweep.cli import sweep_cells, write_boards
 
     cfgs = compose(overrides, "run", config_dir)
-    cells, left = sweep_cells(cfgs)
+    cells, left, held = sweep_cells(cfgs)
     boards, files = write_boards(cfgs[0])
-    return Run(cells[0].sweep if cells else "", [planned(c) for c in cells], [c.key for c in left], Report(boards, {k: str(v) for k, v in files.items()}))
+    return Run(cells[0].sweep if cells else "", [planned(c) for c in cells], [c.key for c in left], Report(boards, {k: str(v) for k, v in files.items()}),
+               [c.key for c in held])
 
 
 def grade(problem: str, solution: str, *overrides: str, config_dir: Optional[str] = None) -> Grade:

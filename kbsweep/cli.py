@@ -65,16 +65,21 @@ def dispatch(cfgs: List[DictConfig]) -> None:
 
 
 def sweep_cells(cfgs: List[DictConfig]) -> tuple:
-    """Run (resume) the sweep of ``cfgs`` after its preflight; returns (its cells, those left unfinished)."""
+    """Run (resume) the sweep of ``cfgs`` after its preflight; returns (its cells, those left unfinished, those its
+    budget did not start)."""
+    from kbsweep.launch.budget import Ledger, Budget
+    from kbsweep.planner.budget import sweep_budget
     from kbsweep.planner.matrix import build_matrix
     from kbsweep.launch.sweep import run_sweep
 
     cells = build_matrix(cfgs)
     cfg = cfgs[0]
     mode = preflight_mode(cfg)
+    limits = sweep_budget(cfgs, cells)
+    budget = Ledger(limits) if limits else Budget()
     left = run_sweep(cells, OmegaConf.to_container(cfg.tracking, resolve=True), OmegaConf.to_container(cfg.launcher, resolve=True), bool(cfg.sweep.force),
-                     lambda todo: refuse_on_failure(todo, mode))
-    return cells, left
+                     lambda todo: refuse_on_failure(todo, mode), budget)
+    return cells, left, budget.held
 
 
 @verb("run")
@@ -82,7 +87,7 @@ def run_verb(cfgs: List[DictConfig]) -> int:
     """Run a sweep (resuming it), then print its own leaderboards (the report files keep every sweep's)."""
     from kbsweep.reporting.render import render_terminal
 
-    cells, left = sweep_cells(cfgs)
+    cells, left, _ = sweep_cells(cfgs)  # cells the budget did not start are no fault: run_sweep said so in one line
     sweeps = {cell.sweep for cell in cells}
     boards, _ = write_boards(cfgs[0])
     print(render_terminal([board for board in boards if board["sweep"] in sweeps]))
@@ -152,10 +157,10 @@ def preflight_verb(cfgs: List[DictConfig]) -> int:
 @verb("plan")
 def plan_verb(cfgs: List[DictConfig]) -> int:
     """Print the cells, the harnesses (with the CLIs' versions), the count, a cost estimate and missing keys (--json: as JSON); run nothing."""
-    from kbsweep.planner.planning import plan_of
-    from kbsweep.planner.matrix import build_matrix
+    from kbsweep.planner.budget import plan_line
+    from kbsweep.planner.planning import plan_sweep
 
-    plan = plan_of(build_matrix(cfgs))
+    plan = plan_sweep(cfgs)
     if cfgs[0].json:
         print(json.dumps(plan.to_dict(), indent=1))
         return 0
@@ -166,6 +171,8 @@ def plan_verb(cfgs: List[DictConfig]) -> int:
     print(f"{len(plan.cells)} cells; model spend ≈ {usd}; GPU time cap {plan.gpu_hours_cap:.1f} GPU-h (≤ ${plan.rent_usd_cap:.2f} rent)")
     for name, tokens in plan.expected_tokens.items():
         print(f"  {name}: assumes {tokens['input']:,} input / {tokens['output']:,} output tokens per cell (model.expected_tokens)")
+    if plan.budget:
+        print(plan_line(plan.budget))
     for line in plan.missing_keys:
         print(f"missing key: {line}")
     return 0

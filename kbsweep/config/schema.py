@@ -150,6 +150,17 @@ class AuditConf:
     runs: List[str] = field(default_factory=list)  # `kbsweep audit`: the run ids to re-audit; empty: every cell of sweep.name
 
 
+@dataclass
+class SweepConf:
+    """The root ``sweep:`` section: the sweep's name (its MLflow experiment), ``--force``, and its budget
+    (:mod:`kbsweep.planner.budget`, docs/launch.md)."""
+
+    name: str = MISSING
+    force: bool = False
+    max_usd: Optional[float] = None  # dollars for the whole sweep; each cell reserves its track.max_usd
+    max_tokens: Optional[int] = None  # tokens for the whole sweep; each cell reserves its track.max_tokens
+
+
 GROUP_SCHEMAS = {
     "model": ModelConf,
     "gpu": GpuSpec,
@@ -159,6 +170,7 @@ GROUP_SCHEMAS = {
     "tracking": TrackingConf,
     "sandbox": SandboxConf,
     "audit": AuditConf,
+    "sweep": SweepConf,
 }
 
 
@@ -200,6 +212,8 @@ RULES: List[Tuple[str, Callable[[Any], bool], str]] = [
     *((f"track.{k}", at_least(1), "an integer >= 1") for k in ("world_size", "max_turns", "max_tokens")),
     ("track.max_usd", positive, "USD > 0"),
     ("track.grade_timeout_s", positive, "a number of seconds > 0"),
+    ("sweep.max_usd", positive, "USD > 0 (null: no budget)"),
+    ("sweep.max_tokens", at_least(1), "an integer >= 1 (null: no budget)"),
     ("launcher.concurrency", at_least(1), "an integer >= 1"),
     ("launcher.requeue_infra", at_least(0), "an integer >= 0"),
     ("launcher.cap_slack_s", at_least(0), "a number of seconds >= 0"),

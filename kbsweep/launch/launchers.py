@@ -6,7 +6,8 @@ cluster (:class:`LocalLauncher`, :class:`SlurmLauncher`). A multi-GPU cell is no
 for its world size in GPUs, locally its grade takes that many from the pool; torchrun starts inside the grade.
 
 Every launcher calls ``on_start(cell)`` once and ``on_done(cell, result)`` once per cell, in the orchestrator
-process, so the records are identical whichever launcher ran the cell.
+process, so the records are identical whichever launcher ran the cell. A cell starts only when the sweep's budget
+(``Launcher.budget``, :mod:`kbsweep.launch.budget`) admits it; the cells it never admits are left unstarted.
 
 A cell's hard wall-clock cap (:func:`cell_cap_s`) is the agent's ``track.time_cap_s`` plus the final grade's
 ``track.grade_timeout_s`` plus ``launcher.cap_slack_s``. A local job past it is killed with its whole process
@@ -39,6 +40,7 @@ from kbsweep.planner.matrix import Cell, cell_dir
 from kbsweep.outcomes import Outcome
 from kbsweep.registry import Registry
 from kbsweep.grader.torchrun import kill_tree
+from kbsweep.launch.budget import Budget
 from kbsweep.launch.submission import ArrayTask, next_cell, provider_caps, submit_arrays
 from kbsweep.tracking.tracker import owner
 from kbsweep.launch.workers import POLL_S, Job, Worker, end_when_gone, grading_of, infra_result
@@ -84,6 +86,7 @@ class Launcher(ABC):
 
     def __init__(self, conf: Dict[str, Any]):
         self.conf = conf
+        self.budget = Budget()  # the sweep's budget (kbsweep.launch.budget): whether a cell may start, what it spent
 
     @classmethod
     def from_conf(cls, conf: Dict[str, Any]) -> "Launcher":
@@ -106,8 +109,12 @@ class InlineLauncher(Launcher):
 
     def run(self, cells: List[Cell], on_start: OnStart, on_done: OnDone) -> None:
         for cell in cells:
+            if not self.budget.admit(cell):  # nothing runs beside it: no later cell fits either
+                break
             on_start(cell)
-            on_done(cell, run_cell(cell))
+            result = run_cell(cell)
+            self.budget.ended(cell, result)
+            on_done(cell, result)
 
 
 @dataclass
@@ -180,7 +187,7 @@ class SubmititLauncher(Launcher):
             while len(running) < concurrency:
                 cells = [state.cell for state in running.values()]
                 cell = next_cell(pending, cells, caps, self.preferred(cells))
-                if cell is None:
+                if cell is None or not self.budget.admit(cell):
                     break
                 pending.remove(cell)
                 if cell.key not in attempts:
@@ -191,12 +198,15 @@ class SubmititLauncher(Launcher):
 
         while pending or running:
             fill()
+            if not running:  # the budget admits no pending cell with none in flight: they stay unstarted
+                break
             self.wait(POLL_S)
             for job, state in list(running.items()):
                 result = self.poll(job, state)
                 if result is None:
                     continue
                 del running[job]
+                self.budget.ended(state.cell, result)
                 if Outcome(result["outcome"]) == Outcome.NODE_FAILURE and attempts[state.cell.key] <= self.conf["requeue_infra"]:
                     print(f"[kbsweep] requeued {state.cell.label}: {result['message']}", file=sys.stderr, flush=True)
                     shutil.rmtree(cell_dir(state.cell), ignore_errors=True)

@@ -4,7 +4,8 @@ Resume rules: a cell with a finished, non-infra run in the tracking store is ski
 ``result.json`` journal exists but was never logged (the sweep died in between) is logged from disk without
 running; a cell that ended in an infra outcome or never finished is redone from an empty folder (an infra
 journal that was never logged is logged first). ``--force`` redoes every cell. One orchestrator per sweep and
-outputs folder at a time (a lock file says so).
+outputs folder at a time (a lock file says so). A sweep's budget (:mod:`kbsweep.launch.budget`) may leave cells
+unstarted: they are neither logged nor unfinished, and a rerun with a raised budget runs them.
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from kbsweep.tracking import snapshot
 from kbsweep.cell import RESULT_FILE, cell_busy, reclaim
 from kbsweep.tracking.cell_result import CellResult
 from kbsweep.errors import KbsweepError
+from kbsweep.launch.budget import Budget
 from kbsweep.launch.launchers import make_launcher
 from kbsweep.tracking.live import LiveCells
 from kbsweep.planner.matrix import Cell, cell_dir
@@ -33,7 +35,7 @@ class Progress:
     """Cells done / running / failed and dollars spent: a live rich bar on a terminal (with ``table()``, the
     running cells, under it), one line per event otherwise."""
 
-    def __init__(self, total: int, console=None, table: Optional[Callable[[], Any]] = None):
+    def __init__(self, total: int, console=None, table: Optional[Callable[[], Any]] = None, budget: Callable[[], str] = lambda: ""):
         from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress as RichProgress, TextColumn, TimeElapsedColumn
 
@@ -44,6 +46,7 @@ class Progress:
                     yield table()
 
         self.total, self.done, self.running, self.failed, self.usd = total, 0, 0, 0, 0.0
+        self.budget = budget  # the sweep budget's spent and reserved, or ""
         self.console = console or Console(stderr=True)
         self.bar = None
         if self.console.is_terminal:
@@ -52,7 +55,7 @@ class Progress:
             self.task = self.bar.add_task("cells", total=total, status=self.status())
 
     def status(self) -> str:
-        return f"{self.running} running, {self.failed} failed, ${self.usd:.2f} spent"
+        return f"{self.running} running, {self.failed} failed, ${self.usd:.2f} spent{self.budget()}"
 
     def line(self) -> str:
         return f"[kbsweep] {self.done}/{self.total} done, {self.status()}"
@@ -120,11 +123,13 @@ def plan(cells: List[Cell], finished: Dict[str, str], logged: Set[str], force: b
 
 
 def run_sweep(
-    cells: List[Cell], tracking: Dict[str, Any], launcher: Dict[str, Any], force: bool, before: Callable[[List[Cell]], None] = lambda todo: None
+    cells: List[Cell], tracking: Dict[str, Any], launcher: Dict[str, Any], force: bool, before: Callable[[List[Cell]], None] = lambda todo: None,
+    budget: Optional[Budget] = None,
 ) -> List[Cell]:
-    """Run every cell not already finished; log each result as it comes back. ``before(cells to run)`` runs
-    before anything launches (the preflight). Returns the cells still without a finished record (infrastructure
-    outcomes, orphans that could not be stopped, results not logged)."""
+    """Run every cell not already finished that ``budget`` admits (its ``held`` then lists those it did not); log
+    each result as it comes back. ``before(cells to run)`` runs before anything launches (the preflight). Returns
+    the cells still without a finished record (infrastructure outcomes, orphans that could not be stopped, results
+    not logged), those held for the budget apart."""
     if not cells:
         return []
     with sweep_lock(Path(cells[0].paths["outputs"]), cells[0].sweep):
@@ -132,7 +137,7 @@ def run_sweep(
         if saved is not None and all(c.key in saved["finished"] for c in cells):  # nothing to do: MLflow is not even imported
             announce(cells, len(cells), 0, 0, 0)
             return []
-        return orchestrate(cells, tracking, launcher, force, before)
+        return orchestrate(cells, tracking, launcher, force, before, budget or Budget())
 
 
 def history_path(cell: Cell) -> Path:
@@ -194,16 +199,22 @@ class InOrder:
             self.raise_failed()
 
 
-def orchestrate(cells: List[Cell], tracking: Dict[str, Any], launcher: Dict[str, Any], force: bool, before: Callable[[List[Cell]], None]) -> List[Cell]:
+def orchestrate(cells: List[Cell], tracking: Dict[str, Any], launcher: Dict[str, Any], force: bool, before: Callable[[List[Cell]], None],
+                budget: Budget) -> List[Cell]:
     tracker = Tracker(tracking["uri"], tracking["artifact_root"], cells[0].sweep)
     stale = tracker.close_stale()
     finished, logged_results = read_history(tracker, cells[0], tracking["uri"])
     todo, replay, salvage = plan(cells, {} if force else finished, logged_results, force)
     skipped = len(cells) - len(todo) - len(replay)
     announce(cells, skipped, len(replay), len(todo), stale)
+    budget.count(cell_dir(cells[0]).parent, {c.key for c in todo})
+    if not (replay or salvage) and todo and not budget.fits(todo[0]):  # the budget starts nothing: no preflight, no parent run
+        print(f"[kbsweep] {budget.hold(todo)}", file=sys.stderr)
+        todo = []
     if not (todo or replay or salvage):  # no parent run for an invocation that logs nothing
-        return [c for c in cells if c.key not in finished]
+        return unfinished(cells, finished, budget)
     runner = make_launcher(launcher)
+    runner.budget = budget
     runner.check(todo)  # a cell the launcher cannot run (too few GPUs) is refused before the preflight's requests and any run
     before(todo)
     tracker.start_sweep({"launcher": launcher["kind"], "force": str(force), **flatten("launcher", launcher, {})}, len(cells))
@@ -226,7 +237,7 @@ def orchestrate(cells: List[Cell], tracking: Dict[str, Any], launcher: Dict[str,
     run_ids: Dict[str, Optional[str]] = {}
     live = LiveCells(lambda run_id, metrics: attempt(tracker.log_batch, run_id, None, None, metrics))
 
-    with Progress(len(todo) + len(replay), table=live.table) as progress, live:
+    with Progress(len(todo) + len(replay), table=live.table, budget=budget.status) as progress, live:
         if not progress.bar:
             live.say = lambda line: print(f"[kbsweep] {line}", file=sys.stderr, flush=True)
 
@@ -264,18 +275,27 @@ def orchestrate(cells: List[Cell], tracking: Dict[str, Any], launcher: Dict[str,
                     on_done(cell, journal(cell))
                 try:
                     runner.run(todo, on_start, on_done)
+                    held = budget.hold(todo)
                 except KeyboardInterrupt:
                     logging_calls.submit(interrupted)
                     status = "KILLED"
                     raise
             status = "FINISHED" if not progress.failed and not unlogged else "FAILED"
         finally:
-            summary = {"cells_run": len(todo), "cells_replayed": len(replay), "cells_salvaged": len(salvage), "cells_skipped": skipped,
-                       "cells_failed": progress.failed, "cells_unlogged": len(unlogged), "usd": progress.usd}
+            summary = {"cells_run": len(todo) - len(budget.held), "cells_replayed": len(replay), "cells_salvaged": len(salvage), "cells_skipped": skipped,
+                       "cells_failed": progress.failed, "cells_unlogged": len(unlogged), "cells_not_started_budget": len(budget.held), "usd": progress.usd}
             attempt(tracker.end_sweep, status, summary)
+    if held:
+        print(f"[kbsweep] {held}", file=sys.stderr)
     if unlogged:
         print(f"[kbsweep] {len(unlogged)} results are on disk but not in tracking; run the sweep again to log them", file=sys.stderr)
     # the history as logged here, not read back (a search of every cell run of the sweep: ~35 s at 10 000 cells),
     # stamped after the last write: one orchestrator per sweep, so no other process logged its cells meanwhile
     attempt(snapshot.save, history_path(cells[0]), tracking["uri"], snapshot.stamp(tracking["uri"]), {"finished": finished})
-    return [c for c in cells if c.key not in finished]
+    return unfinished(cells, finished, budget)
+
+
+def unfinished(cells: List[Cell], finished: Dict[str, str], budget: Budget) -> List[Cell]:
+    """The cells without a finished record, but those the budget held."""
+    held = {cell.key for cell in budget.held}
+    return [c for c in cells if c.key not in finished and c.key not in held]

@@ -50,9 +50,11 @@ You run non-interactively: nobody will answer questions. The workspace is {works
 """
 CHECK_NOTE = {  # by whether the track allows the shell
     True: "Check it with the shell command `kbsweep-check` (the grader's correctness check; exit code 0 when it passes) "
-          "and time it with `kbsweep-check --bench`.",
-    False: "There is no shell. Check it with the tool `run_check` (the grader's correctness check) and time it with "
-           "`run_benchmark`; `write_file`, `read_file` and `list_files` work in the workspace.",
+          "time it with `kbsweep-check --bench`, and profile it on one shape with `kbsweep-check --profile` (time per GPU "
+          "kernel, launches per call, achieved GB/s and TFLOP/s against the roofline).",
+    False: "There is no shell. Check it with the tool `run_check` (the grader's correctness check), time it with "
+           "`run_benchmark`, and profile it on one shape with `run_profile`; `write_file`, `read_file` and `list_files` "
+           "work in the workspace.",
 }
 
 

@@ -47,6 +47,11 @@ TOOL_SCHEMAS = {
 GRADING_TOOLS = ("run_check", "run_benchmark", "run_profile")  # each runs a grade; the result is the toolbox's last_grade
 
 
+def tool_names(allow_shell: bool) -> List[str]:
+    """The built-in loop's tools on a track that allows the shell or not."""
+    return [n for n in TOOL_SCHEMAS if allow_shell or n != "run_shell"]
+
+
 class ToolError(Exception):
     """A tool call that failed in a way the model should see."""
 
@@ -72,8 +77,7 @@ class Toolbox:
         self.workspace = Path(self.workspace).resolve()
 
     def schemas(self) -> List[Dict[str, Any]]:
-        names = [n for n in TOOL_SCHEMAS if self.allow_shell or n != "run_shell"]
-        return [TOOL_SCHEMAS[n] for n in names]
+        return [TOOL_SCHEMAS[n] for n in tool_names(self.allow_shell)]
 
     def inside(self, target: Path) -> bool:
         return target == self.workspace or self.workspace in target.parents

@@ -10,12 +10,15 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from kbsweep.agent.loop import Budgets
 from kbsweep.agent.tools import MAX_TOOL_OUTPUT, Toolbox
-from kbsweep.grader.profile_summary import CPU_LABEL, OUTSIDE_OPS, TOP
+from kbsweep.grader import ncu
+from kbsweep.grader.profile_summary import CPU_LABEL, OUTSIDE_OPS, TOP, summary
+from kbsweep.grader.referee.profile_view import profile_view
 from kbsweep.grader.shared.profiling import OpTimes
 from kbsweep.harness import runner_for
 from kbsweep.harness.cli_agent import TOOL_SERVER
@@ -23,6 +26,7 @@ from kbsweep.harness.proxy import SERVED, ModelProxy
 from kbsweep.outcomes import StopReason
 from kbsweep.reporting.render import render_markdown
 from kbsweep.reporting.report import build_boards, setup_differences
+from kbsweep.score.roofline import shape_score
 from tests.support.fake_provider import FakeProvider
 from tests.support.grading import CPU, graded
 from tests.support.scripts import call, kernel
@@ -155,3 +159,37 @@ def test_harness_setups_list_only_their_differences_from_the_builtin_loop(allow_
     [board] = build_boards(cells)
     text = render_markdown([board])
     assert "### Harness setups" in text and f"| claude-code | kbsweep_tools | function calls | {found['kbsweep_tools']['value']} |" in text
+
+
+NCU_CSV = """==PROF== Connected to process 123
+"ID","Process ID","Kernel Name","gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed","gpu__time_duration.sum","sm__throughput.avg.pct_of_peak_sustained_elapsed","sm__warps_active.avg.pct_of_peak_sustained_active"
+"","","","%","nsecond","%","%"
+"0","123","void at::native::fill_kernel","10.0","1,000","5.0","50.0"
+"1","123","scale_shift_kernel","85.1","4,096","20.5","70.2"
+"2","123","scale_shift_kernel","84.9","4,104","20.1","69.8"
+==PROF== Disconnected from process 123
+"""
+
+
+@pytest.mark.fast
+def test_ncu_rows_are_averaged_per_kernel_most_time_first():
+    lines = ncu.table(ncu.parse(NCU_CSV))
+    assert "3 launches, top 2 kernels" in lines[0] and "occupancy %" in lines[1]
+    assert lines[2].split() == ["4100", "20.3", "85", "70", "scale_shift_kernel"]
+    assert lines[3].split()[:4] == ["1000", "5", "10", "50"]
+
+
+@pytest.mark.fast
+def test_a_gpu_summary_lists_kernels_top_first_with_the_rest_as_others():
+    kernels = {f"kernel_{i:02d}": 1.0 for i in range(20)}
+    times = {name: (i + 1) * 100_000 for i, name in enumerate(kernels)}  # 0.1 ms … 2 ms over the 10 calls
+    profiled = {"profiles": {"/timing/0": {"launches_per_call": 20.0, "kernels": kernels, "kernel_ns": times}, "/timing/1": {}}}
+    view = profile_view(profiled, "/timing/0", 10, [], "cuda")
+    shape = shape_score(2.5, {"flops": 2e9, "bytes": 4e9}, "memory", "bf16", {"peaks_tflops": {"bf16": 989.0}, "dram_gbps": 3350.0}, {"n": 1})
+    result = SimpleNamespace(timings=[{"candidate": {"median_ms": 2.5}}], shapes=[shape], device="cuda", gpu="h100")
+    text = summary(result, view, {"dram_gbps": 3350.0}, "memory", ["ncu: not available"])["summary"]
+    assert "time per call: 2.5 ms" in text and "1600 GB/s = 47.8% of peak" in text and "0.8 TFLOP/s" in text
+    assert "kernels launched per call: 20" in text and "GPU time per call: 2.1 ms" in text and CPU_LABEL not in text
+    shares = [float(share) for share in ROW.findall(text)]
+    assert len(shares) == TOP + 1 and sum(shares) == pytest.approx(100, abs=0.1 * len(shares))
+    assert re.search(r"9\.5% +2 +0\.2 +10  kernel_19", text) and "others (5)" in text and text.endswith("ncu: not available")

@@ -22,7 +22,7 @@ from kbsweep.sandbox.confine import Sandbox, kill
 LIMIT_S = 180.0  # ncu replays each kernel a few dozen times: a bound on the whole run
 TOP = 5
 METRICS = {  # ncu's metric -> the column shown
-    "gpu__time_duration.sum": "us",
+    "gpu__time_duration.sum": "ns/launch",
     "sm__throughput.avg.pct_of_peak_sustained_elapsed": "SM %",
     "gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed": "memory %",
     "sm__warps_active.avg.pct_of_peak_sustained_active": "occupancy %",
@@ -40,7 +40,7 @@ def speed_of_light(request: Any, solution: Path, sandbox: Sandbox, env: Dict[str
         return ["ncu: not available"]
     shape = request.problem.shapes(request.gpu.shape_set)[0]
     folder = solution.parent
-    command = [ncu, "--csv", "--page", "raw", "--profile-from-start", "off", "--target-processes", "all", "--launch-count", "50",
+    command = [ncu, "--csv", "--page", "raw", "--print-units", "base", "--profile-from-start", "off", "--target-processes", "all", "--launch-count", "50",
                "--metrics", ",".join(METRICS), sys.executable, "-I", "-B", "-c", BOOT.format(root=str(REPO_ROOT)),
                str(folder), str(request.problem.grader_reference.resolve()), json.dumps(shape)]
     tools = sorted({Path(ncu).parent, Path(ncu).resolve().parent})

@@ -27,12 +27,14 @@ from kbsweep.outcomes import StopReason
 from kbsweep.reporting.render import render_markdown
 from kbsweep.reporting.report import build_boards, setup_differences
 from kbsweep.score.roofline import shape_score
+from kbsweep.tracking.tracker import cell_params
 from tests.support.fake_provider import FakeProvider
 from tests.support.grading import CPU, graded
 from tests.support.scripts import call, kernel
 from tests.test_agent_loop import Run
 from tests.test_report import PARAMS
 from tests.test_report import row as report_row
+from tests.test_tracking import make_cell
 
 SEED = 1_234_567_891  # the grade's secret seed, fixed here so the output can be searched for it
 ROW = re.compile(r"^\s+(\d+\.\d)% ", re.M)  # a table row's share
@@ -193,3 +195,13 @@ def test_a_gpu_summary_lists_kernels_top_first_with_the_rest_as_others():
     shares = [float(share) for share in ROW.findall(text)]
     assert len(shares) == TOP + 1 and sum(shares) == pytest.approx(100, abs=0.1 * len(shares))
     assert re.search(r"9\.5% +2 +0\.2 +10  kernel_19", text) and "others (5)" in text and text.endswith("ncu: not available")
+
+
+@pytest.mark.fast
+def test_a_cells_params_hold_its_harness_setup_and_budgets(tmp_path):
+    cell = make_cell(tmp_path)
+    params = cell_params(cell)
+    setup = {key: value for key, value in params.items() if key.startswith("setup.")}
+    assert setup["setup.kbsweep_tools"] == "function calls" and "run_profile" in setup["setup.tools"]
+    assert setup["setup.shell"] == ("none" if not cell.track["allow_shell"] else "run_shell, in kbsweep's sandbox")
+    assert f"time_cap_s={cell.track['time_cap_s']}" in setup["setup.budgets"] and f"max_turns={cell.track['max_turns']}" in setup["setup.budgets"]

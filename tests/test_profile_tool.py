@@ -185,8 +185,8 @@ def test_ncu_rows_are_averaged_per_kernel_most_time_first():
 def test_a_gpu_summary_lists_kernels_top_first_with_the_rest_as_others():
     kernels = {f"kernel_{i:02d}": 1.0 for i in range(20)}
     times = {name: (i + 1) * 100_000 for i, name in enumerate(kernels)}  # 0.1 ms … 2 ms over the 10 calls
-    profiled = {"profiles": {"/timing/0": {"launches_per_call": 20.0, "kernels": kernels, "kernel_ns": times}, "/timing/1": {}}}
-    view = profile_view(profiled, "/timing/0", 10, [], "cuda")
+    profiles = {"/timing/0": {"launches_per_call": 24.0, "median_launches": 20.0, "kernels": kernels, "kernel_ns": times}, "/timing/1": {}}
+    view = profile_view({"profiles": profiles, "ranges": {"/timing/0": 10}}, "/timing/0", 10, [], "cuda")
     shape = shape_score(2.5, {"flops": 2e9, "bytes": 4e9}, "memory", "bf16", {"peaks_tflops": {"bf16": 989.0}, "dram_gbps": 3350.0}, {"n": 1})
     result = SimpleNamespace(timings=[{"candidate": {"median_ms": 2.5}}], shapes=[shape], device="cuda", gpu="h100")
     text = summary(result, view, {"dram_gbps": 3350.0}, "memory", ["ncu: not available"])["summary"]
@@ -205,3 +205,13 @@ def test_a_cells_params_hold_its_harness_setup_and_budgets(tmp_path):
     assert setup["setup.kbsweep_tools"] == "function calls" and "run_profile" in setup["setup.tools"]
     assert setup["setup.shell"] == ("none" if not cell.track["allow_shell"] else "run_shell, in kbsweep's sandbox")
     assert f"time_cap_s={cell.track['time_cap_s']}" in setup["setup.budgets"] and f"max_turns={cell.track['max_turns']}" in setup["setup.budgets"]
+
+
+@pytest.mark.fast
+def test_a_gpu_views_means_are_over_the_ranges_the_session_holds():
+    """The batches' shaping calls run in the group's ranges but are not counted by the referee: the means divide by
+    the ranges, the kernels' counts stay the launches seen, and launches per call are the median call's."""
+    profile = {"launches_per_call": 1.5, "median_launches": 1.0, "kernels": {"k": 1.5}, "kernel_ns": {"k": 3_000_000}}
+    view = profile_view({"profiles": {"/timing/0": profile}, "ranges": {"/timing/0": 15}}, "/timing/0", 10, [], "cuda")
+    assert view["calls"] == 15 and view["kernels"] == [("k", 15, 3.0)] and view["launches_per_call"] == 1.0
+    assert profile_view({"profiles": {}}, "/timing/0", 10, [], "cuda") is None

@@ -62,18 +62,18 @@ def summary(result: Any, view: Optional[Dict[str, Any]], roofline: Dict[str, Any
         lines.append("profiler: the candidate's process recorded nothing of the timed calls")
     else:
         calls = int(view["calls"])
-        own = view.get("own_launches_per_call")
         if gpu:
             launches = view.get("launches_per_call")
             kernels = view.get("kernels") or []
             device_ms = sum(ms for _, _, ms in kernels) / calls
             lines.append(f"kernels launched per call: {launches:.3g}" if launches is not None else "kernels launched per call: n/a")
-            lines.append(f"GPU time per call: {device_ms:.4g} ms (sum of the kernels' times)")
+            lines.append(f"GPU time per call: {device_ms:.4g} ms (its kernels' times, the candidate process's profiler)")
             lines.append(f"per GPU kernel, {calls} timed calls (the candidate process's profiler view; never scored):")
             lines += table(kernels, calls, "kernel")
         else:
             ops = list(view.get("ops") or [])
             outside = max(float(view.get("range_ms") or 0.0) - sum(ms for _, _, ms in ops), 0.0)
+            own = view.get("own_launches_per_call")
             lines.append(f"own kernel launches per call: {own:.3g}" if own is not None else "own kernel launches per call: n/a")
             lines.append(f"{CPU_LABEL}; per torch op, {calls} timed calls (the candidate process's profiler view; never scored):")
             lines += table(ops + [(OUTSIDE_OPS, calls, outside)], calls, "op")

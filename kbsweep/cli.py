@@ -200,6 +200,9 @@ def grade_file(cfg: DictConfig) -> tuple:
 
     if not cfg.problem or "/" not in str(cfg.problem) or not cfg.solution:
         raise KbsweepError("grade needs problem=<track>/<name> and solution=<file>")
+    mode = str(cfg.grade_mode)
+    if mode not in MODES:
+        raise KbsweepError(f"conf/config.yaml: key 'grade_mode': '{mode}' is not one of {', '.join(MODES)}")
     track, name = str(cfg.problem).split("/", 1)
     solution = Path(cfg.solution)
     if not solution.is_file():
@@ -214,9 +217,6 @@ def grade_file(cfg: DictConfig) -> tuple:
     check_problem(problem, cfg.gpu.shape_set, roofline, cfg.gpu.roofline)
     prober = referee_prober(problem, gpu.device, int(conf["track"].get("world_size", 1)), (), SandboxPolicy.of(conf["track"]))
     check_references([reference_probe(problem)], prober)  # in the referee's zygote: one torch import fewer
-    mode = str(cfg.grade_mode)
-    if mode not in MODES:
-        raise KbsweepError(f"conf/config.yaml: key 'grade_mode': '{mode}' is not one of {', '.join(MODES)}")
     result = run(mode, solution, f"{track}-{name}-{time.strftime('%Y%m%d-%H%M%S')}")
     note = score_note(result) if mode != "profile" else None  # a profile is never scored
     if note:

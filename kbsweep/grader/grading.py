@@ -200,7 +200,7 @@ def grade(request: GradeRequest) -> GradeResult:
     if request.mode == "profile":  # a look for the agent, never a score
         result.score = None
         result.profile = profile_summary.summary(result, worker.get("profile"), request.roofline, problem.spec.regime,
-                                                 ncu.speed_of_light(request, solution, confined, env, view))
+                                                 ncu.speed_of_light(request, shapes[0], solution, confined, env, view))
     kernelbench = worker.get("kernelbench")
     if kernelbench is not None and result.score is not None:  # KernelBench's speedup of a pass is kbsweep's
         kernelbench["speedup"] = result.speedup

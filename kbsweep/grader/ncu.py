@@ -30,15 +30,15 @@ METRICS = {  # ncu's metric -> the column shown
 BOOT = "import sys; sys.path.append({root!r}); from kbsweep.grader.runner.ncu_driver import main; main(*sys.argv[-3:])"
 
 
-def speed_of_light(request: Any, solution: Path, sandbox: Sandbox, env: Dict[str, str], view: Sequence[Path]) -> List[str]:
-    """The lines of Nsight Compute's view of ``solution`` (staged) on ``request``'s one shape, or the one line saying
-    why there are none."""
+def speed_of_light(request: Any, shape: Dict[str, Any], solution: Path, sandbox: Sandbox, env: Dict[str, str],
+                   view: Sequence[Path]) -> List[str]:
+    """The lines of Nsight Compute's view of ``solution`` (staged) on ``shape`` under ``request``, or the one line
+    saying why there are none."""
     if request.gpu.device != "cuda":
         return ["ncu: not available (CPU grade)"]
     ncu = shutil.which("ncu")
     if ncu is None:
         return ["ncu: not available"]
-    shape = request.problem.shapes(request.gpu.shape_set)[0]
     folder = solution.parent
     command = [ncu, "--csv", "--page", "raw", "--print-units", "base", "--profile-from-start", "off", "--target-processes", "all", "--launch-count", "50",
                "--metrics", ",".join(METRICS), sys.executable, "-I", "-B", "-c", BOOT.format(root=str(REPO_ROOT)),

@@ -20,7 +20,7 @@ from kbsweep.config.overrides import check_overrides, check_yaml, hydra_error, s
 from kbsweep.paths import REPO_ROOT
 
 VERBS: Dict[str, Callable[[List[DictConfig]], int]] = {}
-USAGE = """usage: kbsweep [VERB] [--force] [--json] [-m] [key=value ...]
+USAGE = """usage: kbsweep [VERB] [--force] [--json] [--mode MODE] [-m] [key=value ...]
 
 verbs:
 {verbs}
@@ -180,9 +180,13 @@ def plan_verb(cfgs: List[DictConfig]) -> int:
 
 @verb("grade")
 def grade_verb(cfgs: List[DictConfig]) -> int:
-    """Grade one solution file: ``kbsweep grade problem=<track>/<name> solution=<file> gpu=<name>``; JSON on stdout."""
+    """Grade one solution file: ``kbsweep grade problem=<track>/<name> solution=<file> gpu=<name>``; JSON on stdout
+    (``--mode profile``: the agent's run_profile summary as text)."""
+    from kbsweep.agent.tools import format_profile
+
     result, code = grade_file(cfgs[0])
-    print(json.dumps(result, indent=1, default=str))
+    profile = result["mode"] == "profile" and not cfgs[0].json
+    print(format_profile(result) if profile else json.dumps(result, indent=1, default=str))
     if result.get("score_note"):
         print(f"[kbsweep] {result['outcome']}, no score: {result['score_note']}", file=sys.stderr)
     return code
@@ -193,6 +197,7 @@ def grade_file(cfg: DictConfig) -> tuple:
     from kbsweep.cell import configured_grader
     from kbsweep.config.gpus import GpuSpec
     from kbsweep.grader.processes import referee_prober
+    from kbsweep.grader.request import MODES
     from kbsweep.outcomes import Outcome
     from kbsweep.config.problem_folders import find_problem_dir
     from kbsweep.config.problems import load_problem
@@ -202,6 +207,9 @@ def grade_file(cfg: DictConfig) -> tuple:
 
     if not cfg.problem or "/" not in str(cfg.problem) or not cfg.solution:
         raise KbsweepError("grade needs problem=<track>/<name> and solution=<file>")
+    mode = str(cfg.grade_mode)
+    if mode not in MODES:
+        raise KbsweepError(f"conf/config.yaml: key 'grade_mode': '{mode}' is not one of {', '.join(MODES)}")
     track, name = str(cfg.problem).split("/", 1)
     solution = Path(cfg.solution)
     if not solution.is_file():
@@ -216,8 +224,8 @@ def grade_file(cfg: DictConfig) -> tuple:
     check_problem(problem, cfg.gpu.shape_set, roofline, cfg.gpu.roofline)
     prober = referee_prober(problem, gpu.device, int(conf["track"].get("world_size", 1)), (), SandboxPolicy.of(conf["track"]))
     check_references([reference_probe(problem)], prober)  # in the referee's zygote: one torch import fewer
-    result = run("full", solution, f"{track}-{name}-{time.strftime('%Y%m%d-%H%M%S')}")
-    note = score_note(result)
+    result = run(mode, solution, f"{track}-{name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    note = score_note(result) if mode != "profile" else None  # a profile is never scored
     if note:
         result["score_note"] = note
     outcome = Outcome(result["outcome"])
@@ -361,6 +369,9 @@ def main() -> None:
         if flag in argv:
             argv.remove(flag)
             argv.append(override)
+    if "--mode" in argv[:-1]:  # --mode profile: grade_mode=profile
+        at = argv.index("--mode")
+        argv[at:at + 2] = [f"grade_mode={argv[at + 1]}"]
     argv = ["--help" if a == "--hydra-help" else a for a in argv]
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     try:

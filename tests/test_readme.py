@@ -34,6 +34,7 @@ COMMANDS = {
     "kbsweep plan --json -m model=opus-4.8 track=hard": ("run", {0}, '"expected_tokens": {'),
     "kbsweep preflight -m model=opus-4.8,glm-5.2": ("run", {2}, "environment variable ZAI_API_KEY is not set"),
     "kbsweep grade problem=demo/scale_shift solution=my.py gpu=cpu": ("run", {0}, '"outcome": "pass"'),
+    "kbsweep grade --mode profile problem=demo/scale_shift solution=my.py gpu=cpu": ("run", {0}, "CPU: interpreter/op view, not GPU kernels"),
     "kbsweep report": ("run", {0}, ""),
     "kbsweep export +out=hf-dataset": ("run", {0}, "exported 0 runs"),
     "kbsweep calibrate gpu=h200": ("skip", "measures an H200's peaks (needs the GPU)"),

@@ -20,14 +20,15 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional
 
 from kbsweep.agent.models import ChatModel, Completion, ContextOverflow, ProviderFault, Usage
-from kbsweep.agent.tools import Toolbox
+from kbsweep.agent.tools import GRADING_TOOLS, Toolbox
 from kbsweep.agent.transcript import Transcript
 from kbsweep.errors import KbsweepError
 from kbsweep.outcomes import Outcome, StopReason
 
 SYSTEM_PROMPT = (
     "You are a GPU kernel engineer. Work only through the tools. Your answer is the file solution.py in the "
-    "workspace; check it with run_check, time it with run_benchmark, and call submit when done."
+    "workspace; check it with run_check, time it with run_benchmark, profile it on one shape with run_profile, and "
+    "call submit when done."
 )
 CONTEXT_FILL = 0.75
 KEEP_WHOLE = (4, 2, 0)  # recent turns kept whole: before a call near the window, then after each overflow error
@@ -159,7 +160,7 @@ def call_model(model: ChatModel, messages, tools, window: int, size: int, deadli
 
 
 def note_grade(result: AgentResult, grade: Optional[Dict[str, Any]], transcript: Optional[Transcript] = None) -> None:
-    """After a check or benchmark: a step with the turn, tokens, dollars and the best score so far (also a ``step``
+    """After a grading tool (check, benchmark, profile): a step with the turn, tokens, dollars and the best score so far (also a ``step``
     event of ``transcript``, which the orchestrator reads while the cell runs; a CLI harness writes its transcript
     only at the end, so it passes none)."""
     if not grade:
@@ -234,7 +235,7 @@ def run_agent(
             output = toolbox.call(name, arguments)
             messages.append({"role": "tool", "tool_call_id": call["id"], "content": output})
             transcript.add("tool", name=name, tool_call_id=call["id"], arguments=arguments, content=output)
-            if name in ("run_check", "run_benchmark"):
+            if name in GRADING_TOOLS:
                 note_grade(result, toolbox.last_grade, transcript)
         if toolbox.submitted:
             result.stop_reason = StopReason.SUBMITTED

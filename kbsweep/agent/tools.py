@@ -37,9 +37,19 @@ TOOL_SCHEMAS = {
     "list_files": schema("list_files", "List the workspace's files.", {}, []),
     "run_check": schema("run_check", "Check solution.py for correctness through the grader.", {}, []),
     "run_benchmark": schema("run_benchmark", "Check and time solution.py: ms, TFLOP/s, GB/s and roofline fraction per shape.", {}, []),
+    "run_profile": schema("run_profile", "Check and profile solution.py on one shape: time per call, GB/s and TFLOP/s against the "
+                          "roofline, launches per call, and time per GPU kernel (per torch op on CPU); never scored.", {}, []),
     "run_shell": schema("run_shell", "Run a shell command in the workspace (compilers, profilers).", {"command": {"type": "string"}}, ["command"]),
     "submit": schema("submit", "Submit solution.py as the final answer and stop.", {}, []),
 }
+
+
+GRADING_TOOLS = ("run_check", "run_benchmark", "run_profile")  # each runs a grade; the result is the toolbox's last_grade
+
+
+def tool_names(allow_shell: bool) -> List[str]:
+    """The built-in loop's tools on a track that allows the shell or not."""
+    return [n for n in TOOL_SCHEMAS if allow_shell or n != "run_shell"]
 
 
 class ToolError(Exception):
@@ -67,8 +77,7 @@ class Toolbox:
         self.workspace = Path(self.workspace).resolve()
 
     def schemas(self) -> List[Dict[str, Any]]:
-        names = [n for n in TOOL_SCHEMAS if self.allow_shell or n != "run_shell"]
-        return [TOOL_SCHEMAS[n] for n in names]
+        return [TOOL_SCHEMAS[n] for n in tool_names(self.allow_shell)]
 
     def inside(self, target: Path) -> bool:
         return target == self.workspace or self.workspace in target.parents
@@ -120,12 +129,15 @@ class Toolbox:
     def tool_run_benchmark(self) -> str:
         return self.graded("bench")
 
+    def tool_run_profile(self) -> str:
+        return self.graded("profile")
+
     def graded(self, mode: str) -> str:
         if not (self.workspace / "solution.py").exists():
             raise ToolError("write solution.py first")
         result = self.grade(mode)
         self.last_grade = result
-        return format_grade(result)
+        return format_profile(result) if mode == "profile" else format_grade(result)
 
     def tool_run_shell(self, command: str) -> str:
         result = self.sandbox.shell(command, self.workspace, hide=self.secret_env, output_limit=MAX_TOOL_OUTPUT)
@@ -152,3 +164,9 @@ def format_grade(result: Dict[str, Any]) -> str:
     if result.get("score") is not None:
         lines.append(f"score ({result.get('basis')}): {result['score']:.4g}")
     return "\n".join(lines)
+
+
+def format_profile(result: Dict[str, Any]) -> str:
+    """What the model sees of a profile grade: the grader's summary of a pass, else the outcome as a check shows it."""
+    summary = (result.get("profile") or {}).get("summary")
+    return f"outcome: {result['outcome']}\n{summary}" if summary else format_grade(result)

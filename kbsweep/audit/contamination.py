@@ -21,6 +21,7 @@ import re
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Set, Tuple, Union
 
+from kbsweep.agent.tools import GRADING_TOOLS  # results carry this cell's own numbers
 from kbsweep.audit.kinds import Finding, finding
 from kbsweep.audit.transcript import load
 
@@ -47,7 +48,6 @@ SHOWN = {  # what each tool call reaches for: the built-in loop's tools, then th
     "Bash": "command", "Read": "file_path", "Write": "file_path", "Edit": "file_path",  # Claude Code
     "exec_command": "cmd",  # Codex
 }
-GRADING_TOOLS = ("run_check", "run_benchmark")  # results carry this cell's own numbers
 
 
 def cell_of(transcript: Union[str, Path, List[Dict[str, Any]], None]) -> Optional[Tuple[Path, Path]]:

@@ -21,7 +21,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from kbsweep.config import gpus
 from kbsweep.config.schema import BASELINE_TIMERS
 from kbsweep.errors import KbsweepError
-from kbsweep.grader import processes
+from kbsweep.grader import ncu, processes, profile_summary
 from kbsweep.grader.baselines import BaselineCache, conditions, entry_key
 from kbsweep.grader.shared.failures import COMM_FINDINGS
 from kbsweep.grader.processes import Supervision, grading_env, warm_runner
@@ -129,6 +129,8 @@ def grade(request: GradeRequest) -> GradeResult:
     deck_version = request.deck_version or problem.deck_hash()
     host_env = {**software_versions(), "host": platform.node(), "gpus": gpus.list_gpus()}
     shapes = problem.shapes(gpu.shape_set)
+    if request.mode == "profile":  # one public shape: the first of the set a check or benchmark grades
+        shapes = shapes[:1]
     keyed = [{**shape, "world": world_size} for shape in shapes] if multi else shapes  # a world size has its own baselines
     keys = {
         name: [entry_key(problem.id, problem.code_hash(), gpu.name, host_env, shape, name, request.compile_mode) for shape in keyed]
@@ -195,6 +197,10 @@ def grade(request: GradeRequest) -> GradeResult:
     result.shapes, result.speedup = scored.get("shapes", []), scored.get("speedup", {})
     if any(f["kind"] in UNSCORED_FINDINGS + COMM_FINDINGS for f in result.findings):
         result.score = None
+    if request.mode == "profile":  # a look for the agent, never a score
+        result.score = None
+        result.profile = profile_summary.summary(result, worker.get("profile"), request.roofline, problem.spec.regime,
+                                                 ncu.speed_of_light(request, shapes[0], solution, confined, env, view))
     kernelbench = worker.get("kernelbench")
     if kernelbench is not None and result.score is not None:  # KernelBench's speedup of a pass is kbsweep's
         kernelbench["speedup"] = result.speedup

@@ -18,11 +18,15 @@ if TYPE_CHECKING:
     from kbsweep.sandbox.confine import SandboxPolicy
 
 
+MODES = ("check", "bench", "full", "profile")
+
+
 @dataclass
 class GradeRequest:
     """One grade: ``solution`` on ``problem`` on ``gpu`` (its ``name``, ``device`` and ``shape_set`` matter here).
 
-    ``mode``: check (correctness only), bench or full (correctness + timing). ``baselines``: timed when the mode
+    ``mode``: check (correctness only), bench or full (correctness + timing), profile (correctness and timing of the
+    first shape, with the candidate's profile: never scored; :mod:`kbsweep.grader.profile_summary`). ``baselines``: timed when the mode
     times, served from ``baseline_cache`` where it holds them. ``world_size`` > 1 (or a problem with a
     ``collective``) grades at that many ranks. ``hide_env``: names never passed to the grading processes.
     ``sandbox``: their confinement (default: :class:`~kbsweep.sandbox.confine.SandboxPolicy`'s defaults). ``timers``:

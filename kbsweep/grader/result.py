@@ -11,13 +11,14 @@ from kbsweep.score.roofline import ShapeScore
 from kbsweep.score.stored import from_stored, to_stored
 
 # The keys of a result by when they are written: every grade's, a passed grade's, a failed grade's, a timed pass's
-# scores (absent when nothing was timed), and a KernelBench problem's two verdicts.
+# scores (absent when nothing was timed), a KernelBench problem's two verdicts, and a profile grade's summary.
 COMMON = ("problem", "deck_version", "solution", "mode", "gpu", "device", "shape_set", "world_size", "grade_s", "timeout_s", "env",
           "outcome")
 PASSED = ("startup_s", "correctness", "timings", "evidence", "findings", "score")
 FAILED = ("message", "stage", "findings", "evidence", "score")
 SCORED = ("basis", "shapes", "speedup")
 VERDICTS = ("kernelbench", "verdicts")
+PROFILED = ("profile",)  # a passed profile grade's summary for the agent
 
 
 @dataclass
@@ -50,6 +51,7 @@ class GradeResult:
     speedup: Dict[str, Any] = field(default_factory=dict)
     kernelbench: Optional[Dict[str, Any]] = None  # KernelBench's own verdict, with ``verdicts`` beside kbsweep's
     verdicts: Optional[Dict[str, str]] = None
+    profile: Optional[Dict[str, Any]] = None  # mode profile: {"summary": text, "ncu": ...} (kbsweep.grader.profile_summary)
     extra: Dict[str, Any] = field(default_factory=dict)  # keys of a stored result this version does not write
 
     @property
@@ -59,7 +61,7 @@ class GradeResult:
     def to_json(self) -> Dict[str, Any]:
         """The stored form, key for key as the grader has always written it (outcomes as their strings)."""
         keys = COMMON + (PASSED + (SCORED if self.basis is not None else ()) if self.passed else FAILED)
-        return to_stored(self, keys + (VERDICTS if self.verdicts is not None else ()))
+        return to_stored(self, keys + (VERDICTS if self.verdicts is not None else ()) + (PROFILED if self.profile is not None else ()))
 
     @classmethod
     def from_json(cls, data: Dict[str, Any]) -> "GradeResult":

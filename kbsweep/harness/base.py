@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Dict, Mapping, Type
 
 from kbsweep.agent.loop import AgentResult, Budgets
-from kbsweep.agent.tools import Toolbox
+from kbsweep.agent.tools import Toolbox, tool_names
 from kbsweep.agent.transcript import Transcript
 from kbsweep.registry import Registry
 
@@ -40,6 +40,15 @@ class Runner:
     def describe(self) -> str:
         """One line for ``kbsweep plan``: the harness and what it runs."""
         return self.conf["name"]
+
+    def setup(self, allow_shell: bool) -> Dict[str, str]:
+        """What the model works with beside the problem's prompt and the track's budgets, which every harness gets
+        alike: logged with each cell (``setup.*`` params), and the report lists where a harness differs from the
+        built-in loop's (this one)."""
+        return {"tools": ",".join(tool_names(allow_shell)), "kbsweep_tools": "function calls",
+                "shell": "run_shell, in kbsweep's sandbox" if allow_shell else "none",
+                "instructions": "kbsweep's system prompt, then the problem's prompt",
+                "ends": "submit, or a turn without tool calls", "budgets_checked": "before each model call, by the loop"}
 
     def run(self, job: AgentJob) -> AgentResult:
         raise NotImplementedError

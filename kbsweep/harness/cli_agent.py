@@ -30,6 +30,7 @@ from kbsweep.agent.providers import build_model
 from kbsweep.errors import KbsweepError
 from kbsweep.harness.base import AgentJob, Runner
 from kbsweep.harness.locate import Installed, locate
+from kbsweep.agent.tools import GRADING_TOOLS
 from kbsweep.harness.proxy import SERVED, ModelProxy
 from kbsweep.outcomes import StopReason
 from kbsweep.sandbox.confine import POLL_S, WORKSPACE, Sandbox, SandboxPolicy, Watch, kill, minimal_env, self_test
@@ -50,9 +51,11 @@ You run non-interactively: nobody will answer questions. The workspace is {works
 """
 CHECK_NOTE = {  # by whether the track allows the shell
     True: "Check it with the shell command `kbsweep-check` (the grader's correctness check; exit code 0 when it passes) "
-          "and time it with `kbsweep-check --bench`.",
-    False: "There is no shell. Check it with the tool `run_check` (the grader's correctness check) and time it with "
-           "`run_benchmark`; `write_file`, `read_file` and `list_files` work in the workspace.",
+          "time it with `kbsweep-check --bench`, and profile it on one shape with `kbsweep-check --profile` (time per GPU "
+          "kernel, launches per call, achieved GB/s and TFLOP/s against the roofline).",
+    False: "There is no shell. Check it with the tool `run_check` (the grader's correctness check), time it with "
+           "`run_benchmark`, and profile it on one shape with `run_profile`; `write_file`, `read_file` and `list_files` "
+           "work in the workspace.",
 }
 
 
@@ -113,6 +116,14 @@ class CliRunner(Runner):
 
     def installed(self) -> Installed:
         return locate(self.conf)
+
+    def setup(self, allow_shell: bool) -> Dict[str, str]:
+        kbsweep = GRADING_TOOLS if allow_shell else SERVED
+        return {"tools": f"{'its own' if allow_shell else 'its own that run no command'} + {','.join(kbsweep)}",
+                "kbsweep_tools": "kbsweep-check in its shell" if allow_shell else "MCP server",
+                "shell": "its own, in kbsweep's sandbox" if allow_shell else "none",
+                "instructions": "the CLI's own system prompt, then the problem's prompt and a note on the workspace and tools",
+                "ends": "when the CLI ends its session", "budgets_checked": "before each model call, by the model proxy; wall clock by the sandbox"}
 
     def version(self) -> str:
         """What the CLI's ``--version`` says in the sandbox; refuses (one line) a CLI that cannot run there."""

@@ -31,14 +31,13 @@ from urllib.parse import urlsplit
 
 from kbsweep.agent.loop import AgentResult, Budgets, budget_stop, note_grade
 from kbsweep.agent.models import ChatModel, Completion, ContextOverflow, ProviderFault
-from kbsweep.agent.tools import Toolbox
+from kbsweep.agent.tools import GRADING_TOOLS, Toolbox
 from kbsweep.outcomes import StopReason
 
 MAX_BODY = 64 * 2**20
 # the built-in loop's tools a harness reaches through the proxy: not run_shell (a CLI's shell, where the track allows
 # one, is its own) nor submit (a CLI ends by itself)
-SERVED = ("write_file", "read_file", "list_files", "run_check", "run_benchmark")
-GRADING = ("run_check", "run_benchmark")
+SERVED = ("write_file", "read_file", "list_files", *GRADING_TOOLS)
 
 
 class Refused(Exception):
@@ -216,7 +215,7 @@ class ModelProxy:
         if name not in SERVED:
             return send(request, 200, {"output": f"error: unknown tool {name!r}", "outcome": None})
         output = self.toolbox.call(name, json.dumps(payload.get("arguments") or {}))
-        if name not in GRADING:
+        if name not in GRADING_TOOLS:
             return send(request, 200, {"output": output, "outcome": None})
         with self.calls:
             note_grade(self.result, self.toolbox.last_grade)

@@ -3,8 +3,8 @@
 Copied into the sandbox as ``kbsweep-check`` beside a ``tools.json`` (the proxy's URL, the cell's token, the
 tools' schemas); standard library only, since kbsweep itself is not in the sandbox. Two ways in:
 
-* ``kbsweep-check`` / ``kbsweep-check --bench``: a shell command, ``run_check`` / ``run_benchmark``; exit code 0
-  when the solution passes.
+* ``kbsweep-check`` / ``kbsweep-check --bench`` / ``kbsweep-check --profile``: a shell command, ``run_check`` /
+  ``run_benchmark`` / ``run_profile``; exit code 0 when the solution passes.
 * ``kbsweep-check --mcp``: an MCP server on stdin/stdout (JSON-RPC, one message a line) offering the tools of
   ``tools.json``: how a CLI without a shell (``track.allow_shell: false``) writes, reads and checks.
 """
@@ -52,6 +52,7 @@ if __name__ == "__main__":
     if "--mcp" in sys.argv[1:]:
         serve(CONF)
     else:
-        result = call(CONF, "run_benchmark" if "--bench" in sys.argv[1:] else "run_check", {})
+        flags = {"--bench": "run_benchmark", "--profile": "run_profile"}
+        result = call(CONF, next((flags[a] for a in sys.argv[1:] if a in flags), "run_check"), {})
         print(result["output"])
         sys.exit(0 if result["outcome"] == "pass" else 1)

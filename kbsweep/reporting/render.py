@@ -145,13 +145,21 @@ def board_title(board: Dict[str, Any]) -> str:
 
 def sections(board: Dict[str, Any], terminal: bool = False) -> List[Tuple[str, List[str], List[List[str]], Optional[str]]]:
     """A board's tables, each ``(kind, header, rows, note)``: the board (``compact`` in the terminal where the deck is
-    large), KernelBench's metrics, the audit-flagged cells and the regrades; those without rows left out."""
+    large), KernelBench's metrics, the audit-flagged cells, the regrades and how the harnesses' setups differ from the
+    built-in loop's; those without rows left out."""
     small = len(board["deck"]) <= MAX_PROBLEM_COLUMNS
     found = [("board", *board_table(board, small, compact=terminal and not small), board_note(board)),
              ("kernelbench", *kernelbench_table(board), kernelbench_note(board)),
              ("flagged", *flagged_table(board), None),
-             ("regrades", *regrade_table(board), None)]
+             ("regrades", *regrade_table(board), None),
+             ("setups", *setup_table(board), None)]
     return [section for section in found if section[2]]
+
+
+def setup_table(board: Dict[str, Any]) -> Tuple[List[str], List[List[str]]]:
+    """Where each harness's setup differs from the built-in loop's (:func:`kbsweep.reporting.report.setup_differences`)."""
+    rows = [[d["harness"], d["setting"], d["builtin"], d["value"]] for d in board.get("setups") or []]
+    return ["harness", "setting", "built-in loop", "this harness"], rows
 
 
 NAME_COLUMNS = 3  # every table's first three (rank/model/harness, model/harness/level or problem): never wrapped
@@ -160,6 +168,7 @@ TITLES = {  # kind: (terminal, Markdown, HTML), {} the board's title
     "kernelbench": ("KernelBench metrics — {}", "### KernelBench metrics (its verdict, fast_p, geomean speedups)", "<h3>KernelBench metrics</h3>"),
     "flagged": ("audit-flagged — {}", "### Audit-flagged passes (not ranked)", "<h3>Audit-flagged passes (not ranked)</h3>"),
     "regrades": ("regrades — {}", "### Regrades (`kbsweep regrade`)", "<h3>Regrades</h3>"),
+    "setups": ("harness setups — {}", "### Harness setups (where each differs from the built-in loop)", "<h3>Harness setups</h3>"),
 }
 
 

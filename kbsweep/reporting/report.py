@@ -165,8 +165,32 @@ def build_boards(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
                               "outcomes": dict(Counter(cell.get("outcome") for cell in cells))} for name, cells in sorted(left.items())]
         board["cpu"] = any((row.get("params") or {}).get("gpu.device") == "cpu" for row in grouped[where] + infra[where])
         board["experiments"] = sorted({row["experiment"] for row in grouped[where] + infra[where]})
+        board["setups"] = setup_differences(grouped[where] + infra[where])
         boards.append(board)
     return boards
+
+
+def setup_differences(rows: List[Dict[str, Any]]) -> List[Dict[str, str]]:
+    """Per harness of ``rows`` other than the built-in loop, each ``setup.*`` param (tools, shell, instructions, how
+    it ends, budgets: ``kbsweep.tracking.tracker.setup_params``) whose value differs from the built-in loop's on the
+    same track; the loop's own are built here when no cell of it ran. Runs logged without a setup give none."""
+    from kbsweep.harness import runner_for
+
+    setups: Dict[str, Dict[str, str]] = {}
+    for row in rows:
+        params = row.get("params") or {}
+        setup = {key[len("setup."):]: value for key, value in params.items() if key.startswith("setup.")}
+        if setup:
+            setups.setdefault(harness_of(row), setup)
+    out = []
+    for harness, setup in sorted(setups.items()):
+        if harness == BUILTIN:
+            continue
+        allow_shell = setup.get("shell") != "none"
+        builtin = setups.get(BUILTIN) or {**runner_for({"name": BUILTIN, "runner": BUILTIN}).setup(allow_shell), "budgets": setup.get("budgets")}
+        out += [{"harness": harness, "setting": key, "builtin": str(builtin.get(key)), "value": value}
+                for key, value in sorted(setup.items()) if builtin.get(key) != value]
+    return out
 
 
 def scored_board(where: Tuple[str, str, str], board_rows: List[Dict[str, Any]]) -> Dict[str, Any]:

@@ -110,7 +110,18 @@ def cell_params(cell: Cell) -> Dict[str, str]:
     params = flatten("", config, {})
     params.update(problem_params(cell.problem_dir, cell.deck_version, cell.track["name"], tuple(cell.paths["roofline_specs"]), cell.gpu.roofline))
     params.update({"problem": cell.problem, "repeat": str(cell.repeat), "deck_version": cell.deck_version})
+    params.update(setup_params(cell))
     return params
+
+
+def setup_params(cell: Cell) -> Dict[str, str]:
+    """``setup.*``: what the cell's harness gives the model (its tools, shell, instructions, how it ends, who checks
+    the budgets) and the budgets themselves, as the report compares harnesses by."""
+    from kbsweep.harness import runner_for
+
+    track = cell.track
+    budgets = " ".join(f"{key}={track.get(key)}" for key in ("time_cap_s", "max_turns", "max_tokens", "max_usd"))
+    return flatten("setup", {**runner_for(cell.harness).setup(bool(track["allow_shell"])), "budgets": budgets}, {})
 
 
 @functools.lru_cache(maxsize=256)

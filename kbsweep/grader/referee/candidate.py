@@ -76,6 +76,7 @@ class CandidateContext:
         # per shape: (arena size, the reference's output on the first timing inputs), computed once a grade
         self.firsts: Dict[str, tuple] = {}
         self.kernelbench_verdict: Optional[Dict[str, Any]] = None
+        self.profile: Optional[Dict[str, Any]] = None  # a profile grade's view of its timed calls (profile_view)
 
     @property
     def stage(self) -> str:

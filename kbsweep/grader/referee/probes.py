@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, Dict, Sequence
 
 from kbsweep.grader.referee import checks, witness
+from kbsweep.grader.referee.profile_view import profile_view
 from kbsweep.grader.shared import profiling
 from kbsweep.grader.shared.arena import encode
 from kbsweep.grader.referee.candidate import MAX_EVENTS, CandidateContext
@@ -82,6 +83,9 @@ class ProbeStage(CandidateContext):
         self.evidence["probe"] = probe
         if complete:
             self.judge_records(by_group, profiled, probe["work"])
+        if complete and self.req.mode == "profile" and timings:  # the first timed shape's calls, for the agent
+            group = f"{witness.TIMED}0"
+            self.profile = profile_view(profiled, group, self.calls_by_tag.get(group, 0), by_group.get(group, []), self.device.type)
         number = lambda v: float(v) if isinstance(v, (int, float)) else 0.0  # noqa: E731
         profiles = profiled.get("profiles") if isinstance(profiled.get("profiles"), dict) else {}
         for index, entry in enumerate(timings):

@@ -43,7 +43,7 @@ class Referee(CorrectnessStage, TimingStage, ProbeStage):
         deck = Path(self.req.reference).parent
         hashes = self.deck_hashes(deck)
         self.ref = load_module("kbsweep_reference", Path(self.req.reference))
-        timed = self.req.mode in ("bench", "full")
+        timed = self.req.mode in ("bench", "full", "profile")
         baselines: List[Dict[str, Any]] = []
         if self.device.type == "cuda":  # a persisting-L2 carve-out an earlier process left on the GPU is not this candidate's
             self.evidence["persisting_l2_inherited"] = timing.persisting_l2_limit()
@@ -81,7 +81,8 @@ class Referee(CorrectnessStage, TimingStage, ProbeStage):
         self.collect_evidence(timings, complete=True)
         self.evidence["files_modified"] = sorted(p for p, h in self.deck_hashes(deck).items() if hashes.get(p) != h)
         return {"correctness": correctness, "timings": timings, "evidence": self.evidence, "findings": self.findings,
-                "kernelbench": self.kernelbench_verdict, "worker_s": time.perf_counter() - t0, "started_at": started_at}
+                "kernelbench": self.kernelbench_verdict, "worker_s": time.perf_counter() - t0, "started_at": started_at,
+                **({"profile": self.profile} if self.req.mode == "profile" else {})}
 
 
 def referee_message(request: RefereeRequest, runner: Channel, make: Callable[[RefereeRequest, Channel], Referee]) -> Dict[str, Any]:

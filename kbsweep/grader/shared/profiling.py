@@ -37,7 +37,8 @@ def session_evidence(prof: Any, groups: Dict[str, str], calls: Dict[str, int]) -
     its group): the ops run in them (with Triton's launches: what a launch itself runs is glue, a copy or an empty,
     and a range of any name bounds nothing), the torch.distributed ops, the GPU kernels, per group the number of
     ranges and each range's FLOPs, and per group of ``calls`` (group -> calls the referee made) the kernels of
-    those calls; ``forged_ranges``: ranges of the harness's name that no command opened, or inside another."""
+    those calls with their GPU time, and the host time of those calls and their ops (:class:`OpTimes`);
+    ``forged_ranges``: ranges of the harness's name that no command opened, or inside another."""
     cpu = torch.autograd.DeviceType.CPU
     named, gpu = [], []  # each event read once: a grade's session holds tens of thousands, each field a call into C++
     for e in prof.profiler.kineto_results.events():
@@ -64,6 +65,7 @@ def session_evidence(prof: Any, groups: Dict[str, str], calls: Dict[str, int]) -
     ops: Dict[str, int] = {}
     comm: Dict[str, int] = {}
     range_flops = [0] * len(outer)
+    range_ops: List[List[tuple]] = [[] for _ in outer]  # per range: (start, end, name) of its ops, for their times
     for name, start, e in named:
         at = calls_at.index(start)
         if at < 0 or name.startswith(CALL_RANGE):
@@ -73,17 +75,47 @@ def session_evidence(prof: Any, groups: Dict[str, str], calls: Dict[str, int]) -
         if "::" in name and not name.startswith("profiler::") and not e.is_user_annotation():  # a range of any name is no op
             ops[name] = ops.get(name, 0) + 1
             range_flops[at] += int(e.flops() or 0)
+            range_ops[at].append((start, e.end_ns(), name))
     by_group: Dict[str, List[tuple]] = {}
     flops_by_group: Dict[str, List[int]] = {}
-    for (start, end, group), flops in zip(outer, range_flops):
+    op_times: Dict[str, OpTimes] = {}
+    for (start, end, group), flops, spans in zip(outer, range_flops, range_ops):
         by_group.setdefault(group, []).append((start, end))
         flops_by_group.setdefault(group, []).append(flops)
+        op_times.setdefault(group, OpTimes()).add(start, end, spans)
     # the GPU timeline's copies of this grade's call ranges are not kernels; a kernel merely named like one is
     kernels = GpuKernels(named, [e for e in gpu if not (e.name().startswith(CALL_RANGE) and group_of(e.name()[len(CALL_RANGE):], groups))])
     profiles = {group: kernels.profile(by_group[group], count) for group, count in calls.items() if by_group.get(group)}
     return {"ops": ops, "comm_ops": comm, "profiles": profiles, "forged_ranges": forged,
             "kernels": sorted(kernels.profile([(s, e) for s, e, _ in outer], 1)["kernels"]) if outer else [],
-            "ranges": {group: len(spans) for group, spans in by_group.items()}, "range_flops": flops_by_group}
+            "ranges": {group: len(spans) for group, spans in by_group.items()}, "range_flops": flops_by_group,
+            "op_times": {group: times.summary() for group, times in op_times.items() if group in calls}}
+
+
+class OpTimes:
+    """The host time of one group's calls: each call range's span, and the outermost torch ops inside it by name
+    (an op nested in another is its time already), so the ops' times and the rest (Python, an interpreter) add up
+    to the calls'."""
+
+    def __init__(self) -> None:
+        self.range_ns = 0
+        self.ops: Dict[str, List[int]] = {}  # name -> [count, ns]
+
+    def add(self, start: int, end: int, spans: List[tuple]) -> None:
+        self.range_ns += end - start
+        reach = start
+        for op_start, op_end, name in sorted(spans):
+            if op_start < reach:  # inside the last outermost op
+                continue
+            entry = self.ops.setdefault(name, [0, 0])
+            entry[0] += 1
+            entry[1] += min(op_end, end) - op_start
+            reach = op_end
+
+    def summary(self, most: int = 50) -> Dict[str, Any]:
+        """The call ranges' time and the ``most`` ops of most time (the evidence message stays small)."""
+        top = sorted(self.ops.items(), key=lambda item: -item[1][1])[:most]
+        return {"range_ns": self.range_ns, "ops": {name[:200]: value for name, value in top}}
 
 
 def group_of(suffix: str, groups: Dict[str, str]) -> Optional[str]:
@@ -102,11 +134,11 @@ class GpuKernels:
         """``host``: the host's events as (name, start ns, event); ``device_events``: the others."""
         launched_at = {e.correlation_id(): start for name, start, e in host if name.startswith(("cuda", "cu"))}
         cuda = torch.autograd.DeviceType.CUDA
-        self.kernels = [(launched_at.get(e.correlation_id()), e.name(), e.device_resource_id()) for e in device_events
+        self.kernels = [(launched_at.get(e.correlation_id()), e.name(), e.device_resource_id(), e.end_ns() - e.start_ns()) for e in device_events
                         if e.device_type() == cuda and not e.is_user_annotation() and not e.name().startswith(("Memcpy", "Memset"))]
 
     def profile(self, ranges: List[tuple], calls: int) -> Dict[str, Any]:
-        """Kernel names, launches per call and streams of the kernels launched from inside ``ranges`` (a
+        """Kernel names, launches per call, GPU time and streams of the kernels launched from inside ``ranges`` (a
         candidate's calls; the flushes and output copies around them are not counted); a CUDA-graph
         replay counts its kernels. ``median_launches``: the launches of the median call (a one-off launch, say a
         CUDA-graph capture's warm-up, moves the mean only)."""
@@ -114,20 +146,23 @@ class GpuKernels:
         starts = [start for start, _ in ranges]
         per_range = [0] * len(ranges)
         inside = []
-        for at, name, stream in self.kernels:
+        for at, name, stream, ns in self.kernels:
             where = bisect.bisect_right(starts, at) - 1 if at is not None else -1
             if where >= 0 and at <= ranges[where][1]:
                 per_range[where] += 1
-                inside.append((name, stream))
+                inside.append((name, stream, ns))
         kernels: Dict[str, int] = {}
-        for name, _ in inside:
+        kernel_ns: Dict[str, int] = {}
+        for name, _, ns in inside:
             kernels[name] = kernels.get(name, 0) + 1
+            kernel_ns[name[:200]] = kernel_ns.get(name[:200], 0) + ns
         calls = max(calls, 1)
         return {
             "launches_per_call": len(inside) / calls,
             "median_launches": statistics.median(per_range) if per_range else 0.0,
             "kernels": {name[:200]: count / calls for name, count in sorted(kernels.items())},
-            "streams": sorted({stream for _, stream in inside}),
+            "kernel_ns": kernel_ns,  # each kernel's GPU time over all the calls
+            "streams": sorted({stream for _, stream, _ in inside}),
         }
 
 

@@ -1,0 +1,85 @@
+"""Nsight Compute's speed of light for ``run_profile`` on a GPU: SM throughput, memory throughput and achieved
+occupancy of the top kernels of one call of the candidate on the profiled shape, in a bounded time.
+
+Optional: where ``ncu`` is not on PATH (or the grade is on CPU) it is one line saying so. ncu runs the candidate in
+the runner's sandbox (:mod:`kbsweep.grader.runner.ncu_driver`), its figures the candidate process's, unscored.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Dict, List, Sequence
+
+from kbsweep.grader.processes import runner_env
+from kbsweep.grader.profile_summary import short
+from kbsweep.paths import REPO_ROOT
+from kbsweep.sandbox.confine import Sandbox, kill
+
+LIMIT_S = 180.0  # ncu replays each kernel a few dozen times: a bound on the whole run
+TOP = 5
+METRICS = {  # ncu's metric -> the column shown
+    "gpu__time_duration.sum": "ns/launch",
+    "sm__throughput.avg.pct_of_peak_sustained_elapsed": "SM %",
+    "gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed": "memory %",
+    "sm__warps_active.avg.pct_of_peak_sustained_active": "occupancy %",
+}
+BOOT = "import sys; sys.path.append({root!r}); from kbsweep.grader.runner.ncu_driver import main; main(*sys.argv[-3:])"
+
+
+def speed_of_light(request: Any, shape: Dict[str, Any], solution: Path, sandbox: Sandbox, env: Dict[str, str],
+                   view: Sequence[Path]) -> List[str]:
+    """The lines of Nsight Compute's view of ``solution`` (staged) on ``shape`` under ``request``, or the one line
+    saying why there are none."""
+    if request.gpu.device != "cuda":
+        return ["ncu: not available (CPU grade)"]
+    ncu = shutil.which("ncu")
+    if ncu is None:
+        return ["ncu: not available"]
+    folder = solution.parent
+    command = [ncu, "--csv", "--page", "raw", "--print-units", "base", "--profile-from-start", "off", "--target-processes", "all", "--launch-count", "50",
+               "--metrics", ",".join(METRICS), sys.executable, "-I", "-B", "-c", BOOT.format(root=str(REPO_ROOT)),
+               str(folder), str(request.problem.grader_reference.resolve()), json.dumps(shape)]
+    tools = sorted({Path(ncu).parent, Path(ncu).resolve().parent})
+    proc = sandbox.popen(command, cwd=str(folder), env=runner_env(env), writable=[(folder, str(folder))],
+                         readonly=[*view, *tools], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = proc.communicate(timeout=min(LIMIT_S, request.timeout_s / 4))
+    except subprocess.TimeoutExpired:
+        kill(proc)
+        return [f"ncu: stopped after {min(LIMIT_S, request.timeout_s / 4):.0f} s"]
+    rows = parse(out)
+    if not rows:
+        said = [line for line in (err or out).splitlines() if line.strip()]
+        return [f"ncu: no kernel profiled (exit {proc.returncode}): {(said[-1] if said else 'no output')[:200]}"]
+    return table(rows)
+
+
+def parse(out: str) -> List[Dict[str, str]]:
+    """ncu's raw CSV page: a header, a row of units, a row per kernel (its own ``==PROF==`` lines left out)."""
+    lines = [line for line in out.splitlines() if line.startswith('"')]
+    records = list(csv.DictReader(lines))
+    return [r for r in records[1:] if r.get("Kernel Name")]
+
+
+def table(rows: List[Dict[str, str]]) -> List[str]:
+    """Per kernel name, the means of its launches; the :data:`TOP` of most time."""
+    def number(value: str) -> float:
+        try:
+            return float(str(value).replace(",", ""))
+        except ValueError:
+            return 0.0
+
+    by_name: Dict[str, List[List[float]]] = {}
+    for row in rows:
+        by_name.setdefault(row["Kernel Name"], []).append([number(row.get(metric, "")) for metric in METRICS])
+    means = {name: [sum(col) / len(col) for col in zip(*values)] for name, values in by_name.items()}
+    ranked = sorted(means.items(), key=lambda item: -item[1][0] * len(by_name[item[0]]))[:TOP]
+    lines = [f"ncu (Nsight Compute, one call, the candidate's process): {len(rows)} launches, top {len(ranked)} kernels",
+             "  " + " ".join(f"{label:>11}" for label in METRICS.values()) + "  kernel"]
+    for name, values in ranked:
+        lines.append("  " + " ".join(f"{value:11.4g}" for value in values) + f"  {short(name)}")
+    return lines

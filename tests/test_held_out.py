@@ -16,10 +16,13 @@ from kbsweep.config.problems import asdict_spec, load_problem
 from kbsweep.errors import KbsweepError
 from kbsweep.grader import grade
 from kbsweep.grader.request import GradeRequest
+from kbsweep.grader.result import GradeResult
+from kbsweep.outcomes import Outcome
 from kbsweep.reporting.render import board_table
 from kbsweep.reporting.report import build_boards
 from kbsweep.sandbox.confine import Sandbox, SandboxPolicy, grading_view
-from kbsweep.score.roofline import geomean
+from kbsweep.score.roofline import ShapeScore, geomean
+from kbsweep.tracking.cell_result import CellResult
 from kbsweep.tracking.tracker import cell_metrics
 from tests.support.grading import CPU, ZYGOTE_HOME
 from tests.test_report import row
@@ -218,6 +221,22 @@ def test_run_shell_finds_no_held_out_shape(held_problem, tmp_path):
     assert not leaked(output)
     listing = box.tool_list_files() + box.tool_read_file("prompt.md")
     assert not leaked(listing)
+
+
+@pytest.mark.fast
+def test_records_store_the_parts_scores_only_where_held_out_shapes_were_graded():
+    shapes = [ShapeScore({"rows": 33, "cols": 70}, 1.0, None, 1.0, None, 0.1, 0.1), ShapeScore(HELD_SMOKE, 2.0, None, 1.0, None, 0.2, 0.2, held_out=True)]
+    result = GradeResult("demo/x", "v", "s.py", "full", "cpu", "cpu", "smoke_shapes", 1, 1.0, 60.0, {}, Outcome.PASS, score=0.14,
+                         basis="roofline", shapes=shapes, score_public=0.1, score_held_out=0.2)
+    stored = result.to_json()
+    assert (stored["score_public"], stored["score_held_out"]) == (0.1, 0.2)
+    assert [s.get("held_out", False) for s in stored["shapes"]] == [False, True]
+    assert GradeResult.from_json(stored).to_json() == stored
+    public_only = GradeResult.from_json({**stored, "shapes": stored["shapes"][:1]})  # no held-out shape graded
+    assert not {"score_public", "score_held_out"} & set(public_only.to_json())
+    cell = CellResult(Outcome.PASS, score=0.14, stop_reason="submitted", score_public=0.1, score_held_out=0.2)
+    assert CellResult.from_json(cell.to_json()).score_held_out == 0.2
+    assert "score_public" not in CellResult(Outcome.PASS, score=0.14, stop_reason="submitted").to_json()
 
 
 @pytest.mark.fast

@@ -256,3 +256,35 @@ def test_the_board_shows_public_and_held_out_means_and_their_gap():
     assert by_model == {"alpha": ["0.55", "0.35", "0.2"], "beta": ["–", "–", "–"]}
     [plain] = build_boards([row("alpha", "hard/p1", 0)])
     assert "held-out gap" not in board_table(plain)[0]  # boards without held-out grades keep their columns
+
+
+def test_a_sweeps_cell_never_shows_the_agent_a_held_out_shape_and_records_both_parts(tmp_path):
+    """A real sweep (the fake provider's model writes, checks, fixes, benchmarks and submits) over the demo problem
+    with held-out shapes: the prompt and every tool result in the transcript, and the workspace, hold none; the final
+    grade scores them, and result.json, the MLflow run and the board carry the parts' scores."""
+    from kbsweep.tracking.mlflow_store import runs_frame
+    from tests.support.fake_provider import FakeProvider
+    from tests.support.scripts import multi_turn_fix
+    from tests.support.sweeps import cell_runs, model_yaml, results, sweep
+
+    problems = tmp_path / "problems" / "demo"
+    problems.mkdir(parents=True)
+    problem_copy(problems)
+    with FakeProvider(multi_turn_fix()) as fp:
+        model_yaml(tmp_path / "conf", "fake-openai", "openai/fake-openai", fp.base_url)
+        proc = sweep(tmp_path / "conf", tmp_path / "outputs", "model=fake-openai", f"paths.problems=[{REPO / 'problems'},{tmp_path / 'problems'}]")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = results(tmp_path / "outputs")["fake-openai"]
+    assert result["outcome"] == "pass", result.get("message")
+    folder = Path(result["folder"])
+    transcript = (folder / "transcript.jsonl").read_text()
+    assert "rows=33, cols=70" in transcript and "run_benchmark" in transcript  # the prompt's shapes, the tools' results
+    assert not leaked(transcript) and not leaked(log_text(folder / "workspace"))
+    grade_record = json.loads((folder / "grade.json").read_text())
+    assert [s["shape"] for s in grade_record["shapes"] if s.get("held_out")] == [HELD_SMOKE]
+    assert (result["score_public"], result["score_held_out"]) == (grade_record["score_public"], grade_record["score_held_out"])
+    [run] = cell_runs(tmp_path / "outputs")
+    assert run.data.metrics["score_held_out"] == pytest.approx(result["score_held_out"])
+    [board] = build_boards(runs_frame(f"sqlite:///{tmp_path / 'outputs'}/mlflow.db"))
+    [entry] = board["models"]
+    assert entry["held_out_cells"] == 1 and entry["held_out_gap"] == pytest.approx(result["score_public"] - result["score_held_out"])

@@ -139,6 +139,20 @@ def test_bad_held_out_shapes_are_one_line_naming_file_and_key(tmp_path, extra, k
 
 
 @pytest.mark.fast
+@pytest.mark.parametrize("shape_set, extra, key", [
+    ("shapes", "held_out_shapes:\n  - {rows: 0, cols: 9}\n", "held_out_shapes[0].rows"),
+    ("smoke_shapes", "held_out_smoke_shapes:\n  - {rows: 2, cols: 0}\n", "held_out_smoke_shapes[0].cols"),
+])
+def test_plan_checks_the_held_out_sizes_of_the_shape_set_graded(tmp_path, roofline, shape_set, extra, key):
+    from kbsweep.planner.validate import check_problem
+
+    root = problem_copy(tmp_path, extra)
+    with pytest.raises(KbsweepError) as err:
+        check_problem(load_problem(root, "demo"), shape_set, roofline, "cpu")
+    assert "\n" not in str(err.value) and str(root / "problem.yaml") in str(err.value) and f"'{key}'" in str(err.value)
+
+
+@pytest.mark.fast
 def test_public_views_hold_no_held_out_shape(held_problem, tmp_path):
     """The prompt, the accessors a check uses, the spec a grade sends, the workspace and the grading view."""
     assert held_problem.held_out_shapes("smoke_shapes") == [HELD_SMOKE]

@@ -244,7 +244,7 @@ def work_cell(cell: Cell, folder: Path, redactor: Redactor) -> CellResult:
     return CellResult(
         outcome,
         message=cell_message(agent.fault, graded),
-        score=graded.get("score") if outcome == Outcome.PASS else None,
+        **{key: graded.get(key) if outcome == Outcome.PASS else None for key in ("score", "score_public", "score_held_out")},
         basis=graded.get("basis"),
         speedup=graded.get("speedup", {}),
         shapes=[ShapeScore.from_json(shape) for shape in graded.get("shapes", [])],

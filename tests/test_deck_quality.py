@@ -1,5 +1,6 @@
 """Deck quality gate (robust-kbench's filters; KernelBench #165): on every shape a problem is graded at on CPU,
-its reference output must not be near zero, near constant, or insensitive to its inputs or its weights."""
+held-out ones included, its reference output must not be near zero, near constant, or insensitive to its inputs or
+its weights."""
 from __future__ import annotations
 
 import importlib.util
@@ -72,7 +73,7 @@ def test_the_gate_rejects_uninformative_references(tmp_path, forward, complaint)
 def check_informative(problem):
     ref = reference(problem)
     device = torch.device("cpu")
-    for shape in problem.shapes("smoke_shapes"):
+    for shape in problem.shapes("smoke_shapes") + problem.held_out_shapes("smoke_shapes"):
         torch.manual_seed(0)
         model = ref.Model(*ref.get_init_inputs(dict(shape))).eval()
         torch.manual_seed(1)
@@ -109,3 +110,13 @@ def test_paged_attention_draws_the_same_lengths_every_seed(batch):
         drawn.append(module.get_inputs(shape, torch.device("cpu"))[-1].tolist())
     assert all(sorted(d) == sorted(drawn[0]) and sum(d) == batch * 256 for d in drawn)
     assert batch < 4 or len({tuple(d) for d in drawn}) > 1  # the order is still drawn
+
+
+@pytest.mark.fast
+def test_every_hard_problem_holds_out_shapes():
+    """Each hard problem grades held-out shapes on the GPU and on the CPU (its smoke grades); the deck holds out an
+    off-alignment size (a dimension that is no multiple of 16) somewhere."""
+    hard = [load_problem(p, "hard") for p in PROBLEMS if p.parent.name == "hard"]
+    assert hard and all(p.spec.held_out_shapes and p.spec.held_out_smoke_shapes for p in hard), [p.id for p in hard if not p.spec.held_out_shapes]
+    sizes = [v for p in hard for shape in p.spec.held_out_shapes for k, v in shape.items() if isinstance(v, int) and v > 16]
+    assert any(v % 16 for v in sizes)

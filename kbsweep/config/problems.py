@@ -17,6 +17,7 @@ from kbsweep.config.file_versions import parsed
 
 DECK_FILES = ("problem.yaml", "reference.py", "prompt.md", "sota.py", "baseline.py")
 BASELINE_FILES = ("reference.py", "sota.py", "baseline.py")
+HELD_OUT = {"shapes": "held_out_shapes", "smoke_shapes": "held_out_smoke_shapes"}  # public set -> its held-out set
 FORMULA_NAMES = {"min": min, "max": max, "ceil": math.ceil, "floor": math.floor, "log2": math.log2}
 
 
@@ -49,6 +50,9 @@ class ProblemSpec:
     forbidden: List[str] = field(default_factory=list)
     shapes: List[Dict[str, Any]] = field(default_factory=list)
     smoke_shapes: List[Dict[str, Any]] = field(default_factory=list)
+    # graded by full grades only, never shown to the agent (docs/problem-format.md, held-out shapes)
+    held_out_shapes: List[Dict[str, Any]] = field(default_factory=list)
+    held_out_smoke_shapes: List[Dict[str, Any]] = field(default_factory=list)
     stress: List[StressCase] = field(default_factory=list)
     seeds: int = 3
     sota: Optional[SotaSpec] = None
@@ -84,7 +88,14 @@ class Problem:
         return adapter if adapter.exists() else self.reference
 
     def shapes(self, shape_set: str) -> List[Dict[str, Any]]:
+        """The public shapes of ``shape_set`` (what the prompt, checks and benchmarks show)."""
         shapes = getattr(self.spec, shape_set) or self.spec.shapes
+        return [dict(s) for s in shapes]
+
+    def held_out_shapes(self, shape_set: str) -> List[Dict[str, Any]]:
+        """The held-out shapes beside ``shape_set``'s public ones: graded by full grades only (``shapes`` pairs
+        with ``held_out_shapes``, ``smoke_shapes`` with ``held_out_smoke_shapes``, falling back to it)."""
+        shapes = getattr(self.spec, HELD_OUT[shape_set]) or self.spec.held_out_shapes
         return [dict(s) for s in shapes]
 
     def solutions(self) -> Dict[str, Path]:
@@ -175,14 +186,31 @@ def load_problem(root: Path, track: str) -> Problem:
         raise KbsweepError(f"{root / 'problem.yaml'}: key 'regime': must be compute, memory or latency")
     if not spec.shapes:
         raise KbsweepError(f"{root / 'problem.yaml'}: key 'shapes': at least one shape is required")
+    check_held_out(spec, root / "problem.yaml")
     problem = Problem(track=track, name=root.name, root=root, spec=spec)
-    for shape in problem.shapes("shapes") + problem.shapes("smoke_shapes"):
+    for shape in [*problem.shapes("shapes"), *problem.shapes("smoke_shapes"), *spec.held_out_shapes, *spec.held_out_smoke_shapes]:
         problem.work(shape)  # formulas must evaluate on every shape
     return problem
 
 
+def check_held_out(spec: ProblemSpec, path: Path) -> None:
+    """Each held-out shape has the keys of its public set's shapes and is none of them (a held-out shape the agent
+    is shown is not held out); a KernelBench problem has none (its shapes are its file's)."""
+    for public_set, held_set in HELD_OUT.items():
+        public = getattr(spec, public_set) or spec.shapes
+        for i, shape in enumerate(getattr(spec, held_set)):
+            where = f"{path}: key '{held_set}[{i}]'"
+            if spec.kernelbench:
+                raise KbsweepError(f"{where}: a KernelBench problem has no held-out shapes")
+            if set(shape) != set(public[0]):
+                raise KbsweepError(f"{where}: keys {sorted(shape)} differ from the {public_set}' keys {sorted(public[0])}")
+            if dict(shape) in [dict(s) for s in public]:
+                raise KbsweepError(f"{where}: {dict(shape)} is also a public shape ({public_set})")
+
+
 def asdict_spec(spec: ProblemSpec) -> Dict[str, Any]:
-    """The spec as plain data (what the grading process receives). The spec came through ``OmegaConf.to_object``,
-    so its fields are plain already: a dataclass copy gives what a structured config's container would, without
-    building one per grade (8.7 s of py-spy samples over a 100-cell demo sweep)."""
-    return asdict(spec)
+    """The spec as plain data (what the grading process receives), its held-out shapes left out: a grade gets the
+    shapes it grades in its request, and no other. The spec came through ``OmegaConf.to_object``, so its fields are
+    plain already: a dataclass copy gives what a structured config's container would, without building one per grade
+    (8.7 s of py-spy samples over a 100-cell demo sweep)."""
+    return {key: value for key, value in asdict(spec).items() if key not in HELD_OUT.values()}

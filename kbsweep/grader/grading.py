@@ -128,9 +128,11 @@ def grade(request: GradeRequest) -> GradeResult:
         give([warm.home], sandbox_uid())  # staged after the zygote started: the sandbox's uid must own it
     deck_version = request.deck_version or problem.deck_hash()
     host_env = {**software_versions(), "host": platform.node(), "gpus": gpus.list_gpus()}
+    held_out = [dict(shape) for shape in request.held_out_shapes]  # mode full only (GradeRequest.of)
     shapes = problem.shapes(gpu.shape_set)
     if request.mode == "profile":  # one public shape: the first of the set a check or benchmark grades
         shapes = shapes[:1]
+    shapes = shapes + held_out  # graded alike; told apart only here, in the orchestrator
     keyed = [{**shape, "world": world_size} for shape in shapes] if multi else shapes  # a world size has its own baselines
     keys = {
         name: [entry_key(problem.id, problem.code_hash(), gpu.name, host_env, shape, name, request.compile_mode) for shape in keyed]
@@ -184,6 +186,8 @@ def grade(request: GradeRequest) -> GradeResult:
     worker = message["result"]
     for entry in worker["timings"]:
         entry["work"] = work(entry["shape"])
+        if entry["shape"] in held_out:
+            entry["held_out"] = True
     settle_baselines(worker["timings"], keys, cache, host_env, request.compile_mode)
     scorer = (lambda w, spec, roof: distributed.score_multi(w, spec, roof, world_size)) if multi else score_grade
     scored = scorer(worker, problem.spec, request.roofline) if worker["timings"] else {"score": None, "findings": []}
@@ -195,12 +199,18 @@ def grade(request: GradeRequest) -> GradeResult:
     result.findings = worker["findings"] + scored["findings"]
     result.score, result.basis = scored["score"], scored.get("basis")
     result.shapes, result.speedup = scored.get("shapes", []), scored.get("speedup", {})
+    for shape, entry in zip(result.shapes, worker["timings"]):
+        shape.held_out = entry.get("held_out", False)
     if any(f["kind"] in UNSCORED_FINDINGS + COMM_FINDINGS for f in result.findings):
         result.score = None
     if request.mode == "profile":  # a look for the agent, never a score
         result.score = None
         result.profile = profile_summary.summary(result, worker.get("profile"), request.roofline, problem.spec.regime,
                                                  ncu.speed_of_light(request, shapes[0], solution, confined, env, view))
+    if held_out and result.score is not None:  # the same scorer over each part: what the agent saw, what it never did
+        result.score_public, result.score_held_out = (
+            scorer({**worker, "timings": [e for e in worker["timings"] if e.get("held_out", False) is part]}, problem.spec, request.roofline)["score"]
+            for part in (False, True))
     kernelbench = worker.get("kernelbench")
     if kernelbench is not None and result.score is not None:  # KernelBench's speedup of a pass is kbsweep's
         kernelbench["speedup"] = result.speedup

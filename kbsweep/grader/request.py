@@ -34,7 +34,9 @@ class GradeRequest:
     (default: ``kernelbench`` for a KernelBench problem on a GPU). ``zygote_home``: the folder the runner's
     zygote keeps its home under (default: ``log_dir``'s parent); grades that share it share the zygote.
     ``own_kernels``: the track scores the candidate's own kernels, so counted calls that launch none of them are a
-    ``no_kernel`` finding and the grade has no score (default: every track but KernelBench's format)."""
+    ``no_kernel`` finding and the grade has no score (default: every track but KernelBench's format).
+    ``held_out_shapes``: graded after the public shapes and tagged ``held_out``; :meth:`of` sets them for full grades
+    only, so no check or benchmark (what the agent sees) grades them."""
 
     problem: "Problem"
     solution: Path
@@ -55,6 +57,7 @@ class GradeRequest:
     timers: Optional[Sequence[str]] = None
     zygote_home: Optional[Path] = None
     own_kernels: Optional[bool] = None
+    held_out_shapes: List[Dict[str, Any]] = field(default_factory=list)
 
     @classmethod
     def from_config(cls, problem: "Problem", roofline: Dict[str, Any], gpu: GpuSpec, track: Dict[str, Any],
@@ -87,5 +90,8 @@ class GradeRequest:
         )
 
     def of(self, mode: str, solution: Path, log_dir: Path) -> "GradeRequest":
-        """This grade of ``solution`` in ``mode``, logged under ``log_dir``: the baselines are timed by full grades only."""
-        return replace(self, mode=mode, solution=Path(solution), log_dir=log_dir, baselines=self.baselines if mode == "full" else [])
+        """This grade of ``solution`` in ``mode``, logged under ``log_dir``: the baselines are timed, and the problem's
+        held-out shapes graded, by full grades only."""
+        full = mode == "full"
+        return replace(self, mode=mode, solution=Path(solution), log_dir=log_dir, baselines=self.baselines if full else [],
+                       held_out_shapes=self.problem.held_out_shapes(self.gpu.shape_set) if full else [])

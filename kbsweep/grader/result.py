@@ -17,6 +17,7 @@ COMMON = ("problem", "deck_version", "solution", "mode", "gpu", "device", "shape
 PASSED = ("startup_s", "correctness", "timings", "evidence", "findings", "score")
 FAILED = ("message", "stage", "findings", "evidence", "score")
 SCORED = ("basis", "shapes", "speedup")
+HELD_OUT = ("score_public", "score_held_out")  # a grade that graded held-out shapes: the score of each part
 VERDICTS = ("kernelbench", "verdicts")
 PROFILED = ("profile",)  # a passed profile grade's summary for the agent
 
@@ -52,6 +53,8 @@ class GradeResult:
     kernelbench: Optional[Dict[str, Any]] = None  # KernelBench's own verdict, with ``verdicts`` beside kbsweep's
     verdicts: Optional[Dict[str, str]] = None
     profile: Optional[Dict[str, Any]] = None  # mode profile: {"summary": text, "ncu": ...} (kbsweep.grader.profile_summary)
+    score_public: Optional[float] = None  # over the public shapes alone, where held-out shapes were graded too
+    score_held_out: Optional[float] = None
     extra: Dict[str, Any] = field(default_factory=dict)  # keys of a stored result this version does not write
 
     @property
@@ -61,6 +64,7 @@ class GradeResult:
     def to_json(self) -> Dict[str, Any]:
         """The stored form, key for key as the grader has always written it (outcomes as their strings)."""
         keys = COMMON + (PASSED + (SCORED if self.basis is not None else ()) if self.passed else FAILED)
+        keys += HELD_OUT if any(shape.held_out for shape in self.shapes) else ()
         return to_stored(self, keys + (VERDICTS if self.verdicts is not None else ()) + (PROFILED if self.profile is not None else ()))
 
     @classmethod

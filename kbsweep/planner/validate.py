@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Optional,
 from kbsweep.config.schema import is_number
 from kbsweep.errors import KbsweepError
 from kbsweep.paths import REPO_ROOT, user_cache
-from kbsweep.config.problems import Problem, load_problem
+from kbsweep.config.problems import HELD_OUT, Problem, load_problem
 from kbsweep.score.roofline import load_roofline
 
 if TYPE_CHECKING:  # a type only: the matrix calls this module, so a runtime import would run back
@@ -69,7 +69,7 @@ def check_problem(problem: Problem, shape_set: str, roofline: Dict[str, Any], ro
     graded on and the roofline it is scored on (:func:`~kbsweep.config.problems.load_problem` checked regime and formulas)."""
     path = problem.root / "problem.yaml"
     spec = problem.spec
-    for group in ("shapes", shape_set):
+    for group in ("shapes", shape_set, "held_out_shapes", HELD_OUT[shape_set]):
         for i, shape in enumerate(getattr(spec, group)):
             for key, value in shape.items():
                 size = isinstance(value, int) and not isinstance(value, bool)

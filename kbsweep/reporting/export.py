@@ -18,7 +18,7 @@ from kbsweep.agent.transcript import Redactor, read_events
 
 INDEX_FIELDS = (
     "run_id", "experiment", "track", "problem", "gpu", "model", "harness", "provider", "repeat", "outcome", "outcome_class", "verdict",
-    "score", "fraction_geomean", "speedup_eager", "speedup_compile", "speedup_sota", "tokens_input", "tokens_output",
+    "score", "score_public", "score_held_out", "fraction_geomean", "speedup_eager", "speedup_compile", "speedup_sota", "tokens_input", "tokens_output",
     "tokens_cached", "tokens_reasoning", "cost_usd", "agent_s", "grade_s", "turns", "deck_version", "cell_key",
 )
 CARD = """---
@@ -38,7 +38,7 @@ configs:
 - `traces/<run_id>.jsonl`: one session per run in the Claude Code session schema (Hub agent-trace viewer).
 - `index.jsonl`: one row per run with track, problem, GPU, model, harness (who drove the model: kbsweep's
   own loop, Claude Code, Codex), provider, repeat, outcome, audit verdict, score
-  (roofline fraction geomean or speedup), speedups, tokens, dollars and wall times.
+  (roofline fraction geomean or speedup; over public and held-out shapes apart where both were graded), speedups, tokens, dollars and wall times.
 
 Runs whose audit verdict is not `clean` are included with their verdict; they never rank on kbsweep boards.
 

@@ -49,8 +49,10 @@ def board_table(board: Dict[str, Any], per_problem: bool = True, compact: bool =
     levels = [] if per_problem else sorted({c["level"] for c in board["cells"]}, key=natural)
     header = ["rank", "model", "harness", *[f"{p.split('/')[-1]} mean" for p in deck]]
     header += ["level", "passed", f"fast_1{cpu}", f"fast_2{cpu}", f"geomean{cpu}"] if levels else []
-    tail = ["deck mean ± CI95", "pass@1"] + [f"pass@{k}"] * (k > 1) + ["passed/cells", "flagged", "infra", "out tokens", "$", "$/pass", "out tok/pass"]
-    keep = [i for i, name in enumerate(tail) if not compact or name in ("deck mean ± CI95", "infra")]
+    held_out = any(e["held_out_cells"] for e in board["models"])  # the columns of boards with held-out shapes graded
+    tail = (["deck mean ± CI95", "pass@1"] + [f"pass@{k}"] * (k > 1) + HELD_OUT_COLUMNS * held_out
+            + ["passed/cells", "flagged", "infra", "out tokens", "$", "$/pass", "out tok/pass"])
+    keep = [i for i, name in enumerate(tail) if not compact or name in ("deck mean ± CI95", "held-out gap", "infra")]
     header += [tail[i] for i in keep]
     rows = []
     for e in board["models"]:
@@ -64,6 +66,7 @@ def board_table(board: Dict[str, Any], per_problem: bool = True, compact: bool =
                 scores.append("0")
         spread = f"{fmt(e['deck_mean'])} ± {fmt(e['deck_ci95'])} (n={e['repeats']})"
         values = ([spread, fmt(e["pass_at_1"], ".2f")] + [fmt(e["pass_at_k"], ".2f")] * (k > 1)
+                  + [fmt(e["public_mean"]), fmt(e["held_out_mean"]), fmt(e["held_out_gap"])] * held_out
                   + [f"{e['passed']}/{e['cells']}", str(e["flagged_cells"]), str(e["infra"]), fmt(e["tokens_output"], ".0f"), fmt(e["usd"], ".2f"),
                      fmt(e["usd_per_pass"], ".3f"), fmt(e["tokens_output_per_pass"], ".0f")])
         own = [values[i] for i in keep]
@@ -80,6 +83,7 @@ def board_table(board: Dict[str, Any], per_problem: bool = True, compact: bool =
     return header, rows
 
 
+HELD_OUT_COLUMNS = ["public mean", "held-out mean", "held-out gap"]
 SEVERITY = ("reward_hack", "contaminated", "rubric_leak", "needs_human")  # worst first
 MAX_FLAGGED = 20  # rows of the audit-flagged table; report.json keeps every cell
 
@@ -101,7 +105,8 @@ def flagged_table(board: Dict[str, Any], limit: int = MAX_FLAGGED) -> Tuple[List
 
 MEANING = ("scores: the mean over repeats of each cell's valid score (a failure, a missing cell or a flagged pass "
            "counts 0; DQ(x): only a flagged pass, of score x); deck mean: over the deck's problems, with the 95% Student-t "
-           "interval over the n repeats' deck means; infra: cells left in an infrastructure outcome, never scored, run "
+           "interval over the n repeats' deck means; public/held-out mean and gap (public minus held-out): over the valid "
+           "passes graded on held-out shapes, which the agent never saw; infra: cells left in an infrastructure outcome, never scored, run "
            "again by the sweep's next run")
 CPU_NOTE = ("cpu: plumbing only: graded on a CPU (Triton's interpreter, smoke sizes), so scores, speedups and fast_p "
             "check the code paths and are noise as kernel performance")

@@ -113,7 +113,17 @@ def model_entry(name: str, rows: List[Dict[str, Any]], deck: List[str], k: int) 
         "tokens_output": out_tokens,
         "usd_per_pass": usd / passed if passed else None,
         "tokens_output_per_pass": out_tokens / passed if passed else None,
+        **held_out_gap(rows),
     }
+
+
+def held_out_gap(rows: List[Dict[str, Any]]) -> Dict[str, Any]:
+    """The mean score over public and over held-out shapes of the valid passes that have both, and the gap
+    (public minus held-out: how much of the score holds only on the shapes the agent saw); None without such cells."""
+    both = [row for row in rows if is_valid_pass(row) and row.get("score_public") is not None and row.get("score_held_out") is not None]
+    public = sum(row["score_public"] for row in both) / len(both) if both else None
+    held_out = sum(row["score_held_out"] for row in both) / len(both) if both else None
+    return {"public_mean": public, "held_out_mean": held_out, "held_out_gap": public - held_out if both else None, "held_out_cells": len(both)}
 
 
 def harness_of(row: Dict[str, Any]) -> str:
@@ -212,6 +222,7 @@ def scored_board(where: Tuple[str, str, str], board_rows: List[Dict[str, Any]]) 
         {
             "entrant": entrant(row), "model": row.get("model"), "harness": harness_of(row), "problem": row.get("problem"), "repeat": row.get("repeat"),
             "outcome": row.get("outcome"), "verdict": row.get("verdict"), "valid": is_valid_pass(row), "flagged": is_flagged(row), "score": row.get("score"),
+            "score_public": row.get("score_public"), "score_held_out": row.get("score_held_out"),
             "usd": row.get("cost_usd"), "tokens_output": row.get("tokens_output"), "run_id": row["run_id"], "experiment": row["experiment"],
             "level": level_of(row), "speedup_eager": row.get("speedup_eager"),
         }

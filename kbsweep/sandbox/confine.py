@@ -180,10 +180,15 @@ def require(policy: SandboxPolicy, probe: bool = True) -> None:
         )
 
 
+GRADING_HIDDEN = ("solutions", "problem.yaml")  # a problem's entries no grading process sees
+
+
 def grading_view(problem_root: Path) -> List[Path]:
     """What a grading process sees read-only besides the system and Python: kbsweep's package and the problem's
-    files, never its ``solutions/`` (single-process and multi-rank grades alike)."""
-    return [REPO_ROOT / "kbsweep", *(p for p in sorted(Path(problem_root).iterdir()) if p.name != "solutions")]
+    files (the reference, its adapter, baselines), never its ``solutions/`` nor ``problem.yaml``: the referee gets the
+    spec and the shapes it grades in its request, so no process of a check or benchmark can read the held-out shapes
+    (single-process and multi-rank grades alike)."""
+    return [REPO_ROOT / "kbsweep", *(p for p in sorted(Path(problem_root).iterdir()) if p.name not in GRADING_HIDDEN)]
 
 
 def minimal_env(hide: Iterable[str] = (), **extra: str) -> Dict[str, str]:

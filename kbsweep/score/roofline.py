@@ -89,6 +89,7 @@ class ShapeScore:
     collective: bool = False
     busbw_gbps: Optional[float] = None
     comm_fraction: Optional[float] = None
+    held_out: bool = False  # a held-out shape (never shown to the agent), stored only when true
 
     def to_json(self) -> Dict[str, Any]:
         out = {key: getattr(self, key) for key in ALWAYS_STORED}
@@ -96,6 +97,8 @@ class ShapeScore:
             out["baselines_outside_tolerance"] = self.baselines_outside_tolerance
         if self.collective:
             out.update(busbw_gbps=self.busbw_gbps, comm_fraction=self.comm_fraction)
+        if self.held_out:
+            out["held_out"] = True
         return out
 
     @classmethod

@@ -18,6 +18,7 @@ WORKED = ("score", "basis", "speedup", "shapes", "verdict", "stop_reason", "turn
           "judge_cost_usd", "judge_usage", "agent_s", "grade_s", "steps", "env")
 VERDICTS = ("verdicts", "kernelbench")
 STAMPS = ("key", "cell", "started", "finished", "folder")
+HELD_OUT = ("score_public", "score_held_out")  # a final grade that graded held-out shapes: each part's score
 
 
 @dataclass
@@ -46,6 +47,8 @@ class CellResult:
     env: Optional[Dict[str, Any]] = None
     verdicts: Optional[Dict[str, str]] = None  # a KernelBench problem: its own eval's verdict beside kbsweep's
     kernelbench: Optional[Dict[str, Any]] = None
+    score_public: Optional[float] = None  # the score over the public shapes alone, where held-out ones were graded
+    score_held_out: Optional[float] = None
     key: Optional[str] = None
     cell: Optional[str] = None  # the cell's label
     started: Optional[float] = None
@@ -56,6 +59,7 @@ class CellResult:
     def to_json(self) -> Dict[str, Any]:
         """The stored form, key for key as cells have always written it (the outcome as its string)."""
         keys = EVERY + (WORKED if self.stop_reason is not None else ()) + (VERDICTS if self.verdicts is not None else ())
+        keys += tuple(key for key in HELD_OUT if getattr(self, key) is not None)
         return to_stored(self, keys + tuple(key for key in STAMPS if getattr(self, key) is not None))
 
     @classmethod

@@ -164,8 +164,9 @@ def cell_metrics(result: Dict[str, Any]) -> Dict[str, float]:
     for name, value in (result.get("speedup") or {}).items():
         if value is not None:
             metrics[f"speedup_{name}"] = value
-    if result.get("score") is not None:
-        metrics["score"] = result["score"]
+    for key in ("score", "score_public", "score_held_out"):
+        if result.get(key) is not None:
+            metrics[key] = result[key]
     metrics["passed"] = 1.0 if result.get("outcome") == Outcome.PASS.value else 0.0
     if result.get("verdicts"):  # a KernelBench problem: its own eval's verdict beside kbsweep's
         metrics["kernelbench_correct"] = 1.0 if result["verdicts"]["kernelbench"] == "correct" else 0.0

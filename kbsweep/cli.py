@@ -10,7 +10,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -70,6 +70,7 @@ def sweep_cells(cfgs: List[DictConfig]) -> tuple:
     from kbsweep.launch.budget import Ledger, Budget
     from kbsweep.planner.budget import sweep_budget
     from kbsweep.planner.matrix import build_matrix
+    from kbsweep.planner.preflight import preflight_mode, refuse_on_failure
     from kbsweep.launch.sweep import run_sweep
 
     cells = build_matrix(cfgs)
@@ -86,6 +87,7 @@ def sweep_cells(cfgs: List[DictConfig]) -> tuple:
 def run_verb(cfgs: List[DictConfig]) -> int:
     """Run a sweep (resuming it), then print its own leaderboards (the report files keep every sweep's)."""
     from kbsweep.reporting.render import render_terminal
+    from kbsweep.tracking.mlflow_store import runs_link
 
     cells, left, _ = sweep_cells(cfgs)  # cells the budget did not start are no fault: run_sweep said so in one line
     sweeps = {cell.sweep for cell in cells}
@@ -100,51 +102,11 @@ def run_verb(cfgs: List[DictConfig]) -> int:
     return ExitCode.OK
 
 
-MLFLOW_UI = "http://127.0.0.1:5000"  # where `mlflow ui` serves by default
-
-
-def runs_link(uri: str, sweep: str, experiment_id: Optional[str] = None) -> str:
-    """Where a sweep's runs are in MLflow's UI (its experiment's id asked of MLflow unless given: a board read back
-    from the snapshot carries it, and a resumed finished sweep then never imports MLflow). MLflow 3.17's UI opens an
-    experiment on its GenAI overview unless the address asks for the model-training view (``workflowType=
-    machine_learning``, the GenAI | Model training switch): while it shows that switch it ignores the experiment's
-    ``mlflow.experimentKind`` tag."""
-    if experiment_id is None:
-        from kbsweep.tracking.mlflow_store import make_client
-
-        experiment = make_client(uri).get_experiment_by_name(sweep)
-        experiment_id = experiment.experiment_id if experiment else None
-    page = f"#/experiments/{experiment_id}?workflowType=machine_learning" if experiment_id else "#/experiments"
-    if uri.startswith(("http://", "https://")):
-        return f"{uri.rstrip('/')}/{page}"
-    return f"mlflow ui --backend-store-uri {uri}, then {MLFLOW_UI}/{page}"
-
-
-def preflight_mode(cfg: DictConfig) -> str:
-    from kbsweep.planner.preflight import MODES
-
-    mode = str(cfg.get("preflight"))
-    if mode not in MODES:
-        raise KbsweepError(f"conf/config.yaml: key 'preflight': '{mode}' is not one of {', '.join(MODES)}")
-    return mode
-
-
-def refuse_on_failure(cells, mode: str) -> None:
-    """Preflight the models of ``cells``: each failure is one line, then exit (CONFIG for a key or route, INFRA
-    for a provider fault) before anything launches."""
-    from kbsweep.planner.preflight import preflight, worst
-
-    failed = [check for check in preflight(cells, mode) if check.status != "ok"]
-    if failed:
-        error = KbsweepError if worst(failed) == ExitCode.CONFIG else InfraError
-        raise error("\n".join(check.line() for check in failed))
-
-
 @verb("preflight")
 def preflight_verb(cfgs: List[DictConfig]) -> int:
     """Check each model's key and route with one tiny request (preflight=keys: the keys only); runs nothing else."""
     from kbsweep.planner.matrix import build_matrix
-    from kbsweep.planner.preflight import preflight, worst
+    from kbsweep.planner.preflight import preflight, preflight_mode, worst
 
     checks = preflight(build_matrix(cfgs), "keys" if preflight_mode(cfgs[0]) == "keys" else "live")
     for check in checks:

@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Any, Dict, Iterable, List, Optional
 
-from kbsweep.errors import ExitCode, KbsweepError
+from kbsweep.errors import ExitCode, InfraError, KbsweepError
 from kbsweep.outcomes import Outcome
 
 MODES = ("live", "keys", "off")
@@ -129,3 +129,20 @@ def worst(checks: Iterable[Check]) -> ExitCode:
     """CONFIG when any key or route is wrong, else INFRA when a provider failed, else OK."""
     codes = {check.exit_code for check in checks}
     return ExitCode.CONFIG if ExitCode.CONFIG in codes else ExitCode.INFRA if ExitCode.INFRA in codes else ExitCode.OK
+
+
+def preflight_mode(cfg: Any) -> str:
+    """The config's ``preflight`` mode, or one line naming the key."""
+    mode = str(cfg.get("preflight"))
+    if mode not in MODES:
+        raise KbsweepError(f"conf/config.yaml: key 'preflight': '{mode}' is not one of {', '.join(MODES)}")
+    return mode
+
+
+def refuse_on_failure(cells, mode: str) -> None:
+    """Preflight the models of ``cells``: each failure is one line, then exit (CONFIG for a key or route, INFRA
+    for a provider fault) before anything launches."""
+    failed = [check for check in preflight(cells, mode) if check.status != "ok"]
+    if failed:
+        error = KbsweepError if worst(failed) == ExitCode.CONFIG else InfraError
+        raise error("\n".join(check.line() for check in failed))

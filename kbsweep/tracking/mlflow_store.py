@@ -174,3 +174,21 @@ def log_report(uri: str, experiments: Iterable[str], folder: Path) -> List[str]:
             client.log_artifacts(runs[0].info.run_id, str(folder), "report")
             logged.append(runs[0].info.run_id)
     return logged
+
+
+MLFLOW_UI = "http://127.0.0.1:5000"  # where `mlflow ui` serves by default
+
+
+def runs_link(uri: str, sweep: str, experiment_id: Optional[str] = None) -> str:
+    """Where a sweep's runs are in MLflow's UI (its experiment's id asked of MLflow unless given: a board read back
+    from the snapshot carries it, and a resumed finished sweep then never imports MLflow). MLflow 3.17's UI opens an
+    experiment on its GenAI overview unless the address asks for the model-training view (``workflowType=
+    machine_learning``, the GenAI | Model training switch): while it shows that switch it ignores the experiment's
+    ``mlflow.experimentKind`` tag."""
+    if experiment_id is None:
+        experiment = make_client(uri).get_experiment_by_name(sweep)
+        experiment_id = experiment.experiment_id if experiment else None
+    page = f"#/experiments/{experiment_id}?workflowType=machine_learning" if experiment_id else "#/experiments"
+    if uri.startswith(("http://", "https://")):
+        return f"{uri.rstrip('/')}/{page}"
+    return f"mlflow ui --backend-store-uri {uri}, then {MLFLOW_UI}/{page}"

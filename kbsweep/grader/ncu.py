@@ -40,7 +40,9 @@ def speed_of_light(request: Any, shape: Dict[str, Any], solution: Path, sandbox:
     if ncu is None:
         return ["ncu: not available"]
     folder = solution.parent
-    command = [ncu, "--csv", "--page", "raw", "--print-units", "base", "--profile-from-start", "off", "--target-processes", "all", "--launch-count", "50",
+    # --clock-control none: the GPU's clocks as the timed grades run them (ncu would lock them to base otherwise)
+    command = [ncu, "--csv", "--page", "raw", "--print-units", "base", "--clock-control", "none", "--profile-from-start", "off",
+               "--target-processes", "all", "--launch-count", "50",
                "--metrics", ",".join(METRICS), sys.executable, "-I", "-B", "-c", BOOT.format(root=str(REPO_ROOT)),
                str(folder), str(request.problem.grader_reference.resolve()), json.dumps(shape)]
     tools = sorted({Path(ncu).parent, Path(ncu).resolve().parent})

@@ -7,16 +7,13 @@ them in order. Everything here runs in the trusted referee process: it never imp
 """
 from __future__ import annotations
 
-import importlib.util
 import itertools
 import json
 import os
 import random
 import secrets
-import sys
 import time
 from dataclasses import replace
-from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch
@@ -34,14 +31,6 @@ MAX_EVENTS = 60  # runtime events kept from the runner's stream, and from its ow
 CANDIDATE_OUTCOMES = (Outcome.INCORRECT, Outcome.COMPILE_ERROR, Outcome.RUNTIME_ERROR, Outcome.GRADE_OOM)
 CALL_BUDGET = {"cuda": 4 << 30, "cpu": 256 << 20}  # input sets and output slots of one timed batch
 SCALABLE = (torch.float16, torch.bfloat16, torch.float32, torch.float64)  # fp8 has no arithmetic (scales)
-
-
-def load_module(name: str, path: Path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def is_float(value: Any) -> bool:

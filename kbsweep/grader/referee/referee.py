@@ -25,7 +25,7 @@ import torch
 from kbsweep.grader.referee import kernelbench_eval
 from kbsweep.grader.shared import timing
 from kbsweep.grader.shared.channel import Channel, ChannelError
-from kbsweep.grader.referee.candidate import load_module
+from kbsweep.grader.shared.modules import load_module
 from kbsweep.grader.referee.correctness import CorrectnessStage
 from kbsweep.grader.shared.failures import GradeFailure, one_line
 from kbsweep.grader.referee.probes import ProbeStage

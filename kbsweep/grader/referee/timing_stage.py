@@ -20,7 +20,8 @@ import torch
 from kbsweep.grader.referee import checks, reference_timers
 from kbsweep.grader.shared import profiling, timing
 from kbsweep.grader.shared.arena import clone, encode
-from kbsweep.grader.referee.candidate import CandidateContext, load_module
+from kbsweep.grader.referee.candidate import CandidateContext
+from kbsweep.grader.shared.modules import load_module
 from kbsweep.grader.shared.failures import GradeFailure, one_line
 from kbsweep.grader.referee.request import RefereeRequest
 from kbsweep.outcomes import Outcome

@@ -8,7 +8,6 @@ loads the reference's weights into ``ModelNew`` and prints nothing of its own.
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -16,26 +15,19 @@ from pathlib import Path
 import torch
 
 from kbsweep.grader.shared.arena import seed_rng
+from kbsweep.grader.shared.modules import load_module
 
 SEED = 42
 
 
-def load(name: str, path: Path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 def main(folder: str, reference: str, shape_json: str) -> None:
     shape, device = json.loads(shape_json), torch.device("cuda:0")
-    ref = load("reference", Path(reference))
+    ref = load_module("reference", Path(reference))
     init = ref.get_init_inputs(dict(shape))
     seed_rng(SEED, device)
     model = ref.Model(*init).to(device).eval()
     sys.path.insert(0, folder)  # the candidate's helper modules beside its solution
-    candidate = load("solution", Path(folder) / "solution.py").ModelNew(*init).to(device).eval()
+    candidate = load_module("solution", Path(folder) / "solution.py").ModelNew(*init).to(device).eval()
     candidate.load_state_dict(model.state_dict())
     inputs = list(ref.get_inputs(dict(shape), device))
     with torch.no_grad():

@@ -32,7 +32,7 @@ from kbsweep.audit.cases import private_deck
 from kbsweep.grader import grade, software_versions
 from kbsweep.grader.request import GradeRequest
 from kbsweep.grader.baselines import BaselineCache
-from kbsweep.grader.referee.candidate import load_module
+from kbsweep.grader.shared.modules import load_module
 from kbsweep.grader.shared import profiling, timing
 from kbsweep.grader.shared.timing import ClockSampler, L2Flush
 

@@ -15,7 +15,7 @@ import torch
 from kbsweep.audit.cases import run_case, summary
 from kbsweep.grader.referee import checks, witness
 from kbsweep.grader.shared import profiling
-from kbsweep.grader.referee.candidate import load_module
+from kbsweep.grader.shared.modules import load_module
 from kbsweep.score.roofline import load_roofline
 from tests.support.grading import CPU
 from tests.test_exploits import QUICK_TIMING, REPO

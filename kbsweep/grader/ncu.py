@@ -11,16 +11,18 @@ import json
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any, Dict, List, Sequence
 
 from kbsweep.grader.processes import runner_env
 from kbsweep.grader.profile_summary import short
 from kbsweep.paths import REPO_ROOT
-from kbsweep.sandbox.confine import Sandbox, kill
+from kbsweep.sandbox.confine import Sandbox, head_tail, kill
 
 LIMIT_S = 180.0  # ncu replays each kernel a few dozen times: a bound on the whole run
 TOP = 5
+OUTPUT_BYTES = 1 << 20  # of ncu's output (its CSV rows: --launch-count bounds them)
 METRICS = {  # ncu's metric -> the column shown
     "gpu__time_duration.sum": "ns/launch",
     "sm__throughput.avg.pct_of_peak_sustained_elapsed": "SM %",
@@ -46,16 +48,19 @@ def speed_of_light(request: Any, shape: Dict[str, Any], solution: Path, sandbox:
                "--metrics", ",".join(METRICS), sys.executable, "-I", "-B", "-c", BOOT.format(root=str(REPO_ROOT)),
                str(folder), str(request.problem.grader_reference.resolve()), json.dumps(shape)]
     tools = sorted({Path(ncu).parent, Path(ncu).resolve().parent})
-    proc = sandbox.popen(command, cwd=str(folder), env=runner_env(env), writable=[(folder, str(folder))],
-                         readonly=[*view, *tools], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        out, err = proc.communicate(timeout=min(LIMIT_S, request.timeout_s / 4))
-    except subprocess.TimeoutExpired:
-        kill(proc)
-        return [f"ncu: stopped after {min(LIMIT_S, request.timeout_s / 4):.0f} s"]
+    limit_s = min(LIMIT_S, request.timeout_s / 4)
+    with tempfile.TemporaryFile() as log:  # the candidate prints here too: read back bounded, ncu's CSV at its end
+        proc = sandbox.popen(command, cwd=str(folder), env=runner_env(env), writable=[(folder, str(folder))],
+                             readonly=[*view, *tools], stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            proc.wait(timeout=limit_s)
+        except subprocess.TimeoutExpired:
+            kill(proc)
+            return [f"ncu: stopped after {limit_s:.0f} s"]
+        out = head_tail(log, OUTPUT_BYTES)
     rows = parse(out)
     if not rows:
-        said = [line for line in (err or out).splitlines() if line.strip()]
+        said = [line for line in out.splitlines() if line.strip()]
         return [f"ncu: no kernel profiled (exit {proc.returncode}): {(said[-1] if said else 'no output')[:200]}"]
     return table(rows)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 import threading
 import time
@@ -258,3 +259,17 @@ def test_the_sandbox_mode_is_recorded_on_every_cell(tmp_path):
     assert flatten("", {"track": unsafe.track}, {})["track.sandbox.mode"] == "unsafe"  # an MLflow param of the cell run
     assert SandboxPolicy.of(unsafe.track).network_allow == ("pypi.org", "files.pythonhosted.org")
     assert unsafe.key != confined.key  # an unconfined run is never mistaken for a confined one
+
+
+def test_a_read_only_path_inside_a_system_folder_through_a_symlink(tree):
+    """A tool reached through a symlink inside /usr that points into another system folder (Debian's alternatives;
+    on GPU hosts /usr/local/cuda, where ncu lives) is usable in the sandbox, not a mount point bubblewrap fails to
+    make."""
+    linked = next((p for p in sorted(Path("/usr/bin").iterdir()) if p.is_symlink() and str(p.readlink()).startswith("/etc/")
+                   and os.access(p, os.X_OK)), None)
+    if linked is None:
+        pytest.skip("this host has no /usr/bin entry linked into /etc (Debian's alternatives)")
+    proc = Sandbox(SMALL).popen(["test", "-x", str(linked)], cwd="/", env=sandbox.minimal_env(()), readonly=[linked],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    output, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0, output

@@ -38,16 +38,17 @@ def speed_of_light(request: Any, shape: Dict[str, Any], solution: Path, sandbox:
     saying why there are none."""
     if request.gpu.device != "cuda":
         return ["ncu: not available (CPU grade)"]
-    ncu = shutil.which("ncu")
-    if ncu is None:
+    found = shutil.which("ncu")
+    if found is None:
         return ["ncu: not available"]
+    ncu = Path(found).resolve()  # its own folder (the launcher script beside its binaries), not a symlink to it
     folder = solution.parent
     # --clock-control none: the GPU's clocks as the timed grades run them (ncu would lock them to base otherwise)
-    command = [ncu, "--csv", "--page", "raw", "--print-units", "base", "--clock-control", "none", "--profile-from-start", "off",
+    command = [str(ncu), "--csv", "--page", "raw", "--print-units", "base", "--clock-control", "none", "--profile-from-start", "off",
                "--target-processes", "all", "--launch-count", "50",
                "--metrics", ",".join(METRICS), sys.executable, "-I", "-B", "-c", BOOT.format(root=str(REPO_ROOT)),
                str(folder), str(request.problem.grader_reference.resolve()), json.dumps(shape)]
-    tools = sorted({Path(ncu).parent, Path(ncu).resolve().parent})
+    tools = [ncu.parent]
     limit_s = min(LIMIT_S, request.timeout_s / 4)
     with tempfile.TemporaryFile() as log:  # the candidate prints here too: read back bounded, ncu's CSV at its end
         proc = sandbox.popen(command, cwd=str(folder), env=runner_env(env), writable=[(folder, str(folder))],

@@ -125,8 +125,11 @@ def bwrap_argv(
 ) -> List[str]:
     """The bubblewrap command line: ``writable`` is (host path, sandbox path) pairs; ``readonly`` paths keep theirs."""
     size = str(policy.disk_mib * 2**20)
-    system = [*SYSTEM_DIRS, "/sys" if gpu else "/sys/devices/system/cpu"]  # torch reads the CPU topology
-    binds = [("--ro-bind", str(p), str(p)) for p in [*map(Path, system), *python_dirs(), *readonly] if p.exists()]
+    system = [Path(d) for d in (*SYSTEM_DIRS, "/sys" if gpu else "/sys/devices/system/cpu")]  # torch reads the CPU topology
+    # a read-only path inside a system folder is there already, and bound again it needs a mount point that a
+    # symlink on its way (/usr/local/cuda -> cuda-13.0) keeps bubblewrap from making
+    extra_ro = [p for p in map(Path, readonly) if not any(p == d or d in p.parents for d in system)]
+    binds = [("--ro-bind", str(p), str(p)) for p in [*system, *python_dirs(), *extra_ro] if p.exists()]
     binds += [("--bind", str(src), dest) for src, dest in writable]
     binds.sort(key=lambda b: b[2].count("/"))  # parents before children
     argv = ["bwrap", "--die-with-parent", "--new-session", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",

@@ -182,6 +182,16 @@ def test_ncu_rows_are_averaged_per_kernel_most_time_first():
 
 
 @pytest.mark.fast
+def test_a_failed_ncu_run_names_the_programs_error_and_ncus():
+    out = ("==PROF== Connected to process 7\nTraceback (most recent call last):\n  File \"solution.py\", line 3\n"
+           "RuntimeError: CUDA error: an illegal memory access\n==PROF== Disconnected\n"
+           "==ERROR== The application returned an error code (1).\n")
+    assert ncu.parse(out) == []
+    assert ncu.why(out) == "RuntimeError: CUDA error: an illegal memory access; ==ERROR== The application returned an error code (1)."
+    assert ncu.why("") == "no output"
+
+
+@pytest.mark.fast
 def test_a_gpu_summary_lists_kernels_top_first_with_the_rest_as_others():
     kernels = {f"kernel_{i:02d}": 1.0 for i in range(20)}
     times = {name: (i + 1) * 100_000 for i, name in enumerate(kernels)}  # 0.1 ms … 2 ms over the 10 calls

@@ -61,9 +61,16 @@ def speed_of_light(request: Any, shape: Dict[str, Any], solution: Path, sandbox:
         out = head_tail(log, OUTPUT_BYTES)
     rows = parse(out)
     if not rows:
-        said = [line for line in out.splitlines() if line.strip()]
-        return [f"ncu: no kernel profiled (exit {proc.returncode}): {(said[-1] if said else 'no output')[:200]}"]
+        return [f"ncu: no kernel profiled (exit {proc.returncode}): {why(out)}"]
     return table(rows)
+
+
+def why(out: str) -> str:
+    """The last line the profiled program printed (a traceback's exception) and ncu's last own line."""
+    said = [line.strip() for line in out.splitlines() if line.strip()]
+    program = [line for line in said if not line.startswith("==")]
+    own = [line for line in said if line.startswith("==")]
+    return "; ".join(line[:200] for line in (program[-1:] + own[-1:])) or "no output"
 
 
 def parse(out: str) -> List[Dict[str, str]]:

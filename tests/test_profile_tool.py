@@ -5,10 +5,12 @@ in the loop's budgets, and the harnesses' setup records."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -17,6 +19,7 @@ import pytest
 from kbsweep.agent.loop import Budgets
 from kbsweep.agent.tools import MAX_TOOL_OUTPUT, Toolbox
 from kbsweep.grader import ncu
+from kbsweep.grader.processes import grading_env
 from kbsweep.grader.profile_summary import CPU_LABEL, OUTSIDE_OPS, TOP, summary
 from kbsweep.grader.referee.profile_view import profile_view
 from kbsweep.grader.shared.profiling import OpTimes
@@ -24,8 +27,10 @@ from kbsweep.harness import runner_for
 from kbsweep.harness.cli_agent import TOOL_SERVER
 from kbsweep.harness.proxy import SERVED, ModelProxy
 from kbsweep.outcomes import StopReason
+from kbsweep.paths import REPO_ROOT as REPO
 from kbsweep.reporting.render import render_markdown
 from kbsweep.reporting.report import build_boards, setup_differences
+from kbsweep.sandbox.confine import Sandbox, SandboxPolicy, grading_view
 from kbsweep.score.roofline import shape_score
 from kbsweep.tracking.tracker import cell_params
 from tests.support.fake_provider import FakeProvider
@@ -179,6 +184,30 @@ def test_ncu_rows_are_averaged_per_kernel_most_time_first():
     assert "3 launches, top 2 kernels" in lines[0] and "occupancy %" in lines[1]
     assert lines[2].split() == ["4100", "20.3", "85", "70", "scale_shift_kernel"]
     assert lines[3].split()[:4] == ["1000", "5", "10", "50"]
+
+
+def test_ncu_runs_the_candidate_staged_in_a_folder_of_its_own_in_the_sandbox(tmp_path, monkeypatch):
+    """Through a stand-in ``ncu`` (reached by a symlink, as /usr/local/cuda/bin/ncu is on GPU hosts): the candidate
+    file is staged where the profiled program runs, ncu's own folder is readable in the sandbox, its CSV becomes the
+    table, and the staged folder is gone afterwards."""
+    home, path = tmp_path / "nsight" / "2025.3", tmp_path / "bin"
+    home.mkdir(parents=True), path.mkdir()
+    (home / "rows.csv").write_text(NCU_CSV)
+    stand_in = home / "ncu"
+    stand_in.write_text('#!/bin/bash\nfolder="${@: -3:1}"\n'
+                        'grep -q MARKER "$folder/solution.py" || { echo "no candidate in $folder"; exit 1; }\n'
+                        'cat "$(dirname "$0")/rows.csv"\n')
+    stand_in.chmod(0o755)
+    (path / "ncu").symlink_to(stand_in)
+    monkeypatch.setenv("PATH", f"{path}:{os.environ['PATH']}")
+    candidate = tmp_path / "mine.py"
+    candidate.write_text("# MARKER\n")
+    problem_root = REPO / "problems" / "demo" / "scale_shift"
+    request = SimpleNamespace(gpu=SimpleNamespace(device="cuda"), timeout_s=60,
+                              problem=SimpleNamespace(grader_reference=problem_root / "reference.py"))
+    lines = ncu.speed_of_light(request, {"n": 8}, candidate, Sandbox(SandboxPolicy()), grading_env((), "cpu"), grading_view(problem_root))
+    assert lines[0].startswith("ncu (Nsight Compute") and "scale_shift_kernel" in lines[2], lines
+    assert not list(Path(tempfile.gettempdir()).glob("kbsweep-ncu-*/solution.py"))
 
 
 @pytest.mark.fast

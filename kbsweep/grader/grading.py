@@ -27,6 +27,7 @@ from kbsweep.grader.shared.failures import COMM_FINDINGS
 from kbsweep.grader.processes import Supervision, grading_env, warm_runner
 from kbsweep.grader.referee.request import RefereeRequest
 from kbsweep.grader.request import GradeRequest
+from kbsweep.grader.staging import stage_candidate
 from kbsweep.grader.result import GradeResult
 from kbsweep.outcomes import Outcome
 from kbsweep.config.problems import asdict_spec
@@ -69,18 +70,6 @@ def torch_cuda() -> str:
         import torch
 
         return str(torch.version.cuda)
-
-
-def stage_candidate(solution: Path, folder: Path) -> Path:
-    """Copy the candidate into an emptied folder as solution.py (with its workspace's other .py files)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    for entry in folder.iterdir():  # emptied, not replaced: a warm runner's sandbox has this very folder mounted
-        shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
-    if solution.name == "solution.py":
-        for helper in solution.parent.glob("*.py"):
-            shutil.copy2(helper, folder / helper.name)
-    shutil.copy2(solution, folder / "solution.py")
-    return folder / "solution.py"
 
 
 def launch_gate(timings: List[Dict[str, Any]]) -> Tuple[List[Dict[str, Any]], List[Dict[str, Any]]]:
@@ -206,7 +195,7 @@ def grade(request: GradeRequest) -> GradeResult:
     if request.mode == "profile":  # a look for the agent, never a score
         result.score = None
         result.profile = profile_summary.summary(result, worker.get("profile"), request.roofline, problem.spec.regime,
-                                                 ncu.speed_of_light(request, shapes[0], solution, confined, env, view))
+                                                 ncu.speed_of_light(request, shapes[0], original, confined, env, view))
     if held_out and result.score is not None:  # the same scorer over each part: what the agent saw, what it never did
         result.score_public, result.score_held_out = (
             scorer({**worker, "timings": [e for e in worker["timings"] if e.get("held_out", False) is part]}, problem.spec, request.roofline)["score"]

@@ -18,7 +18,8 @@ from typing import Any, Dict, List, Sequence
 from kbsweep.grader.processes import runner_env
 from kbsweep.grader.profile_summary import short
 from kbsweep.paths import REPO_ROOT
-from kbsweep.sandbox.confine import Sandbox, head_tail, kill
+from kbsweep.grader.staging import stage_candidate
+from kbsweep.sandbox.confine import Sandbox, give, head_tail, is_root, kill, sandbox_uid
 
 LIMIT_S = 180.0  # ncu replays each kernel a few dozen times: a bound on the whole run
 TOP = 5
@@ -32,27 +33,29 @@ METRICS = {  # ncu's metric -> the column shown
 BOOT = "import sys; sys.path.append({root!r}); from kbsweep.grader.runner.ncu_driver import main; main(*sys.argv[-3:])"
 
 
-def speed_of_light(request: Any, shape: Dict[str, Any], solution: Path, sandbox: Sandbox, env: Dict[str, str],
+def speed_of_light(request: Any, shape: Dict[str, Any], original: Path, sandbox: Sandbox, env: Dict[str, str],
                    view: Sequence[Path]) -> List[str]:
-    """The lines of Nsight Compute's view of ``solution`` (staged) on ``shape`` under ``request``, or the one line
-    saying why there are none."""
+    """The lines of Nsight Compute's view of the candidate file ``original`` on ``shape`` under ``request``, or the
+    one line saying why there are none. It runs from a folder of its own (the grade's runner has emptied its own)."""
     if request.gpu.device != "cuda":
         return ["ncu: not available (CPU grade)"]
     found = shutil.which("ncu")
     if found is None:
         return ["ncu: not available"]
     ncu = Path(found).resolve()  # its own folder (the launcher script beside its binaries), not a symlink to it
-    folder = solution.parent
-    # --clock-control none: the GPU's clocks as the timed grades run them (ncu would lock them to base otherwise)
-    command = [str(ncu), "--csv", "--page", "raw", "--print-units", "base", "--clock-control", "none", "--profile-from-start", "off",
-               "--target-processes", "all", "--launch-count", "50",
-               "--metrics", ",".join(METRICS), sys.executable, "-I", "-B", "-c", BOOT.format(root=str(REPO_ROOT)),
-               str(folder), str(request.problem.grader_reference.resolve()), json.dumps(shape)]
-    tools = [ncu.parent]
     limit_s = min(LIMIT_S, request.timeout_s / 4)
-    with tempfile.TemporaryFile() as log:  # the candidate prints here too: read back bounded, ncu's CSV at its end
+    with tempfile.TemporaryDirectory(prefix="kbsweep-ncu-") as staged, tempfile.TemporaryFile() as log:
+        folder = stage_candidate(original, Path(staged)).parent
+        if sandbox.confined and is_root():
+            give([folder], sandbox_uid())
+        # --clock-control none: the GPU's clocks as the timed grades run them (ncu would lock them to base otherwise)
+        command = [str(ncu), "--csv", "--page", "raw", "--print-units", "base", "--clock-control", "none", "--profile-from-start", "off",
+                   "--target-processes", "all", "--launch-count", "50",
+                   "--metrics", ",".join(METRICS), sys.executable, "-I", "-B", "-c", BOOT.format(root=str(REPO_ROOT)),
+                   str(folder), str(request.problem.grader_reference.resolve()), json.dumps(shape)]
+        # the candidate prints into ``log`` too: read back bounded, ncu's CSV at its end
         proc = sandbox.popen(command, cwd=str(folder), env=runner_env(env), writable=[(folder, str(folder))],
-                             readonly=[*view, *tools], stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+                             readonly=[*view, ncu.parent], stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
         try:
             proc.wait(timeout=limit_s)
         except subprocess.TimeoutExpired:

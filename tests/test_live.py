@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 
+from kbsweep.tracking.cell_result import CellResult
 from kbsweep.tracking.live import LiveCells
 from kbsweep.tracking.tracker import Tracker
-from tests.test_tracking import make_cell
+from tests.test_tracking import make_cell, write_result
 
 
 def append(path, *events):
@@ -39,8 +40,10 @@ def test_running_cell_metrics_reach_mlflow_while_it_runs(store):  # noqa: F811
     assert said[-1] == f"{cell.label}: turn 2, 330 tokens, $1.50, best check 0.25"
     assert "turn" in [c.header for c in live.table().columns]
     append(transcript, {"ts": 5.0, "type": "step", "turn": 2, "best_score": 0.5})  # written after the last poll
-    live.finish(cell.key)
-    assert history("live.best_score") == [(1, 0.25), (2, 0.5)]  # an ending cell is read to its end
+    rest = live.finish(cell.key)  # an ending cell is read to its end, its rest logged with its final metrics
+    assert rest == [("live.best_score", 0.5, 2)] and history("live.best_score") == [(1, 0.25)]
+    tracker.finish_cell(run_id, CellResult.from_json(write_result(cell)), rest)
+    assert history("live.best_score") == [(1, 0.25), (2, 0.5)] and history("score") == [(0, 0.4)]
     append(transcript, {"ts": 6.0, "type": "assistant", "usage": {"input_tokens": 1, "output_tokens": 1}})
     live.poll()  # and no longer read after it
     assert len(history("live.tokens")) == 2

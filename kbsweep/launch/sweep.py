@@ -18,7 +18,7 @@ from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Set, Tuple
+from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Sequence, Set, Tuple
 
 from kbsweep.tracking import snapshot
 from kbsweep.cell import RESULT_FILE, cell_busy, reclaim
@@ -220,10 +220,11 @@ def orchestrate(cells: List[Cell], tracking: Dict[str, Any], launcher: Dict[str,
     tracker.start_sweep({"launcher": launcher["kind"], "force": str(force), **flatten("launcher", launcher, {})}, len(cells))
     unlogged: List[str] = []
 
-    def log(cell: Cell, run_id: Optional[str], result: CellResult) -> None:
-        """Log a cell's result to its run (started if None); the history follows what this invocation logged."""
+    def log(cell: Cell, run_id: Optional[str], result: CellResult, live_metrics: Sequence[tuple] = ()) -> None:
+        """Log a cell's result (and the live metrics not logged yet) to its run (started if None); the history
+        follows what this invocation logged."""
         run_id = run_id or attempt(tracker.start_cell, cell)
-        logged = attempt(tracker.finish_cell, run_id, result) if run_id else None
+        logged = attempt(tracker.finish_cell, run_id, result, live_metrics) if run_id else None
         if logged is None:
             unlogged.append(cell.key)
         elif not result.outcome.is_infra:
@@ -249,8 +250,7 @@ def orchestrate(cells: List[Cell], tracking: Dict[str, Any], launcher: Dict[str,
 
         def done(cell: Cell, stored: Dict[str, Any]) -> None:
             result = CellResult.from_json(stored)  # launchers carry the journal as stored (pickled, or read from disk)
-            live.finish(cell.key)
-            log(cell, run_ids.pop(cell.key, None), result)
+            log(cell, run_ids.pop(cell.key, None), result, live.finish(cell.key))
             progress.running -= 1
             progress.done += 1
             progress.usd += result.cost_usd or 0.0

@@ -3,8 +3,9 @@
 A thread of the orchestrator reads each running cell's new ``transcript.jsonl`` lines every ``interval_s``: per
 model turn it logs ``live.tokens`` and ``live.usd`` (step = turn) to the cell's run, per ``step`` event (a graded
 check) ``live.best_score``, so the MLflow UI's charts move while the cell runs. When a cell ends its transcript is
-read to the end before it is dropped, so the live series is whole whatever the polls' timing (a series that
-depended on it would differ between two runs of one cell). The final ``loop.*`` metrics are logged from
+read to the end before it is dropped, and the rest goes in the request of the cell's final metrics, so the live
+series is whole whatever the polls' timing (a series that depended on it would differ between two runs of one
+cell). The final ``loop.*`` metrics are logged from
 ``result.json`` when the cell ends, as before. On a terminal the sweep's bar shows a table of the
 running cells (turn, tokens, dollars, best check so far); elsewhere each turn is one plain line.
 """
@@ -79,12 +80,12 @@ class LiveCells:
         with self.lock:
             self.cells[key] = Running(label, run_id, transcript)
 
-    def finish(self, key: str) -> None:
-        """Log what the ended cell's transcript holds beyond the last poll, then stop reading it."""
+    def finish(self, key: str) -> List[tuple]:
+        """Stop reading the ended cell's transcript; returns the metrics it holds beyond the last poll, for the
+        caller to log with the cell's final ones (one request where two cost twice the store's work)."""
         with self.lock:
             cell = self.cells.pop(key, None)
-        if cell is not None:
-            self.catch_up(cell)
+        return self.catch_up(cell, log=False) if cell is not None else []
 
     def poll(self) -> None:
         with self.lock:
@@ -92,13 +93,15 @@ class LiveCells:
         for cell in running:
             self.catch_up(cell)
 
-    def catch_up(self, cell: Running) -> None:
+    def catch_up(self, cell: Running, log: bool = True) -> List[tuple]:
+        """Fold the cell's new transcript lines in; logs their metrics (``log``) and returns them."""
         with cell.lock:
             metrics = cell.update(cell.read())
-        if metrics and cell.run_id:
+        if metrics and cell.run_id and log:
             self.log(cell.run_id, metrics)
         if metrics and self.say:
             self.say(cell.line())
+        return metrics
 
     def watch(self) -> None:
         while not self.stopped.wait(self.interval_s):

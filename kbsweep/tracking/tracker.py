@@ -325,9 +325,10 @@ class Tracker:
         self.labels[run.info.run_id] = (cell.model.get("route") or cell.model["name"], cell.key, run.info.artifact_uri)
         return run.info.run_id
 
-    def finish_cell(self, run_id: str, result: CellResult) -> str:
+    def finish_cell(self, run_id: str, result: CellResult, live_metrics: Iterable[tuple] = ()) -> str:
         """Log a cell's result (metrics, tags, env params, artifacts, trace) and close its run; returns the run id.
-        Metrics are named after the stored journal's keys, so they read its stored form.
+        Metrics are named after the stored journal's keys, so they read its stored form; ``live_metrics``, (key,
+        value, step) of its progress not logged yet, go in the same request.
 
         No plots: the loop's progress is the ``loop.best_score*`` metrics, which MLflow charts, and the cell's shapes
         on the roofline are in the report's plot of its problem (every repeat's points); drawing both here cost
@@ -340,7 +341,7 @@ class Tracker:
         from kbsweep.score.roofline import shape_label
 
         stored = result.to_json()
-        metrics = [(k, v, 0) for k, v in cell_metrics(stored).items()] + step_metrics(result.steps or [])
+        metrics = [(k, v, 0) for k, v in cell_metrics(stored).items()] + step_metrics(result.steps or []) + list(live_metrics)
         tags = {
             RESULT_TAG: result_id(result),
             "outcome": result.outcome.value,

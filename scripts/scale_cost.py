@@ -18,7 +18,9 @@ tracking store's size. Peak memory and CPU come from the process itself (getrusa
     python scripts/scale_cost.py OUTPUTS_ROOT OUT.json [N ...] [--tracking-uri URI]     (default: 100 1000 10000)
 
 ``--tracking-uri``: log to that MLflow server (tracking=server) instead of the outputs folder's SQLite file, each
-size its own sweep name; the store's size is then not measured.
+size its own sweep name; the store's size is then not measured. ``--server-pgid``: the server's process group (as
+scripts/mlflow_server.sh writes it to DIR/server.pgid), whose CPU-seconds are recorded per phase beside the
+orchestrator's: the store's work a server takes off the orchestrator, not gone.
 """
 from __future__ import annotations
 
@@ -31,7 +33,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 REPO = Path(__file__).resolve().parent.parent
 SWEEP = ["-m", "model=instant", "track=instant", "gpu=cpu", "preflight=off"]
@@ -64,12 +66,28 @@ main()
 """
 
 
-def kbsweep(outputs: Path, args: List[str], scratch: Path) -> Dict[str, Any]:
-    """One command, measured: wall, the orchestrator's usage, when it announced its cells and logged its last."""
+def group_cpu_s(pgid: Optional[int]) -> Optional[float]:
+    """CPU-seconds of the running processes of process group ``pgid`` (user and system, from /proc)."""
+    if pgid is None:
+        return None
+    total, tick = 0.0, os.sysconf("SC_CLK_TCK")
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rpartition(")")[2].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid:
+            total += (int(fields[11]) + int(fields[12])) / tick
+    return total
+
+
+def kbsweep(outputs: Path, args: List[str], scratch: Path, server_pgid: Optional[int] = None) -> Dict[str, Any]:
+    """One command, measured: wall, the orchestrator's usage (and the server's CPU), when it announced its cells and
+    logged its last."""
     usage = scratch / "usage.json"
     usage.unlink(missing_ok=True)
     env = {**os.environ, "KBSWEEP_OUTPUTS": str(outputs), "KBSWEEP_LOCK_DIR": str(outputs / "locks")}
-    load = os.getloadavg()[0]
+    load, server_before = os.getloadavg()[0], group_cpu_s(server_pgid)
     started = time.perf_counter()
     proc = subprocess.Popen([sys.executable, "-c", MEASURED, str(usage), *args], cwd=REPO, env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)
@@ -86,6 +104,8 @@ def kbsweep(outputs: Path, args: List[str], scratch: Path) -> Dict[str, Any]:
     wall = time.perf_counter() - started
     record = {"args": args, "exit_code": proc.returncode, "wall_s": wall, "announced_s": announced, "last_cell_s": last_done,
               "load_before": load, "load_after": os.getloadavg()[0]}
+    if server_pgid is not None:
+        record["server_cpu_s"] = group_cpu_s(server_pgid) - server_before
     record.update(json.loads(usage.read_text()) if usage.exists() else {"stderr_tail": "".join(tail)})
     if proc.returncode != 0:
         record["stderr_tail"] = "".join(tail)
@@ -98,23 +118,26 @@ def store_size(outputs: Path) -> Dict[str, int]:
     return {"mlflow_db_bytes": database, "artifact_bytes": artifacts, "artifact_files": sum(1 for p in (outputs / "mlartifacts").rglob("*") if p.is_file())}
 
 
-def one_size(root: Path, cells: int, tracking: List[str]) -> Dict[str, Any]:
+def one_size(root: Path, cells: int, tracking: List[str], server_pgid: Optional[int]) -> Dict[str, Any]:
     outputs = root / f"cells-{cells}"
     shutil.rmtree(outputs, ignore_errors=True)
     sweep = [*SWEEP, *tracking, *([f"sweep.name=scale-{cells}-{int(time.time())}"] if tracking else [])]
     repeats = [f"repeat=range(0,{cells // 2})"]
-    phases = {"plan": kbsweep(outputs, ["plan", *sweep, *repeats], root)}
-    phases["run_half"] = kbsweep(outputs, [*sweep, f"repeat=range(0,{cells // 4})"], root)
-    phases["resume_half"] = kbsweep(outputs, [*sweep, *repeats], root)
-    phases["resume_all"] = kbsweep(outputs, [*sweep, *repeats], root)
+    measured = lambda args: kbsweep(outputs, args, root, server_pgid)  # noqa: E731
+    phases = {"plan": measured(["plan", *sweep, *repeats])}
+    phases["run_half"] = measured([*sweep, f"repeat=range(0,{cells // 4})"])
+    phases["resume_half"] = measured([*sweep, *repeats])
+    phases["resume_all"] = measured([*sweep, *repeats])
     (outputs / "reports" / ".boards.json").unlink(missing_ok=True)
-    phases["report"] = kbsweep(outputs, ["report", *tracking], root)
-    phases["export"] = kbsweep(outputs, ["export", *tracking], root)
+    phases["report"] = measured(["report", *tracking])
+    phases["export"] = measured(["export", *tracking])
     for name in ("run_half", "resume_half"):
         ran = phases[name]
         logged = ran.get("cells_logged") or 1
         ran["cpu_ms_per_cell"] = 1000 * ran["cpu_s"] / logged
         ran["tracking_cpu_ms_per_cell"] = 1000 * ran["tracking_cpu_s"] / logged
+        if "server_cpu_s" in ran:
+            ran["server_cpu_ms_per_cell"] = 1000 * ran["server_cpu_s"] / logged
         if ran["announced_s"] is not None and ran["last_cell_s"] is not None:
             ran["wall_ms_per_cell"] = 1000 * (ran["last_cell_s"] - ran["announced_s"]) / logged
     return {"cells": cells, "phases": phases, "store": None if tracking else store_size(outputs)}
@@ -128,12 +151,12 @@ def host() -> Dict[str, Any]:
             "kbsweep_tree_dirty": dirty, "date": time.strftime("%Y-%m-%d %H:%M %Z")}
 
 
-def main(root: Path, out: Path, sizes: List[int], tracking_uri: str | None) -> None:
+def main(root: Path, out: Path, sizes: List[int], tracking_uri: str | None, server_pgid: Optional[int]) -> None:
     root.mkdir(parents=True, exist_ok=True)
     tracking = ["tracking=server", f"tracking.uri={tracking_uri}"] if tracking_uri else []
     record: Dict[str, Any] = {"host": host(), "tracking": tracking_uri or "sqlite (outputs/mlflow.db)", "sizes": []}
     for cells in sizes:
-        record["sizes"].append(one_size(root, cells, tracking))
+        record["sizes"].append(one_size(root, cells, tracking, server_pgid))
         out.write_text(json.dumps(record, indent=1))
         summary = {name: {k: round(v, 3) if isinstance(v, float) else v for k, v in phase.items() if k not in ("args", "stderr_tail")}
                    for name, phase in record["sizes"][-1]["phases"].items()}
@@ -146,5 +169,7 @@ if __name__ == "__main__":
     parser.add_argument("out", type=Path)
     parser.add_argument("sizes", type=int, nargs="*", default=[100, 1000, 10000])
     parser.add_argument("--tracking-uri")
+    parser.add_argument("--server-pgid", type=lambda v: int(Path(v).read_text()) if Path(v).is_file() else int(v),
+                        help="the server's process group: a number or the file holding it")
     args = parser.parse_args()
-    main(args.root, args.out, args.sizes, args.tracking_uri)
+    main(args.root, args.out, args.sizes, args.tracking_uri, args.server_pgid)

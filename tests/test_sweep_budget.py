@@ -115,7 +115,7 @@ def test_a_job_that_left_no_record_counts_at_its_caps_and_the_progress_line_show
 def test_a_budget_without_a_cap_per_cell_is_refused_before_anything_runs(tmp_path, monkeypatch):
     monkeypatch.setenv("KBSWEEP_OUTPUTS", str(tmp_path / "outputs"))
     for verb in (kbsweep.plan, kbsweep.run):
-        with pytest.raises(KbsweepError, match=r"^sweep\.max_usd=2\.5 needs a cap per cell: set track\.max_usd \(track 'instant' has none"):
+        with pytest.raises(KbsweepError, match=r"^track/instant\.yaml: key 'max_usd': not set, and sweep\.max_usd=2\.5 needs a cap per cell"):
             verb("track=instant", "model=instant", "gpu=cpu", "problem=scale_shift", "sweep.max_usd=2.5")
     assert not (tmp_path / "outputs").exists()  # nothing launched, nothing logged
     with pytest.raises(KbsweepError, match=r"conf/config\.yaml: key 'sweep\.max_tokens': must be an integer >= 1"):

@@ -65,7 +65,7 @@ def sweep_budget(cfgs: Sequence[DictConfig], cells: List[Cell]) -> Optional[Swee
         for currency, limit in limits.items():
             if cell.track.get(f"max_{currency}") is None:
                 raise KbsweepError(
-                    f"sweep.max_{currency}={limit:g} needs a cap per cell: set track.max_{currency} (track '{cell.track['name']}' has none, "
-                    f"e.g. {cell.label})"
+                    f"track/{cell.track['name']}.yaml: key 'max_{currency}': not set, and sweep.max_{currency}={limit:g} needs a cap per "
+                    f"cell (e.g. {cell.label}; or track.max_{currency}=... on the command line)"
                 )
     return SweepBudget(limits)

@@ -112,6 +112,11 @@ def ancestors(dests: Sequence[str]) -> List[str]:
     return out
 
 
+def inside(path: Path, folders: Sequence[Path]) -> bool:
+    """``path`` is one of ``folders`` or below one."""
+    return any(path == folder or folder in path.parents for folder in folders)
+
+
 def bwrap_argv(
     command: Sequence[str],
     policy: SandboxPolicy,
@@ -126,9 +131,10 @@ def bwrap_argv(
     """The bubblewrap command line: ``writable`` is (host path, sandbox path) pairs; ``readonly`` paths keep theirs."""
     size = str(policy.disk_mib * 2**20)
     system = [Path(d) for d in (*SYSTEM_DIRS, "/sys" if gpu else "/sys/devices/system/cpu")]  # torch reads the CPU topology
-    # a read-only path inside a system folder is there already, and bound again it needs a mount point that a
-    # symlink on its way (/usr/local/cuda -> cuda-13.0) keeps bubblewrap from making
-    extra_ro = [p for p in map(Path, readonly) if not any(p == d or d in p.parents for d in system)]
+    # a read-only path inside a system folder (and no writable bind) is there already, and bound again it needs a
+    # mount point that a symlink on its way (/usr/local/cuda -> /etc/alternatives/cuda) keeps bubblewrap from making
+    writable_dests = [Path(dest) for _, dest in writable]
+    extra_ro = [p for p in map(Path, readonly) if not inside(p, system) or inside(p, writable_dests)]
     binds = [("--ro-bind", str(p), str(p)) for p in [*system, *python_dirs(), *extra_ro] if p.exists()]
     binds += [("--bind", str(src), dest) for src, dest in writable]
     binds.sort(key=lambda b: b[2].count("/"))  # parents before children

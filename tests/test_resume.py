@@ -136,10 +136,10 @@ def test_a_tracking_failure_keeps_the_sweep_going_and_the_next_run_logs_it(env, 
     cells, conf, ran, _ = env
     real = Tracker.finish_cell
 
-    def flaky(self, run_id, result):
+    def flaky(self, run_id, result, *live):
         if result.key == cells[1].key:
             raise ConnectionError("tracking server went away")
-        return real(self, run_id, result)
+        return real(self, run_id, result, *live)
 
     monkeypatch.setattr(Tracker, "finish_cell", flaky)
     sweep.run_sweep(cells, conf, {"kind": "fake"}, force=False)

@@ -83,7 +83,7 @@ def test_slow_logging_does_not_hold_the_launcher_and_every_cell_is_logged(store,
     launcher = TimedLauncher()
     monkeypatch.setattr(sweep, "make_launcher", lambda _conf: launcher)
     finish = Tracker.finish_cell
-    monkeypatch.setattr(Tracker, "finish_cell", lambda self, run_id, result: (time.sleep(SLOW_S), finish(self, run_id, result))[1])
+    monkeypatch.setattr(Tracker, "finish_cell", lambda self, run_id, result, *live: (time.sleep(SLOW_S), finish(self, run_id, result, *live))[1])
 
     started = time.monotonic()
     assert sweep.run_sweep(cells, {"uri": uri, "artifact_root": str(outputs / "mlartifacts")}, {"kind": "timed"}, force=False) == []

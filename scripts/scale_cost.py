@@ -25,6 +25,7 @@ orchestrator's: the store's work a server takes off the orchestrator, not gone.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -123,7 +124,7 @@ def one_size(root: Path, cells: int, tracking: List[str], server_pgid: Optional[
     shutil.rmtree(outputs, ignore_errors=True)
     sweep = [*SWEEP, *tracking, *([f"sweep.name=scale-{cells}-{int(time.time())}"] if tracking else [])]
     repeats = [f"repeat=range(0,{cells // 2})"]
-    measured = lambda args: kbsweep(outputs, args, root, server_pgid)  # noqa: E731
+    measured = functools.partial(kbsweep, outputs, scratch=root, server_pgid=server_pgid)
     phases = {"plan": measured(["plan", *sweep, *repeats])}
     phases["run_half"] = measured([*sweep, f"repeat=range(0,{cells // 4})"])
     phases["resume_half"] = measured([*sweep, *repeats])

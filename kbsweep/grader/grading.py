@@ -12,7 +12,6 @@ from __future__ import annotations
 import functools
 import platform
 import secrets
-import shutil
 import tempfile
 import time
 from pathlib import Path

@@ -3,11 +3,10 @@
 A thread of the orchestrator reads each running cell's new ``transcript.jsonl`` lines every ``interval_s``: per
 model turn it logs ``live.tokens`` and ``live.usd`` (step = turn) to the cell's run, per ``step`` event (a graded
 check) ``live.best_score``, so the MLflow UI's charts move while the cell runs. When a cell ends its transcript is
-read to the end before it is dropped, and the rest goes in the request of the cell's final metrics, so the live
-series is whole whatever the polls' timing (a series that depended on it would differ between two runs of one
-cell). The final ``loop.*`` metrics are logged from
-``result.json`` when the cell ends, as before. On a terminal the sweep's bar shows a table of the
-running cells (turn, tokens, dollars, best check so far); elsewhere each turn is one plain line.
+read to the end before it is dropped, and the rest goes in the request of the cell's final metrics (the ``loop.*``
+metrics from ``result.json``), so the live series is whole whatever the polls' timing (a series that depended on it
+would differ between two runs of one cell). On a terminal the sweep's bar shows a table of the running cells (turn,
+tokens, dollars, best check so far); elsewhere each turn is one plain line.
 """
 from __future__ import annotations
 

@@ -230,11 +230,12 @@ def test_transcript_is_a_trace_of_the_cell_run_with_model_and_tool_spans(store):
     (Path(result["folder"]) / "transcript.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
     tracker.finish_cell(run_id, CellResult.from_json(result))
 
-    import mlflow
-
-    [trace] = mlflow.search_traces(locations=[tracker.experiment_id], run_id=run_id, return_type="list")
+    [trace] = tracker.client.search_traces(locations=[tracker.experiment_id], run_id=run_id)
     assert trace.info.request_metadata["mlflow.sourceRun"] == run_id and trace.info.tags["kbsweep.cell_key"] == cell.key
     assert trace.info.token_usage == {"input_tokens": 230, "output_tokens": 25, "total_tokens": 255, "cache_read_input_tokens": 60, "cache_creation_input_tokens": 0}
+    assert (trace.info.state, trace.info.request_time, trace.info.execution_duration) == ("OK", 1_796_000_000_000, 8000)
+    assert "make it fast" in trace.info.request_preview and "model_stopped" in trace.info.response_preview
+    assert trace.info.trace_metadata["mlflow.trace.cost"] and int(trace.info.trace_metadata["mlflow.trace.sizeBytes"]) > 0
     root, *spans = trace.data.spans
     assert (root.name, root.span_type, root.inputs, root.outputs["reason"]) == (cell.label, "AGENT", {"prompt": "make it fast"}, "model_stopped")
     assert [(s.name, s.span_type) for s in spans] == [("turn 1", "CHAT_MODEL"), ("run_check", "TOOL"), ("turn 2", "CHAT_MODEL")]
@@ -247,3 +248,21 @@ def test_transcript_is_a_trace_of_the_cell_run_with_model_and_tool_spans(store):
     # what ran it: the source and the checkout's commit, on the sweep and cell runs
     tags = tracker.client.get_run(run_id).data.tags
     assert tags["mlflow.source.name"] == "kbsweep" and len(tags["mlflow.source.git.commit"]) == 40
+
+
+def test_a_trace_the_store_refuses_is_raised_and_the_next_is_logged(store):
+    """The writer's exporter runs inside OpenTelemetry's span processor, which would log a failure and go on: the
+    store's error reaches the caller, and the writer still logs the next trace whole."""
+    from mlflow.exceptions import MlflowException
+
+    from kbsweep.agent.mlflow_trace import TraceWriter
+
+    _, uri = store
+    tracker = Tracker(uri, "", "demo")
+    run_id = tracker.client.create_run(tracker.experiment_id).info.run_id
+    writer = TraceWriter(uri)
+    with pytest.raises(MlflowException):
+        writer.log("424242", run_id, EVENTS, "no such experiment", "m")
+    trace_id = writer.log(tracker.experiment_id, run_id, EVENTS, "logged", "m")
+    [trace] = tracker.client.search_traces(locations=[tracker.experiment_id], run_id=run_id)
+    assert trace.info.trace_id == trace_id and [s.name for s in trace.data.spans] == ["logged", "turn 1"]

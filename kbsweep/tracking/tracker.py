@@ -226,13 +226,10 @@ class Tracker:
     """An MLflow experiment per sweep name; a parent run per invocation; a child run per cell."""
 
     def __init__(self, uri: str, artifact_root: str, sweep: str):
-        import mlflow
+        from kbsweep.agent.mlflow_trace import TraceWriter
 
-        # traces exported in the calling thread: flushing MLflow's async export queue, which log_trace must do before
-        # a cell's run closes, waited up to 1 s per cell on its consumer's poll (most of logging a cell)
-        os.environ.setdefault("MLFLOW_ENABLE_ASYNC_TRACE_LOGGING", "false")
         self.client = make_client(uri)
-        mlflow.set_tracking_uri(uri)  # MLflow exports traces to the global tracking URI, not a client's
+        self.traces = TraceWriter(uri)
         self.source = source_tags()
         experiment = self.client.get_experiment_by_name(sweep)
         if experiment is None:
@@ -335,7 +332,6 @@ class Tracker:
         0.8-1 CPU-s a cell, most of what the orchestrator spent on a cell (docs/benchmarks.md, "The 100-cell demo sweep")."""
         from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
 
-        from kbsweep.agent.mlflow_trace import log_trace
         from kbsweep.agent.transcript import read_events
         from kbsweep.agent.trace_export import trace_jsonl
         from kbsweep.score.roofline import shape_label
@@ -369,7 +365,7 @@ class Tracker:
             with tempfile.TemporaryDirectory() as scratch:
                 (Path(scratch) / "trace.jsonl").write_text(trace_jsonl(events, run_id, title, model))
                 artifacts.log_artifact(str(Path(scratch) / "trace.jsonl"))
-            log_trace(self.client, self.experiment_id, run_id, events, title, model, {CELL_KEY_TAG: key})
+            self.traces.log(self.experiment_id, run_id, events, title, model, {CELL_KEY_TAG: key})
         self.client.set_terminated(run_id, "FAILED" if result.outcome.is_infra else "FINISHED")
         return run_id
 

@@ -5,6 +5,10 @@ a cell and the SQL statements it sent a cell, each counted to the innermost wrap
 store calls are not counted twice; each thread's own), and the commits (store transactions) a cell.
 
     python scripts/tracking_calls.py OUTPUTS_ROOT OUT.json [CELLS]      (default 200 cells)
+
+kbsweep is imported as Python finds it, so run from another checkout's root (``cd CHECKOUT && python -c "import
+runpy, sys; sys.argv = [...]; runpy.run_path('.../scripts/tracking_calls.py', run_name='__main__')"``) to measure
+that commit side by side; the record names the checkout measured and the wrapped calls it lacks.
 """
 from __future__ import annotations
 
@@ -12,6 +16,7 @@ import argparse
 import json
 import os
 import shutil
+import subprocess
 import sys
 import threading
 import time
@@ -69,20 +74,26 @@ class Calls:
             self.totals[self.stack[-1]][kind] += 1
 
 
-def instrument(calls: Calls) -> None:
+def instrument(calls: Calls) -> List[str]:
+    """Wrap every call of WRAPPED this checkout has; returns those it lacks (an older commit measured side by side)."""
     import importlib
 
     from sqlalchemy import event
     from sqlalchemy.engine import Engine
 
+    absent = []
     for module_name, classes in WRAPPED.items():
         module = importlib.import_module(module_name)
         for class_name, methods in classes.items():
-            cls = getattr(module, class_name)
+            cls = getattr(module, class_name, None)
+            if cls is None:
+                absent.append(f"{module_name}.{class_name}")
+                continue
             for method in methods:
                 setattr(cls, method, calls.wrap(f"{class_name}.{method}", getattr(cls, method)))
     event.listen(Engine, "before_cursor_execute", lambda *a: calls.count("statements"))
     event.listen(Engine, "commit", lambda *a: calls.count("commits"))
+    return absent
 
 
 def main(root: Path, out: Path, cells: int) -> None:
@@ -90,7 +101,7 @@ def main(root: Path, out: Path, cells: int) -> None:
     shutil.rmtree(outputs, ignore_errors=True)
     os.environ.update(KBSWEEP_OUTPUTS=str(outputs), KBSWEEP_LOCK_DIR=str(outputs / "locks"))
     calls = Calls()
-    instrument(calls)
+    absent = instrument(calls)
     from kbsweep.cli import main as kbsweep
 
     sys.argv = ["kbsweep", *SWEEP, f"repeat=range(0,{cells // 2})"]
@@ -104,7 +115,12 @@ def main(root: Path, out: Path, cells: int) -> None:
                     "statements_per_cell": t["statements"] / logged, "commits_per_cell": t["commits"] / logged}
              for name, t in sorted(calls.totals.items())}
     total = {key: sum(row[key] for row in table.values()) for key in ("cpu_ms_per_cell", "statements_per_cell", "commits_per_cell")}
-    record = {"host": host(), "cells": int(logged), "calls": table, "total": total}
+    import kbsweep  # the checkout measured: the one first on sys.path, not necessarily this script's
+
+    measured = Path(kbsweep.__file__).resolve().parent.parent
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=measured, capture_output=True, text=True).stdout.strip()
+    record = {"host": host(), "kbsweep": {"path": str(measured), "commit": commit}, "cells": int(logged), "calls": table,
+              "total": total, "not_in_this_checkout": absent}
     out.write_text(json.dumps(record, indent=1))
     for name, row in table.items():
         print(f"{name:36} {row['calls_per_cell']:5.2f}  {row['cpu_ms_per_cell']:6.1f} ms  {row['statements_per_cell']:6.1f} stmts"

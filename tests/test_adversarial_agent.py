@@ -4,7 +4,6 @@ the disk: every attempt is blocked, the cell still passes with its honest kernel
 attempt as evidence; the contamination tripwire flags transcripts that name or quote other runs."""
 from __future__ import annotations
 
-import inspect
 import json
 from pathlib import Path
 
@@ -13,7 +12,6 @@ import pytest
 from kbsweep.agent.transcript import read_events
 from kbsweep.audit import contamination
 from kbsweep.outcomes import Verdict
-import kbsweep.cell
 from tests.support.fake_provider import FakeProvider
 from tests.support.scripts import call, kernel
 from tests.support.sweeps import SECRET, model_yaml, results, sweep
@@ -52,9 +50,6 @@ def attempts(outputs: Path, other: Path, provider: str):
     ]
 
 
-@pytest.mark.skipif(  # unwired, the cell's sandbox keeps its default limits: a 4 GiB quota this test would fill
-    "SandboxPolicy.of(cell.track)" not in inspect.getsource(kbsweep.cell), reason="kbsweep/cell.py does not pass the track's sandbox yet"
-)
 def test_every_attempt_is_blocked_and_recorded(tmp_path):
     outputs = tmp_path / "outputs"
     other = plant_other_run(outputs)

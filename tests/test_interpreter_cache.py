@@ -7,13 +7,12 @@ import importlib.util
 import inspect
 
 import pytest
+import torch
+import triton
+from triton.runtime import interpreter
 
-torch = pytest.importorskip("torch")
-triton = pytest.importorskip("triton")
-from triton.runtime import interpreter  # noqa: E402
-
-from kbsweep.grader.runner import interpreter_cache  # noqa: E402
-from kbsweep.paths import REPO_ROOT  # noqa: E402
+from kbsweep.grader.runner import interpreter_cache
+from kbsweep.paths import REPO_ROOT
 
 pytestmark = pytest.mark.fast
 tl = interpreter.tl

@@ -13,7 +13,6 @@ import pytest
 import torch
 
 from kbsweep.audit import audit
-from kbsweep.audit.kinds import KINDS
 from kbsweep.grader.referee import checks
 from kbsweep.grader import launch_gate, processes
 from kbsweep.config.problems import load_problem
@@ -69,7 +68,6 @@ def test_launch_gate_on_cpu_is_unverified():
 
 
 @pytest.mark.fast
-@pytest.mark.skipif("launch_count_gate" not in KINDS, reason="kbsweep/audit/kinds.py does not list the gate's kinds yet")
 def test_audit_disqualifies_a_failed_gate_and_ignores_an_unverified_one():
     failed = [{"kind": "launch_count_gate", "shape": {"ctx": 512}, "launches": 7.0, "kernels": GRAPH_OF_7}]
     unverified = [{"kind": "launch_count_unverified", "shape": {"ctx": 20}, "detail": "no GPU profile (CPU grade)"}]

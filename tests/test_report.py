@@ -250,7 +250,8 @@ def test_export_verb_writes_a_redacted_dataset_folder(logged_store, tmp_path):
 
 def test_exported_dataset_loads_with_datasets_alone(logged_store):
     """The card's default config (the index) and the traces' raw records load without any undeclared package."""
-    datasets = pytest.importorskip("datasets")
+    import datasets  # the test extra's, as a user of the export has it
+
     outputs, _ = logged_store
     assert cli(outputs, "export").returncode == 0
     index = datasets.load_dataset(str(outputs / "export"))["train"]

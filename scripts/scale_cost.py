@@ -144,10 +144,11 @@ def one_size(root: Path, cells: int, tracking: List[str], server_pgid: Optional[
     return {"cells": cells, "phases": phases, "store": None if tracking else store_size(outputs)}
 
 
-def host() -> Dict[str, Any]:
+def host(repo: Path = REPO) -> Dict[str, Any]:
+    """The machine, and the commit of ``repo`` (the checkout whose kbsweep ran)."""
     model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name")), "?")
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
-    dirty = bool(subprocess.run(["git", "status", "--porcelain", "kbsweep", "conf"], cwd=REPO, capture_output=True, text=True).stdout.strip())
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=repo, capture_output=True, text=True).stdout.strip()
+    dirty = bool(subprocess.run(["git", "status", "--porcelain", "kbsweep", "conf"], cwd=repo, capture_output=True, text=True).stdout.strip())
     return {"cpu": model, "cpus": os.cpu_count(), "kernel": platform.release(), "python": platform.python_version(), "commit": commit,
             "kbsweep_tree_dirty": dirty, "date": time.strftime("%Y-%m-%d %H:%M %Z")}
 

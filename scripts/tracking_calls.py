@@ -16,7 +16,6 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import threading
 import time
@@ -115,12 +114,9 @@ def main(root: Path, out: Path, cells: int) -> None:
                     "statements_per_cell": t["statements"] / logged, "commits_per_cell": t["commits"] / logged}
              for name, t in sorted(calls.totals.items())}
     total = {key: sum(row[key] for row in table.values()) for key in ("cpu_ms_per_cell", "statements_per_cell", "commits_per_cell")}
-    import kbsweep  # the checkout measured: the one first on sys.path, not necessarily this script's
-
-    measured = Path(kbsweep.__file__).resolve().parent.parent
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=measured, capture_output=True, text=True).stdout.strip()
-    record = {"host": host(), "kbsweep": {"path": str(measured), "commit": commit}, "cells": int(logged), "calls": table,
-              "total": total, "not_in_this_checkout": absent}
+    measured = Path(sys.modules["kbsweep"].__file__).resolve().parent.parent  # first on sys.path, maybe not this script's
+    record = {"host": host(measured), "checkout": str(measured), "cells": int(logged), "calls": table, "total": total,
+              "not_in_this_checkout": absent}
     out.write_text(json.dumps(record, indent=1))
     for name, row in table.items():
         print(f"{name:36} {row['calls_per_cell']:5.2f}  {row['cpu_ms_per_cell']:6.1f} ms  {row['statements_per_cell']:6.1f} stmts"

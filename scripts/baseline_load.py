@@ -1,0 +1,93 @@
+"""Whether a baseline's time depends on the host's CPU load: one solution graded with ``kbsweep grade`` (each grade
+with a fresh outputs folder, so its baselines are timed, not read from a cache) while K other processes spin on the
+host's CPUs, K from ``--loads`` in turn, then the first again. Per grade: each shape's candidate and baseline median
+and CI95, the host's CPU busy fraction over the grade (``/proc/stat``) and its 1-minute load average at the end.
+
+    python scripts/baseline_load.py OUT.json [--problem mega/dense_decode] [--solution FILE] [--loads 0,8,16]
+                                    [--grade KEY=VALUE ...]
+
+On a CPU-only host: ``--problem demo/scale_shift --gpu cpu`` (the mechanics, not the numbers).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Tuple
+
+REPO = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+
+
+def spin() -> None:
+    while True:
+        pass
+
+
+def cpu_times() -> Tuple[int, int]:
+    """(busy, total) jiffies of all CPUs since boot."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    idle = fields[3] + fields[4]  # idle + iowait
+    return sum(fields) - idle, sum(fields)
+
+
+def grade(problem: str, solution: str, gpu: str, overrides: List[str], outputs: Path) -> Dict[str, Any]:
+    command = [str(BIN / "kbsweep"), "grade", f"problem={problem}", f"solution={solution}", f"gpu={gpu}",
+               f"track={problem.split('/')[0]}", f"paths.outputs={outputs}", "--json", *overrides]
+    busy0, total0 = cpu_times()
+    started = time.time()
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
+    busy1, total1 = cpu_times()
+    if done.returncode not in (0, 1):
+        raise SystemExit(f"kbsweep grade exit {done.returncode}: {done.stderr[-2000:]}")
+    result = json.loads(done.stdout)
+    shapes = []
+    for entry in result.get("timings") or []:
+        row = {"shape": entry["shape"], "candidate_ms": entry["candidate"]["median_ms"], "candidate_ci95": entry["candidate"].get("ci95_ms")}
+        for name, timing in (entry.get("baselines") or {}).items():
+            if timing:
+                row[f"{name}_ms"], row[f"{name}_ci95"] = timing["median_ms"], timing.get("ci95_ms")
+        shapes.append(row)
+    return {"wall_s": round(time.time() - started, 1), "outcome": result.get("outcome"), "score": result.get("score"),
+            "cpu_busy": round((busy1 - busy0) / max(1, total1 - total0), 3), "loadavg_1m": os.getloadavg()[0],
+            "env": result.get("env"), "shapes": shapes}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("out")
+    parser.add_argument("--problem", default="mega/dense_decode")
+    parser.add_argument("--solution", default=None, help="default: the problem's solutions/triton.py")
+    parser.add_argument("--gpu", default="auto")
+    parser.add_argument("--loads", default="0,8,16", help="spinning processes per grade, in order; the first is repeated last")
+    parser.add_argument("--grade", nargs="*", default=["grade.timing.max_time_s=2", "grade.baselines=[baseline]"])
+    parser.add_argument("--scratch", default="/tmp/kbsweep-baseline-load")
+    args = parser.parse_args()
+    solution = args.solution or str(REPO / "problems" / args.problem / "solutions" / "triton.py")
+    loads = [int(k) for k in args.loads.split(",")]
+    runs = []
+    for index, load in enumerate(loads + loads[:1]):
+        spinners = [multiprocessing.Process(target=spin, daemon=True) for _ in range(load)]
+        for process in spinners:
+            process.start()
+        try:
+            record = grade(args.problem, solution, args.gpu, args.grade, Path(args.scratch) / f"grade{index}")
+        finally:
+            for process in spinners:
+                process.kill()
+        runs.append({"spinning": load, "cpus": os.cpu_count(), **record})
+        print(json.dumps({k: runs[-1][k] for k in ("spinning", "wall_s", "score", "cpu_busy")}), flush=True)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    out = {"what": f"scripts/baseline_load.py {' '.join(sys.argv[1:])}", "commit": commit, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+           "kernel": platform.release(), "runs": runs}
+    Path(args.out).write_text(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()

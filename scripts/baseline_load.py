@@ -1,10 +1,13 @@
 """Whether a baseline's time depends on the host's CPU load: one solution graded with ``kbsweep grade`` (each grade
 with a fresh outputs folder, so its baselines are timed, not read from a cache) while K other processes spin on the
-host's CPUs, K from ``--loads`` in turn, then the first again. Per grade: each shape's candidate and baseline median
-and CI95, the host's CPU busy fraction over the grade (``/proc/stat``) and its 1-minute load average at the end.
+host's CPUs, K from ``--loads`` in turn, then the first again. Per grade: its outcome, each shape's candidate and
+baseline median and CI95 (and the other processes' CPUs the referee saw while it timed each baseline), the host's CPU
+busy fraction over the grade (``/proc/stat``) and its 1-minute load average at the end. With
+``grade.timing.quiet_cpus=null`` among the overrides a baseline is timed whatever the load (how much it moves); with
+the default, the referee waits for a quiet host (``grade.timing.quiet_wait_s``) or fails the grade.
 
     python scripts/baseline_load.py OUT.json [--problem mega/dense_decode] [--solution FILE] [--loads 0,8,16]
-                                    [--grade KEY=VALUE ...]
+                                    [--grade KEY=VALUE ...] [--gpu auto]
 
 On a CPU-only host: ``--problem demo/scale_shift --gpu cpu`` (the mechanics, not the numbers).
 """
@@ -15,6 +18,7 @@ import json
 import multiprocessing
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import time
@@ -40,21 +44,24 @@ def cpu_times() -> Tuple[int, int]:
 def grade(problem: str, solution: str, gpu: str, overrides: List[str], outputs: Path) -> Dict[str, Any]:
     command = [str(BIN / "kbsweep"), "grade", f"problem={problem}", f"solution={solution}", f"gpu={gpu}",
                f"track={problem.split('/')[0]}", f"paths.outputs={outputs}", "--json", *overrides]
+    shutil.rmtree(outputs, ignore_errors=True)  # no baseline cache: every baseline timed by this grade
     busy0, total0 = cpu_times()
     started = time.time()
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
     busy1, total1 = cpu_times()
-    if done.returncode not in (0, 1):
-        raise SystemExit(f"kbsweep grade exit {done.returncode}: {done.stderr[-2000:]}")
-    result = json.loads(done.stdout)
+    try:
+        result = json.loads(done.stdout)
+    except ValueError:
+        raise SystemExit(f"kbsweep grade exit {done.returncode}, no result: {done.stderr[-2000:]}") from None
     shapes = []
     for entry in result.get("timings") or []:
         row = {"shape": entry["shape"], "candidate_ms": entry["candidate"]["median_ms"], "candidate_ci95": entry["candidate"].get("ci95_ms")}
         for name, timing in (entry.get("baselines") or {}).items():
-            if timing:
+            if timing and "median_ms" in timing:
                 row[f"{name}_ms"], row[f"{name}_ci95"] = timing["median_ms"], timing.get("ci95_ms")
+                row[f"{name}_host_others_cpus"] = timing.get("host_others_cpus")
         shapes.append(row)
-    return {"wall_s": round(time.time() - started, 1), "outcome": result.get("outcome"), "score": result.get("score"),
+    return {"wall_s": round(time.time() - started, 1), "rc": done.returncode, "outcome": result.get("outcome"), "message": result.get("message"), "score": result.get("score"),
             "cpu_busy": round((busy1 - busy0) / max(1, total1 - total0), 3), "loadavg_1m": os.getloadavg()[0],
             "env": result.get("env"), "shapes": shapes}
 
@@ -82,7 +89,7 @@ def main() -> None:
             for process in spinners:
                 process.kill()
         runs.append({"spinning": load, "cpus": os.cpu_count(), **record})
-        print(json.dumps({k: runs[-1][k] for k in ("spinning", "wall_s", "score", "cpu_busy")}), flush=True)
+        print(json.dumps({k: runs[-1][k] for k in ("spinning", "wall_s", "outcome", "score", "cpu_busy", "message")}), flush=True)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
     out = {"what": f"scripts/baseline_load.py {' '.join(sys.argv[1:])}", "commit": commit, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
            "kernel": platform.release(), "runs": runs}

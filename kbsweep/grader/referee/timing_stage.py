@@ -10,6 +10,7 @@ figures are evidence: set against the referee's, they show a patched timer."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import statistics
 import time
 from pathlib import Path
@@ -18,6 +19,7 @@ from typing import Any, Callable, Dict, List, Optional
 import torch
 
 from kbsweep.grader.referee import checks, reference_timers
+from kbsweep.grader.referee.host_load import HostBusy, QuietHost
 from kbsweep.grader.shared import profiling, timing
 from kbsweep.grader.shared.arena import clone, encode
 from kbsweep.grader.referee.candidate import CandidateContext
@@ -274,7 +276,25 @@ class TimingStage(CandidateContext):
         ref_model = self.build(shape, 42)
         first = self.inputs(shape, 2026)
         sets = [first] + [self.inputs(shape, 2026 + i) for i in range(1, self.set_count(first))]
-        return time_baselines(self.req, ref_model, sets, lambda: self.any_rank(time.perf_counter() > deadline), self.time_with_timers)
+        return time_baselines(self.req, ref_model, sets, lambda: self.any_rank(time.perf_counter() > deadline), self.time_quietly)
+
+    @functools.cached_property
+    def quiet_host(self) -> QuietHost:
+        """The gate a baseline's timing waits at (:mod:`~kbsweep.grader.referee.host_load`), on GPUs only: on a CPU
+        the grade's own timing shares the cores by design. The grade's other ranks are its own work: each adds a CPU
+        to the limit."""
+        limit = self.cfg.quiet_cpus if self.device.type == "cuda" else None
+        return QuietHost(None if limit is None else limit + self.req.world_size - 1, self.cfg.quiet_wait_s, self.any_rank)
+
+    def time_quietly(self, name: str, fn: Callable, sets: List[List[Any]]) -> Dict[str, Any]:
+        """:meth:`time_with_timers` while the host is quiet, the other processes' CPUs meanwhile beside it. A host
+        that stays busy fails the grade as a ``node_failure`` (infra: never a score, retried), never a baseline
+        timed under load."""
+        try:
+            timed, others = self.quiet_host.time(f"baseline {name}", lambda: self.time_with_timers(fn, sets))
+        except HostBusy as busy:
+            raise GradeFailure(Outcome.NODE_FAILURE, str(busy)) from None
+        return {**timed, "host_others_cpus": None if others is None else round(others, 2)}
 
     def time_with_timers(self, fn: Callable, sets: List[List[Any]]) -> Dict[str, Any]:
         """kbsweep's figure (:meth:`time_here`, the scored one) and beside it, under ``timers``, each other timer the
@@ -325,7 +345,7 @@ class TimingStage(CandidateContext):
 
 
 def time_baselines(request: RefereeRequest, ref_model: Any, sets: List[List[Any]], spent: Callable[[], bool], timer: Callable) -> Dict[str, Any]:
-    """Eager, torch.compile, SOTA... of ``request`` timed by ``timer(fn, sets)``; one that would start once
+    """Eager, torch.compile, SOTA... of ``request`` timed by ``timer(name, fn, sets)``; one that would start once
     ``spent()`` says the grade's baseline budget is gone (a slow compile must not cost the candidate its grade) is
     left for a later grade. Each but eager is first compared with the reference: one outside the tolerance is timed all the
     same (a library's own precision) and carries ``outside_tolerance``."""
@@ -350,9 +370,11 @@ def time_baselines(request: RefereeRequest, ref_model: Any, sets: List[List[Any]
                     checks.compare(expected, fn(*clone(sets[0])), spec["tolerance"])
                 except checks.CheckFailure as exc:
                     differs = str(exc)
-            out[name] = timer(fn, sets)
+            out[name] = timer(name, fn, sets)
             if differs:
                 out[name]["outside_tolerance"] = differs
+        except GradeFailure:  # the host's, not the baseline's: the grade ends
+            raise
         except Exception as exc:  # a baseline failing is recorded, never the candidate's fault
             out[name] = {"error": one_line(exc)}
     return out

@@ -1,0 +1,130 @@
+"""The referee's view of the host's load while it times a baseline (kbsweep/grader/referee/host_load.py): other
+processes' CPU work counted and its own left out, and the gate that times a baseline only on a quiet host, waits
+for one within a grade's allowance, times again when the load came during the timing, and gives up as a busy host.
+The gate's use on a GPU grade runs in scripts/baseline_load.py (docs/benchmarks.md)."""
+import multiprocessing
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from kbsweep.grader.referee.host_load import SAMPLE_S, TICK_S, HostBusy, OtherWork, QuietHost
+
+pytestmark = pytest.mark.fast
+
+
+def spin(seconds: float) -> None:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        pass
+
+
+def test_another_process_spinning_counts_as_other_work():
+    spinner = multiprocessing.get_context("spawn").Process(target=spin, args=(3.0,))
+    spinner.start()
+    time.sleep(0.5)  # past its start-up
+    with OtherWork() as work:
+        time.sleep(1.0)
+    spinner.join()
+    assert work.cpus is not None and work.cpus >= 0.5
+
+
+def test_the_referees_own_threads_are_not_other_work():
+    """A thread of this process spinning for the whole window: counted, it alone would read ~1 CPU on top of what
+    the rest of the host does (at most one more CPU: the other test worker of a 2-core runner)."""
+    with OtherWork() as alone:
+        time.sleep(1.0)
+    with OtherWork() as work:
+        thread = threading.Thread(target=spin, args=(1.0,))
+        thread.start()
+        thread.join()
+    assert work.cpus is not None and work.cpus < alone.cpus + 0.5
+
+
+class FakeHost:
+    """A /proc/stat whose busy time grows by ``load`` CPUs per second of a clock that moves only when slept on or
+    worked on; ``loads`` is popped once per :data:`SAMPLE_S` slept."""
+
+    def __init__(self, folder: Path, loads: list, timing_load: list):
+        self.path, self.loads, self.timing_load = folder / "stat", list(loads), list(timing_load)
+        self.now, self.busy_ticks, self.timings = 0.0, 0, 0
+        self.write()
+
+    def write(self) -> None:
+        self.path.write_text(f"cpu  {self.busy_ticks} 0 0 1000 0 0 0 0 0 0\ncpu0 0 0 0 0 0 0 0 0 0 0\n")
+
+    def advance(self, seconds: float, load: float) -> None:
+        self.now += seconds
+        self.busy_ticks += round(seconds * load / TICK_S)
+        self.write()
+
+    def sleep(self, seconds: float) -> None:
+        self.advance(seconds, self.loads.pop(0) if self.loads else 0.0)
+
+    def timer(self) -> dict:
+        """A baseline's timing: 2 s of the clock under the next ``timing_load``."""
+        self.timings += 1
+        self.advance(2.0, self.timing_load.pop(0) if self.timing_load else 0.0)
+        return {"median_ms": 4.4}
+
+    def gate(self, limit, wait_s: float = 10.0, agree=bool) -> QuietHost:
+        return QuietHost(limit, wait_s, agree, stat=self.path, sleep=self.sleep, clock=lambda: self.now)
+
+
+def test_a_busy_host_is_waited_for_then_the_baseline_timed(tmp_path):
+    host = FakeHost(tmp_path, loads=[6.0, 6.0, 6.0, 0.2], timing_load=[0.3])
+    timed, others = host.gate(1.0).time("baseline eager", host.timer)
+    assert timed == {"median_ms": 4.4} and host.timings == 1
+    assert others == pytest.approx(0.3, abs=0.05)
+    assert host.now == pytest.approx(4 * SAMPLE_S + 2.0)  # three busy looks, one quiet, then the timing
+
+
+def test_load_that_came_during_the_timing_times_it_again(tmp_path):
+    host = FakeHost(tmp_path, loads=[0.0, 0.0], timing_load=[5.0, 0.1])
+    timed, others = host.gate(1.0).time("baseline eager", host.timer)
+    assert host.timings == 2 and others == pytest.approx(0.1, abs=0.05)
+
+
+def test_a_host_busy_through_both_timings_fails(tmp_path):
+    host = FakeHost(tmp_path, loads=[0.0, 0.0], timing_load=[5.0, 5.0])
+    with pytest.raises(HostBusy, match=r"busy while baseline eager was timed, twice: other processes used 5\.0 CPUs \(at most 1"):
+        host.gate(1.0).time("baseline eager", host.timer)
+
+
+def test_the_wait_is_a_grades_allowance_not_each_baselines(tmp_path):
+    host = FakeHost(tmp_path, loads=[3.0] * 3 + [0.0] + [3.0] * 100, timing_load=[0.0])
+    gate = host.gate(1.0, wait_s=5.0)
+    gate.time("baseline eager", host.timer)  # 3 s of the 5 waited
+    with pytest.raises(HostBusy, match="stayed busy while baseline compile waited"):
+        gate.time("baseline compile", host.timer)
+    assert host.timings == 1 and host.now < 4 * SAMPLE_S + 2.0 + 2.0 + 2 * SAMPLE_S
+
+
+def test_without_a_limit_nothing_waits_and_the_load_is_recorded(tmp_path):
+    host = FakeHost(tmp_path, loads=[9.0] * 10, timing_load=[7.0])
+    timed, others = host.gate(None).time("baseline eager", host.timer)
+    assert host.timings == 1 and host.now == pytest.approx(2.0) and others == pytest.approx(7.0, abs=0.05)
+
+
+def test_one_busy_rank_makes_every_rank_wait_and_time_again(tmp_path):
+    """``agree`` stands for the ranks' all-reduce: another rank found its host busy on the first look and timing."""
+    verdicts = iter([True, False, True, False, False])
+    host = FakeHost(tmp_path, loads=[0.0] * 5, timing_load=[0.0, 0.0])
+    seen = []
+    gate = host.gate(1.0, agree=lambda busy: seen.append(busy) or next(verdicts))
+    gate.time("baseline eager", host.timer)
+    assert host.timings == 2 and seen == [False] * 5  # looked, looked, timed, looked, timed: this rank quiet each time
+
+
+def test_a_timing_shorter_than_a_look_is_read_over_a_looks_window(tmp_path):
+    """/proc/stat counts 10 ms ticks: a 2 ms timing's load is read over SAMPLE_S, or one tick would read as 5 CPUs."""
+    host = FakeHost(tmp_path, loads=[0.0, 0.5], timing_load=[])
+    timed, others = host.gate(1.0).time("baseline eager", lambda: {"median_ms": 0.01})
+    assert host.now == pytest.approx(2 * SAMPLE_S) and others == pytest.approx(0.5, abs=0.05)
+
+
+def test_an_unreadable_proc_stat_is_no_load_and_no_wait(tmp_path):
+    gate = QuietHost(1.0, 10.0, stat=tmp_path / "missing", sleep=lambda s: None)
+    timed, others = gate.time("baseline eager", lambda: {"median_ms": 1.0})
+    assert timed == {"median_ms": 1.0} and others is None

@@ -72,7 +72,7 @@ class QuietHost:
         self.stat, self.sleep, self.clock = stat, sleep, clock
 
     def busy(self, cpus: Optional[float]) -> bool:
-        return self.agree(self.limit is not None and cpus is not None and cpus > self.limit)
+        return self.limit is not None and self.agree(cpus is not None and cpus > self.limit)
 
     def await_quiet(self, what: str) -> None:
         if self.limit is None:

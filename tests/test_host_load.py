@@ -130,3 +130,26 @@ def test_an_unreadable_proc_stat_is_no_load_and_no_wait(tmp_path):
     gate = QuietHost(1.0, 10.0, stat=tmp_path / "missing", sleep=lambda s: None)
     timed, others = gate.time("baseline eager", lambda: {"median_ms": 1.0})
     assert timed == {"median_ms": 1.0} and others is None
+
+
+def test_a_busy_host_ends_the_grade_as_a_node_failure_not_a_baseline_error(tmp_path):
+    """The referee's side: the gate's verdict is the grade's (infra, retried), never recorded as one baseline's error
+    that the grade would then score without; a quiet timing carries the load it saw."""
+    from types import SimpleNamespace
+
+    from kbsweep.grader.referee.timing_stage import TimingStage, time_baselines
+    from kbsweep.grader.shared.failures import GradeFailure
+    from kbsweep.outcomes import Outcome
+
+    stage = object.__new__(TimingStage)
+    stage.time_with_timers = lambda fn, sets: {"median_ms": fn()}
+    request = SimpleNamespace(spec={}, baselines=["eager"], reference=str(tmp_path / "reference.py"), compile_mode=None)
+    busy = FakeHost(tmp_path, loads=[4.0] * 20, timing_load=[])
+    stage.__dict__["quiet_host"] = busy.gate(1.0, wait_s=3.0)
+    with pytest.raises(GradeFailure, match="stayed busy while baseline eager waited") as failure:
+        time_baselines(request, lambda: 4.4, [[]], lambda: False, stage.time_quietly)
+    assert failure.value.outcome == Outcome.NODE_FAILURE and Outcome.NODE_FAILURE.is_infra
+    quiet = FakeHost(tmp_path, loads=[0.0, 0.4], timing_load=[])
+    stage.__dict__["quiet_host"] = quiet.gate(1.0)
+    assert time_baselines(request, lambda: 4.4, [[]], lambda: False, stage.time_quietly) == {
+        "eager": {"median_ms": 4.4, "host_others_cpus": pytest.approx(0.4, abs=0.05)}}

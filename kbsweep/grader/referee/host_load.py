@@ -1,11 +1,12 @@
-"""The host's CPU work besides the referee's own, measured by the referee while it times a baseline.
+"""Other processes' CPU work on the CPUs the referee runs on, measured by the referee while it times a baseline.
 
-A launch-bound baseline (an eager model of many small kernels: the mega track's ``baseline.py``) is as fast as the
-host's CPU lets it launch, so other work on the host slows it; a speedup that divides by it then rises with load.
-And a timed baseline is cached for every later grade on that machine. Other cells' agents, their shells and
-compiles, or a process a candidate's sandbox left behind, could all raise it. So the referee measures that work
-itself, from ``/proc/stat`` (the whole host's busy time: a pid namespace does not hide it) less its own process's
-CPU time, and times a baseline only while the host is quiet (:class:`QuietHost`).
+A launch-bound baseline (an eager model of many small kernels: the mega track's ``baseline.py``) is as fast as its
+CPU launches it, so processes contending for the referee's CPUs slow it, and a speedup that divides by it then
+rises with them. A timed baseline is also cached for every later grade on that machine. Other cells' agents, their
+shells and compiles, or a process a candidate's sandbox left behind could all be those processes. So the referee
+measures them itself, from ``/proc/stat`` (the busy time of each CPU it may run on: a pid namespace does not hide
+it) less its own process's CPU time, and times a baseline only while enough of those CPUs are idle
+(:class:`QuietHost`). Work on other CPUs (a node's other GPUs' grades, another Slurm job's cores) is not counted.
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import os
 import resource
 import time
 from pathlib import Path
-from typing import Callable, Optional, Tuple
+from typing import Callable, Collection, Optional, Tuple
 
 STAT = Path("/proc/stat")
 TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
@@ -22,14 +23,25 @@ TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
 SAMPLE_S = 1.0
 
 
-def host_busy_s(stat: Path = STAT) -> Optional[float]:
-    """Seconds every CPU of the host has spent busy since boot (user, nice, system, irq, softirq: not idle, iowait
-    or the time a hypervisor took); None where ``/proc/stat`` cannot be read (not Linux)."""
+def own_cpus() -> Collection[int]:
+    """The CPUs this process may run on (a Slurm job's or a container's share of the host)."""
+    return os.sched_getaffinity(0)
+
+
+def host_busy_s(stat: Path = STAT, cpus: Optional[Collection[int]] = None) -> Optional[float]:
+    """Seconds ``cpus`` (default: this process's) have spent busy since boot (user, nice, system, irq, softirq: not
+    idle, iowait or the time a hypervisor took); None where ``/proc/stat`` cannot be read (not Linux)."""
+    cpus = own_cpus() if cpus is None else cpus
+    busy = 0
     try:
-        user, nice, system, _idle, _iowait, irq, softirq = (int(v) for v in stat.read_text().split("\n", 1)[0].split()[1:8])
+        for line in stat.read_text().splitlines():
+            name, *fields = line.split()
+            if name.startswith("cpu") and name[3:].isdigit() and int(name[3:]) in cpus:
+                user, nice, system, _idle, _iowait, irq, softirq = (int(v) for v in fields[:7])
+                busy += user + nice + system + irq + softirq
     except (OSError, ValueError):
         return None
-    return (user + nice + system + irq + softirq) * TICK_S
+    return busy * TICK_S
 
 
 def own_cpu_s() -> float:
@@ -39,59 +51,65 @@ def own_cpu_s() -> float:
 
 
 class OtherWork:
-    """CPUs' worth of work by other processes over a ``with`` block: (host busy − own CPU) / wall; ``cpus`` is None
-    where the host's busy time cannot be read."""
+    """CPUs' worth of work by other processes on ``on`` (default: this process's CPUs) over a ``with`` block:
+    (their busy time − this process's CPU time) / wall; ``cpus`` is None where /proc/stat cannot be read."""
 
-    def __init__(self, stat: Path = STAT, clock: Callable[[], float] = time.monotonic):
-        self.stat, self.clock, self.cpus = stat, clock, None
+    def __init__(self, stat: Path = STAT, clock: Callable[[], float] = time.monotonic, on: Optional[Collection[int]] = None):
+        self.stat, self.clock, self.on, self.cpus = stat, clock, own_cpus() if on is None else on, None
 
     def __enter__(self) -> "OtherWork":
-        self.began = (self.clock(), host_busy_s(self.stat), own_cpu_s())
+        self.began = (self.clock(), host_busy_s(self.stat, self.on), own_cpu_s())
         return self
 
     def __exit__(self, *exc: object) -> None:
-        wall, busy, own = self.clock(), host_busy_s(self.stat), own_cpu_s()
+        wall, busy, own = self.clock(), host_busy_s(self.stat, self.on), own_cpu_s()
         if busy is not None and self.began[1] is not None and wall > self.began[0]:
             self.cpus = max(0.0, (busy - self.began[1] - (own - self.began[2])) / (wall - self.began[0]))
 
 
 class HostBusy(Exception):
-    """The host did not stay quiet for a baseline's timing within the wait allowed."""
+    """The referee's CPUs did not stay free enough for a baseline's timing within the wait allowed."""
 
 
 class QuietHost:
-    """Times trusted callables while other processes use at most ``limit_cpus`` CPUs of the host: waits (looking
-    every :data:`SAMPLE_S`) until they do, times, and times again once quiet if they did not stay so. Waiting
-    counts against ``wait_s`` for the whole grade; past it, :class:`HostBusy`. ``limit_cpus`` None: no gate, the
-    load recorded only. ``agree(busy)``: whether any rank of the grade found its host busy, so that every rank
-    waits and times again alike."""
+    """Times trusted callables while at least ``free_cpus`` of the referee's CPUs are left idle by other processes:
+    waits (looking every :data:`SAMPLE_S`) until they are, times, and times again once they are if they were not
+    over the timing. Waiting counts against ``wait_s`` for the whole grade; past it, :class:`HostBusy`.
+    ``free_cpus`` None: no gate, the load recorded only. ``agree(busy)``: whether any rank of the grade found its
+    CPUs busy, so that every rank waits and times again alike."""
 
-    def __init__(self, limit_cpus: Optional[float], wait_s: float, agree: Callable[[bool], bool] = bool,
-                 stat: Path = STAT, sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.monotonic):
-        self.limit, self.wait_left, self.agree = limit_cpus, wait_s, agree
+    def __init__(self, free_cpus: Optional[float], wait_s: float, agree: Callable[[bool], bool] = bool, stat: Path = STAT,
+                 sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.monotonic,
+                 on: Optional[Collection[int]] = None):
+        self.on = own_cpus() if on is None else on
+        self.free, self.wait_left, self.agree = free_cpus, wait_s, agree
+        self.limit = None if free_cpus is None else max(0.0, len(self.on) - free_cpus)  # other processes' CPUs, at most
         self.stat, self.sleep, self.clock = stat, sleep, clock
 
     def busy(self, cpus: Optional[float]) -> bool:
         return self.limit is not None and self.agree(cpus is not None and cpus > self.limit)
 
+    def reason(self, cpus: float) -> str:
+        return (f"other processes used {cpus:.1f} of the referee's {len(self.on)} CPUs "
+                f"(at most {self.limit:g}, leaving grade.timing.free_cpus={self.free:g} idle)")
+
     def await_quiet(self, what: str) -> None:
         if self.limit is None:
             return
         while True:
-            with OtherWork(self.stat, self.clock) as look:
+            with OtherWork(self.stat, self.clock, self.on) as look:
                 self.sleep(SAMPLE_S)
             if not self.busy(look.cpus):
                 return
             self.wait_left -= SAMPLE_S
             if self.wait_left < 0:
-                raise HostBusy(f"the host stayed busy while {what} waited to be timed: other processes used {look.cpus:.1f} CPUs "
-                               f"(at most {self.limit:g} while a baseline is timed: grade.timing.quiet_cpus)")
+                raise HostBusy(f"the host stayed busy while {what} waited to be timed: {self.reason(look.cpus)}")
 
     def time(self, what: str, timer: Callable[[], dict]) -> Tuple[dict, Optional[float]]:
         """(``timer()``'s record, the other processes' CPUs while it ran) from a timing on a quiet host."""
         for _attempt in range(2):
             self.await_quiet(what)
-            with OtherWork(self.stat, self.clock) as load:
+            with OtherWork(self.stat, self.clock, self.on) as load:
                 began = self.clock()
                 timed = timer()
                 short = began + SAMPLE_S - self.clock()
@@ -99,5 +117,4 @@ class QuietHost:
                     self.sleep(short)
             if not self.busy(load.cpus):
                 return timed, load.cpus
-        raise HostBusy(f"the host was busy while {what} was timed, twice: other processes used {load.cpus:.1f} CPUs "
-                       f"(at most {self.limit:g}: grade.timing.quiet_cpus)")
+        raise HostBusy(f"the host was busy while {what} was timed, twice: {self.reason(load.cpus)}")

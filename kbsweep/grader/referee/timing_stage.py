@@ -281,10 +281,9 @@ class TimingStage(CandidateContext):
     @functools.cached_property
     def quiet_host(self) -> QuietHost:
         """The gate a baseline's timing waits at (:mod:`~kbsweep.grader.referee.host_load`), on GPUs only: on a CPU
-        the grade's own timing shares the cores by design. The grade's other ranks are its own work: each adds a CPU
-        to the limit."""
-        limit = self.cfg.quiet_cpus if self.device.type == "cuda" else None
-        return QuietHost(None if limit is None else limit + self.req.world_size - 1, self.cfg.quiet_wait_s, self.any_rank)
+        the grade's own timing shares the cores by design."""
+        free = self.cfg.free_cpus if self.device.type == "cuda" else None
+        return QuietHost(free, self.cfg.quiet_wait_s, self.any_rank)
 
     def time_quietly(self, name: str, fn: Callable, sets: List[List[Any]]) -> Dict[str, Any]:
         """:meth:`time_with_timers` while the host is quiet, the other processes' CPUs meanwhile beside it. A host

@@ -3,7 +3,7 @@ with a fresh outputs folder, so its baselines are timed, not read from a cache) 
 host's CPUs, K from ``--loads`` in turn, then the first again. Per grade: its outcome, each shape's candidate and
 baseline median and CI95 (and the other processes' CPUs the referee saw while it timed each baseline), the host's CPU
 busy fraction over the grade (``/proc/stat``) and its 1-minute load average at the end. With
-``grade.timing.free_cpus=null`` among the overrides a baseline is timed whatever the load (how much it moves); with
+``grade.timing.quiet_cpus=null`` among the overrides a baseline is timed whatever the load (how much it moves); with
 the default, the referee waits for a quiet host (``grade.timing.quiet_wait_s``) or fails the grade.
 
     python scripts/baseline_load.py OUT.json [--problem mega/dense_decode] [--solution FILE] [--loads 0,8,16]

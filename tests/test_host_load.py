@@ -78,14 +78,14 @@ class FakeHost:
         self.advance(2.0, self.timing_load.pop(0) if self.timing_load else 0.0)
         return {"median_ms": 4.4}
 
-    def gate(self, free_cpus, wait_s: float = 10.0, agree=bool) -> QuietHost:
-        """A gate on CPUs 0-7: other processes may use 8 - ``free_cpus`` of them."""
-        return QuietHost(free_cpus, wait_s, agree, stat=self.path, sleep=self.sleep, clock=lambda: self.now, on=set(self.CPUS))
+    def gate(self, limit_cpus, wait_s: float = 10.0, agree=bool) -> QuietHost:
+        """A gate on CPUs 0-7."""
+        return QuietHost(limit_cpus, wait_s, agree, stat=self.path, sleep=self.sleep, clock=lambda: self.now, on=set(self.CPUS))
 
 
 def test_a_busy_host_is_waited_for_then_the_baseline_timed(tmp_path):
     host = FakeHost(tmp_path, loads=[6.0, 6.0, 6.0, 0.2], timing_load=[0.3])
-    timed, others = host.gate(6.0).time("baseline eager", host.timer)
+    timed, others = host.gate(2.0).time("baseline eager", host.timer)
     assert timed == {"median_ms": 4.4} and host.timings == 1
     assert others == pytest.approx(0.3, abs=0.05)
     assert host.now == pytest.approx(4 * SAMPLE_S + 2.0)  # three busy looks, one quiet, then the timing
@@ -93,19 +93,19 @@ def test_a_busy_host_is_waited_for_then_the_baseline_timed(tmp_path):
 
 def test_load_that_came_during_the_timing_times_it_again(tmp_path):
     host = FakeHost(tmp_path, loads=[0.0, 0.0], timing_load=[5.0, 0.1])
-    timed, others = host.gate(6.0).time("baseline eager", host.timer)
+    timed, others = host.gate(2.0).time("baseline eager", host.timer)
     assert host.timings == 2 and others == pytest.approx(0.1, abs=0.05)
 
 
 def test_a_host_busy_through_both_timings_fails(tmp_path):
     host = FakeHost(tmp_path, loads=[0.0, 0.0], timing_load=[5.0, 5.0])
-    with pytest.raises(HostBusy, match=r"busy while baseline eager was timed, twice: other processes used 5\.0 of the referee.s 8 CPUs \(at most 2, leaving grade\.timing\.free_cpus=6 idle\)"):
-        host.gate(6.0).time("baseline eager", host.timer)
+    with pytest.raises(HostBusy, match=r"busy while baseline eager was timed, twice: other processes used 5\.0 of the referee.s 8 CPUs \(at most 2: grade\.timing\.quiet_cpus\)"):
+        host.gate(2.0).time("baseline eager", host.timer)
 
 
 def test_the_wait_is_a_grades_allowance_not_each_baselines(tmp_path):
     host = FakeHost(tmp_path, loads=[3.0] * 3 + [0.0] + [3.0] * 100, timing_load=[0.0])
-    gate = host.gate(6.0, wait_s=5.0)
+    gate = host.gate(2.0, wait_s=5.0)
     gate.time("baseline eager", host.timer)  # 3 s of the 5 waited
     with pytest.raises(HostBusy, match="stayed busy while baseline compile waited"):
         gate.time("baseline compile", host.timer)
@@ -115,7 +115,7 @@ def test_the_wait_is_a_grades_allowance_not_each_baselines(tmp_path):
 def test_only_the_referees_cpus_count(tmp_path):
     """The fake host's CPU 8 (not the gate's) is as busy as its CPUs 0-7 together: none of it is read."""
     host = FakeHost(tmp_path, loads=[1.5], timing_load=[1.5])
-    timed, others = host.gate(6.0).time("baseline eager", host.timer)
+    timed, others = host.gate(2.0).time("baseline eager", host.timer)
     assert host.timings == 1 and others == pytest.approx(1.5, abs=0.05)
 
 
@@ -130,7 +130,7 @@ def test_one_busy_rank_makes_every_rank_wait_and_time_again(tmp_path):
     verdicts = iter([True, False, True, False, False])
     host = FakeHost(tmp_path, loads=[0.0] * 5, timing_load=[0.0, 0.0])
     seen = []
-    gate = host.gate(6.0, agree=lambda busy: seen.append(busy) or next(verdicts))
+    gate = host.gate(2.0, agree=lambda busy: seen.append(busy) or next(verdicts))
     gate.time("baseline eager", host.timer)
     assert host.timings == 2 and seen == [False] * 5  # looked, looked, timed, looked, timed: this rank quiet each time
 
@@ -138,7 +138,7 @@ def test_one_busy_rank_makes_every_rank_wait_and_time_again(tmp_path):
 def test_a_timing_shorter_than_a_look_is_read_over_a_looks_window(tmp_path):
     """/proc/stat counts 10 ms ticks: a 2 ms timing's load is read over SAMPLE_S, or one tick would read as 5 CPUs."""
     host = FakeHost(tmp_path, loads=[0.0, 0.5], timing_load=[])
-    timed, others = host.gate(6.0).time("baseline eager", lambda: {"median_ms": 0.01})
+    timed, others = host.gate(2.0).time("baseline eager", lambda: {"median_ms": 0.01})
     assert host.now == pytest.approx(2 * SAMPLE_S) and others == pytest.approx(0.5, abs=0.05)
 
 
@@ -161,11 +161,11 @@ def test_a_busy_host_ends_the_grade_as_a_node_failure_not_a_baseline_error(tmp_p
     stage.time_with_timers = lambda fn, sets: {"median_ms": fn()}
     request = SimpleNamespace(spec={}, baselines=["eager"], reference=str(tmp_path / "reference.py"), compile_mode=None)
     busy = FakeHost(tmp_path, loads=[4.0] * 20, timing_load=[])
-    stage.__dict__["quiet_host"] = busy.gate(6.0, wait_s=3.0)
+    stage.__dict__["quiet_host"] = busy.gate(2.0, wait_s=3.0)
     with pytest.raises(GradeFailure, match="stayed busy while baseline eager waited") as failure:
         time_baselines(request, lambda: 4.4, [[]], lambda: False, stage.time_quietly)
     assert failure.value.outcome == Outcome.NODE_FAILURE and Outcome.NODE_FAILURE.is_infra
     quiet = FakeHost(tmp_path, loads=[0.0, 0.4], timing_load=[])
-    stage.__dict__["quiet_host"] = quiet.gate(6.0)
+    stage.__dict__["quiet_host"] = quiet.gate(2.0)
     assert time_baselines(request, lambda: 4.4, [[]], lambda: False, stage.time_quietly) == {
         "eager": {"median_ms": 4.4, "host_others_cpus": pytest.approx(0.4, abs=0.05)}}

@@ -228,7 +228,7 @@ RULES: List[Tuple[str, Callable[[Any], bool], str]] = [
     ("grade.timing.rel_err", positive, "a number > 0"),
     ("grade.timing.max_time_s", positive, "a number of seconds > 0"),
     ("grade.timing.replay", lambda v: isinstance(v, bool), "true or false"),
-    ("grade.timing.free_cpus", at_least(0), "a number of CPUs >= 0 (null: baselines timed whatever the host's load)"),
+    ("grade.timing.quiet_cpus", at_least(0), "a number of CPUs >= 0 (null: baselines timed whatever the host's load)"),
     ("grade.timing.quiet_wait_s", at_least(0), "a number of seconds >= 0"),
     ("grade.timers", lambda v: set(v) <= set(BASELINE_TIMERS), f"a list of {', '.join(BASELINE_TIMERS)} (null: kernelbench for KernelBench problems on GPUs)"),
 ]

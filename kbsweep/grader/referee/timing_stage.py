@@ -282,8 +282,8 @@ class TimingStage(CandidateContext):
     def quiet_host(self) -> QuietHost:
         """The gate a baseline's timing waits at (:mod:`~kbsweep.grader.referee.host_load`), on GPUs only: on a CPU
         the grade's own timing shares the cores by design."""
-        free = self.cfg.free_cpus if self.device.type == "cuda" else None
-        return QuietHost(free, self.cfg.quiet_wait_s, self.any_rank)
+        limit = self.cfg.quiet_cpus if self.device.type == "cuda" else None
+        return QuietHost(limit, self.cfg.quiet_wait_s, self.any_rank)
 
     def time_quietly(self, name: str, fn: Callable, sets: List[List[Any]]) -> Dict[str, Any]:
         """:meth:`time_with_timers` while the host is quiet, the other processes' CPUs meanwhile beside it. A host

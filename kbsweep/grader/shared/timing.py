@@ -57,7 +57,7 @@ class TimingConfig:
     rel_err: float = 0.001  # the mean's standard error over the mean, enough to stop once below
     max_time_s: float = 10.0  # seconds of a shape's timed batches, at most (then it stops whatever the error)
     replay: bool = True  # back to back on one GPU: score a CUDA-graph replay of the calls where they can be captured
-    free_cpus: Optional[float] = 2.0  # on GPUs, a baseline is timed while other processes leave this many of the referee's CPUs idle (None: any load)
+    quiet_cpus: Optional[float] = 1.0  # on GPUs, a baseline is timed while other processes use at most this many of the referee's CPUs (None: any load)
     quiet_wait_s: float = 600.0  # a grade's wait for that, at most; then the grade is a node_failure (infra, retried)
 
 

@@ -174,3 +174,20 @@ def test_a_busy_host_ends_the_grade_as_a_node_failure_not_a_baseline_error(tmp_p
     stage.__dict__["quiet_host"] = quiet.gate(2.0)
     assert time_baselines(request, lambda: 4.4, [[]], lambda: False, stage.time_quietly) == {
         "eager": {"median_ms": 4.4, "host_others_cpus": pytest.approx(0.4, abs=0.05)}}
+
+
+@pytest.mark.parametrize("device, budget_s, limit, wait_s", [("cuda", 2400.0, 1.0, 600.0), ("cuda", 96.0, 1.0, 48.0), ("cpu", 2400.0, None, 600.0)])
+def test_the_referees_gate_from_its_config(device, budget_s, limit, wait_s):
+    """grade.timing's quiet_cpus on GPUs only; the wait within half the baseline budget (the grade's limit is 2.5× it:
+    a busy host must end the grade as a node failure before the grade times out, which would count as the model's)."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from kbsweep.grader.referee.timing_stage import TimingStage
+    from kbsweep.grader.shared.timing import TimingConfig
+
+    stage = object.__new__(TimingStage)
+    stage.cfg, stage.device, stage.any_rank = TimingConfig(), torch.device(device), bool
+    stage.req = SimpleNamespace(baseline_budget_s=budget_s)
+    assert (stage.quiet_host.limit, stage.quiet_host.wait_left) == (limit, wait_s)

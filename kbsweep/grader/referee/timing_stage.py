@@ -281,9 +281,10 @@ class TimingStage(CandidateContext):
     @functools.cached_property
     def quiet_host(self) -> QuietHost:
         """The gate a baseline's timing waits at (:mod:`~kbsweep.grader.referee.host_load`), on GPUs only: on a CPU
-        the grade's own timing shares the cores by design."""
+        the grade's own timing shares the cores by design. Its wait is at most half the baseline budget, so that a
+        busy host ends the grade as a node failure before the grade's own time limit (a timeout is the model's)."""
         limit = self.cfg.quiet_cpus if self.device.type == "cuda" else None
-        return QuietHost(limit, self.cfg.quiet_wait_s, self.any_rank)
+        return QuietHost(limit, min(self.cfg.quiet_wait_s, self.req.baseline_budget_s / 2), self.any_rank)
 
     def time_quietly(self, name: str, fn: Callable, sets: List[List[Any]]) -> Dict[str, Any]:
         """:meth:`time_with_timers` while the host is quiet, the other processes' CPUs meanwhile beside it. A host

@@ -83,6 +83,8 @@ CASES = {
     "zero timing runs": Case(["grade.timing.min_runs=0"], [CONFIG, "key 'grade.timing.min_runs'"]),
     "negative timing error": Case(["grade.timing.rel_err=-1"], [CONFIG, "key 'grade.timing.rel_err'"]),
     "replay not a boolean": Case(["grade.timing.replay=often"], [CONFIG, "key 'grade.timing.replay'"]),
+    "negative quiet CPUs": Case(["grade.timing.quiet_cpus=-1"], [CONFIG, "key 'grade.timing.quiet_cpus'"]),
+    "quiet wait not a number": Case(["grade.timing.quiet_wait_s=forever"], [CONFIG, "key 'grade.timing.quiet_wait_s'"]),
     "unknown baseline": Case(["grade.baselines=[eager,magic]"], [CONFIG, "key 'grade.baselines'"]),
     # config files of the user's folder
     "gpu yaml syntax error": Case(["-cd", "{user}", "gpu=broken"], ["gpu/broken.yaml:2", "broken YAML"], {"user/gpu/broken.yaml": "name: [x\n"}),

@@ -26,8 +26,10 @@ SAMPLE_S = 1.0
 
 
 def own_cpus() -> Collection[int]:
-    """The CPUs this process may run on (a Slurm job's or a container's share of the host)."""
-    return os.sched_getaffinity(0)
+    """The CPUs this process may run on (a Slurm job's or a container's share of the host; every CPU where the
+    system does not say, as on macOS, which has no /proc/stat either: nothing is gated there)."""
+    affinity = getattr(os, "sched_getaffinity", None)
+    return affinity(0) if affinity else range(os.cpu_count() or 1)
 
 
 def host_busy_s(stat: Path = STAT, cpus: Optional[Collection[int]] = None) -> Optional[float]:

@@ -2,7 +2,7 @@
 with a fresh outputs folder, so its baselines are timed, not read from a cache) while K other processes spin on the
 host's CPUs, K from ``--loads`` in turn, then the first again. Per grade: its outcome, each shape's candidate and
 baseline median and CI95 (and the other processes' CPUs the referee saw while it timed each baseline), the host's CPU
-busy fraction over the grade (``/proc/stat``) and its 1-minute load average at the end. With
+busy fraction over the grade (``/proc/stat``, the CPUs this script may run on) and its 1-minute load average at the end. With
 ``grade.timing.quiet_cpus=null`` among the overrides a baseline is timed whatever the load (how much it moves); with
 the default, the referee waits for a quiet host (``grade.timing.quiet_wait_s``) or fails the grade.
 
@@ -23,9 +23,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from kbsweep.grader.referee.host_load import host_busy_s, own_cpus  # noqa: E402
+
 BIN = Path(sys.executable).parent
 
 
@@ -34,21 +38,13 @@ def spin() -> None:
         pass
 
 
-def cpu_times() -> Tuple[int, int]:
-    """(busy, total) jiffies of all CPUs since boot."""
-    fields = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
-    idle = fields[3] + fields[4]  # idle + iowait
-    return sum(fields) - idle, sum(fields)
-
-
 def grade(problem: str, solution: str, gpu: str, overrides: List[str], outputs: Path) -> Dict[str, Any]:
     command = [str(BIN / "kbsweep"), "grade", f"problem={problem}", f"solution={solution}", f"gpu={gpu}",
                f"track={problem.split('/')[0]}", f"paths.outputs={outputs}", "--json", *overrides]
     shutil.rmtree(outputs, ignore_errors=True)  # no baseline cache: every baseline timed by this grade
-    busy0, total0 = cpu_times()
-    started = time.time()
+    busy0, started = host_busy_s(), time.time()
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
-    busy1, total1 = cpu_times()
+    busy1, wall = host_busy_s(), time.time() - started
     try:
         result = json.loads(done.stdout)
     except ValueError:
@@ -61,8 +57,8 @@ def grade(problem: str, solution: str, gpu: str, overrides: List[str], outputs: 
                 row[f"{name}_ms"], row[f"{name}_ci95"] = timing["median_ms"], timing.get("ci95_ms")
                 row[f"{name}_host_others_cpus"] = timing.get("host_others_cpus")
         shapes.append(row)
-    return {"wall_s": round(time.time() - started, 1), "rc": done.returncode, "outcome": result.get("outcome"), "message": result.get("message"), "score": result.get("score"),
-            "cpu_busy": round((busy1 - busy0) / max(1, total1 - total0), 3), "loadavg_1m": os.getloadavg()[0],
+    return {"wall_s": round(wall, 1), "rc": done.returncode, "outcome": result.get("outcome"), "message": result.get("message"), "score": result.get("score"),
+            "cpu_busy": round((busy1 - busy0) / wall / len(own_cpus()), 3), "loadavg_1m": os.getloadavg()[0],
             "env": result.get("env"), "shapes": shapes}
 
 
@@ -93,6 +89,7 @@ def main() -> None:
         out["runs"].append({"spinning": load, "cpus": os.cpu_count(), **record})
         Path(args.out).write_text(json.dumps(out, indent=1))  # each grade as it ends: a run cut short keeps the rest
         print(json.dumps({k: out["runs"][-1][k] for k in ("spinning", "wall_s", "outcome", "score", "cpu_busy", "message")}), flush=True)
+
 
 if __name__ == "__main__":
     main()

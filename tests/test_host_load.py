@@ -1,7 +1,7 @@
 """The referee's view of the host's load while it times a baseline (kbsweep/grader/referee/host_load.py): other
 processes' CPU work on its CPUs counted, its own and other CPUs' left out, and the gate that times a baseline only
-while enough of its CPUs are idle, waits for that within a grade's allowance, times again when the load came during
-the timing, and gives up as a busy host.
+while that work stays within ``grade.timing.quiet_cpus``, waits for that within a grade's allowance, times again
+when the load came during the timing, and gives up as a busy host.
 The gate's use on a GPU grade runs in scripts/baseline_load.py (docs/benchmarks.md)."""
 import multiprocessing
 import threading

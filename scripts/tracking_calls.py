@@ -31,7 +31,7 @@ from scale_cost import SWEEP, host  # noqa: E402  (the same sweep as the scale b
 WRAPPED = {  # module: class: methods
     "mlflow.tracking.client": {"MlflowClient": ["create_run", "log_batch", "set_terminated"]},
     "mlflow.tracing.client": {"TracingClient": ["log_spans", "start_trace"]},
-    "kbsweep.agent.mlflow_trace": {"TraceWriter": ["log"]},
+    "kbsweep.agent.mlflow_trace": {"TraceWriter": ["log"], "StoreExporter": ["upload"]},
     "mlflow.store.artifact.local_artifact_repo": {"LocalArtifactRepository": ["log_artifact"]},
     "kbsweep.tracking.tracker": {"Tracker": ["start_cell", "finish_cell"]},
 }

@@ -73,6 +73,7 @@ CASES = {
     "negative dollar budget": Case(["track.max_usd=-3"], ["track/demo.yaml", "key 'max_usd'"]),
     "unknown problem format": Case(["track.format=zip"], ["track/demo.yaml", "key 'format'"]),
     "launcher concurrency 0": Case(["launcher.concurrency=0"], ["launcher/local.yaml", "key 'concurrency'"]),
+    "unknown span location": Case(["tracking.trace_spans=s3"], ["tracking/sqlite.yaml", "key 'trace_spans'"]),
     "unknown launcher kind": Case(["launcher.kind=k8s"], ["launcher/local.yaml", "key 'kind'"]),
     "negative requeue": Case(["launcher.requeue_infra=-1"], ["launcher/local.yaml", "key 'requeue_infra'"]),
     "zero slurm memory": Case(["launcher=slurm", "launcher.slurm.mem_gb=0"], ["launcher/slurm.yaml", "key 'slurm.mem_gb'"]),

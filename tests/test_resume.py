@@ -56,7 +56,7 @@ def env(store, monkeypatch):
     """Three demo cells, an sqlite store and a launcher factory whose cells are recorded in ``ran``."""
     outputs, uri = store
     cells = [make_cell(outputs, repeat=r) for r in range(3)]
-    conf = {"uri": uri, "artifact_root": str(outputs / "mlartifacts")}
+    conf = {"uri": uri, "artifact_root": str(outputs / "mlartifacts"), "trace_spans": "artifact"}
     ran: List[str] = []
     launcher = {"factory": lambda: FakeLauncher(ran)}
     monkeypatch.setattr(sweep, "make_launcher", lambda _conf: launcher["factory"]())

@@ -209,10 +209,11 @@ def test_artifact_location_of_a_new_experiment(tmp_path):
     assert tracking.artifact_location("sqlite:///x.db", "", "s") is None
 
 
-def test_transcript_is_a_trace_of_the_cell_run_with_model_and_tool_spans(store):
+@pytest.mark.parametrize("trace_spans", ["artifact", "store"])
+def test_transcript_is_a_trace_of_the_cell_run_with_model_and_tool_spans(store, trace_spans):
     outputs, uri = store
     cell = make_cell(outputs)
-    tracker = Tracker(uri, str(outputs / "mlartifacts"), "demo")
+    tracker = Tracker(uri, str(outputs / "mlartifacts"), "demo", trace_spans)
     tracker.start_sweep({"launcher": "inline"}, 1)
     run_id = tracker.start_cell(cell)
     result = write_result(cell)
@@ -232,10 +233,13 @@ def test_transcript_is_a_trace_of_the_cell_run_with_model_and_tool_spans(store):
 
     [trace] = tracker.client.search_traces(locations=[tracker.experiment_id], run_id=run_id)
     assert trace.info.request_metadata["mlflow.sourceRun"] == run_id and trace.info.tags["kbsweep.cell_key"] == cell.key
+    in_store = trace.info.tags.get("mlflow.trace.spansLocation") == "TRACKING_STORE"
+    in_folder = (Path(trace.info.tags["mlflow.artifactLocation"].removeprefix("file://")) / "traces.json").is_file()
+    assert (in_store, in_folder) == (trace_spans == "store", trace_spans == "artifact")
     assert trace.info.token_usage == {"input_tokens": 230, "output_tokens": 25, "total_tokens": 255, "cache_read_input_tokens": 60, "cache_creation_input_tokens": 0}
     assert (trace.info.state, trace.info.request_time, trace.info.execution_duration) == ("OK", 1_796_000_000_000, 8000)
     assert "make it fast" in trace.info.request_preview and "model_stopped" in trace.info.response_preview
-    assert trace.info.trace_metadata["mlflow.trace.cost"] and int(trace.info.trace_metadata["mlflow.trace.sizeBytes"]) > 0
+    assert json.loads(trace.info.trace_metadata["mlflow.trace.cost"])["total_cost"] == pytest.approx(0.75) and int(trace.info.trace_metadata["mlflow.trace.sizeBytes"]) > 0
     root, *spans = trace.data.spans
     assert (root.name, root.span_type, root.inputs, root.outputs["reason"]) == (cell.label, "AGENT", {"prompt": "make it fast"}, "model_stopped")
     assert [(s.name, s.span_type) for s in spans] == [("turn 1", "CHAT_MODEL"), ("run_check", "TOOL"), ("turn 2", "CHAT_MODEL")]

@@ -154,12 +154,13 @@ def mariadb_server(tmp_path_factory):
 
 
 def test_four_sweeps_logging_at_once_to_a_mariadb_store_lose_nothing(mariadb_server, tmp_path):
-    """4 orchestrators, 50 cells each (the instant model, inline), log to one server at once: every cell's run is
-    there, finished, with its params, metrics, artifacts and trace."""
+    """4 orchestrators, 50 cells each (the instant model, inline), log to one server at once (``tracking=server``,
+    spans as rows of the database): every cell's run is there, finished, with its params, metrics, artifacts and
+    trace."""
     sweeps = [f"db-{i}-{uuid.uuid4().hex[:6]}" for i in range(4)]
-    env = {**os.environ, "KBSWEEP_LOCK_DIR": str(tmp_path / "locks")}
+    env = {**os.environ, "KBSWEEP_LOCK_DIR": str(tmp_path / "locks"), "MLFLOW_TRACKING_URI": mariadb_server}
     procs = [subprocess.Popen([sys.executable, "-m", "kbsweep.cli", "-m", "model=instant", "track=instant", "repeat=range(0,25)", "launcher=inline",
-                               "preflight=off", "gpu=cpu", "sandbox.mode=unsafe", f"sweep.name={sweep}", f"tracking.uri={mariadb_server}"],
+                               "preflight=off", "gpu=cpu", "sandbox.mode=unsafe", f"sweep.name={sweep}", "tracking=server"],
                               cwd=REPO, env={**env, "KBSWEEP_OUTPUTS": str(tmp_path / sweep)}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
              for sweep in sweeps]
     for proc in procs:
@@ -175,3 +176,4 @@ def test_four_sweeps_logging_at_once_to_a_mariadb_store_lose_nothing(mariadb_ser
         assert all({"result.json", "transcript.jsonl", "trace.jsonl"} <= artifact_paths(client, c.info.run_id) for c in cells[:5])
         traces = client.search_traces(locations=[experiment.experiment_id], max_results=100)
         assert len(traces) == 50 and {len(t.data.spans) for t in traces} == {5}
+        assert {t.info.tags.get("mlflow.trace.spansLocation") for t in traces} == {"TRACKING_STORE"}

@@ -50,17 +50,18 @@ class TraceWriter:
 
     MLflow's span processor builds each trace as it does for its own tracing APIs (its metadata, previews, token
     usage and cost); this writer is that processor's exporter, on a tracer provider of its own. It stores a finished
-    trace in two requests: its info, then all its spans. MLflow's exporter logs the spans first and the info after
-    the root span ends, which the store merges row by row into the trace the spans made: 72 SQL statements and ~58
-    CPU-ms for a 5-span trace on SQLite, against 23 and ~21 ms this way (docs/benchmarks.md, "Sweeps at scale")."""
+    trace's info in one request and its spans where ``spans`` says (:class:`StoreExporter`). MLflow's exporter logs
+    the spans first and the info after the root span ends, which the store merges row by row into the trace the
+    spans made: 72 SQL statements and ~58 CPU-ms for a 5-span trace on SQLite, against 23 and ~21 ms info then spans
+    (docs/benchmarks.md, "Sweeps at scale")."""
 
-    def __init__(self, tracking_uri: str):
+    def __init__(self, tracking_uri: str, spans: str = "artifact"):
         from mlflow.tracing.client import TracingClient
         from mlflow.tracing.processor.mlflow_v3 import MlflowV3SpanProcessor
         from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.trace import TracerProvider
 
-        self.exporter = StoreExporter(TracingClient(tracking_uri))
+        self.exporter = StoreExporter(TracingClient(tracking_uri), spans)
         provider = TracerProvider(resource=Resource.get_empty())  # a resource's keys would be the trace's tags
         provider.add_span_processor(MlflowV3SpanProcessor(self.exporter, export_metrics=False))
         self.tracer = provider.get_tracer(__name__)
@@ -133,24 +134,46 @@ class TraceWriter:
 
 
 class StoreExporter(SpanExporter):
-    """Stores each finished trace (its root span ended) in two requests: the trace's info, then its spans. What the
-    store raised is kept in ``error`` (OpenTelemetry's processor would only log it) for the writer to raise."""
+    """Stores each finished trace (its root span ended): its info in one request, then its spans, as MLflow stores
+    either. ``artifact``: one ``traces.json`` in the trace's artifact folder, which MLflow's UI and clients read
+    (~1 CPU-ms a cell on SQLite); ``store``: rows of the tracking store, one request that MLflow's trace search can
+    filter by span (~11 CPU-ms a cell on SQLite; docs/benchmarks.md, "Sweeps at scale"). What the store raised is kept
+    in ``error`` (OpenTelemetry's processor would only log it) for the writer to raise."""
 
-    def __init__(self, store: Any):
-        self.store = store
+    def __init__(self, client: Any, spans: str):
+        self.client = client
+        self.spans = spans
         self.error: Optional[Exception] = None
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        from mlflow.tracing.utils import add_size_stats_to_trace_metadata
+        from mlflow.tracing.constant import TraceMetadataKey
+        from mlflow.tracing.utils import add_size_stats_to_trace_metadata, aggregate_cost_from_spans
 
         for span in spans:
             if span.parent is None:
                 trace = InMemoryTraceManager.get_instance().pop_trace(span.context.trace_id).trace
                 add_size_stats_to_trace_metadata(trace)
+                if self.spans == "artifact":  # the store sums the spans' dollars onto the trace only from its own rows
+                    cost = aggregate_cost_from_spans(trace.data.spans)
+                    if cost:
+                        trace.info.request_metadata[TraceMetadataKey.COST] = json.dumps(cost)
                 try:
-                    self.store.start_trace(trace.info)
-                    self.store.log_spans(trace.info.experiment_id, trace.data.spans)
+                    info = self.client.start_trace(trace.info)
+                    if self.spans == "store":
+                        self.client.log_spans(info.experiment_id, trace.data.spans)
+                    else:
+                        self.upload(info, trace.data)
                 except Exception as error:  # noqa: BLE001 (raised again by TraceWriter.log)
                     self.error = error
                     return SpanExportResult.FAILURE
         return SpanExportResult.SUCCESS
+
+    def upload(self, info: Any, data: Any) -> None:
+        """The spans as ``traces.json`` of the trace's artifact folder (MLflow's form, which its UI reads through the
+        server and its clients through :meth:`TracingClient.get_trace`)."""
+        from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
+        from mlflow.tracing.utils import TraceJSONEncoder
+        from mlflow.tracing.utils.artifact_utils import get_artifact_uri_for_trace
+
+        repo = get_artifact_repository(get_artifact_uri_for_trace(info), tracking_uri=self.client.tracking_uri)
+        repo.upload_trace_data(json.dumps(data.to_dict(), cls=TraceJSONEncoder, ensure_ascii=False))

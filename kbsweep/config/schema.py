@@ -140,6 +140,7 @@ class LauncherConf:
 class TrackingConf:
     uri: str = "sqlite:///${paths.outputs}/mlflow.db"
     artifact_root: str = "${paths.outputs}/mlartifacts"
+    trace_spans: str = "artifact"  # where a cell's trace keeps its spans: artifact (traces.json) | store (rows MLflow's trace search filters)
 
 
 @dataclass
@@ -215,6 +216,7 @@ RULES: List[Tuple[str, Callable[[Any], bool], str]] = [
     ("sweep.max_usd", positive, "USD > 0 (null: no budget)"),
     ("sweep.max_tokens", at_least(1), "an integer >= 1 (null: no budget)"),
     ("launcher.concurrency", at_least(1), "an integer >= 1"),
+    ("tracking.trace_spans", one_of("artifact", "store"), "one of artifact, store"),
     ("launcher.requeue_infra", at_least(0), "an integer >= 0"),
     ("launcher.cap_slack_s", at_least(0), "a number of seconds >= 0"),
     ("launcher.slurm.cpus_per_task", at_least(1), "an integer >= 1"),

@@ -42,7 +42,7 @@ def regrade_sweep(conf: Dict[str, Any], force: bool) -> List[Dict[str, Any]]:
     cells = [r for r in latest_per_cell(runs_frame(uri, [sweep])) if r.get("track") == track["name"]]
     if not cells:
         raise KbsweepError(f"sweep.name={sweep}: no finished cell of track '{track['name']}' in {uri}")
-    tracker = Tracker(uri, conf["tracking"]["artifact_root"], sweep)
+    tracker = Tracker(uri, conf["tracking"]["artifact_root"], sweep, conf["tracking"]["trace_spans"])
     client = tracker.client
     done = {} if force else regraded(client, tracker.experiment_id, gpu.name)
     roofline = load_roofline(conf["paths"]["roofline_specs"], gpu.roofline)

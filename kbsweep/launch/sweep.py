@@ -201,7 +201,7 @@ class InOrder:
 
 def orchestrate(cells: List[Cell], tracking: Dict[str, Any], launcher: Dict[str, Any], force: bool, before: Callable[[List[Cell]], None],
                 budget: Budget) -> List[Cell]:
-    tracker = Tracker(tracking["uri"], tracking["artifact_root"], cells[0].sweep)
+    tracker = Tracker(tracking["uri"], tracking["artifact_root"], cells[0].sweep, tracking["trace_spans"])
     stale = tracker.close_stale()
     finished, logged_results = read_history(tracker, cells[0], tracking["uri"])
     todo, replay, salvage = plan(cells, {} if force else finished, logged_results, force)

@@ -62,7 +62,11 @@ def empty_store() -> Path:
     """An sqlite store at MLflow's schema with no experiment, made once per MLflow and SQLAlchemy version in the
     user's cache: a store made from scratch runs MLflow's ~70 Alembic migrations, ~1.9 CPU-s for every new
     outputs folder (docs/benchmarks.md). Its copy is opened by MLflow, which then adds the Default experiment as on a fresh store (with
-    that process's folder and time, so the template keeps none)."""
+    that process's folder and time, so the template keeps none).
+
+    The store keeps SQLite's rollback journal: a write-ahead log (WAL) took ~5 CPU-ms a cell off the orchestrator's
+    tracking (4 alternated runs of scripts/tracking_calls.py, 2026-12-07), but every reader of a WAL database must be
+    on the writer's host, and Slurm cells on other nodes read this store (the audit's run lookup)."""
     import sqlite3
     from importlib.metadata import version
 

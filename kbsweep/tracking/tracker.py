@@ -225,11 +225,11 @@ def source_tags() -> Dict[str, str]:
 class Tracker:
     """An MLflow experiment per sweep name; a parent run per invocation; a child run per cell."""
 
-    def __init__(self, uri: str, artifact_root: str, sweep: str):
+    def __init__(self, uri: str, artifact_root: str, sweep: str, trace_spans: str = "artifact"):
         from kbsweep.agent.mlflow_trace import TraceWriter
 
         self.client = make_client(uri)
-        self.traces = TraceWriter(uri)
+        self.traces = TraceWriter(uri, trace_spans)
         self.source = source_tags()
         experiment = self.client.get_experiment_by_name(sweep)
         if experiment is None:

@@ -4,7 +4,9 @@ MLflow client call, trace export and artifact copy wrapped. Per call name: how o
 a cell and the SQL statements it sent a cell, each counted to the innermost wrapped call running (so an exporter's
 store calls are not counted twice; each thread's own), and the commits (store transactions) a cell.
 
-    python scripts/tracking_calls.py OUTPUTS_ROOT OUT.json [CELLS]      (default 200 cells)
+    python scripts/tracking_calls.py OUTPUTS_ROOT OUT.json [CELLS] [--set KEY=VALUE ...]    (default 200 cells)
+
+``--set`` adds overrides to the sweep (``tracking.trace_spans=store``: a cell's spans as rows of the store).
 
 kbsweep is imported as Python finds it, so run from another checkout's root (``cd CHECKOUT && python -c "import
 runpy, sys; sys.argv = [...]; runpy.run_path('.../scripts/tracking_calls.py', run_name='__main__')"``) to measure
@@ -95,7 +97,7 @@ def instrument(calls: Calls) -> List[str]:
     return absent
 
 
-def main(root: Path, out: Path, cells: int) -> None:
+def main(root: Path, out: Path, cells: int, overrides: List[str]) -> None:
     outputs = root / f"calls-{cells}"
     shutil.rmtree(outputs, ignore_errors=True)
     os.environ.update(KBSWEEP_OUTPUTS=str(outputs), KBSWEEP_LOCK_DIR=str(outputs / "locks"))
@@ -103,7 +105,7 @@ def main(root: Path, out: Path, cells: int) -> None:
     absent = instrument(calls)
     from kbsweep.cli import main as kbsweep
 
-    sys.argv = ["kbsweep", *SWEEP, f"repeat=range(0,{cells // 2})"]
+    sys.argv = ["kbsweep", *SWEEP, *overrides, f"repeat=range(0,{cells // 2})"]
     try:
         kbsweep()
     except SystemExit as stop:
@@ -115,7 +117,7 @@ def main(root: Path, out: Path, cells: int) -> None:
              for name, t in sorted(calls.totals.items())}
     total = {key: sum(row[key] for row in table.values()) for key in ("cpu_ms_per_cell", "statements_per_cell", "commits_per_cell")}
     measured = Path(sys.modules["kbsweep"].__file__).resolve().parent.parent  # first on sys.path, maybe not this script's
-    record = {"host": host(measured), "checkout": str(measured), "cells": int(logged), "calls": table, "total": total,
+    record = {"host": host(measured), "checkout": str(measured), "overrides": overrides, "cells": int(logged), "calls": table, "total": total,
               "not_in_this_checkout": absent}
     out.write_text(json.dumps(record, indent=1))
     for name, row in table.items():
@@ -130,5 +132,6 @@ if __name__ == "__main__":
     parser.add_argument("root", type=Path)
     parser.add_argument("out", type=Path)
     parser.add_argument("cells", type=int, nargs="?", default=200)
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     args = parser.parse_args()
-    main(args.root, args.out, args.cells)
+    main(args.root, args.out, args.cells, args.overrides)

@@ -136,9 +136,9 @@ class TraceWriter:
 class StoreExporter(SpanExporter):
     """Stores each finished trace (its root span ended): its info in one request, then its spans, as MLflow stores
     either. ``artifact``: one ``traces.json`` in the trace's artifact folder, which MLflow's UI and clients read
-    (~1 CPU-ms a cell on SQLite); ``store``: rows of the tracking store, one request that MLflow's trace search can
-    filter by span (~11 CPU-ms a cell on SQLite; docs/benchmarks.md, "Sweeps at scale"). What the store raised is kept
-    in ``error`` (OpenTelemetry's processor would only log it) for the writer to raise."""
+    (1.4-2.6 CPU-ms a cell on SQLite); ``store``: rows of the tracking store, one request that MLflow's trace search
+    can filter by span (8.9-11.9 CPU-ms a cell on SQLite; docs/benchmarks.md, "Sweeps at scale"). What the store
+    raised is kept in ``error`` (OpenTelemetry's processor would only log it) for the writer to raise."""
 
     def __init__(self, client: Any, spans: str):
         self.client = client

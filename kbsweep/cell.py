@@ -5,7 +5,9 @@ orchestrator logs to tracking; a result on disk is never recomputed).
 """
 from __future__ import annotations
 
+import dataclasses
 import fcntl
+import hashlib
 import json
 import os
 import shutil
@@ -17,7 +19,7 @@ from pathlib import Path
 from typing import Any, Dict, Optional, Sequence
 
 from kbsweep import audit as audit_stage
-from kbsweep.agent.loop import Budgets, fault_outcome
+from kbsweep.agent.loop import AgentResult, Budgets, fault_outcome
 from kbsweep.agent.models import Usage
 from kbsweep.agent.tools import Toolbox
 from kbsweep.agent.transcript import Redactor, Transcript
@@ -38,7 +40,63 @@ from kbsweep.tracking.tracker import owner, owner_alive
 
 PUBLIC_FILES = ("reference.py", "prompt.md")
 RESULT_FILE = "result.json"
+AGENT_FILE = "agent.json"  # the agent's record once it ended without a fault, and a digest of the workspace it left
+FINAL_FILES = (RESULT_FILE, "result.tmp", "grade.json", "audit.json", "solution.py", "harness_error.log", "grades/final")  # what follows the agent
 RECLAIM_WAIT_S = 30.0  # for a killed holder's lock to be released (its grade's sandbox winding down)
+
+
+def workspace_digest(workspace: Path) -> str:
+    """Every path under ``workspace`` with what it holds (a link's target, never what it points to)."""
+    digest = hashlib.sha256()
+    for root, dirs, files in os.walk(workspace):
+        dirs.sort()
+        for name in sorted(dirs + files):
+            path = Path(root) / name
+            kind = "link" if path.is_symlink() else "file" if path.is_file() else "dir" if path.is_dir() else "other"
+            digest.update(f"{kind}\0{path.relative_to(workspace)}\0".encode())
+            if kind == "link":
+                digest.update(os.readlink(path).encode())
+            elif kind == "file":
+                with open(path, "rb") as handle:
+                    for block in iter(lambda: handle.read(1 << 20), b""):
+                        digest.update(block)
+    return digest.hexdigest()
+
+
+def keep_agent(folder: Path, agent: AgentResult) -> None:
+    """Record an agent that ended without a fault, before its work is graded (:func:`reusable_agent`)."""
+    record = {"agent": dataclasses.asdict(agent), "workspace": workspace_digest(folder / "workspace")}
+    (folder / AGENT_FILE).write_text(json.dumps(record, default=str))
+
+
+def reusable_agent(folder: Path) -> Optional[AgentResult]:
+    """The agent of an earlier run of this cell, when that run ended for the infrastructure after its agent had
+    ended cleanly (:func:`clear_for_rerun` kept its work) and the workspace is as the agent left it: its work is
+    graded again instead of redone, and the model is not paid for twice. None otherwise."""
+    try:
+        saved = json.loads((folder / AGENT_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    if saved.get("workspace") != workspace_digest(folder / "workspace"):
+        return None
+    agent = saved["agent"]
+    return AgentResult(**{**agent, "stop_reason": StopReason(agent["stop_reason"]), "usage": Usage(**agent["usage"])})
+
+
+def clear_for_rerun(cell: Cell, keep: bool = True) -> None:
+    """Ready a cell's folder for its next run: of a run whose agent ended cleanly, what its agent left (its record,
+    workspace, transcript and check grades) stays unless ``keep`` is false (``--force``), and only what followed
+    the agent goes; otherwise the whole folder."""
+    folder = cell_dir(cell)
+    if not (keep and (folder / AGENT_FILE).is_file()):
+        shutil.rmtree(folder, ignore_errors=True)
+        return
+    for name in FINAL_FILES:
+        path = folder / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink(missing_ok=True)
 
 
 def prepare_workspace(folder: Path, problem_root: Path) -> Path:
@@ -203,12 +261,8 @@ def cell_message(fault: Dict[str, str] | None, graded: Dict[str, Any]) -> Option
     return f"{fault['message']}; its solution so far graded {graded['outcome']}{score}, not scored"
 
 
-def work_cell(cell: Cell, folder: Path, redactor: Redactor) -> CellResult:
-    started = time.monotonic()
-    problem = load_problem(Path(cell.problem_dir), cell.track["name"])
-    roofline = load_roofline(cell.paths["roofline_specs"], cell.gpu.roofline)
-    workspace = prepare_workspace(folder / "workspace", problem.root)
-    grade_with = grader_for(cell, problem, roofline, folder)
+def run_agent(cell: Cell, folder: Path, workspace: Path, problem, grade_with, redactor: Redactor) -> AgentResult:
+    """The cell's agent on a fresh workspace, recorded (:func:`keep_agent`) when it ends without a fault."""
     counter = iter(range(1, 1_000_000))
     toolbox = Toolbox(
         workspace=workspace,
@@ -222,6 +276,24 @@ def work_cell(cell: Cell, folder: Path, redactor: Redactor) -> CellResult:
     job = AgentJob(workspace=workspace, prompt=prompt, budgets=Budgets.of_cell(cell.model, cell.track), model=cell.model,
                    toolbox=toolbox, transcript=transcript, folder=folder, solutions=problem.solutions())
     agent = runner_for(cell.harness).run(job)
+    if agent.fault is None:
+        keep_agent(folder, agent)
+    return agent
+
+
+def work_cell(cell: Cell, folder: Path, redactor: Redactor) -> CellResult:
+    started = time.monotonic()
+    problem = load_problem(Path(cell.problem_dir), cell.track["name"])
+    roofline = load_roofline(cell.paths["roofline_specs"], cell.gpu.roofline)
+    workspace = folder / "workspace"
+    agent = reusable_agent(folder)
+    if agent is None:  # a first run, or a kept one whose workspace changed since: redone whole
+        clear_for_rerun(cell, keep=False)
+        folder.mkdir(parents=True)
+    grade_with = grader_for(cell, problem, roofline, folder)
+    if agent is None:
+        agent = run_agent(cell, folder, prepare_workspace(workspace, problem.root), problem, grade_with, redactor)
+    transcript = folder / "transcript.jsonl"
     solution = workspace / "solution.py"
     graded = redactor.data(grade_with("full", solution, "final")) if solution.exists() else None
     outcome = final_outcome(fault_outcome(agent), agent.stop_reason, graded)
@@ -231,7 +303,7 @@ def work_cell(cell: Cell, folder: Path, redactor: Redactor) -> CellResult:
         helpers = audit_stage.workspace_helpers(workspace, problem.reference.read_text())
         # the third layer (not on a run the next sweep redoes); its failures end in needs_human, never lose the grade
         judge = LazyModel(cell.judge) if cell.judge and not outcome.is_infra else None
-        audited = audit_stage.audit(source, problem.spec.forbidden, graded, problem=problem, transcript=transcript.path, helpers=helpers,
+        audited = audit_stage.audit(source, problem.spec.forbidden, graded, problem=problem, transcript=transcript, helpers=helpers,
                                     judge=judge, judge_deadline=judge_deadline(cell, started))
         audited = redactor.data(audited)
     if solution.exists():

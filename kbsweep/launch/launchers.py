@@ -34,9 +34,9 @@ from pathlib import Path
 from typing import Any, Callable, ClassVar, Dict, List, Optional, Type
 
 from kbsweep.config import gpus
-from kbsweep.cell import run_cell
+from kbsweep.cell import clear_for_rerun, run_cell
 from kbsweep.errors import KbsweepError
-from kbsweep.planner.matrix import Cell, cell_dir
+from kbsweep.planner.matrix import Cell
 from kbsweep.outcomes import Outcome
 from kbsweep.registry import Registry
 from kbsweep.grader.torchrun import kill_tree
@@ -209,7 +209,7 @@ class SubmititLauncher(Launcher):
                 self.budget.ended(state.cell, result)
                 if Outcome(result["outcome"]) == Outcome.NODE_FAILURE and attempts[state.cell.key] <= self.conf["requeue_infra"]:
                     print(f"[kbsweep] requeued {state.cell.label}: {result['message']}", file=sys.stderr, flush=True)
-                    shutil.rmtree(cell_dir(state.cell), ignore_errors=True)
+                    clear_for_rerun(state.cell)  # a finished agent's work stays, to be graded again
                     pending.append(state.cell)
                     continue
                 on_done(state.cell, result)  # first: the sweep logs it on a thread of its own, and counts it before the next

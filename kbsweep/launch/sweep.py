@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Sequence, Set, Tuple
 
 from kbsweep.tracking import snapshot
-from kbsweep.cell import RESULT_FILE, cell_busy, reclaim
+from kbsweep.cell import RESULT_FILE, cell_busy, clear_for_rerun, reclaim
 from kbsweep.tracking.cell_result import CellResult
 from kbsweep.errors import KbsweepError
 from kbsweep.launch.budget import Budget
@@ -234,7 +234,7 @@ def orchestrate(cells: List[Cell], tracking: Dict[str, Any], launcher: Dict[str,
         log(cell, None, CellResult.from_json(journal(cell)))
     todo = [c for c in todo if c.key not in unlogged]  # an unlogged journal is neither cleared nor redone
     for cell in todo:
-        shutil.rmtree(cell_dir(cell), ignore_errors=True)  # an infra result, a forced one, or a half-written cell
+        clear_for_rerun(cell, keep=not force)  # an infra result, a forced one, or a half-written cell: a finished agent's work stays
     run_ids: Dict[str, Optional[str]] = {}
     live = LiveCells(lambda run_id, metrics: attempt(tracker.log_batch, run_id, None, None, metrics))
 

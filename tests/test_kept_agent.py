@@ -1,0 +1,94 @@
+"""A cell whose agent ended cleanly but whose final grade was lost to the infrastructure (a node failure) is graded
+again on its next run from the work its agent left, and the model is not run, nor paid, twice; a workspace changed
+since, or ``--force``, redoes the cell whole."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import kbsweep.cell as cell_stage
+from kbsweep.cell import AGENT_FILE, clear_for_rerun, run_cell
+from kbsweep.planner.matrix import cell_dir
+from tests.test_tracking import make_cell
+
+LOST = "node_failure"
+
+
+@pytest.fixture
+def first_final_lost(monkeypatch):
+    """The real grader, but the first final grade of the process ends as a node failure (its real grade's figures
+    kept, as a grade the node failed late would have them); returns the final grades' count."""
+    real = cell_stage.grader_for
+    finals = []
+
+    def grader_for(*args):
+        run = real(*args)
+
+        def graded(mode, solution, log_name):
+            result = run(mode, solution, log_name)
+            if log_name == "final":
+                finals.append(result["outcome"])
+                if len(finals) == 1:
+                    return {**result, "outcome": LOST, "message": "the node failed the grade", "score": None}
+            return result
+
+        return graded
+
+    monkeypatch.setattr(cell_stage, "grader_for", grader_for)
+    return finals
+
+
+def agent_runs(monkeypatch):
+    """Counts the cell's agent runs (the real agent still runs)."""
+    real, runs = cell_stage.run_agent, []
+    monkeypatch.setattr(cell_stage, "run_agent", lambda *args: (runs.append(1), real(*args))[1])
+    return runs
+
+
+def test_a_final_grade_lost_to_the_node_is_graded_again_from_the_agents_work(outputs, monkeypatch, first_final_lost):
+    cell = make_cell(outputs)
+    runs = agent_runs(monkeypatch)
+    first = run_cell(cell)
+    folder = cell_dir(cell)
+    assert first["outcome"] == LOST and (folder / AGENT_FILE).is_file() and runs == [1]
+    transcript = (folder / "transcript.jsonl").read_text()
+
+    clear_for_rerun(cell)
+    assert not (folder / "result.json").exists() and not (folder / "grades" / "final").exists()
+    second = run_cell(cell)
+    assert runs == [1], "the agent ran again"
+    assert second["outcome"] == "pass" and second["score"] > 0 and first_final_lost == ["pass", "pass"]
+    for key in ("usage", "agent_cost_usd", "turns", "steps", "stop_reason", "agent_s"):
+        assert second[key] == first[key], key
+    assert (folder / "transcript.jsonl").read_text() == transcript
+    assert json.loads((folder / "grade.json").read_text())["outcome"] == "pass"
+
+    clear_for_rerun(cell, keep=False)  # --force: nothing of the cell is kept
+    assert not folder.exists()
+
+
+def test_a_workspace_changed_since_the_agent_ended_redoes_the_cell_whole(outputs, monkeypatch, first_final_lost):
+    cell = make_cell(outputs)
+    runs = agent_runs(monkeypatch)
+    assert run_cell(cell)["outcome"] == LOST
+    folder = cell_dir(cell)
+    lines = (folder / "transcript.jsonl").read_text().count("\n")
+    with open(folder / "workspace" / "solution.py", "a") as solution:
+        solution.write("\n# changed after the agent ended\n")
+
+    clear_for_rerun(cell)
+    again = run_cell(cell)
+    assert runs == [1, 1] and again["outcome"] == "pass"
+    assert (folder / "transcript.jsonl").read_text().count("\n") == lines  # a fresh transcript, not one appended to
+    assert "changed after the agent ended" not in (folder / "workspace" / "solution.py").read_text()
+
+
+def test_a_run_whose_agent_faulted_keeps_nothing(outputs):
+    """Without an agent record (its agent faulted, or never ended), the next run starts from an empty folder."""
+    cell = make_cell(outputs)
+    folder = cell_dir(cell)
+    (folder / "workspace").mkdir(parents=True)
+    (folder / "transcript.jsonl").write_text("{}\n")
+    clear_for_rerun(cell)
+    assert not folder.exists()

@@ -9,7 +9,9 @@ import pytest
 
 import kbsweep.cell as cell_stage
 from kbsweep.cell import AGENT_FILE, clear_for_rerun, run_cell
+from kbsweep.launch import sweep
 from kbsweep.planner.matrix import cell_dir
+from kbsweep.tracking.mlflow_store import runs_frame
 from tests.test_tracking import make_cell
 
 LOST = "node_failure"
@@ -66,6 +68,22 @@ def test_a_final_grade_lost_to_the_node_is_graded_again_from_the_agents_work(out
 
     clear_for_rerun(cell, keep=False)  # --force: nothing of the cell is kept
     assert not folder.exists()
+
+
+def test_the_sweeps_next_run_grades_the_kept_work_and_logs_it(store, monkeypatch, first_final_lost):
+    """Through the sweep: its first run logs the lost grade as an infra run; its next run grades the agent's work
+    again (no agent run) and logs the cell finished, with the first agent's tokens and turns."""
+    outputs, uri = store
+    cell = make_cell(outputs)
+    runs = agent_runs(monkeypatch)
+    tracking = {"uri": uri, "artifact_root": str(outputs / "mlartifacts"), "trace_spans": "artifact"}
+    assert sweep.run_sweep([cell], tracking, {"kind": "inline"}, force=False) == [cell]
+    assert sweep.run_sweep([cell], tracking, {"kind": "inline"}, force=False) == []
+    assert runs == [1]
+    rows = {row["status"]: row for row in runs_frame(uri) if row["cell_key"] == cell.key}
+    lost, done = rows["FAILED"], rows["FINISHED"]
+    assert (lost["outcome"], done["outcome"]) == (LOST, "pass")
+    assert done["tokens_input"] == lost["tokens_input"] > 0 and done["turns"] == lost["turns"]
 
 
 def test_a_workspace_changed_since_the_agent_ended_redoes_the_cell_whole(outputs, monkeypatch, first_final_lost):

@@ -1,7 +1,8 @@
 """One cell, end to end: fresh workspace → agent loop → final grade → audit → score. Runs where the launcher puts it.
 
-The cell's folder holds the workspace, the transcript, the grade logs and ``result.json`` (the journal the
-orchestrator logs to tracking; a result on disk is never recomputed).
+The cell's folder holds the workspace, the transcript, the grade logs, ``agent.json`` (the agent's record once it
+ended cleanly: a run lost to the infrastructure after it is graded again from that work, :func:`reusable_agent`)
+and ``result.json`` (the journal the orchestrator logs to tracking; a result on disk is never recomputed).
 """
 from __future__ import annotations
 

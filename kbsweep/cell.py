@@ -65,9 +65,13 @@ def workspace_digest(workspace: Path) -> str:
 
 
 def keep_agent(folder: Path, agent: AgentResult) -> None:
-    """Record an agent that ended without a fault, before its work is graded (:func:`reusable_agent`)."""
-    record = {"agent": dataclasses.asdict(agent), "workspace": workspace_digest(folder / "workspace")}
-    (folder / AGENT_FILE).write_text(json.dumps(record, default=str))
+    """Record an agent that ended without a fault, before its work is graded (:func:`reusable_agent`); none where
+    its workspace cannot be read whole (the cell then runs as ever, and a rerun redoes it)."""
+    try:
+        digest = workspace_digest(folder / "workspace")
+    except OSError:
+        return
+    (folder / AGENT_FILE).write_text(json.dumps({"agent": dataclasses.asdict(agent), "workspace": digest}, default=str))
 
 
 def reusable_agent(folder: Path) -> Optional[AgentResult]:
@@ -76,9 +80,9 @@ def reusable_agent(folder: Path) -> Optional[AgentResult]:
     graded again instead of redone, and the model is not paid for twice. None otherwise."""
     try:
         saved = json.loads((folder / AGENT_FILE).read_text())
+        if saved.get("workspace") != workspace_digest(folder / "workspace"):
+            return None
     except (OSError, ValueError):
-        return None
-    if saved.get("workspace") != workspace_digest(folder / "workspace"):
         return None
     agent = saved["agent"]
     return AgentResult(**{**agent, "stop_reason": StopReason(agent["stop_reason"]), "usage": Usage(**agent["usage"])})

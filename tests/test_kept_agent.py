@@ -102,6 +102,18 @@ def test_a_workspace_changed_since_the_agent_ended_redoes_the_cell_whole(outputs
     assert "changed after the agent ended" not in (folder / "workspace" / "solution.py").read_text()
 
 
+def test_an_unreadable_workspace_is_not_kept_and_the_cell_still_ends(outputs, monkeypatch):
+    """A workspace the cell cannot read whole (a file its agent made unreadable, say) records no agent: the cell
+    ends as it would have, and its rerun would redo it."""
+    def unreadable(workspace):
+        raise PermissionError(f"{workspace}/x")
+
+    monkeypatch.setattr(cell_stage, "workspace_digest", unreadable)
+    cell = make_cell(outputs)
+    assert run_cell(cell)["outcome"] == "pass"
+    assert not (cell_dir(cell) / AGENT_FILE).exists()
+
+
 def test_a_run_whose_agent_faulted_keeps_nothing(outputs):
     """Without an agent record (its agent faulted, or never ended), the next run starts from an empty folder."""
     cell = make_cell(outputs)

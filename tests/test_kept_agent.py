@@ -48,28 +48,6 @@ def agent_runs(monkeypatch):
     return runs
 
 
-def test_a_final_grade_lost_to_the_node_is_graded_again_from_the_agents_work(outputs, monkeypatch, first_final_lost):
-    cell = make_cell(outputs)
-    runs = agent_runs(monkeypatch)
-    first = run_cell(cell)
-    folder = cell_dir(cell)
-    assert first["outcome"] == LOST and (folder / AGENT_FILE).is_file() and runs == [1]
-    transcript = (folder / "transcript.jsonl").read_text()
-
-    clear_for_rerun(cell)
-    assert not (folder / "result.json").exists() and not (folder / "grades" / "final").exists()
-    second = run_cell(cell)
-    assert runs == [1], "the agent ran again"
-    assert second["outcome"] == "pass" and second["score"] > 0 and first_final_lost == ["pass", "pass"]
-    for key in ("usage", "agent_cost_usd", "turns", "steps", "stop_reason", "agent_s"):
-        assert second[key] == first[key], key
-    assert (folder / "transcript.jsonl").read_text() == transcript
-    assert json.loads((folder / "grade.json").read_text())["outcome"] == "pass"
-
-    clear_for_rerun(cell, keep=False)  # --force: nothing of the cell is kept
-    assert not folder.exists()
-
-
 def test_the_sweeps_next_run_grades_the_kept_work_and_logs_it(store, monkeypatch, first_final_lost):
     """Through the sweep: its first run logs the lost grade as an infra run; its next run grades the agent's work
     again (no agent run) and logs the cell finished, with the first agent's tokens and turns."""
@@ -77,13 +55,27 @@ def test_the_sweeps_next_run_grades_the_kept_work_and_logs_it(store, monkeypatch
     cell = make_cell(outputs)
     runs = agent_runs(monkeypatch)
     tracking = {"uri": uri, "artifact_root": str(outputs / "mlartifacts"), "trace_spans": "artifact"}
+    folder = cell_dir(cell)
     assert sweep.run_sweep([cell], tracking, {"kind": "inline"}, force=False) == [cell]
+    first = json.loads((folder / "result.json").read_text())
+    assert first["outcome"] == LOST and (folder / AGENT_FILE).is_file() and runs == [1]
+    transcript = (folder / "transcript.jsonl").read_text()
+
     assert sweep.run_sweep([cell], tracking, {"kind": "inline"}, force=False) == []
-    assert runs == [1]
+    assert runs == [1], "the agent ran again"
+    second = json.loads((folder / "result.json").read_text())
+    assert second["outcome"] == "pass" and second["score"] > 0 and first_final_lost == ["pass", "pass"]
+    for key in ("usage", "agent_cost_usd", "turns", "steps", "stop_reason", "agent_s"):
+        assert second[key] == first[key], key
+    assert (folder / "transcript.jsonl").read_text() == transcript
+    assert json.loads((folder / "grade.json").read_text())["outcome"] == "pass"
     rows = {row["status"]: row for row in runs_frame(uri) if row["cell_key"] == cell.key}
     lost, done = rows["FAILED"], rows["FINISHED"]
     assert (lost["outcome"], done["outcome"]) == (LOST, "pass")
     assert done["tokens_input"] == lost["tokens_input"] > 0 and done["turns"] == lost["turns"]
+
+    clear_for_rerun(cell, keep=False)  # --force: nothing of the cell is kept
+    assert not folder.exists()
 
 
 def test_a_workspace_changed_since_the_agent_ended_redoes_the_cell_whole(outputs, monkeypatch, first_final_lost):

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import fcntl
 import json
-import shutil
 import sys
 import traceback
 from collections import deque

@@ -134,7 +134,8 @@ def mlflow_cells(outputs: Path) -> tuple:
     experiments = [e.experiment_id for e in client.search_experiments()]
     runs = client.search_runs(experiments, filter_string="tags.`kbsweep.kind` = 'cell'")
     sweeps = client.search_runs(experiments, filter_string="tags.`kbsweep.kind` = 'sweep'")
-    cells = [{"run": r, "artifacts": sorted(a.path for a in client.list_artifacts(r.info.run_id))} for r in runs]
+    cells = [{"run": r, "artifacts": sorted(a.path for a in client.list_artifacts(r.info.run_id)),
+              "config": json.loads(Path(client.download_artifacts(r.info.run_id, "config.json", str(outputs))).read_text())} for r in runs]
     return cells, sweeps
 
 
@@ -156,7 +157,10 @@ def test_a_sweep_through_slurm_records_what_a_local_sweep_records(slurm, tmp_pat
     assert a.info.status == b.info.status == "FINISHED"
     differ = {k for k in a.data.params.keys() | b.data.params.keys() if a.data.params.get(k) != b.data.params.get(k)}
     assert a.data.params.keys() == b.data.params.keys()
-    assert all(k.startswith("launcher.") or k == "paths.outputs" for k in differ), differ  # what the test set apart
+    assert not differ, differ
+    config_a, config_b = local[0]["config"], slurm_cells[0]["config"]
+    assert {k: v for k, v in config_a.items() if k != "paths"} == {k: v for k, v in config_b.items() if k != "paths"}
+    assert {k for k in config_a["paths"] if config_a["paths"][k] != config_b["paths"][k]} == {"outputs"}  # what the test set apart
     assert set(a.data.tags) == set(b.data.tags)
     same = ("outcome", "verdict", "stop_reason", "problem", "model", "gpu", "track", "kbsweep.cell_key", "deck_version")
     assert {k: a.data.tags[k] for k in same} == {k: b.data.tags[k] for k in same}
@@ -166,7 +170,7 @@ def test_a_sweep_through_slurm_records_what_a_local_sweep_records(slurm, tmp_pat
     # the Slurm job: one node, time limit = the cell's cap (agent cap + grade timeout + default slack)
     (job_file,) = (tmp_path / "slurm" / "submitit").glob("*_submitted.pkl")
     record = sacct(job_file.name.split("_")[0])
-    cap_min = math.ceil((float(a.data.params["track.time_cap_s"]) + float(a.data.params["track.grade_timeout_s"]) + 600) / 60)
+    cap_min = math.ceil((config_a["track"]["time_cap_s"] + config_a["track"]["grade_timeout_s"] + 600) / 60)
     assert record["State"] == "COMPLETED" and record["NNodes"] == "1"
     assert record["Timelimit"] == f"00:{cap_min:02d}:00"
 

@@ -20,7 +20,7 @@ from kbsweep.tracking import tracker as tracking
 from kbsweep.tracking.cell_result import CellResult
 from kbsweep.planner.matrix import Cell, cell_dir
 from kbsweep.score.roofline import geomean
-from kbsweep.tracking.tracker import BATCH, Tracker, cell_metrics, cell_params, outcome_class
+from kbsweep.tracking.tracker import BATCH, Tracker, cell_metrics, outcome_class
 
 REPO = Path(__file__).resolve().parent.parent
 STEPS = [
@@ -113,13 +113,16 @@ def test_cell_run_holds_config_metrics_steps_tags_and_artifacts(store):
 
     assert run.info.status == "FINISHED" and tags["mlflow.parentRunId"] == parent
     assert client.get_experiment(tracker.experiment_id).tags["mlflow.experimentKind"] == "custom_model_development"
-    # the whole resolved config, flattened; deck version, software versions, GPU identity
-    assert params["model.name"] == "scripted" and params["gpu.roofline"] == "cpu" and params["track.name"] == "demo"
-    assert params["grade.timing.min_runs"] == str(cell.grade["timing"]["min_runs"])
-    assert params["deck_version"] == cell.deck_version and params["repeat"] == "0" and params["env.torch"] == "2.13.0+cpu"
-    # the orchestrator's versions are the sweep run's, and a cell's params fit one request of MLflow's
+    # the whole resolved config as an artifact; the config keys the boards and the audit read as params, beside the
+    # grading process's versions and GPU identity
+    config = json.loads(Path(client.download_artifacts(run_id, "config.json", str(outputs / "config"))).read_text())
+    assert config["model"]["name"] == "scripted" and config["gpu"]["roofline"] == "cpu" and config["track"]["name"] == "demo"
+    assert config["grade"]["timing"]["min_runs"] == cell.grade["timing"]["min_runs"] and config["paths"] == cell.paths
+    assert (config["deck_version"], config["repeat"], config["problem"]) == (cell.deck_version, 0, "demo/scale_shift")
+    assert params["track.problems_dir"] == "demo" and params["track.format"] == "kbsweep" and params["env.torch"] == "2.13.0+cpu"
+    # the orchestrator's versions are the sweep run's; a cell's params and the result's go in one request of MLflow's
     sweep_params = client.get_run(parent).data.params
-    assert sweep_params["version.mlflow"] and sweep_params["version.kbsweep"] and len(cell_params(cell)) <= BATCH["params"]
+    assert sweep_params["version.mlflow"] and sweep_params["version.kbsweep"] and len(params) <= BATCH["params"]
     assert params["env.gpu0.name"] == "NVIDIA H200" and params["env.gpu0.uuid"] == "GPU-abc"
     assert params["roofline.dram_gbps"] == "20" and params["problem.peak"] == "fp32" and params["shape0"] == "rows=64, cols=96"
     # per-shape, summary, tokens, dollars, times
@@ -144,7 +147,7 @@ def test_cell_run_holds_config_metrics_steps_tags_and_artifacts(store):
     }
     # evidence
     assert artifact_paths(client, run_id) == {
-        "solution.py", "transcript.jsonl", "trace.jsonl", "grade.json", "audit.json", "result.json",
+        "solution.py", "transcript.jsonl", "trace.jsonl", "grade.json", "audit.json", "result.json", "config.json",
     }  # no per-cell plots: the loop's progress is the metrics above, the shapes' roofline the report's
     trace = [json.loads(line) for line in Path(client.download_artifacts(run_id, "trace.jsonl", str(outputs))).read_text().splitlines()]
     assert trace[0]["type"] == "custom-title" and [r["type"] for r in trace[3:]] == ["user", "assistant", "system"]

@@ -172,7 +172,7 @@ def test_four_sweeps_logging_at_once_to_a_mariadb_store_lose_nothing(mariadb_ser
         cells = client.search_runs([experiment.experiment_id], "tags.`kbsweep.kind` = 'cell'", max_results=1000)
         assert len(cells) == 50 and {c.info.status for c in cells} == {"FINISHED"}, sweep
         assert len({c.data.tags["kbsweep.cell_key"] for c in cells}) == 50
-        assert all(c.data.tags["outcome"] == "no_solution" and c.data.metrics["turns"] == 2 and c.data.params["model.name"] == "instant" for c in cells)
+        assert all(c.data.tags["outcome"] == "no_solution" and c.data.metrics["turns"] == 2 and c.data.tags["model"] == "instant" and c.data.params["setup.shell"] == "none" for c in cells)
         assert all({"result.json", "transcript.jsonl", "trace.jsonl"} <= artifact_paths(client, c.info.run_id) for c in cells[:5])
         traces = client.search_traces(locations=[experiment.experiment_id], max_results=100)
         assert len(traces) == 50 and {len(t.data.spans) for t in traces} == {5}

@@ -2,8 +2,9 @@
 writes it, :mod:`kbsweep.tracking.mlflow_store` opens the store and reads runs back.
 
 One experiment per sweep name, one parent run per invocation, one child run per cell. A cell run has the
-resolved config (params), per-shape and summary numbers and the agent loop's progress (metrics), the
-labels boards filter on (tags) and the evidence (artifacts). Only the orchestrator writes here; cells
+labels boards filter on (tags), the config the boards and the audit read with its problem's roofline and its
+harness setup (params), per-shape and summary numbers and the agent loop's progress (metrics), and the evidence
+with its whole resolved config (artifacts). Only the orchestrator writes here; cells
 write ``result.json`` journals that are logged when they come back, so a killed sweep loses no finished cell.
 """
 from __future__ import annotations
@@ -19,7 +20,7 @@ import time
 from dataclasses import asdict
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Optional, Set, Tuple
+from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Set, Tuple
 
 from kbsweep.tracking.cell_result import CellResult
 from kbsweep.planner.matrix import Cell
@@ -102,14 +103,28 @@ def provider_of(model: Dict[str, Any]) -> str:
     return str(model["route"]).split("/")[0] if model.get("route") else str(model.get("provider"))
 
 
+# The config keys a cell run carries as params beside its tags' labels (model, harness, track, gpu, problem, repeat,
+# deck version): what the boards and the audit read and what tells apart cells whose labels match. The whole resolved
+# config is the run's CONFIG_ARTIFACT. Each param is a row in several of the store's indexes, the dearer the bigger
+# the store: the whole config as ~70 params cost ~8 ms a cell more at 3 000 cells (docs/benchmarks.md, "Sweeps at scale").
+CONFIG_PARAMS = ("model.route", "model.reasoning_effort", "harness.version", "gpu.device", "track.problems_dir", "track.format",
+                 "track.kernelbench_version")
+CONFIG_ARTIFACT = "config.json"
+
+
+def cell_config(cell: Cell) -> Dict[str, Any]:
+    """The cell's resolved config: its model, harness, GPU, track and grade settings, paths, problem and repeat."""
+    return {"model": cell.model, "harness": cell.harness, "gpu": asdict(cell.gpu), "track": cell.track, "grade": cell.grade, "paths": cell.paths,
+            "problem": cell.problem, "problem_dir": cell.problem_dir, "deck_version": cell.deck_version, "repeat": cell.repeat}
+
+
 def cell_params(cell: Cell) -> Dict[str, str]:
-    """The resolved cell config, flattened, plus what reports need to draw rooflines. The launcher's settings and
-    the orchestrator's software versions are the same for every cell of an invocation: they are its sweep run's
-    params (:meth:`Tracker.start_sweep`), which keeps a cell's params within one ``log_batch`` request."""
-    config = {"model": cell.model, "harness": cell.harness, "gpu": asdict(cell.gpu), "track": cell.track, "grade": cell.grade, "paths": cell.paths}
-    params = flatten("", config, {})
+    """The cell's :data:`CONFIG_PARAMS`, its problem's regime and GPU's roofline (the reports' plots) and its harness
+    setup. The launcher's settings and the orchestrator's software versions are the same for every cell of an
+    invocation: they are its sweep run's params (:meth:`Tracker.start_sweep`)."""
+    config = flatten("", {"model": cell.model, "harness": cell.harness, "gpu": {"device": cell.gpu.device}, "track": cell.track}, {})
+    params = {key: config.get(key, "None") for key in CONFIG_PARAMS}
     params.update(problem_params(cell.problem_dir, cell.deck_version, cell.track["name"], tuple(cell.paths["roofline_specs"]), cell.gpu.roofline))
-    params.update({"problem": cell.problem, "repeat": str(cell.repeat), "deck_version": cell.deck_version})
     params.update(setup_params(cell))
     return params
 
@@ -222,6 +237,16 @@ def source_tags() -> Dict[str, str]:
     return tags
 
 
+class Started(NamedTuple):
+    """A cell run started, not finished: what it logs with its result."""
+
+    model: str  # the trace's model label
+    key: str
+    artifact_uri: str
+    params: Dict[str, str]
+    config: Dict[str, Any]
+
+
 class Tracker:
     """An MLflow experiment per sweep name; a parent run per invocation; a child run per cell."""
 
@@ -241,7 +266,7 @@ class Tracker:
         else:
             self.experiment_id = experiment.experiment_id
         self.parent_id: Optional[str] = None
-        self.labels: Dict[str, Tuple[str, str, str]] = {}  # run id -> (model, cell key, artifact URI) of a cell started, not finished
+        self.started: Dict[str, Started] = {}  # run id -> what a cell started, not finished, logs with its result
 
     def log_batch(
         self, run_id: str, params: Optional[Dict[str, str]] = None, tags: Optional[Dict[str, str]] = None, metrics: Iterable[tuple] = ()
@@ -301,6 +326,8 @@ class Tracker:
         self.client.set_terminated(run_id, "KILLED")
 
     def start_cell(self, cell: Cell) -> str:
+        """Open a cell's run with its labels as tags; its params and config are logged with its result, in the
+        result's request (:meth:`finish_cell`)."""
         tags = {
             KIND_TAG: "cell",
             CELL_KEY_TAG: cell.key,
@@ -318,12 +345,11 @@ class Tracker:
         if self.parent_id:
             tags["mlflow.parentRunId"] = self.parent_id
         run = self.client.create_run(self.experiment_id, tags=tags, run_name=cell.label.replace(" · ", "_"))
-        self.log_batch(run.info.run_id, params=cell_params(cell))
-        self.labels[run.info.run_id] = (cell.model.get("route") or cell.model["name"], cell.key, run.info.artifact_uri)
+        self.started[run.info.run_id] = Started(cell.model.get("route") or cell.model["name"], cell.key, run.info.artifact_uri, cell_params(cell), cell_config(cell))
         return run.info.run_id
 
     def finish_cell(self, run_id: str, result: CellResult, live_metrics: Iterable[tuple] = ()) -> str:
-        """Log a cell's result (metrics, tags, env params, artifacts, trace) and close its run; returns the run id.
+        """Log a cell's result (metrics, tags, params, artifacts, its config, trace) and close its run; returns the run id.
         Metrics are named after the stored journal's keys, so they read its stored form; ``live_metrics``, (key,
         value, step) of its progress not logged yet, go in the same request.
 
@@ -351,21 +377,25 @@ class Tracker:
         off = sorted({name for s in result.shapes for name in s.baselines_outside_tolerance})
         if off:  # their speedups stand, but over a baseline whose output missed the problem's tolerance on some shape
             tags["baselines_outside_tolerance"] = ",".join(off)
-        params = {f"shape{i}": shape_label(s.shape) for i, s in enumerate(result.shapes)}
-        self.log_batch(run_id, params={**params, **env_params(result.env or {})}, tags=tags, metrics=metrics)
+        started = self.started[run_id]
+        params = {**started.params, **{f"shape{i}": shape_label(s.shape) for i, s in enumerate(result.shapes)}, **env_params(result.env or {})}
+        self.log_batch(run_id, params=params, tags=tags, metrics=metrics)
+        del self.started[run_id]
         folder = Path(result.folder or "")
-        model, key, artifact_uri = self.labels.pop(run_id)
-        artifacts = get_artifact_repository(artifact_uri, tracking_uri=self.client.tracking_uri)  # the client's would read the run back
+        artifacts = get_artifact_repository(started.artifact_uri, tracking_uri=self.client.tracking_uri)  # the client's would read the run back
         for name in ARTIFACTS:
             if (folder / name).exists():
                 artifacts.log_artifact(str(folder / name))
-        if (folder / "transcript.jsonl").exists():
-            title = str(result.cell or run_id)
-            events = read_events(folder / "transcript.jsonl")
-            with tempfile.TemporaryDirectory() as scratch:
-                (Path(scratch) / "trace.jsonl").write_text(trace_jsonl(events, run_id, title, model))
+        with tempfile.TemporaryDirectory() as scratch:
+            written = Path(scratch) / CONFIG_ARTIFACT
+            written.write_text(json.dumps(started.config, indent=1, default=str))
+            artifacts.log_artifact(str(written))
+            if (folder / "transcript.jsonl").exists():
+                title = str(result.cell or run_id)
+                events = read_events(folder / "transcript.jsonl")
+                (Path(scratch) / "trace.jsonl").write_text(trace_jsonl(events, run_id, title, started.model))
                 artifacts.log_artifact(str(Path(scratch) / "trace.jsonl"))
-            self.traces.log(self.experiment_id, run_id, events, title, model, {CELL_KEY_TAG: key})
+                self.traces.log(self.experiment_id, run_id, events, title, started.model, {CELL_KEY_TAG: started.key})
         self.client.set_terminated(run_id, "FAILED" if result.outcome.is_infra else "FINISHED")
         return run_id
 

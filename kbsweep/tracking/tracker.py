@@ -105,8 +105,8 @@ def provider_of(model: Dict[str, Any]) -> str:
 
 # The config keys a cell run carries as params beside its tags' labels (model, harness, track, gpu, problem, repeat,
 # deck version): what the boards and the audit read and what tells apart cells whose labels match. The whole resolved
-# config is the run's CONFIG_ARTIFACT. Each param is a row in several of the store's indexes, the dearer the bigger
-# the store: the whole config as ~70 params cost ~8 ms a cell more at 3 000 cells (docs/benchmarks.md, "Sweeps at scale").
+# config is the run's CONFIG_ARTIFACT. Each param is an entry of the store's indexes, the dearer the bigger the store:
+# the whole config as 94 params cost 7-9 CPU-ms a cell more (docs/benchmarks.md, "Sweeps at scale": "A cell's params").
 CONFIG_PARAMS = ("model.route", "model.reasoning_effort", "harness.version", "gpu.device", "track.problems_dir", "track.format",
                  "track.kernelbench_version")
 CONFIG_ARTIFACT = "config.json"

@@ -92,3 +92,26 @@ def test_the_runners_account_of_an_event_batch_agrees_with_the_referees_wall_unl
     forged = timing.events_claim([gpu_ms / 4] * calls, loop(gpu_ms / 4, host_ms / 4), loop(0.0, steps_ms), calls)
     assert seen / forged > BAND["back_to_back"]
     assert timing.events_claim([gpu_ms] * calls, None, 0.0, calls) == pytest.approx(gpu_ms)  # no loop reported: the GPU's alone
+
+
+@pytest.mark.parametrize("n, lower, upper", [(100, 40, 61), (10, 2, 9), (5, 1, 5), (1, 1, 1)])
+def test_the_interval_beside_the_median_is_the_binomial_order_statistics(n, lower, upper):
+    """Textbook distribution-free 95 % intervals of a median: the 40th and 61st of 100, the 2nd and 9th of 10, the
+    whole range of 5 (too few for 95 %)."""
+    samples = [float(i) for i in range(n, 0, -1)]  # given unsorted
+    assert timing.summarize(samples)["ci95_ms"] == [float(lower), float(upper)]
+
+
+def test_the_interval_holds_the_scored_median_of_a_skewed_sample_and_covers_the_true_one():
+    """A slow tail pulls the mean's interval off the median the score uses; the median's own holds it, and over many
+    draws covers the distribution's median at least ~95 % of the time."""
+    import math
+    import random
+
+    skewed = [1.0 + 0.001 * i for i in range(90)] + [5.0] * 10
+    summary = timing.summarize(skewed)
+    lower, upper = summary["ci95_ms"]
+    assert lower <= summary["median_ms"] <= upper and summary["mean_ms"] > upper
+    draws = random.Random(7)
+    covered = sum(lo <= math.log(2) <= hi for lo, hi in (timing.summarize([draws.expovariate(1.0) for _ in range(30)])["ci95_ms"] for _ in range(2000)))
+    assert covered / 2000 >= 0.94

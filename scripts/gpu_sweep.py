@@ -177,7 +177,8 @@ def cells(outputs: Path, tracks: List[str]) -> List[Dict[str, Any]]:
 
 
 def store(outputs: Path) -> Dict[str, Any]:
-    """Runs, traces and spans per experiment in the MLflow store, and each regrade's score beside its cell's."""
+    """Runs and traces per experiment in the MLflow store, their spans (rows or ``traces.json`` files), and each
+    regrade's score beside its cell's."""
     path = outputs / "mlflow.db"
     if not path.exists():
         return {"exists": False}
@@ -192,7 +193,8 @@ def store(outputs: Path) -> Dict[str, Any]:
                 "cell_runs": count("SELECT e.name, count(*) FROM runs u JOIN experiments e USING (experiment_id) JOIN tags t ON t.run_uuid = u.run_uuid "
                                    "AND t.key = 'kbsweep.kind' AND t.value = 'cell' GROUP BY e.name"),
                 "traces": count("SELECT e.name, count(*) FROM trace_info t JOIN experiments e USING (experiment_id) GROUP BY e.name"),
-                "spans": db.execute("SELECT count(*) FROM spans").fetchone()[0],
+                "spans": db.execute("SELECT count(*) FROM spans").fetchone()[0]  # tracking.trace_spans: store
+                + sum(len(json.loads(t.read_text()).get("spans", [])) for t in (outputs / "mlartifacts").rglob("traces.json")),  # : artifact
                 "regrades": [{"cell": c, "score": s, "cell_score": p} for c, s, p in regrades]}
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional
 
 
-TIMER_VERSION = "7"  # the method of kbsweep/grader/shared/timing.py (3: the referee's batches; 4: baselines profiled as the candidate; 5: graph replays scored; 6: the referee's clock scored, a captured replay always; 7: GPU baselines timed on a quiet host, its load recorded); a new one re-times baselines
+TIMER_VERSION = "8"  # the method of kbsweep/grader/shared/timing.py (3: the referee's batches; 4: baselines profiled as the candidate; 5: graph replays scored; 6: the referee's clock scored, a captured replay always; 7: GPU baselines timed on a quiet host, its load recorded; 8: ci95_ms the median's interval, not the mean's); a new one re-times baselines
 
 
 def conditions(env: Dict[str, Any]) -> Dict[str, str]:

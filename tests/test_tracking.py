@@ -118,7 +118,7 @@ def test_cell_run_holds_config_metrics_steps_tags_and_artifacts(store):
     config = json.loads(Path(client.download_artifacts(run_id, "config.json", str(outputs / "config"))).read_text())
     assert config["model"]["name"] == "scripted" and config["gpu"]["roofline"] == "cpu" and config["track"]["name"] == "demo"
     assert config["grade"]["timing"]["min_runs"] == cell.grade["timing"]["min_runs"] and config["paths"] == cell.paths
-    assert (config["deck_version"], config["repeat"], config["problem"]) == (cell.deck_version, 0, "demo/scale_shift")
+    assert (config["deck_version"], config["repeat"], config["problem"], config["judge"]) == (cell.deck_version, 0, "demo/scale_shift", cell.judge)
     assert params["track.problems_dir"] == "demo" and params["track.format"] == "kbsweep" and params["env.torch"] == "2.13.0+cpu"
     # the orchestrator's versions are the sweep run's; a cell's params and the result's go in one request of MLflow's
     sweep_params = client.get_run(parent).data.params

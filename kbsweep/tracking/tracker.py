@@ -113,9 +113,10 @@ CONFIG_ARTIFACT = "config.json"
 
 
 def cell_config(cell: Cell) -> Dict[str, Any]:
-    """The cell's resolved config: its model, harness, GPU, track and grade settings, paths, problem and repeat."""
-    return {"model": cell.model, "harness": cell.harness, "gpu": asdict(cell.gpu), "track": cell.track, "grade": cell.grade, "paths": cell.paths,
-            "problem": cell.problem, "problem_dir": cell.problem_dir, "deck_version": cell.deck_version, "repeat": cell.repeat}
+    """The cell's resolved config: its model, harness, GPU, track, grade and audit judge settings, paths, problem and
+    repeat (the launcher's are its sweep run's params)."""
+    return {"model": cell.model, "harness": cell.harness, "gpu": asdict(cell.gpu), "track": cell.track, "grade": cell.grade, "judge": cell.judge,
+            "paths": cell.paths, "problem": cell.problem, "problem_dir": cell.problem_dir, "deck_version": cell.deck_version, "repeat": cell.repeat}
 
 
 def cell_params(cell: Cell) -> Dict[str, str]:

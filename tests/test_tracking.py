@@ -264,8 +264,8 @@ def test_a_trace_the_store_refuses_is_raised_and_the_next_is_logged(store):
 
     from kbsweep.agent.mlflow_trace import TraceWriter
 
-    _, uri = store
-    tracker = Tracker(uri, "", "demo")
+    outputs, uri = store
+    tracker = Tracker(uri, str(outputs / "mlartifacts"), "demo")  # the trace's spans go under the test's folder
     run_id = tracker.client.create_run(tracker.experiment_id).info.run_id
     writer = TraceWriter(uri)
     with pytest.raises(MlflowException):

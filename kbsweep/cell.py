@@ -250,8 +250,9 @@ def spend(agent, audited: Dict[str, Any] | None) -> Dict[str, Any]:
         "usage": vars(agent.usage),
         "cost_usd": agent.cost_usd + judge_usd,
         "agent_cost_usd": agent.cost_usd,
-        "judge_cost_usd": judge_usd,
-        "judge_usage": judge.get("usage") or vars(Usage()),
+        # None where no judge was asked: no judge_* metrics, rather than zeros that read as a free judge's answer
+        "judge_cost_usd": judge_usd if judge else None,
+        "judge_usage": judge.get("usage"),
     }
 
 

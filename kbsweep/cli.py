@@ -18,6 +18,7 @@ from kbsweep.compose import prepare
 from kbsweep.errors import ExitCode, InfraError, KbsweepError
 from kbsweep.config.overrides import check_overrides, check_yaml, hydra_error, split_options
 from kbsweep.paths import REPO_ROOT
+from kbsweep.tracking.mlflow_store import mlflow_defaults
 
 VERBS: Dict[str, Callable[[List[DictConfig]], int]] = {}
 USAGE = """usage: kbsweep [VERB] [--force] [--json] [--mode MODE] [-m] [key=value ...]
@@ -335,7 +336,7 @@ def main() -> None:
         at = argv.index("--mode")
         argv[at:at + 2] = [f"grade_mode={argv[at + 1]}"]
     argv = ["--help" if a == "--hydra-help" else a for a in argv]
-    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    mlflow_defaults()
     try:
         check_yaml(argv)
         argv = check_overrides(argv, sweeps=bool({"-m", "--multirun"} & set(argv)))

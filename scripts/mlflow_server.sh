@@ -21,8 +21,8 @@ case "$verb" in
     mkdir -p "$dir/artifacts"
     dir=$(cd "$dir" && pwd)
     store=${store:-sqlite:///$dir/mlflow.db}
-    # No job runner (it leaves huey workers behind) and no cost-map download (there may be no network).
-    MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false LITELLM_LOCAL_MODEL_COST_MAP=True \
+    # No job runner (it leaves huey workers behind), no cost-map download and no usage telemetry (there may be no network).
+    MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false LITELLM_LOCAL_MODEL_COST_MAP=True MLFLOW_DISABLE_TELEMETRY=${MLFLOW_DISABLE_TELEMETRY:-true} \
       setsid mlflow server --backend-store-uri "$store" --artifacts-destination "$dir/artifacts" \
       --host 127.0.0.1 --port "$port" --workers 1 >"$dir/server.log" 2>&1 </dev/null &
     echo $! >"$dir/server.pgid"  # setsid made the server its group's leader

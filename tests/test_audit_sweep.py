@@ -109,3 +109,23 @@ def test_a_bad_judge_is_refused_before_any_cell_runs(tmp_path, cli, outputs):
     proc = cli("plan", "-cd", str(conf), "track=demo", "gpu=cpu", "audit.judge=bad-judge")
     assert proc.returncode == 2 and "bad-judge.yaml: key 'context_window'" in proc.stderr
     assert not (outputs / "sweeps").exists()
+
+
+@pytest.mark.fast
+def test_judge_metrics_are_logged_only_where_a_judge_was_asked():
+    from types import SimpleNamespace
+
+    from kbsweep.agent.models import Usage
+    from kbsweep.cell import spend
+    from kbsweep.tracking.tracker import cell_metrics
+
+    agent = SimpleNamespace(usage=Usage(input_tokens=700, output_tokens=30), cost_usd=0.01)
+    unjudged = spend(agent, {"layers": {"static": {}, "dynamic": {}}})
+    assert unjudged["judge_usage"] is None and unjudged["judge_cost_usd"] is None and unjudged["cost_usd"] == 0.01
+    metrics = cell_metrics(unjudged)
+    assert not [k for k in metrics if k.startswith("judge")] and metrics["tokens_input"] == 700 and metrics["cost_usd"] == 0.01
+
+    asked = {"usage": {"input_tokens": 1_200, "output_tokens": 80}, "cost_usd": PER_CALL_USD}
+    judged = cell_metrics(spend(agent, {"layers": {"judge": asked}}))
+    assert judged["judge_tokens_input"] == 1_200 and judged["judge_cost_usd"] == pytest.approx(PER_CALL_USD)
+    assert judged["cost_usd"] == pytest.approx(0.01 + PER_CALL_USD)

@@ -69,3 +69,19 @@ def test_processes_creating_the_empty_store_at_once_leave_one_whole_store(tmp_pa
     assert not [p for p in tmp_path.rglob("*partial*")]
     for i in range(3):
         assert default_experiment(tmp_path / f"out{i}" / "mlflow.db")[0] == "Default"
+
+
+@pytest.mark.fast
+def test_a_sweep_process_sends_no_mlflow_telemetry_unless_its_user_asks(tmp_path):
+    """MLflow reads its telemetry switch when it is imported: the CLI's process (and the workers it starts) must
+    have it set by then. Checked in a fresh interpreter without the CI markers that turn telemetry off anyway."""
+    probe = ("import os, sys; sys.argv = ['kbsweep', 'plan', 'gpu=cpu', 'preflight=off']\n"
+             "from kbsweep.cli import main\n"
+             "try:\n    main()\nexcept SystemExit:\n    pass\n"
+             "from mlflow.telemetry.utils import is_telemetry_disabled\n"
+             "print(os.environ['MLFLOW_DISABLE_TELEMETRY'], is_telemetry_disabled())")
+    quiet = {k: v for k, v in __import__("os").environ.items() if k not in ("CI", "PYTEST_CURRENT_TEST", "MLFLOW_DISABLE_TELEMETRY", "DO_NOT_TRACK")}
+    run = lambda env: subprocess.run([sys.executable, "-c", probe], env={**quiet, "KBSWEEP_OUTPUTS": str(tmp_path), **env},  # noqa: E731
+                                     capture_output=True, text=True, timeout=120).stdout.split()[-2:]
+    assert run({}) == ["true", "True"]
+    assert run({"MLFLOW_DISABLE_TELEMETRY": "false"})[0] == "false"

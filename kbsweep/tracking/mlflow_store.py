@@ -108,11 +108,20 @@ def build_whole(path: Path, build: Callable[[Path], None]) -> None:
         os.replace(partial, path)
 
 
+def mlflow_defaults() -> None:
+    """MLflow's settings for kbsweep's processes, each unless the user set it; before MLflow is first imported (the
+    entry points) and again where a client is made."""
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # a bar per downloaded artifact floods export and regrade
+    # MLflow's usage telemetry: a thread per process posting each client call's event to MLflow's servers, which a
+    # cluster's nodes may not reach and a benchmark's runs need not report to
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+
+
 @functools.lru_cache(maxsize=None)
 def make_client(uri: str):
     """The process's one MLflow client of ``uri`` (creating an SQLite store on first use)."""
-    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # a bar per downloaded artifact floods export and regrade
+    mlflow_defaults()
     from mlflow.tracking import MlflowClient
 
     if uri.startswith("sqlite:///"):

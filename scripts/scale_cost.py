@@ -13,7 +13,8 @@ track's two problems), on an empty outputs folder:
 Each command's wall time, its orchestrator's own CPU-seconds and peak memory (the kbsweep process alone: its
 workers are not counted), the CPU its tracking calls took (start_cell + finish_cell, timed in that process), the
 seconds until it announced the cells and until its last cell was logged, the load average around it, and the
-tracking store's size. Peak memory and CPU come from the process itself (getrusage at exit).
+tracking store's size. Peak memory and CPU come from the process itself (getrusage at exit). Over the sizes, per
+phase that logs cells, the line through (cells, CPU-s): a cell's CPU apart from the invocation's fixed cost.
 
     python scripts/scale_cost.py OUTPUTS_ROOT OUT.json [N ...] [--tracking-uri URI]     (default: 100 1000 10000)
 
@@ -144,6 +145,27 @@ def one_size(root: Path, cells: int, tracking: List[str], server_pgid: Optional[
     return {"cells": cells, "phases": phases, "store": None if tracking else store_size(outputs)}
 
 
+def per_cell_fit(sizes: List[Dict[str, Any]]) -> Dict[str, Any]:
+    """Per phase that logs cells, the least-squares line through (cells logged, CPU-s) over the sizes: the CPU a cell
+    costs once the invocation's fixed start-up and end (imports, the store, the boards) is set apart, which the per-cell
+    figure of one size spreads over its cells; with the tracking calls' own line beside it."""
+    fits = {}
+    for name in ("run_half", "resume_half"):
+        phases = [size["phases"][name] for size in sizes if size["phases"][name].get("cells_logged")]
+        if len(phases) < 2:
+            continue
+        x = [p["cells_logged"] for p in phases]
+        fit = {"cells_logged": x}
+        for key in ("cpu_s", "tracking_cpu_s"):
+            y = [p[key] for p in phases]
+            mx, my = sum(x) / len(x), sum(y) / len(y)
+            slope = sum((a - mx) * (b - my) for a, b in zip(x, y)) / sum((a - mx) ** 2 for a in x)
+            fit[key.replace("_s", "_ms_per_cell")] = 1000 * slope
+            fit[key.replace("_s", "_fixed_s")] = my - slope * mx
+        fits[name] = fit
+    return fits
+
+
 def host(repo: Path = REPO) -> Dict[str, Any]:
     """The machine, and the commit of ``repo`` (the checkout whose kbsweep ran)."""
     model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name")), "?")
@@ -159,10 +181,12 @@ def main(root: Path, out: Path, sizes: List[int], tracking_uri: str | None, serv
     record: Dict[str, Any] = {"host": host(), "tracking": tracking_uri or "sqlite (outputs/mlflow.db)", "sizes": []}
     for cells in sizes:
         record["sizes"].append(one_size(root, cells, tracking, server_pgid))
+        record["per_cell_fit"] = per_cell_fit(record["sizes"])
         out.write_text(json.dumps(record, indent=1))
         summary = {name: {k: round(v, 3) if isinstance(v, float) else v for k, v in phase.items() if k not in ("args", "stderr_tail")}
                    for name, phase in record["sizes"][-1]["phases"].items()}
         print(json.dumps({"cells": cells, **summary, "store": record["sizes"][-1]["store"]}, indent=1), flush=True)
+    print(json.dumps({"per_cell_fit": record["per_cell_fit"]}, indent=1))
 
 
 if __name__ == "__main__":

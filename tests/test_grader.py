@@ -47,6 +47,15 @@ def test_memory_cap_ends_a_hog(problem, roofline, tmp_path):
     assert result["outcome"] == "grade_oom", result
 
 
+def test_a_grade_holds_one_shapes_models_at_a_time(problem, roofline, tmp_path):
+    """Each model of this correct solution keeps a 256 MiB workspace, and a full grade builds one per shape, seed and
+    stage. Kept for the whole grade they outgrow 1 500 MiB (on an 80 GB GPU a mega problem's did); let go as each
+    shape's arena is, the grade stays under it."""
+    result = graded(problem, CASES / "workspace_per_model.py", CPU, roofline, mode="full", timeout_s=120, memory_mib=1500, log_dir=tmp_path)
+    assert result["outcome"] == "pass", result
+    assert len(result["shapes"]) == len(problem.spec.smoke_shapes) and result["correctness"]["passed"]
+
+
 def test_timer_patch_is_caught_and_unscored(problem, roofline, tmp_path):
     result = graded(problem, CASES / "timer_patch.py", CPU, roofline, mode="full", timeout_s=120, log_dir=tmp_path)
     kinds = {f["kind"] for f in result["findings"]}

@@ -134,7 +134,11 @@ class CandidateContext:
         return self.commands[token][0] if token in self.commands else token
 
     def open_arena(self, size: int) -> None:
+        """The next shape's arena. The runner first lets go of the last one and of every model built from it (no
+        model is called across arenas), so a grade holds one shape's memory at a time, and the GPU memory the
+        runner's allocator kept is back with the driver before the new arena is taken from it."""
         if self.arena is not None:
+            self.ask("release")
             self.arena.close()
         self.arena = Arena.create(size, self.device)
         self.ask("arena", fds=[self.arena.fd], size=self.arena.size)

@@ -16,6 +16,7 @@ installed module never shadows it).
 from __future__ import annotations
 
 import contextlib
+import gc
 import importlib
 import os
 import sys
@@ -91,6 +92,19 @@ class Runner:
     # -- setup ----------------------------------------------------------------------
     def op_arena(self, message, fds) -> None:
         self.arena = Arena.attach(fds[0], int(message["size"]), self.device)
+
+    def op_release(self, message, fds) -> None:
+        """Drop the models built so far and the arena they came from, returning their GPU memory to the driver (a
+        grade that kept every shape's and seed's models and arenas ran an 80 GB GPU out of memory)."""
+        self.models.clear()
+        self.replay = None
+        if self.arena is not None:
+            self.arena.close()
+            self.arena = None
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
 
     def op_import(self, message, fds) -> None:
         self.gate = runtime.KernelGate()

@@ -3,6 +3,7 @@ the store MLflow makes from scratch (its Default experiment from the process tha
 migration run once the empty store exists."""
 from __future__ import annotations
 
+import os
 import sqlite3
 import subprocess
 import sys
@@ -80,7 +81,7 @@ def test_a_sweep_process_sends_no_mlflow_telemetry_unless_its_user_asks(tmp_path
              "try:\n    main()\nexcept SystemExit:\n    pass\n"
              "from mlflow.telemetry.utils import is_telemetry_disabled\n"
              "print(os.environ['MLFLOW_DISABLE_TELEMETRY'], is_telemetry_disabled())")
-    quiet = {k: v for k, v in __import__("os").environ.items() if k not in ("CI", "PYTEST_CURRENT_TEST", "MLFLOW_DISABLE_TELEMETRY", "DO_NOT_TRACK")}
+    quiet = {k: v for k, v in os.environ.items() if k not in ("CI", "PYTEST_CURRENT_TEST", "MLFLOW_DISABLE_TELEMETRY", "DO_NOT_TRACK")}
     run = lambda env: subprocess.run([sys.executable, "-c", probe], env={**quiet, "KBSWEEP_OUTPUTS": str(tmp_path), **env},  # noqa: E731
                                      capture_output=True, text=True, timeout=120).stdout.split()[-2:]
     assert run({}) == ["true", "True"]

@@ -109,8 +109,8 @@ def build_whole(path: Path, build: Callable[[Path], None]) -> None:
 
 
 def mlflow_defaults() -> None:
-    """MLflow's settings for kbsweep's processes, each unless the user set it; before MLflow is first imported (the
-    entry points) and again where a client is made."""
+    """The settings kbsweep's processes give MLflow and litellm (its cost map read from the package, never fetched),
+    each unless the user set it: at the entry point, before MLflow is first imported, and again where a client is made."""
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # a bar per downloaded artifact floods export and regrade
     # MLflow's usage telemetry: a thread per process posting each client call's event to MLflow's servers, which a

@@ -66,9 +66,11 @@ def median_ci95(samples_ms: List[float]) -> List[float]:
     count with P(Binomial(n, 1/2) < j) <= 2.5 % (the whole range where n is too small for that: n < 6). A call's
     times are skewed (a slow tail), so the mean's interval may miss the median the score uses."""
     ordered, n = sorted(samples_ms), len(samples_ms)
-    below, j = 0.0, 0
-    while below + math.comb(n, j) / 2**n <= 0.025:
-        below += math.comb(n, j) / 2**n
+    # exact integers, C(n, j) updated step to step: a fresh C(n, j) / 2**n each step took 6.9 CPU-s at n = 10 000
+    below, term, j = 0, 1, 0
+    while (below + term) * 40 <= 1 << n:  # P(Binomial(n, 1/2) <= j) <= 1/40
+        below += term
+        term = term * (n - j) // (j + 1)
         j += 1
     j = max(j, 1)
     return [ordered[j - 1], ordered[n - j]]

@@ -3,7 +3,8 @@ processes' CPU work on its CPUs counted, its own and other CPUs' left out, and t
 while that work stays within ``grade.timing.quiet_cpus``, waits for that within a grade's allowance, times again
 when the load came during the timing, and gives up as a busy host.
 The gate's use on a GPU grade runs in scripts/baseline_load.py (docs/benchmarks.md)."""
-import multiprocessing
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -21,14 +22,41 @@ def spin(seconds: float) -> None:
         pass
 
 
+SPIN = "import time\nend = time.monotonic() + {s}\nwhile time.monotonic() < end: pass"
+
+
+def outside_spinner(seconds: float) -> None:
+    """A process spinning for ``seconds`` outside this process's tree: started by a child that exits at once, so
+    the spinner is re-parented away from this process (another cell's compile, a process a sandbox left behind)."""
+    code = f"import subprocess, sys; subprocess.Popen([sys.executable, '-c', {SPIN.format(s=seconds)!r}])"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
 def test_another_process_spinning_counts_as_other_work():
-    spinner = multiprocessing.get_context("spawn").Process(target=spin, args=(3.0,))
-    spinner.start()
+    outside_spinner(3.0)
     time.sleep(0.5)  # past its start-up
     with OtherWork() as work:
         time.sleep(1.0)
-    spinner.join()
     assert work.cpus is not None and work.cpus >= 0.5
+
+
+BURN = "import sys, time\nend = time.process_time() + 0.3\nwhile time.process_time() < end: pass\nprint(flush=True)\ntime.sleep({rest})"
+
+
+def test_the_referees_own_children_are_not_other_work():
+    """Processes this one started (torch.compile's and Triton's compile workers) burn 0.3 CPU-s each inside the
+    window, one exiting and reaped there, one still alive at its end: the CPUs' busy time holds their work, the
+    other work does not (however busy the host)."""
+    began, busy = time.monotonic(), host_busy_s()
+    with OtherWork() as work:
+        brief = subprocess.Popen([sys.executable, "-c", BURN.format(rest=0)], stdout=subprocess.PIPE)
+        lasting = subprocess.Popen([sys.executable, "-c", BURN.format(rest=2)], stdout=subprocess.PIPE)
+        brief.wait()
+        lasting.stdout.readline()  # its burn is over; it sleeps on, alive
+    wall, host_s = time.monotonic() - began, host_busy_s() - busy
+    lasting.kill()
+    lasting.wait()
+    assert work.cpus is not None and host_s - work.cpus * wall >= 0.5
 
 
 def burn(cpu_s: float) -> None:

@@ -5,7 +5,9 @@ CPU launches it, so processes contending for the referee's CPUs slow it, and a s
 rises with them. A timed baseline is also cached for every later grade on that machine. Other cells' agents, their
 shells and compiles, or a process a candidate's sandbox left behind could all be those processes. So the referee
 measures them itself, from ``/proc/stat`` (the busy time of each CPU it may run on: a pid namespace does not hide
-it) less its own process's CPU time, and times a baseline only while that work is small (:class:`QuietHost`).
+it) less the CPU time of its own process tree (itself and every process it started: torch.compile's and Triton's
+compile workers, which work while a compile baseline is first called), and times a baseline only while that work is
+small (:class:`QuietHost`).
 Work on CPUs it may not run on (another Slurm job's or container's cores) is not counted. On a 16-vCPU H200 VM, 8
 processes spinning lifted the mega baseline up to 1.9× and the score 29 %, with half the CPUs still idle
 (docs/benchmarks.md, "Baselines and the host's load"): a count of idle CPUs would not have caught it.
@@ -16,9 +18,10 @@ import os
 import resource
 import time
 from pathlib import Path
-from typing import Callable, Collection, Optional, Tuple
+from typing import Callable, Collection, Dict, List, Optional, Tuple
 
 STAT = Path("/proc/stat")
+PROC = Path("/proc")
 TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
 # One look at the host while waiting for it to be quiet, and the shortest window a timing's load is read over:
 # /proc/stat counts in ticks (10 ms), so a window of a few ms would read one tick as several CPUs.
@@ -48,15 +51,41 @@ def host_busy_s(stat: Path = STAT, cpus: Optional[Collection[int]] = None) -> Op
     return busy * TICK_S
 
 
-def own_cpu_s() -> float:
-    """CPU seconds of this process, all its threads."""
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
+def own_cpu_s(proc: Path = PROC) -> float:
+    """CPU seconds of this process's tree: its own threads, its live descendants (from each ``/proc/<pid>/stat``'s
+    parent and times, read in one pass) and the children it has reaped, whose time the kernel adds to its own
+    record. A descendant's time thus stays counted when it exits, once reaped (zombies still show theirs)."""
+    usage = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
+    return sum(u.ru_utime + u.ru_stime for u in usage) + descendants_cpu_s(os.getpid(), proc)
+
+
+def descendants_cpu_s(root: int, proc: Path = PROC) -> float:
+    """CPU seconds (user and system, their reaped children's included) of ``root``'s live descendants."""
+    parent, ticks = {}, {}
+    for entry in proc.iterdir() if proc.is_dir() else ():
+        if not entry.name.isdigit():
+            continue
+        try:  # the command name may hold spaces and parentheses: the fields start after its last ')'
+            fields = (entry / "stat").read_text().rpartition(")")[2].split()
+        except OSError:  # it exited meanwhile
+            continue
+        pid = int(entry.name)
+        parent[pid] = int(fields[1])
+        ticks[pid] = sum(int(v) for v in fields[11:15])  # utime, stime, cutime, cstime
+    children: Dict[int, List[int]] = {}
+    for pid, ppid in parent.items():
+        children.setdefault(ppid, []).append(pid)
+    total, pending = 0, list(children.get(root, ()))
+    while pending:
+        pid = pending.pop()
+        total += ticks[pid]
+        pending.extend(children.get(pid, ()))
+    return total * TICK_S
 
 
 class OtherWork:
     """CPUs' worth of work by other processes on ``on`` (default: this process's CPUs) over a ``with`` block:
-    (their busy time − this process's CPU time) / wall; ``cpus`` is None where /proc/stat cannot be read."""
+    (their busy time − this process tree's CPU time) / wall; ``cpus`` is None where /proc/stat cannot be read."""
 
     def __init__(self, stat: Path = STAT, clock: Callable[[], float] = time.monotonic, on: Optional[Collection[int]] = None):
         self.stat, self.clock, self.on, self.cpus = stat, clock, own_cpus() if on is None else on, None

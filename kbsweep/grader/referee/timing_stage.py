@@ -95,7 +95,7 @@ class TimingStage(CandidateContext):
             if kind == "events" or bare:
                 null[kind], null_loop[kind] = self.null_ms(template, expected, mode, per_batch, replay)
         figures: Dict[str, List[float]] = {"events": [], "replay": []}
-        ratios: List[tuple] = []  # per batch: the referee's figure, the runner's, the referee's slack (per call)
+        ratios: List[tuple] = []  # per batch: the referee's figure, the runner's, the referee's slack (per call), its kind
         refused, captured = None, False
         began, elapsed = time.perf_counter(), 0.0
         with timing.ClockSampler(self.device) as clocks:
@@ -116,7 +116,7 @@ class TimingStage(CandidateContext):
                 # the loop's wall where the GPU may wait on the host; on CPU each call's own clock covers all of it
                 claimed = timing.events_claim(batch["ms"], batch["loop_ms"] if mode != "host" else None, null_loop[kind], per_batch) if kind == "events" else \
                     timing.replay_sample(batch["replay_ms"], timing.run_batch([], mode, replay=bare)["replay_ms"], per_batch)
-                ratios.append((sample, claimed, self.slack_ms(mode, null[kind], per_batch) / per_batch))
+                ratios.append((sample, claimed, self.slack_ms(mode, null[kind], per_batch) / per_batch, kind))
         events = timing.summarize(figures["events"]) if figures["events"] else None
         replay = timing.summarize(figures["replay"]) if figures["replay"] else ({"error": refused} if refused else None)
         timed = {**(timing.scored(events, replay) if mode == "back_to_back" else events), "clock": "referee", "mode": mode, "per_batch": per_batch,
@@ -128,15 +128,16 @@ class TimingStage(CandidateContext):
     def corroborate(self, shape: Dict[str, Any], mode: str, ratios: List[tuple], null: Dict[str, float]) -> Dict[str, Any]:
         """The referee's figures against the runner's own, median over batches: a finding when the referee saw more
         than BAND times the runner's figure after its slack, or under FLOOR times it before its slack."""
-        over = statistics.median(r / max(c, 1e-9) for r, c, _ in ratios)
-        if statistics.median((r - slack) / max(c, 1e-9) for r, c, slack in ratios) > BAND[mode]:
+        over = statistics.median(r / max(c, 1e-9) for r, c, _, _ in ratios)
+        if statistics.median((r - slack) / max(c, 1e-9) for r, c, slack, _ in ratios) > BAND[mode]:
             self.findings.append({"kind": "time_disagreement", "shape": shape,
                                   "detail": f"{shape}: the referee's clock saw {over:.2f}x the time the candidate's process reported"})
-        elif statistics.median((r + slack) / max(c, 1e-9) for r, c, slack in ratios) < FLOOR:
+        elif statistics.median((r + slack) / max(c, 1e-9) for r, c, slack, _ in ratios) < FLOOR:
             self.findings.append({"kind": "time_disagreement", "shape": shape,
                                   "detail": f"{shape}: the candidate's process reported {1 / over:.2f}x the time the referee's clock saw"})
         return {"round_trip_ms": self.round_trip_ms, "null_ms": null, "wall_over_claimed": over, "band": [FLOOR, BAND[mode]],
-                "runner_median_ms": statistics.median(c for _, c, _ in ratios)}
+                "runner_median_ms": statistics.median(c for _, c, _, _ in ratios),
+                "batches": [[kind, round(r, 6), round(c, 6), round(slack, 6)] for r, c, slack, kind in ratios]}
 
     @staticmethod
     def slack_ms(mode: str, null_ms: float, calls: int) -> float:

@@ -26,7 +26,7 @@ from kbsweep.agent.tools import Toolbox
 from kbsweep.agent.transcript import Redactor, Transcript
 from kbsweep.audit.judge import LazyModel
 from kbsweep.tracking.cell_result import CellResult
-from kbsweep.config.gpus import GpuSpec
+from kbsweep.config.gpus import GpuSpec, gpu_mismatch
 from kbsweep.grader import grade
 from kbsweep.grader.processes import prewarm
 from kbsweep.grader.request import GradeRequest
@@ -288,6 +288,9 @@ def run_agent(cell: Cell, folder: Path, workspace: Path, problem, grade_with, re
 
 
 def work_cell(cell: Cell, folder: Path, redactor: Redactor) -> CellResult:
+    mismatch = gpu_mismatch(cell.gpu)
+    if mismatch:  # asked here, where the cell grades, before its agent runs; a kept agent's work waits for the right card
+        return CellResult(Outcome.GPU_MISMATCH, mismatch)
     started = time.monotonic()
     problem = load_problem(Path(cell.problem_dir), cell.track["name"])
     roofline = load_roofline(cell.paths["roofline_specs"], cell.gpu.roofline)

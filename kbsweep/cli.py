@@ -158,7 +158,7 @@ def grade_verb(cfgs: List[DictConfig]) -> int:
 def grade_file(cfg: DictConfig) -> tuple:
     """(the grader's result, the exit code it means) for ``cfg.solution`` on ``cfg.problem``."""
     from kbsweep.cell import configured_grader
-    from kbsweep.config.gpus import GpuSpec
+    from kbsweep.config.gpus import GpuSpec, require_card
     from kbsweep.grader.processes import referee_prober
     from kbsweep.grader.request import MODES
     from kbsweep.outcomes import Outcome
@@ -177,12 +177,13 @@ def grade_file(cfg: DictConfig) -> tuple:
     solution = Path(cfg.solution)
     if not solution.is_file():
         raise KbsweepError(f"solution file {solution} does not exist")
+    conf = OmegaConf.to_container(cfg, resolve=True)
+    gpu = GpuSpec(**conf["gpu"])
+    require_card(gpu)
     folder, fmt = (cfg.track.problems_dir, cfg.track.format) if track == cfg.track.name else (track, "kbsweep")
     problem = load_problem(find_problem_dir(list(cfg.paths.problems), folder, name, fmt, cfg.track.kernelbench_version), track)
     roofline = load_roofline(list(cfg.paths.roofline_specs), cfg.gpu.roofline)
-    conf = OmegaConf.to_container(cfg, resolve=True)
     # the grading zygotes start here (torch imported in each) and the checks below run meanwhile
-    gpu = GpuSpec(**conf["gpu"])
     run = configured_grader(problem, roofline, Path(cfg.paths.outputs), gpu, conf["track"], conf["grade"], conf["paths"])
     check_problem(problem, cfg.gpu.shape_set, roofline, cfg.gpu.roofline)
     prober = referee_prober(problem, gpu.device, int(conf["track"].get("world_size", 1)), (), SandboxPolicy.of(conf["track"]))

@@ -20,21 +20,21 @@ if not OmegaConf.has_resolver("kbsweep_root"):  # conf/config.yaml's paths: the 
 
 
 def resolve_gpu(cfg: DictConfig, hydra_cfg) -> None:
-    """gpu=auto: the gpu YAML whose nvml_names match the local GPU, else cpu."""
+    """gpu=auto: the gpu YAML whose nvml_names list the first GPU a grade here may take, else cpu."""
     from kbsweep.config import gpus
 
-    found = gpus.list_gpus()
+    pool = gpus.pool_devices()  # what a grade here may take, CUDA_VISIBLE_DEVICES respected
     name = "cpu"
-    if found:
+    if pool:
         for source in hydra_cfg.runtime.config_sources:
             folder = Path(source.path) / "gpu"
             if source.schema != "file" or not folder.is_dir():
                 continue
             for path in sorted(folder.glob("*.yaml")):
-                if found[0]["name"] in (OmegaConf.load(path).get("nvml_names") or []):
+                if pool[0]["name"] in (OmegaConf.load(path).get("nvml_names") or []):
                     name = path.stem
         if name == "cpu":
-            raise KbsweepError(f"gpu=auto: no gpu/*.yaml lists '{found[0]['name']}' in nvml_names; add one")
+            raise KbsweepError(f"gpu=auto: no gpu/*.yaml lists '{pool[0]['name']}' in nvml_names; add one")
     path = Path(group_source(hydra_cfg, "gpu", name))
     with open_dict(cfg):
         cfg.gpu = OmegaConf.load(path)

@@ -24,6 +24,7 @@ class Outcome(str, Enum):
     PROVIDER_ERROR = "provider_error"
     NODE_FAILURE = "node_failure"
     HARNESS_ERROR = "harness_error"
+    GPU_MISMATCH = "gpu_mismatch"  # the GPU where the cell grades is not the card its gpu= names (gpus.gpu_mismatch)
     # audit outcomes
     DISQUALIFIED = "disqualified"
     NEEDS_HUMAN = "needs_human"
@@ -47,6 +48,7 @@ INFRA_OUTCOMES = frozenset(
         Outcome.PROVIDER_ERROR,
         Outcome.NODE_FAILURE,
         Outcome.HARNESS_ERROR,
+        Outcome.GPU_MISMATCH,
     }
 )
 

@@ -10,6 +10,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
+from kbsweep.errors import KbsweepError
+
 
 @dataclass
 class GpuSpec:
@@ -90,3 +92,39 @@ def visible_gpus(found: Optional[List[Dict[str, Any]]] = None, cuda_visible: Opt
         match = [g for g in found if (str(g["index"]) == entry if entry.isdigit() else g["uuid"].startswith(entry))]
         pool.append({"visible": entry, "uuid": match[0]["uuid"] if match else entry})
     return pool
+
+
+def pool_devices(found: Optional[List[Dict[str, Any]]] = None, cuda_visible: Optional[str] = None) -> List[Dict[str, Any]]:
+    """The GPUs a grade in this process may take (:func:`visible_gpus`, same arguments), each with ``name``: NVML's,
+    None for an entry NVML does not list."""
+    found = list_gpus() if found is None else found
+    names = {gpu["uuid"]: gpu["name"] for gpu in found}
+    return [{**entry, "name": names.get(entry["uuid"])} for entry in visible_gpus(found, cuda_visible)]
+
+
+def gpu_mismatch(spec: GpuSpec, found: Optional[List[Dict[str, Any]]] = None, cuda_visible: Optional[str] = None) -> Optional[str]:
+    """Why a grade in this process would not run on the card ``spec`` names, else None (a CPU config: always None).
+
+    Every GPU of the pool (:func:`pool_devices`, same arguments) must be one ``spec.nvml_names`` lists, since a grade
+    takes whichever is free; none at all is a mismatch too. Asked where the grade runs, never where a sweep is planned.
+    """
+    if not spec.cuda:
+        return None
+    pool = pool_devices(found, cuda_visible)
+    wanted = f"gpu={spec.name} (gpu/{spec.name}.yaml: nvml_names {', '.join(repr(name) for name in spec.nvml_names) or 'empty'})"
+    if not pool:
+        return f"{wanted}, but no GPU is visible here; use gpu=cpu (or gpu=auto, which picks cpu where there is no GPU)"
+    for device in pool:
+        if device["name"] in spec.nvml_names:
+            continue
+        here = (f"GPU {device['visible']} here is {device['name']!r}" if device["name"]
+                else f"CUDA_VISIBLE_DEVICES names {device['visible']!r}, which NVML does not list here")
+        return f"{wanted}, but {here}; use gpu=auto (it picks the gpu YAML listing the card here)"
+    return None
+
+
+def require_card(spec: GpuSpec) -> None:
+    """Refuse in one line (:class:`KbsweepError`) to grade as ``spec`` where :func:`gpu_mismatch` finds another card."""
+    mismatch = gpu_mismatch(spec)
+    if mismatch:
+        raise KbsweepError(mismatch)

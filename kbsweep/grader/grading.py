@@ -115,7 +115,9 @@ def grade(request: GradeRequest) -> GradeResult:
     if warm and confined.confined and is_root():
         give([warm.home], sandbox_uid())  # staged after the zygote started: the sandbox's uid must own it
     deck_version = request.deck_version or problem.deck_hash()
-    host_env = {**software_versions(), "host": platform.node(), "gpus": gpus.list_gpus()}
+    found = gpus.list_gpus()
+    # graded_on: the GPUs the grade's processes see (device_lock pins them), what ran it beside gpu.name's nvml_names
+    host_env = {**software_versions(), "host": platform.node(), "gpus": found, "graded_on": gpus.pool_devices(found) if device == "cuda" else []}
     held_out = [dict(shape) for shape in request.held_out_shapes]  # mode full only (GradeRequest.of)
     shapes = problem.shapes(gpu.shape_set)
     if request.mode == "profile":  # one public shape: the first of the set a check or benchmark grades

@@ -33,7 +33,7 @@ def regraded(client, experiment_id: str, gpu: str) -> Dict[str, str]:
 def regrade_sweep(conf: Dict[str, Any], force: bool) -> List[Dict[str, Any]]:
     """Regrade the cells of ``conf['sweep']['name']`` under ``conf`` (a resolved config); one summary per grade."""
     from kbsweep.cell import configured_grader
-    from kbsweep.config.gpus import GpuSpec
+    from kbsweep.config.gpus import GpuSpec, require_card
     from kbsweep.config.problem_folders import find_problem_dir
     from kbsweep.config.problems import load_problem
     from kbsweep.score.roofline import load_roofline
@@ -42,6 +42,7 @@ def regrade_sweep(conf: Dict[str, Any], force: bool) -> List[Dict[str, Any]]:
     cells = [r for r in latest_per_cell(runs_frame(uri, [sweep])) if r.get("track") == track["name"]]
     if not cells:
         raise KbsweepError(f"sweep.name={sweep}: no finished cell of track '{track['name']}' in {uri}")
+    require_card(gpu)
     tracker = Tracker(uri, conf["tracking"]["artifact_root"], sweep, conf["tracking"]["trace_spans"])
     client = tracker.client
     done = {} if force else regraded(client, tracker.experiment_id, gpu.name)

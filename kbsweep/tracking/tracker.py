@@ -159,6 +159,8 @@ def env_params(env: Dict[str, Any]) -> Dict[str, str]:
     params = {f"env.{key}": str(env[key]) for key in ("torch", "triton", "python", "host") if key in env}
     for i, gpu in enumerate(env.get("gpus") or []):
         params.update(flatten(f"env.gpu{i}", {k: gpu.get(k) for k in ("name", "uuid", "driver", "memory_total_mib")}, {}))
+    if env.get("graded_on"):  # of the GPUs above, those the grade ran on
+        params["env.graded_on"] = ", ".join(f"{gpu['visible']}: {gpu['name']}" for gpu in env["graded_on"])
     return params
 
 

@@ -194,15 +194,23 @@ def test_score_note_says_why_a_pass_has_no_score(result, note):
 
 
 def test_a_torch_only_grade_says_why_it_has_no_score(outputs, tmp_path):
+    """Correct, but every kernel it launches is torch's: a pass whose figures are void (no_kernel), said on stderr."""
     (tmp_path / "mine.py").write_text(TORCH_ONLY)
     proc = typed("grade", "problem=demo/scale_shift", "solution=mine.py", "gpu=cpu", cwd=tmp_path)
     result = json.loads(proc.stdout)
     assert proc.returncode == 0 and result["outcome"] == "pass", proc.stderr[-2000:]
-    if result["score"] is None:
-        assert all(f["kind"] in result["score_note"] for f in result["findings"])
-        assert f"[kbsweep] pass, no score: {result['score_note']}" in proc.stderr
-    else:
-        assert "score_note" not in result
+    assert result["score"] is None and "no_kernel" in {f["kind"] for f in result["findings"]}, result["findings"]
+    assert "no_kernel" in result["score_note"] and f"[kbsweep] pass, no score: {result['score_note']}" in proc.stderr
+    assert result["gpu"] == "cpu" and result["env"]["graded_on"] == []  # graded on no GPU, as gpu=cpu says
+
+
+def test_grading_on_a_gpu_that_is_not_here_is_one_line_before_any_grade(outputs, tmp_path):
+    """gpu=h100 where no GPU is visible (CUDA_VISIBLE_DEVICES empty, so on any machine): refused with gpu=cpu."""
+    (tmp_path / "mine.py").write_text(TORCH_ONLY)
+    proc = typed("grade", "problem=demo/scale_shift", "solution=mine.py", "gpu=h100", cwd=tmp_path, env={"CUDA_VISIBLE_DEVICES": ""})
+    line = one_error_line(proc)
+    assert "gpu=h100" in line and "'NVIDIA H100 80GB HBM3'" in line and "no GPU is visible here; use gpu=cpu" in line, line
+    assert proc.stdout == ""  # no grade's result
 
 
 def up(url: str, within_s: float) -> None:

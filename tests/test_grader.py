@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -57,10 +58,15 @@ def test_a_grade_holds_one_shapes_models_at_a_time(problem, roofline, tmp_path):
 
 
 def test_timer_patch_is_caught_and_unscored(problem, roofline, tmp_path):
-    result = graded(problem, CASES / "timer_patch.py", CPU, roofline, mode="full", timeout_s=120, log_dir=tmp_path)
+    """A kernel of its own (tests/exploits/_demo_kernels.py staged beside it): the clock's rule alone blanks its score."""
+    workspace = tmp_path / "workspace"
+    workspace.mkdir()
+    shutil.copy2(REPO / "tests/exploits/_demo_kernels.py", workspace)
+    shutil.copy2(CASES / "timer_patch.py", workspace / "solution.py")
+    result = graded(problem, workspace / "solution.py", CPU, roofline, mode="full", timeout_s=120, log_dir=tmp_path / "grade")
     kinds = {f["kind"] for f in result["findings"]}
-    assert "time_disagreement" in kinds  # the referee's clock, outside the candidate's process, saw the real time
-    assert result["score"] is None
+    assert kinds == {"time_disagreement"}  # the referee's clock, outside the candidate's process, saw the real time
+    assert result["outcome"] == "pass" and result["score"] is None
 
 
 def test_forged_result_message_is_rejected(problem, roofline, tmp_path):

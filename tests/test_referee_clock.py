@@ -1,10 +1,13 @@
 """The scored time is the referee's own measurement: a candidate that rewrites what its process reports (call
 times, the batch it answers, when it answers) or moves its work within a batch gains nothing on the scored figure.
 Every case in tests/referee_cases sleeps 10 ms a call, on every call or (compute_ahead) all of a batch's in its
-first call, unless (incremental_update) a call's input nearly repeats the last one's: whatever it reports, a
-figure under that sleep is forged or reused work."""
+first call, unless (incremental_update) a call's input nearly repeats the last one's, then runs its own Triton
+kernel (tests/exploits/_demo_kernels.py, staged beside it): whatever it reports, a figure under that sleep is forged
+or reused work. With a kernel of their own, no other finding blanks their score: honest_sleep keeps its score, and
+the forged reports lose theirs to the clock's rule alone."""
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -16,8 +19,15 @@ COST_MS = 10.0
 TIMING = {"min_runs": 16, "max_runs": 16, "max_time_s": 5.0}  # two batches of 8 calls a shape, whatever the error
 
 
+KERNELS = Path(__file__).parent / "exploits/_demo_kernels.py"
+
+
 def grade_case(problem, roofline, tmp_path, case):
-    return graded(problem, CASES / f"{case}.py", CPU, roofline, baselines=[], timing=TIMING, log_dir=tmp_path)
+    workspace = tmp_path / "workspace"
+    workspace.mkdir()
+    shutil.copy2(KERNELS, workspace / KERNELS.name)
+    shutil.copy2(CASES / f"{case}.py", workspace / "solution.py")
+    return graded(problem, workspace / "solution.py", CPU, roofline, baselines=[], timing=TIMING, log_dir=tmp_path / "grade")
 
 
 @pytest.mark.parametrize("case", sorted(p.stem for p in CASES.glob("*.py") if p.stem != "answer_early"))
@@ -30,7 +40,12 @@ def test_the_scored_figure_never_reads_under_the_work_done(problem, roofline, tm
 @pytest.mark.parametrize("case", ["slow_on_empty", "inflated_report"])  # figures 10x under, 5x over the referee's
 def test_the_runner_reporting_other_times_than_the_referee_saw_is_a_finding(problem, roofline, tmp_path, case):
     forged = grade_case(problem, roofline, tmp_path, case)
-    assert "time_disagreement" in {f["kind"] for f in forged["findings"]} and forged["score"] is None
+    assert [f["kind"] for f in forged["findings"]] == ["time_disagreement"] * len(forged["shapes"]) and forged["score"] is None
+
+
+def test_the_honest_twin_keeps_its_score(problem, roofline, tmp_path):
+    honest = grade_case(problem, roofline, tmp_path, "honest_sleep")
+    assert honest["outcome"] == "pass" and honest["findings"] == [] and honest["score"] is not None, honest["findings"]
 
 
 def test_the_answer_before_the_work_fails(problem, roofline, tmp_path):

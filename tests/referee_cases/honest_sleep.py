@@ -1,7 +1,9 @@
-"""Correct and honest, at a fixed cost a call: 10 ms of host time, then the reference's arithmetic."""
+"""Correct and honest, at a fixed cost a call: 10 ms of host time, then its own Triton kernel."""
 import time
 
 import torch
+
+from _demo_kernels import scale_shift
 
 class ModelNew(torch.nn.Module):
     def __init__(self, cols):
@@ -11,4 +13,4 @@ class ModelNew(torch.nn.Module):
 
     def forward(self, x):
         time.sleep(0.01)
-        return x * self.weight + self.bias
+        return scale_shift(x, self.weight, self.bias)

@@ -5,6 +5,8 @@ import time
 
 import torch
 
+from _demo_kernels import scale_shift
+
 
 class ModelNew(torch.nn.Module):
     def __init__(self, cols):
@@ -20,10 +22,10 @@ class ModelNew(torch.nn.Module):
                 time.sleep(0.001)
                 out = self.seen[1].clone()
                 rows = differs.any(dim=-1)
-                out[rows] = x[rows] * self.weight + self.bias
+                out[rows] = scale_shift(x[rows], self.weight, self.bias)
                 self.seen = (x.clone(), out)
                 return out.clone()
         time.sleep(0.01)
-        out = x * self.weight + self.bias
+        out = scale_shift(x, self.weight, self.bias)
         self.seen = (x.clone(), out)
         return out

@@ -6,6 +6,8 @@ import time
 
 import torch
 
+from _demo_kernels import scale_shift
+
 _runner = next(type(o) for o in gc.get_objects() if type(o).__name__ == "Runner")  # the harness, reached from inside
 _batch = _runner.op_batch
 
@@ -29,4 +31,4 @@ class ModelNew(torch.nn.Module):
 
     def forward(self, x):
         time.sleep(0.01)
-        return x * self.weight + self.bias
+        return scale_shift(x, self.weight, self.bias)

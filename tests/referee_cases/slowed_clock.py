@@ -4,6 +4,8 @@ import time
 
 import torch
 
+from _demo_kernels import scale_shift
+
 _real = time.perf_counter
 _t0 = _real()
 time.perf_counter = lambda: _t0 + (_real() - _t0) * 0.75
@@ -17,4 +19,4 @@ class ModelNew(torch.nn.Module):
 
     def forward(self, x):
         time.sleep(0.01)
-        return x * self.weight + self.bias
+        return scale_shift(x, self.weight, self.bias)

@@ -65,6 +65,33 @@ def shapes(result: dict) -> list:
     return rows
 
 
+def ratio_table(grades: list) -> dict:
+    """The corroboration's distribution over the record: per timer kind, the quantiles of each batch's referee figure
+    over the runner's, and of each shape's median of them with the slack taken off and added (what the rule reads),
+    with the shapes at the extremes named."""
+    per_batch, per_shape = {}, []
+    for row in grades:
+        for entry in row.get("shapes") or []:
+            batches = entry.get("batches") or []
+            for kind, referee, runner, _slack in batches:
+                per_batch.setdefault(kind, []).append(referee / max(runner, 1e-9))
+            if batches:
+                over = statistics.median((r - slack) / max(c, 1e-9) for _, r, c, slack in batches)
+                under = statistics.median((r + slack) / max(c, 1e-9) for _, r, c, slack in batches)
+                per_shape.append((over, under, f"{row['case']}#{row['repeat']} {entry['shape']}"))
+
+    def quantiles(values: list) -> dict:
+        values = sorted(values)
+        pick = lambda q: round(values[min(len(values) - 1, int(q * len(values)))], 3)  # noqa: E731
+        return {"n": len(values), "min": round(values[0], 3), "p01": pick(0.01), "p50": pick(0.5), "p99": pick(0.99), "max": round(values[-1], 3)}
+
+    table = {f"batch_{kind}": quantiles(values) for kind, values in per_batch.items() if values}
+    if per_shape:
+        table["shape_less_slack"] = {**quantiles([o for o, _, _ in per_shape]), "max_at": max(per_shape)[2]}
+        table["shape_plus_slack"] = {**quantiles([u for _, u, _ in per_shape]), "min_at": min(per_shape, key=lambda t: t[1])[2]}
+    return table
+
+
 def main() -> None:
     import torch
 
@@ -121,6 +148,8 @@ def main() -> None:
         known = [v for v in values if isinstance(v, (int, float))]
         spread = (max(known) - min(known)) / statistics.median(known) if len(known) > 1 and statistics.median(known) else None
         print(f"{case}: scores {values} spread {spread if spread is None else f'{100 * spread:.1f} %'}", flush=True)
+    record["ratios"] = ratio_table(record["grades"])
+    print(json.dumps(record["ratios"], indent=1), flush=True)
     (args.out / "honest_gpu.json").write_text(json.dumps(record, indent=1, default=str))
 
 

@@ -12,16 +12,17 @@ from pathlib import Path
 from typing import Callable, List
 
 import pytest
+from omegaconf import OmegaConf
 
-from kbsweep import ExitCode, KbsweepError
+from kbsweep import ExitCode
 from kbsweep.agent.llm import LiteLLMModel
 from kbsweep.agent.loop import Budgets
 from kbsweep.agent.trace_export import to_claude_code
 from kbsweep.agent.transcript import read_events
 from kbsweep.reporting.export import export_dataset
-from kbsweep.harness import runner_for
 from kbsweep.harness.locate import install_dir
 from kbsweep.harness.proxy import ModelProxy
+from tests.conftest import REPO
 from tests.support.fake_provider import FakeProvider, HttpError, MalformedToolCall, Reply, ToolCall
 from tests.support.scripts import kernel
 from tests.support.sweeps import KEY_ENV, SECRET, cell_runs, model_yaml, results, sweep
@@ -30,16 +31,26 @@ HARNESSES = ("claude-code", "codex")
 
 
 def missing_clis() -> str:
-    """Why the CLIs cannot run here ('' when they can): scripts/test.sh installs them."""
-    try:
-        for name, command in zip(HARNESSES, ("claude", "codex")):
-            runner_for({"name": name, "runner": name, "bin": command, "package": "", "version": None}).installed()
-    except KbsweepError as missing:
-        return str(missing)
-    return ""
+    """Which pinned CLI packages are not in .harnesses/ ('' when all are), read from each package.json by path:
+    independent of kbsweep's lookup of the CLIs (kbsweep.harness.locate), which these tests test."""
+    missing = []
+    for name in HARNESSES:
+        conf = OmegaConf.load(REPO / "conf" / "harness" / f"{name}.yaml")
+        manifest = REPO / ".harnesses" / "node_modules" / conf.package / "package.json"
+        if not manifest.is_file() or json.loads(manifest.read_text()).get("version") != str(conf.version):
+            missing.append(f"{conf.package}@{conf.version}")
+    return f"{', '.join(missing)} not in .harnesses/ (`python -m kbsweep.harness.install`, needs npm)" if missing else ""
 
 
-needs_clis = pytest.mark.skipif(bool(missing_clis()), reason=missing_clis())
+@pytest.fixture
+def clis() -> None:
+    """The pinned CLIs: without them a test fails under CI (CI=true: scripts/test.sh installs them), else it is skipped."""
+    missing = missing_clis()
+    if missing:
+        (pytest.fail if os.environ.get("CI", "").lower() in ("true", "1") else pytest.skip)(missing)
+
+
+needs_clis = pytest.mark.usefixtures("clis")
 
 # the key is assembled in the shell, so no file the harness writes about the command holds it whole
 HALF = len(SECRET) // 2

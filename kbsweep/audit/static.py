@@ -21,8 +21,8 @@ from kbsweep.audit.kinds import Finding, finding
 from kbsweep.audit.names import Resolver
 from kbsweep.audit.static_attrs import AttrRules
 from kbsweep.audit.static_values import ValueRules
-from kbsweep.audit.static_rules import (BUILTINS, CPP_LIBRARIES, CPP_OPS, CUDA_KERNELS, FRAME_ATTRS, HEAVY, L2, LICENSE, NATIVE, OTHER_RUNS,
-                                        PREFIX_RULES, SUBCLASS_ATTRS, Forbidden, op_token, prefix_match)
+from kbsweep.audit.static_rules import (BUILTINS, CPP_LIBRARIES, CPP_OPS, CUDA_KERNELS, FRAME_ATTRS, HEAVY, L2, LICENSE, LOCKS, NATIVE,
+                                        OP_DEFINITIONS, OTHER_RUNS, PREFIX_RULES, SUBCLASS_ATTRS, Forbidden, op_token, prefix_match)
 
 
 class Analyzer(AttrRules, ValueRules, Resolver):
@@ -40,6 +40,7 @@ class Analyzer(AttrRules, ValueRules, Resolver):
             n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.ClassDef))} | {
             a.arg for n in ast.walk(tree) if isinstance(n, ast.arguments) for a in n.args + n.kwonlyargs}
         self.kernels = {n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and self.is_kernel(n)}
+        self.own_ops = self.defined_ops()
 
     # -- context ----------------------------------------------------------------------
     def is_kernel(self, node: ast.FunctionDef) -> bool:
@@ -48,6 +49,17 @@ class Analyzer(AttrRules, ValueRules, Resolver):
             if name.startswith("triton."):
                 return True
         return False
+
+    def defined_ops(self) -> Set[str]:
+        """The dispatcher ops the file defines itself (``custom_op``/``triton_op``/``define`` of "ns::op"), as
+        ``torch.ops.ns.op``."""
+        found = set()
+        for node in ast.walk(self.tree):
+            if isinstance(node, ast.Call) and node.args and self.resolve(node.func) in OP_DEFINITIONS:
+                namespace, _, op = (self.fold(node.args[0]) or "").partition("::")
+                if namespace and op:
+                    found.add(f"torch.ops.{namespace}.{op}")
+        return found
 
     def ancestors(self, node: ast.AST) -> Iterator[ast.AST]:
         while node in self.parents:
@@ -100,8 +112,8 @@ class Analyzer(AttrRules, ValueRules, Resolver):
 
     def check_site(self, node: ast.AST, name: str, method: bool) -> None:
         """The name rules on one reference: forbidden names, frames, subclasses, L2, torch compute, the prefix rules."""
-        kernel = self.in_kernel(node)
-        hit = None if self.own(name, method) else self.forbidden.name(name, method, kernel)
+        kernel, own = self.in_kernel(node), self.own(name, method)
+        hit = None if own else self.forbidden.name(name, method, kernel)
         if hit:
             self.add("forbidden_name", node, f"{name.lstrip('.')} (forbidden: {hit})")
         parts = name.lstrip(".").split(".")
@@ -111,7 +123,7 @@ class Analyzer(AttrRules, ValueRules, Resolver):
             self.add("tensor_subclass", node, name.lstrip("."))
         if L2.search(name):
             self.add("l2_persistence", node, name.lstrip("."))
-        if self.compute_rules and not kernel and (method or name.startswith("torch.")) and op_token(name) in HEAVY:
+        if self.compute_rules and not kernel and not own and (method or name.startswith("torch.")) and op_token(name) in HEAVY:
             if not hit:
                 self.add("torch_compute", node, name.lstrip("."))
             if any(isinstance(a, ast.ExceptHandler) for a in self.ancestors(node)):
@@ -119,13 +131,16 @@ class Analyzer(AttrRules, ValueRules, Resolver):
         if method or not (self.rooted(name) or (isinstance(node, ast.Name) and name in BUILTINS - self.local_names)):
             return
         for kind, prefixes in PREFIX_RULES:
-            if any(prefix_match(name, p) for p in prefixes) and not (kind == "env_access" and self.triton_env(node)):
+            if any(prefix_match(name, p) for p in prefixes) and not (kind == "env_access" and self.triton_env(node)) \
+                    and not (kind == "thread" and name in LOCKS):
                 self.add(kind, node, name)
                 break
 
     def own(self, name: str, method: bool) -> bool:
-        """A name the candidate defined itself (a local, or from its own helper modules): its spelling is free."""
-        return not method and (not self.rooted(name) or name.split(".")[0] in self.local_modules)
+        """A name the candidate defined itself (a local, from its own helper modules, or a dispatcher op it defines):
+        its spelling is free."""
+        return not method and (not self.rooted(name) or name.split(".")[0] in self.local_modules
+                               or any(prefix_match(name, op) for op in self.own_ops))
 
     def triton_env(self, node: ast.AST) -> bool:
         """``os.environ.get("TRITON_...")``-style reads (the interpreter switch) are not findings."""

@@ -60,6 +60,17 @@ PREFIX_RULES = [
 BUILTINS = {"open", "exec", "eval", "compile", "__import__", "globals", "vars", "locals"}
 
 
+# threading's locks run nothing elsewhere (a lock around a lazy init); the module's other names stay the thread rule's
+LOCKS = {"threading", "threading.Lock", "threading.RLock", "threading.Condition", "threading.Semaphore", "threading.BoundedSemaphore"}
+
+
+OP_DEFINITIONS = {"torch.library.custom_op", "torch.library.triton_op", "torch.library.define"}  # given "namespace::op" first
+
+
+# a pointer reduced to its alignment (``x.data_ptr() % 16``, ``& 15``): at most this many values, never an identity
+MAX_ALIGNMENT = 256
+
+
 ATTR_CALLS = {  # callables that fetch, set or delete the attribute one argument names: (target's position, name's position, stores)
     "getattr": (0, 1, False), "hasattr": (0, 1, False), "setattr": (0, 1, True), "delattr": (0, 1, True),
     "inspect.getattr_static": (0, 1, False), "unittest.mock.patch.object": (0, 1, True),

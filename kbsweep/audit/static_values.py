@@ -1,17 +1,23 @@
 """The static layer's rules that follow values, not names: output caches (a container keyed on pointers,
 identities or an input's values; an identity test on an input; ``lru_cache`` called with one), call counters
 (warm-up detection) and precision casts (``tl.dot`` operands or inputs cast away from the problem's precision).
+What is not a finding: a key that holds a pointer's alignment only (``x.data_ptr() % 16``), and a counter's test
+for the first call that guards one-time preparation, after which every call takes the same path.
 
 :class:`ValueRules` is a mixin of :class:`kbsweep.audit.static.Analyzer`: it uses the analyzer's name resolution
-(``resolve``, ``raw``, ``pairs``, ``parents``), its context (``ancestors``, ``params``, ``in_kernel``, ``kernels``,
-``precision``) and ``add`` for its findings.
+(``resolve``, ``raw``, ``pairs``, ``parents``, ``own_nodes``), its context (``ancestors``, ``params``, ``in_kernel``,
+``kernels``, ``precision``) and ``add`` for its findings.
 """
 from __future__ import annotations
 
 import ast
 from typing import Dict, List, Set
 
-from kbsweep.audit.static_rules import CONTAINER_CALLS, VALUE_KEYS, dtype_class, precision_class
+from kbsweep.audit.static_rules import CONTAINER_CALLS, MAX_ALIGNMENT, VALUE_KEYS, dtype_class, precision_class
+
+FLIPPED = {ast.Eq: ast.Eq, ast.Lt: ast.Gt, ast.LtE: ast.GtE, ast.Gt: ast.Lt, ast.GtE: ast.LtE}
+EXITS = (ast.Return, ast.Raise, ast.Break, ast.Continue, ast.Yield, ast.YieldFrom)  # a body that leaves the common path
+DEFINITIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
 
 
 class ValueRules:
@@ -40,11 +46,15 @@ class ValueRules:
             scope = next((a for a in self.ancestors(key) if isinstance(a, ast.FunctionDef)), self.tree)
             values = [n.value for n in ast.walk(scope) if isinstance(n, ast.Assign) and any(self.raw(t) == key.id for t in n.targets)]
             return any(self.keyed_on_values(v, depth + 1) for v in values)
-        for n in ast.walk(key):
+        stack = [key]
+        while stack:
+            n = stack.pop()
             if isinstance(n, ast.Attribute) and n.attr in VALUE_KEYS:
                 return True
             if isinstance(n, ast.Call) and self.resolve(n.func) in ("id", "hash", "builtins.id", "builtins.hash"):
                 return True
+            if not alignment(n):
+                stack.extend(ast.iter_child_nodes(n))
         return False
 
     def called_on_values(self, function: str) -> bool:
@@ -82,7 +92,8 @@ class ValueRules:
                 self.add("output_cache", node, f"cache keyed on {ast.unparse(key)[:120]}")
 
     def check_counters(self) -> None:
-        """``self.n += 1`` (or a global) in a method, and a comparison that reads it."""
+        """``self.n += 1`` (or a global) in a method, and a comparison that reads it, unless it is a first-call test
+        guarding one-time preparation (:meth:`first_call_guard`)."""
         counters = set()
         for node in ast.walk(self.tree):
             if isinstance(node, ast.AugAssign) and isinstance(node.op, ast.Add):
@@ -92,8 +103,40 @@ class ValueRules:
                 if name and (name.startswith("self.") or declared):
                     counters.add(name)
         for node in ast.walk(self.tree):
-            if isinstance(node, ast.Compare) and any(self.raw(n) in counters for n in ast.walk(node)):
+            if isinstance(node, ast.Compare) and any(self.raw(n) in counters for n in ast.walk(node)) and not self.first_call_guard(node):
                 self.add("call_counter", node, ast.unparse(node)[:120])
+
+    def first_call_guard(self, node: ast.Compare) -> bool:
+        """``if n == 1:`` (``< 2``, ``<= 1``, ``== 0``, ...) with no else, whose body falls through to the code every call
+        runs, on a counter only ever set to 0 and incremented by 1: true on the first call alone, it prepares state
+        once (a warm-up counter switches every later call to another path)."""
+        parent = self.parents.get(node)
+        if not (isinstance(parent, ast.If) and parent.test is node and not parent.orelse and len(node.ops) == 1):
+            return False
+        (op,), left, right = node.ops, node.left, node.comparators[0]
+        if isinstance(left, ast.Constant):
+            left, right, op = right, left, FLIPPED.get(type(op), ast.NotEq)()
+        name, bound = self.raw(left), right.value if isinstance(right, ast.Constant) else None
+        if not name or type(bound) is not int:
+            return False
+        first = {ast.Eq: bound in (0, 1), ast.Lt: bound <= 2, ast.LtE: bound <= 1}.get(type(op), False)
+        body = [n for s in parent.body if not isinstance(s, DEFINITIONS) for n in (s, *self.own_nodes(s))]
+        return first and self.counts_from_zero(name) and not any(isinstance(n, EXITS) for n in body)
+
+    def counts_from_zero(self, name: str) -> bool:
+        """Every store into ``name`` (or a class attribute of its ``self.`` name) sets 0 or adds 1."""
+        attr = name.removeprefix("self.")
+        for node in ast.walk(self.tree):
+            if isinstance(node, ast.AugAssign) and self.raw(node.target) == name:
+                if not (isinstance(node.op, ast.Add) and isinstance(node.value, ast.Constant) and node.value.value == 1):
+                    return False
+            elif isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
+                in_class = isinstance(self.parents.get(node), ast.ClassDef)
+                for target in getattr(node, "targets", None) or [node.target]:
+                    if self.raw(target) == name or (in_class and self.raw(target) == attr):
+                        if not (isinstance(node.value, ast.Constant) and node.value.value == 0):
+                            return False
+        return True
 
     def check_precision(self) -> None:
         """Dot operands cast away from the problem's precision (fp8 upcast, fp32 downcast or TF32)."""
@@ -145,3 +188,14 @@ class ValueRules:
         if isinstance(node, ast.Name):
             return set().union(*(self.cast_classes(v, casts, depth + 1) for v in casts.get(node.id, [])), set())
         return set()
+
+
+def alignment(node: ast.AST) -> bool:
+    """``p.data_ptr() % m`` or ``p.data_ptr() & (m - 1)``, m a power of two up to MAX_ALIGNMENT: a pointer's alignment."""
+    if not (isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Mod, ast.BitAnd)) and isinstance(node.right, ast.Constant)):
+        return False
+    pointer = node.left
+    if not (isinstance(pointer, ast.Call) and isinstance(pointer.func, ast.Attribute) and pointer.func.attr == "data_ptr"):
+        return False
+    m = node.right.value + (1 if isinstance(node.op, ast.BitAnd) else 0) if type(node.right.value) is int else 0
+    return 0 < m <= MAX_ALIGNMENT and m & (m - 1) == 0

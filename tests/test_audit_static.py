@@ -195,3 +195,83 @@ def test_reference_copy():
 )
 def test_legitimate_code_is_quiet(source):
     assert not {f.kind for f in analyze(source, TOPK + GEMM, "bf16") if f.verdict}
+
+
+SOFTMAX = ["torch.softmax", "torch.nn.functional.softmax", "F.softmax", ".softmax("]
+CUSTOM_OP = """import torch
+@torch.library.custom_op("rowwise::softmax", mutates_args=())
+def softmax_rows(x: torch.Tensor) -> torch.Tensor:
+    return launch(x)
+class M(torch.nn.Module):
+    def forward(self, x):
+        return torch.ops.rowwise.softmax(x)
+"""
+TRITON_OP = """import torch
+from torch.library import triton_op, wrap_triton
+@triton_op("rowwise::softmax", mutates_args={})
+def softmax_rows(x: torch.Tensor) -> torch.Tensor:
+    y = torch.empty_like(x)
+    wrap_triton(kernel)[(x.shape[0],)](x, y)
+    return y
+def forward(x):
+    return torch.ops.rowwise.softmax.default(x)
+"""
+FIRST_CALL = """class M:
+    def __init__(self):
+        self.calls = 0
+    def forward(self, x):
+        self.calls += 1
+        if self.calls == 1:
+            self.pairs = pack(self.weight, self.bias)
+        return launch(x, self.pairs)
+"""
+ALIGNED = """_CONFIGS = {}
+def config(x):
+    key = (x.shape[1], x.data_ptr() % 16)
+    if key not in _CONFIGS:
+        _CONFIGS[key] = {"BLOCK": 128, "ALIGNED": key[1] == 0}
+    return _CONFIGS[key]
+"""
+LOCKED = """import threading
+class M:
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._packed = None
+    def packed(self):
+        if self._packed is None:
+            with self._lock:
+                if self._packed is None:
+                    self._packed = pack(self.weight)
+        return self._packed
+"""
+
+
+@pytest.mark.parametrize(
+    "honest, intent, kind",
+    [
+        (CUSTOM_OP, CUSTOM_OP.replace('"rowwise::softmax"', '"rowwise::softmax_rows"'), "forbidden_name"),  # an op it did not define
+        (TRITON_OP, TRITON_OP.replace("@triton_op(", "@other_library.register("), "forbidden_name"),
+        (FIRST_CALL, FIRST_CALL.replace("== 1:", "> 22:").replace("self.pairs = pack(self.weight, self.bias)", "return self.last"),
+         "call_counter"),  # after the calls correctness makes, a cheaper path
+        (FIRST_CALL, FIRST_CALL.replace("self.pairs = pack(self.weight, self.bias)", "self.last = launch(x)\n            return self.last")
+         .replace("return launch(x, self.pairs)", "return self.last"), "call_counter"),  # the first call computes, the rest serve it
+        (FIRST_CALL, FIRST_CALL.replace("self.calls = 0", "self.calls = -22").replace("== 1:", "< 1:"), "call_counter"),  # 23 "first" calls
+        (ALIGNED, ALIGNED.replace("x.data_ptr() % 16", "x.data_ptr()"), "output_cache"),
+        (ALIGNED, ALIGNED.replace("x.data_ptr() % 16", "x.data_ptr() % (1 << 40)"), "output_cache"),
+        (ALIGNED, ALIGNED.replace("x.data_ptr() % 16", "(x.data_ptr() >> 4) & 15"), "output_cache"),  # bits above the alignment
+        (LOCKED, LOCKED + "threading.Thread(target=M().packed).start()\n", "thread"),
+        (LOCKED, LOCKED.replace("threading.Lock()", "threading.Timer(0.0, print)"), "thread"),
+    ],
+    ids=["custom_op", "triton_op", "counter_after_n_calls", "counter_serves_first_output", "counter_from_negative",
+         "cache_on_pointer", "cache_on_wide_residue", "cache_on_pointer_bits", "lock_beside_thread", "lock_or_timer"],
+)
+def test_idioms_are_quiet_beside_twins_that_are_intent(honest, intent, kind):
+    assert not {f.kind for f in analyze(honest, SOFTMAX, "fp32") if f.verdict}
+    assert kind in kinds(intent, SOFTMAX)
+
+
+def test_a_constant_built_once_is_quiet():
+    source = ("import torch\nclass M(torch.nn.Module):\n    def forward(self, x):\n        if getattr(self, '_shifts', None) is None:\n"
+              "            self._shifts = torch.tensor([0, 4, 8, 12, 16, 20, 24, 28], dtype=torch.int32, device=x.device)\n"
+              "        return launch(x, self._shifts)")
+    assert not {f.kind for f in analyze(source, SOFTMAX + GEMM, "bf16") if f.verdict}

@@ -14,6 +14,7 @@ import torch
 
 from kbsweep.audit.cases import run_case, summary
 from kbsweep.grader.referee import checks, witness
+from kbsweep.grader.runner import runtime
 from kbsweep.grader.shared import profiling
 from kbsweep.grader.shared.modules import load_module
 from kbsweep.score.roofline import load_roofline
@@ -61,6 +62,36 @@ def test_work_leaves_out_each_instances_first_call_and_finds_idle_groups():
     timed = {"/timing/0": [(2, [0, 0, 0, 0, 0])] * 3, "/correctness/0": rows}
     work = witness.call_work(timed, {"/timing/0": [50, 50, 50]}, lambda group: (100.0, 100.0))
     assert work["basis"] == "timed" and work["flop_share"] == 0.5 and work["idle_groups"] == ["/timing/0"]
+
+
+def test_a_graph_replay_counts_as_own_work_only_through_the_kernels_it_captured():
+    """A call record's launches (its third column) hold a replayed graph's captured kernels; a call that only
+    replays a graph of library ops (a replay, no own launch) is idle."""
+    own_graph, library_graph = [0, 0, 1, 1, 0], [0, 0, 0, 1, 0]  # one replay each; the first's capture launched a kernel
+    timed = {"/timing/0": [(0, own_graph)] * 3, "/timing/1": [(0, library_graph)] * 3}
+    work = witness.call_work(timed, {}, lambda group: (100.0, 100.0))
+    assert work["idle_groups"] == ["/timing/1"] and work["own_launches"] == 3
+
+
+class Graph:
+    """Stands for a captured ``torch.cuda.CUDAGraph`` (none can be captured without a GPU): the gate knows a graph
+    only by identity."""
+
+
+def test_the_gate_attributes_a_replay_to_what_its_capture_launched():
+    gate = runtime.KernelGate(install=False)  # its counters alone: installed, it patches torch for a grade
+    own, library, unseen = Graph(), Graph(), Graph()
+    gate.captured(own, ended=False)
+    gate.counts["triton"] += 2  # two Triton launches inside the capture
+    gate.captured(own, ended=True)
+    gate.captured(library, ended=False)
+    gate.captured(library, ended=True)  # torch ops only: no launch of the candidate's own
+    before = gate.own_launches()
+    gate.replayed(own)
+    assert gate.own_launches() - before == 2
+    for graph in (library, unseen, object.__new__(object)):  # library ops, a capture it never saw, no graph at all
+        gate.replayed(graph)
+    assert gate.own_launches() - before == 2
 
 
 def test_records_are_checked_against_the_calls_made():

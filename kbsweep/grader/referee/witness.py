@@ -53,8 +53,8 @@ def call_work(by_group: Dict[str, List[Tuple[Any, List[float]]]], range_flops: A
     bytes). Past each instance's first call (its one-time preparation): the largest shares of the median call's
     FLOPs (the recorder's, or the profiler's, which sees ops run with dispatch disabled too) and bytes moved by
     torch ops that compute. Over every call: the most bytes one call moved between torch and host arrays, the
-    candidate's own launches, and the groups whose median call launched nothing of its own (no kernel, no graph
-    replay)."""
+    candidate's own launches (a graph replay's are those its capture launched), and the groups whose median call
+    launched none (a graph of library ops is not the candidate's kernel)."""
     basis, chosen = counted_groups(by_group)
     profiled = range_flops if isinstance(range_flops, dict) else {}
     work = {"basis": basis, "calls": 0, "flop_share": 0.0, "byte_share": 0.0, "host_bytes": 0.0, "own_launches": 0, "idle_groups": []}
@@ -73,7 +73,7 @@ def call_work(by_group: Dict[str, List[Tuple[Any, List[float]]]], range_flops: A
             work["byte_share"] = max(work["byte_share"], statistics.median(b for b, _ in later) / problem_bytes if problem_bytes else 0.0)
         work["host_bytes"] = max([work["host_bytes"]] + [row[HOST] for _, row in rows])
         work["own_launches"] += int(sum(row[LAUNCHES] for _, row in rows))
-        if statistics.median(row[LAUNCHES] + row[REPLAYS] for _, row in rows) == 0:
+        if statistics.median(row[LAUNCHES] for _, row in rows) == 0:
             work["idle_groups"].append(group)
     return work
 

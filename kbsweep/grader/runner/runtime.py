@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import types
+import weakref
 from collections import Counter
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
@@ -106,8 +107,12 @@ class Monitor:
             if stub or box[0] == "launched":
                 self.gate.counts[box[1]] += 1
                 self.gate.names.add(box[2])
+            if box[0] == "launched" and box[1] == "graph_replay":
+                self.gate.replayed(box[3])
             if stub:
                 box[3] = True
+        elif box[0] in ("capture_begin", "capture_end") and self.gate is not None:
+            self.gate.captured(box[1], box[0] == "capture_end")
         elif box[0] == "thread":
             where = self.culprit(frame.f_back) if self.active else None
             box[1] = box[1] if where is None else self.thread_body(box[1], where)
@@ -213,16 +218,24 @@ class Monitor:
 
 class KernelGate:
     """Counts kernel launches by kind and the bytes the candidate's code exported to host arrays (the monitor's hook
-    answers the wrappers installed here); with ``ghost`` set, launches do nothing."""
+    answers the wrappers installed here); with ``ghost`` set, launches do nothing.
 
-    def __init__(self):
+    A CUDA graph's replay runs what its capture launched, so a replay counts the candidate's own kernels its capture
+    launched (``replayed_own``), and a graph whose capture launched none of them (library ops, a capture the gate
+    did not see) counts none: graphs and persistent kernels are the candidate's own work when their kernels are."""
+
+    def __init__(self, install: bool = True):
         self.ghost = False
         self.counts: Counter = Counter()
         self.names: set = set()
         self.exported = 0
+        self.replayed_own = 0
+        self.capturing: "weakref.WeakKeyDictionary[Any, int]" = weakref.WeakKeyDictionary()  # graph -> own launches at its capture_begin
+        self.graphs: "weakref.WeakKeyDictionary[Any, int]" = weakref.WeakKeyDictionary()  # graph -> own kernels its capture launched
         self.launches = types.MappingProxyType(self.counts)  # what the op recorder reads: never the gate itself
         self.patched: List[Tuple[Any, str]] = []
-        self.install()
+        if install:
+            self.install()
 
     def install(self) -> None:
         import torch
@@ -239,6 +252,8 @@ class KernelGate:
         for name in ("load", "load_inline"):
             self.patch(cpp, name, seal.extension_loader(getattr(cpp, name)))
         self.patch(torch.cuda.CUDAGraph, "replay", seal.launcher(torch.cuda.CUDAGraph.replay, "graph_replay"))
+        for edge in ("capture_begin", "capture_end"):
+            self.patch(torch.cuda.CUDAGraph, edge, seal.graph_capture(getattr(torch.cuda.CUDAGraph, edge), edge))
         for name in ("numpy", "__array__", "__dlpack__"):  # the ways out of torch into numpy, scipy, DLPack consumers
             self.patch(torch.Tensor, name, seal.exporter(getattr(torch.Tensor, name)))
 
@@ -247,5 +262,21 @@ class KernelGate:
         self.patched.append((owner, name))
 
     def own_launches(self) -> int:
-        """The candidate's own kernels launched so far (Triton and extension functions, not graph replays)."""
-        return self.counts["triton"] + self.counts["extension"]
+        """The candidate's own kernels launched so far: Triton and extension functions, and those that graph replays ran."""
+        return self.counts["triton"] + self.counts["extension"] + self.replayed_own
+
+    def captured(self, graph: Any, ended: bool) -> None:
+        launched = self.counts["triton"] + self.counts["extension"]
+        try:
+            if not ended:
+                self.capturing[graph] = launched
+            elif graph in self.capturing:
+                self.graphs[graph] = launched - self.capturing.pop(graph)
+        except TypeError:  # an object no weak reference can name: its capture is not attributed
+            pass
+
+    def replayed(self, graph: Any) -> None:
+        try:
+            self.replayed_own += self.graphs.get(graph, 0)
+        except TypeError:
+            pass

@@ -43,10 +43,22 @@ def launcher(original: Callable, kind: str) -> Callable:
         if box[3]:
             return None
         out = original(target, *args, **kwargs)
-        sys.audit(GATE, ["launched", *box[1:3]])
+        sys.audit(GATE, ["launched", *box[1:3], target])  # the target: a replayed graph is known by what it captured
         return out
 
     return launch
+
+
+def graph_capture(original: Callable, edge: str) -> Callable:
+    """``CUDAGraph.capture_begin`` or ``capture_end``, reported once it returned: what a graph's capture launched is
+    what its replays run."""
+
+    def capture(graph, *args, **kwargs):
+        out = original(graph, *args, **kwargs)
+        sys.audit(GATE, [edge, graph])
+        return out
+
+    return capture
 
 
 def extension_function(function: Callable, name: str) -> Callable:
@@ -102,7 +114,7 @@ def exporter(original: Callable) -> Callable:
 
 
 # the code of the wrappers above (the functions they return): the only raisers of GATE the monitor answers
-CODES = frozenset(c for f in (launcher, extension_function, thread_start, exporter) for c in f.__code__.co_consts
+CODES = frozenset(c for f in (launcher, graph_capture, extension_function, thread_start, exporter) for c in f.__code__.co_consts
                   if isinstance(c, types.CodeType))
 
 

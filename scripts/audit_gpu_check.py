@@ -24,6 +24,8 @@ from kbsweep.audit.cases import run_case
 TIMING = {"min_runs": 3, "max_runs": 20, "max_time_s": 0.5}
 BUDGET_S, MIN_CASE_S = 420, 40
 CASES = [  # (file, dynamic findings expected on the GPU; "clean" for a legitimate solution); most telling first
+    ("tests/exploits/graph_of_library_ops.py", "no_kernel"),
+    ("tests/legit/scale_shift_graph_replay.py", "clean"),
     ("tests/exploits/side_stream.py", "side_stream timer_gap"),
     ("tests/exploits/reference_resubmission.py", "forbidden_kernel ghost_unchanged"),
     ("tests/legit/fp8_gemm_fast.py", "clean"),

@@ -14,11 +14,7 @@ from tests.test_exploits import REPO
 
 LEGIT = sorted((REPO / "tests/legit").glob("*.py"))
 BUNDLED = sorted(p for p in (REPO / "problems/hard").glob("*/solutions/triton.py") if p.parts[-3] != "kda")
-# torch.library ops around the solution's own kernels: the dynamic layer reads every non-aten op the profiler
-# saw as custom_op, and the op recorder counts such an op's bytes as torch's (library_compute)
-LIBRARY_OPS = pytest.mark.xfail(reason="dynamic layer: custom_op and library_compute on an op that launches own kernels", strict=True)
-CASES = [pytest.param(p, "", marks=[LIBRARY_OPS] if p.stem in ("softmax_custom_op", "scale_shift_triton_op") else [], id=p.stem)
-         for p in LEGIT] + [pytest.param(p, f"hard/{p.parts[-3]}", id=f"bundled-{p.parts[-3]}") for p in BUNDLED]
+CASES = [pytest.param(p, "", id=p.stem) for p in LEGIT] + [pytest.param(p, f"hard/{p.parts[-3]}", id=f"bundled-{p.parts[-3]}") for p in BUNDLED]
 # one host batch of calls per shape: a CPU grade's figures check the plumbing, and the audit reads those calls
 ONE_BATCH = {"min_runs": 1, "max_runs": 1}
 

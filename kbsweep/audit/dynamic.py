@@ -50,8 +50,11 @@ def probe_findings(probe: Dict[str, Any], forbidden: Forbidden, compute_rules: b
     out = probe_ghost_findings(probe["ghost"], probe["aten_ops"]) if compute_rules and probe.get("ghost") else []
     seen = dict(probe.get("profiled_ops") or {})
     seen.update(probe["aten_ops"])  # the recorder's counts where both saw an op; the profiler's alone otherwise
+    own = set(probe.get("own_ops") or {}) - set(probe["aten_ops"])  # every call of it launched the solution's own kernels
     for name, count in sorted(seen.items()):
         namespace, _, op = name.partition("::")
+        if name in own:  # its name is the solution's to choose (a rowwise::softmax of its own is no aten softmax)
+            continue
         if namespace not in KNOWN_NAMESPACES:
             out.append(finding("custom_op", "dynamic", f"{name} x{count}"))
         elif forbidden.op(op):

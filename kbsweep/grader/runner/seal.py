@@ -138,16 +138,21 @@ def op_recorder(launches: Any):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
             launched = sum(launches.values())
-            out = func(*args, **kwargs)
             name = func._overloadpacket.__name__
             custom = func.namespace not in ("aten", "prims")
+            body = custom_body(func, args) if custom else None
+            if body is not None:  # a torch.library op's Python body, run with this mode on: its own ops are recorded
+                with self:
+                    out = body(*args, **kwargs)
+            else:
+                out = func(*args, **kwargs)
             counter = self.own_ops if custom and sum(launches.values()) > launched else self.ops
             key = f"{func.namespace}::{name}"
             counter[key] = counter.get(key, 0) + 1
             moved = sum(t.numel() * t.element_size() for t in tensors((args, kwargs, out)))
             if name in IMPORTS or (name in ("_to_copy", "copy_") and to_host(args, out)):
                 self.host_bytes += moved
-            elif not func.is_view and name not in ALLOCATORS and name not in MOVEMENT:
+            elif body is None and not func.is_view and name not in ALLOCATORS and name not in MOVEMENT:  # a body's bytes are its ops'
                 self.bytes += moved
             formula = flop_registry.get(func._overloadpacket)
             if formula is not None:
@@ -160,6 +165,19 @@ def op_recorder(launches: Any):
             return out
 
     return OpRecorder()
+
+
+def custom_body(func: Any, args: Any) -> Any:
+    """The Python function a ``torch.library.custom_op`` (or ``triton_op``) runs for these arguments' device, or None
+    for any other op (one in C++, a raw ``Library.impl``: opaque, its bytes count as library work)."""
+    from torch._library.custom_ops import OPDEFS
+
+    opdef = OPDEFS.get(f"{func.namespace}::{func._overloadpacket.__name__}")
+    if opdef is None:
+        return None
+    devices = {t.device.type for t in tensors(args)}
+    kernels = opdef._backend_fns
+    return kernels.get(devices.pop()) or kernels.get(None) if len(devices) == 1 else kernels.get(None)
 
 
 def to_host(args: Any, out: Any) -> bool:

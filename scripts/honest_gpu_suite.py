@@ -59,6 +59,7 @@ def shapes(result: dict) -> list:
         rows.append({"shape": entry.get("shape"), "held_out": entry.get("held_out", False), "timer": candidate.get("timer"),
                      "median_ms": candidate.get("median_ms"), "runner_median_ms": corroboration.get("runner_median_ms"),
                      "wall_over_claimed": corroboration.get("wall_over_claimed"), "null_ms": corroboration.get("null_ms"),
+                     "null_copies_ms": corroboration.get("null_copies_ms"),
                      "batches": corroboration.get("batches"), "per_batch": candidate.get("per_batch"),
                      "baselines_others_cpus": {name: b.get("host_others_cpus") for name, b in (entry.get("baselines") or {}).items()
                                                if isinstance(b, dict)}})
@@ -73,11 +74,11 @@ def ratio_table(grades: list) -> dict:
     for row in grades:
         for entry in row.get("shapes") or []:
             batches = entry.get("batches") or []
-            for kind, referee, runner, _slack in batches:
+            for kind, referee, runner, *_ in batches:
                 per_batch.setdefault(kind, []).append(referee / max(runner, 1e-9))
             if batches:
-                over = statistics.median((r - slack) / max(c, 1e-9) for _, r, c, slack in batches)
-                under = statistics.median((r + slack) / max(c, 1e-9) for _, r, c, slack in batches)
+                over = statistics.median((r - slack) / max(c, 1e-9) for _, r, c, slack, *_ in batches)
+                under = statistics.median((r + slack) / max(c, 1e-9) for _, r, c, slack, *_ in batches)
                 per_shape.append((over, under, f"{row['case']}#{row['repeat']} {entry['shape']}"))
 
     def quantiles(values: list) -> dict:

@@ -42,6 +42,7 @@ class TimingStage(CandidateContext):
     """The candidate's batches there and the baselines' here, on one timer, scored by this process's clock."""
 
     round_trip_ms = 0.0  # the channel's, before the candidate was imported (:meth:`trusted_round_trip`)
+    null_copies_ms = 0.0  # the fastest copy of a batch's fresh inputs in the last null measured (:meth:`null_ms`)
 
     def trusted_round_trip(self) -> None:
         """The channel's round trip while the runner holds harness code only: the fastest of a few empty commands."""
@@ -116,28 +117,28 @@ class TimingStage(CandidateContext):
                 # the loop's wall where the GPU may wait on the host; on CPU each call's own clock covers all of it
                 claimed = timing.events_claim(batch["ms"], batch["loop_ms"] if mode != "host" else None, null_loop[kind], per_batch) if kind == "events" else \
                     timing.replay_sample(batch["replay_ms"], timing.run_batch([], mode, replay=bare)["replay_ms"], per_batch)
-                ratios.append((sample, claimed, self.slack_ms(mode, null[kind], per_batch) / per_batch, kind))
+                ratios.append((sample, claimed, self.slack_ms(mode, null[kind], per_batch) / per_batch, kind, batch["copy_ms"]))
         events = timing.summarize(figures["events"]) if figures["events"] else None
         replay = timing.summarize(figures["replay"]) if figures["replay"] else ({"error": refused} if refused else None)
         timed = {**(timing.scored(events, replay) if mode == "back_to_back" else events), "clock": "referee", "mode": mode, "per_batch": per_batch,
                  "warm_calls": warm, "batches": len(ratios), "input_sets": len(sets), "clocks": clocks.summary()}
         timed["calls"] = timed["runs"] * per_batch  # each run (sample) is one batch's figure
-        timed["corroboration"] = {**self.corroborate(shape, mode, ratios, null), "null_loop_ms": null_loop}
+        timed["corroboration"] = {**self.corroborate(shape, mode, ratios, null), "null_loop_ms": null_loop, "null_copies_ms": self.null_copies_ms}
         return {"shape": shape, "input_sets": len(sets), "candidate": timed, "baselines": {}}
 
     def corroborate(self, shape: Dict[str, Any], mode: str, ratios: List[tuple], null: Dict[str, float]) -> Dict[str, Any]:
         """The referee's figures against the runner's own, median over batches: a finding when the referee saw more
         than BAND times the runner's figure after its slack, or under FLOOR times it before its slack."""
-        over = statistics.median(r / max(c, 1e-9) for r, c, _, _ in ratios)
-        if statistics.median((r - slack) / max(c, 1e-9) for r, c, slack, _ in ratios) > BAND[mode]:
+        over = statistics.median(r / max(c, 1e-9) for r, c, *_ in ratios)
+        if statistics.median((r - slack) / max(c, 1e-9) for r, c, slack, *_ in ratios) > BAND[mode]:
             self.findings.append({"kind": "time_disagreement", "shape": shape,
                                   "detail": f"{shape}: the referee's clock saw {over:.2f}x the time the candidate's process reported"})
-        elif statistics.median((r + slack) / max(c, 1e-9) for r, c, slack, _ in ratios) < FLOOR:
+        elif statistics.median((r + slack) / max(c, 1e-9) for r, c, slack, *_ in ratios) < FLOOR:
             self.findings.append({"kind": "time_disagreement", "shape": shape,
                                   "detail": f"{shape}: the candidate's process reported {1 / over:.2f}x the time the referee's clock saw"})
         return {"round_trip_ms": self.round_trip_ms, "null_ms": null, "wall_over_claimed": over, "band": [FLOOR, BAND[mode]],
-                "runner_median_ms": statistics.median(c for _, c, _, _ in ratios),
-                "batches": [[kind, round(r, 6), round(c, 6), round(slack, 6)] for r, c, slack, kind in ratios]}
+                "runner_median_ms": statistics.median(c for _, c, *_ in ratios),
+                "batches": [[kind, round(r, 6), round(c, 6), round(slack, 6), round(copy, 4)] for r, c, slack, kind, copy in ratios]}
 
     @staticmethod
     def slack_ms(mode: str, null_ms: float, calls: int) -> float:
@@ -167,15 +168,17 @@ class TimingStage(CandidateContext):
         targets = [clone(template) for _ in range(calls)]
         flush = timing.L2Flush(self.req.l2_bytes) if mode != "host" else None
         steps = [] if replay else self.null_steps(expected, calls, timing.call_barrier(self.barrier, mode))
-        walls, loops = [], []
+        walls, loops, copies = [], [], []
         for _ in range(NULLS):
             with profiled(self.device) if replay is None else contextlib.nullcontext():  # as the runner's event-timed batches are
                 self.sync()
                 t0 = time.perf_counter()
                 self.copy_sets(targets, staged)
                 self.sync()
+                copies.append((time.perf_counter() - t0) * 1e3)
                 loops.append(timing.run_batch(steps, mode, 0.0, flush, replay)["loop_ms"])
                 walls.append((time.perf_counter() - t0) * 1e3)
+        self.null_copies_ms = min(copies)  # evidence beside each batch's own copies (the corroboration's record)
         return min(walls) + self.round_trip_ms, min(loops)
 
     def sync(self) -> None:
@@ -215,7 +218,7 @@ class TimingStage(CandidateContext):
         picks = self.secret_elements(timed)
         if warm:
             self.ask("warm")
-        wall_ms, reply = self.timed_go(targets, staged)
+        wall_ms, copy_ms, reply = self.timed_go(targets, staged)
         answered = self.read_elements(picks)
         ms = reply.get("ms")
         replay_ms = reply.get("replay_ms") if replay else 1.0
@@ -228,17 +231,20 @@ class TimingStage(CandidateContext):
             self.findings.append({"kind": "forged_result", "shape": shape, "detail": f"{shape}: a timed output was written after the candidate's process answered"})
             raise GradeFailure(Outcome.INCORRECT, f"shape {shape}: a timed call's output was still being written after its batch was reported done")
         loop_ms = reply.get("loop_ms")
-        figures = {"ms": [float(m) for m in ms], "loop_ms": float(loop_ms) if isinstance(loop_ms, (int, float)) else None, "wall_ms": wall_ms}
+        figures = {"ms": [float(m) for m in ms], "loop_ms": float(loop_ms) if isinstance(loop_ms, (int, float)) else None, "wall_ms": wall_ms,
+                   "copy_ms": copy_ms}
         return {**figures, "replay_ms": float(replay_ms)} if replay else figures
 
     def timed_go(self, targets: List[List[Any]], staged: List[List[Any]]) -> tuple:
-        """(wall ms, reply) of the go, on this process's clock: the fresh inputs copied into the arena (no call can
-        start on them before the clock does), then the armed batch run there."""
+        """(wall ms, the copies' ms, reply) of the go, on this process's clock: the fresh inputs copied into the arena
+        (no call can start on them before the clock does), then the armed batch run there."""
         self.sync()
         t0 = time.perf_counter()
         self.copy_sets(targets, staged)
-        reply = self.ask("batch")  # syncs the copies before the go
-        return (time.perf_counter() - t0) * 1e3, reply
+        self.sync()  # the copies are there before the go (the channel would sync them too); their time is evidence
+        copied = time.perf_counter()
+        reply = self.ask("batch")
+        return (time.perf_counter() - t0) * 1e3, (copied - t0) * 1e3, reply
 
     def secret_elements(self, slots: List[List[Dict[str, Any]]]) -> List[tuple]:
         """SAMPLES flat elements of every output slot, drawn now: (flat view, indices on its device)."""

@@ -1,13 +1,16 @@
-"""Example solution, not a fast one: point-to-point gloo sends in place of the all-gather.
+"""Example solution, not a fast one: point-to-point gloo sends in place of the all-gather, a Triton GEMM after it.
 
 Device-side communication cannot run on a CPU, so this example moves data with ``torch.distributed.isend`` /
 ``irecv`` on a gloo group of its own (host tensors; on GPUs the tensors are staged through host memory). It
 calls no c10d collective and runs no NCCL kernel, so it passes the grader's gates with gloo on CPU and with
-NCCL on GPUs. Every rank sends its rows to every other rank, then multiplies all rows in rank order.
+NCCL on GPUs. Every rank sends its rows to every other rank, then multiplies all rows in rank order with a
+tiled Triton GEMM (Triton's interpreter on a CPU).
 """
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+import triton
+import triton.language as tl
 
 _GLOO = None
 
@@ -23,6 +26,23 @@ def exchange(outgoing: dict, incoming: dict) -> None:
         work.wait()
 
 
+@triton.jit
+def matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """c = a @ b^T for contiguous a (M, K), b (N, K) and c (M, N), bf16 with fp32 accumulation; one c tile each."""
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    ks = tl.arange(0, BLOCK_K)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k = k0 + ks
+        a = tl.load(a_ptr + rows[:, None] * K + k[None, :], mask=(rows[:, None] < M) & (k[None, :] < K), other=0.0)
+        b = tl.load(b_ptr + cols[None, :] * K + k[:, None], mask=(cols[None, :] < N) & (k[:, None] < K), other=0.0)
+        # fp32 operands: Triton's CPU interpreter gets bf16 tl.dot wrong; on GPUs bf16 is exact in tf32
+        acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc)
+    tl.store(c_ptr + rows[:, None] * N + cols[None, :], acc.to(tl.bfloat16),
+             mask=(rows[:, None] < M) & (cols[None, :] < N))
+
+
 class ModelNew(nn.Module):
     def __init__(self, hidden: int, out_local: int):
         super().__init__()
@@ -30,9 +50,15 @@ class ModelNew(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rank, world = dist.get_rank(), dist.get_world_size()
-        mine = x.cpu()
-        rows = {peer: torch.empty_like(mine) for peer in range(world) if peer != rank}
-        exchange({peer: mine for peer in rows}, rows)
-        rows[rank] = mine
-        full = torch.cat([rows[peer] for peer in range(world)]).to(x.device)
-        return full @ self.weight.T
+        tokens, hidden = x.shape
+        full = torch.empty((world, tokens, hidden), dtype=x.dtype)  # every rank's rows, received in place (host)
+        full[rank] = x
+        exchange({peer: full[rank] for peer in range(world) if peer != rank},
+                 {peer: full[peer] for peer in range(world) if peer != rank})
+        full = full.to(x.device)
+        out_local = self.weight.shape[0]
+        out = torch.empty(world * tokens, out_local, dtype=x.dtype, device=x.device)
+        grid = (triton.cdiv(world * tokens, 64), triton.cdiv(out_local, 64))
+        matmul_kernel[grid](full, self.weight.contiguous(), out, world * tokens, out_local, hidden,
+                            BLOCK_M=64, BLOCK_N=64, BLOCK_K=32)
+        return out

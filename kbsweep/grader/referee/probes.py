@@ -75,7 +75,8 @@ class ProbeStage(CandidateContext):
             "comm_ops": counts(profiled.get("comm_ops")),  # torch.distributed's, per backend (the multi track's gate)
             "gpu_kernels": [str(k)[:200] for k in (profiled.get("kernels") or [])][:200],
             "own_ops": counts(ops.get("own_ops")),
-            "work": witness.call_work(by_group, profiled.get("range_flops"), self.problem_work),
+            # the groups of calls this process counted: a capture that failed ran nothing, and its calls are no work
+            "work": witness.call_work({g: rows for g, rows in by_group.items() if self.calls_by_tag.get(g)}, profiled.get("range_flops"), self.problem_work),
             "ghost": self.evidence.pop("ghost", None),
         }
         if self.device.type == "cuda" and isinstance(reply.get("persisting_l2_limit"), int):

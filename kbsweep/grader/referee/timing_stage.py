@@ -117,7 +117,8 @@ class TimingStage(CandidateContext):
                 # the loop's wall where the GPU may wait on the host; on CPU each call's own clock covers all of it
                 claimed = timing.events_claim(batch["ms"], batch["loop_ms"] if mode != "host" else None, null_loop[kind], per_batch) if kind == "events" else \
                     timing.replay_sample(batch["replay_ms"], timing.run_batch([], mode, replay=bare)["replay_ms"], per_batch)
-                ratios.append((sample, claimed, self.slack_ms(mode, null[kind], per_batch) / per_batch, kind, batch["copy_ms"]))
+                ratios.append((sample, claimed, self.slack_ms(mode, null[kind], per_batch) / per_batch, kind,
+                               (batch["copy_ms"], batch["wall_ms"], batch["loop_ms"])))
         events = timing.summarize(figures["events"]) if figures["events"] else None
         replay = timing.summarize(figures["replay"]) if figures["replay"] else ({"error": refused} if refused else None)
         timed = {**(timing.scored(events, replay) if mode == "back_to_back" else events), "clock": "referee", "mode": mode, "per_batch": per_batch,
@@ -138,7 +139,10 @@ class TimingStage(CandidateContext):
                                   "detail": f"{shape}: the candidate's process reported {1 / over:.2f}x the time the referee's clock saw"})
         return {"round_trip_ms": self.round_trip_ms, "null_ms": null, "wall_over_claimed": over, "band": [FLOOR, BAND[mode]],
                 "runner_median_ms": statistics.median(c for _, c, *_ in ratios),
-                "batches": [[kind, round(r, 6), round(c, 6), round(slack, 6), round(copy, 4)] for r, c, slack, kind, copy in ratios]}
+                # per batch: kind, the referee's figure, the runner's, the slack (per call); the batch's input copies,
+                # its wall (ms, the referee's clock) and the runner's own loop (its clock)
+                "batches": [[kind, round(r, 6), round(c, 6), round(slack, 6), *(None if v is None else round(v, 4) for v in walls)]
+                            for r, c, slack, kind, walls in ratios]}
 
     @staticmethod
     def slack_ms(mode: str, null_ms: float, calls: int) -> float:

@@ -122,7 +122,7 @@ def main() -> None:
             record["not_run"].append({"case": name, "repeat": repeat, "why": "the budget was spent"})
             continue
         started = time.time()
-        solution = staged(path, outputs / "cases" / f"{path.stem}-{repeat}")
+        solution = staged(path, outputs / "cases" / f"{name.replace('/', '_')}-{repeat}")
         try:
             graded = grade(problem, str(solution), "gpu=auto", f"paths.outputs={outputs}", *args.set)
             result = graded.result

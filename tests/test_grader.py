@@ -57,16 +57,16 @@ def test_a_grade_holds_one_shapes_models_at_a_time(problem, roofline, tmp_path):
     assert len(result["shapes"]) == len(problem.spec.smoke_shapes) and result["correctness"]["passed"]
 
 
-def test_timer_patch_is_caught_and_unscored(problem, roofline, tmp_path):
-    """A kernel of its own (tests/exploits/_demo_kernels.py staged beside it): the clock's rule alone blanks its score."""
+def test_a_patched_timer_gains_nothing(problem, roofline, tmp_path):
+    """A kernel of its own (tests/exploits/_demo_kernels.py staged beside it) after 5 ms of host work a call, with its
+    process's clock reading 100x short: the scored figure is the referee's clock's, which saw the 5 ms."""
     workspace = tmp_path / "workspace"
     workspace.mkdir()
     shutil.copy2(REPO / "tests/exploits/_demo_kernels.py", workspace)
     shutil.copy2(CASES / "timer_patch.py", workspace / "solution.py")
     result = graded(problem, workspace / "solution.py", CPU, roofline, mode="full", timeout_s=120, log_dir=tmp_path / "grade")
-    kinds = {f["kind"] for f in result["findings"]}
-    assert kinds == {"time_disagreement"}  # the referee's clock, outside the candidate's process, saw the real time
-    assert result["outcome"] == "pass" and result["score"] is None
+    assert result["outcome"] == "pass" and result["shapes"], result.get("message")
+    assert all(shape["ms"] >= 0.95 * 5.0 for shape in result["shapes"]), [shape["ms"] for shape in result["shapes"]]
 
 
 def test_forged_result_message_is_rejected(problem, roofline, tmp_path):

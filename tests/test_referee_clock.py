@@ -4,7 +4,7 @@ Every case in tests/referee_cases sleeps 10 ms a call, on every call or (compute
 first call, unless (incremental_update) a call's input nearly repeats the last one's, then runs its own Triton
 kernel (tests/exploits/_demo_kernels.py, staged beside it): whatever it reports, a figure under that sleep is forged
 or reused work. With a kernel of their own, no other finding blanks their score: honest_sleep keeps its score, and
-the forged reports lose theirs to the clock's rule alone."""
+a report of more time than the referee's clock saw loses it to the clock's rule alone."""
 from __future__ import annotations
 
 import shutil
@@ -37,9 +37,10 @@ def test_the_scored_figure_never_reads_under_the_work_done(problem, roofline, tm
     assert result["shapes"] and all(s["ms"] >= 0.95 * COST_MS for s in result["shapes"]), [s["ms"] for s in result["shapes"]]
 
 
-@pytest.mark.parametrize("case", ["slow_on_empty", "inflated_report"])  # figures 10x under, 5x over the referee's
-def test_the_runner_reporting_other_times_than_the_referee_saw_is_a_finding(problem, roofline, tmp_path, case):
-    forged = grade_case(problem, roofline, tmp_path, case)
+def test_the_runner_reporting_more_than_the_referee_saw_is_a_finding(problem, roofline, tmp_path):
+    """Figures 5x over the referee's: work its clock never saw. (Figures under it, slow_on_empty's and slowed_clock's,
+    gain nothing, the score being the referee's: the first test holds their figures to their work.)"""
+    forged = grade_case(problem, roofline, tmp_path, "inflated_report")
     assert [f["kind"] for f in forged["findings"]] == ["time_disagreement"] * len(forged["shapes"]) and forged["score"] is None
 
 

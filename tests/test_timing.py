@@ -81,16 +81,16 @@ def test_the_referee_sample_is_the_wall_less_its_null_per_call():
 
 
 @pytest.mark.parametrize("gpu_ms, host_ms", [(0.035, 0.885), (2.0, 0.3), (0.2, 0.25)])  # launch-bound (topk b64 on an H100), GPU-bound, mixed
-def test_the_runners_account_of_an_event_batch_agrees_with_the_referees_wall_unless_forged(gpu_ms, host_ms):
-    from kbsweep.grader.referee.timing_stage import BAND, FLOOR
+def test_the_runners_account_of_an_event_batch_never_exceeds_the_referees_wall_unless_forged(gpu_ms, host_ms):
+    from kbsweep.grader.referee.timing_stage import FLOOR
     calls, steps_ms, copies_ms = 53, 0.27, 2.0  # steps_ms: a call's host steps around it (flush, copies, event records)
     loop = lambda call_ms, host=host_ms: calls * max(host, steps_ms + call_ms) + 0.05  # noqa: E731 - the slower of host and GPU, a sync
     wall_ms, null_ms = copies_ms + loop(gpu_ms), copies_ms + loop(0.0, steps_ms)  # the referee's, around the same and around nothing
     seen = timing.referee_sample(wall_ms, null_ms, calls)
     honest = timing.events_claim([gpu_ms] * calls, loop(gpu_ms), loop(0.0, steps_ms), calls)
-    assert FLOOR <= seen / honest <= BAND["back_to_back"]
-    forged = timing.events_claim([gpu_ms / 4] * calls, loop(gpu_ms / 4, host_ms / 4), loop(0.0, steps_ms), calls)
-    assert seen / forged > BAND["back_to_back"]
+    assert seen / honest >= FLOOR
+    inflated = timing.events_claim([gpu_ms * 5] * calls, loop(gpu_ms * 5, host_ms * 5), loop(0.0, steps_ms), calls)
+    assert seen / inflated < FLOOR
     assert timing.events_claim([gpu_ms] * calls, None, 0.0, calls) == pytest.approx(gpu_ms)  # no loop reported: the GPU's alone
 
 

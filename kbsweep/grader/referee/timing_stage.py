@@ -31,10 +31,9 @@ from kbsweep.outcomes import Outcome
 PICKS = 2  # calls of each timed batch whose outputs are compared with the reference after it
 SAMPLES = 4  # elements of every timed output read as the runner answers, and again after the checks
 NULLS = 3  # null batches measured per shape and kind; the fastest is subtracted
-# The runner's own figures against the referee's, per timing mode: evidence, never the score. Past BAND the runner
-# reported less time than the referee's clock saw (a timer patched there); under FLOOR, more than it saw: neither is
-# physical. The referee's figure here carries a slack for its jitter (:meth:`TimingStage.slack_ms`).
-BAND = {"back_to_back": 1.15, "isolated": 1.5, "host": 1.5}
+# The runner's own figures against the referee's: evidence, never the score. Under FLOOR the runner reported more
+# time than the referee's clock saw, with the clock's slack for its jitter added (:meth:`TimingStage.slack_ms`): not
+# physical for work done inside the clock. Honest shapes read at least 1.058 on an H100 (docs/grading.md).
 FLOOR = 0.8
 
 
@@ -113,6 +112,13 @@ class TimingStage(CandidateContext):
                     self.tag = tag
                 sample = timing.referee_sample(batch["wall_ms"], null[kind], per_batch)
                 (sample,), elapsed = self.slowest([sample], time.perf_counter() - began, batch["ms"])
+                if mode == "back_to_back" and not warm and timing.warm_calls_for(sample * 1e3):
+                    # the runner's own figures shaped the batch; this clock's says its calls need warm calls: batches
+                    # from here on open with them (a runner reporting less than its calls take keeps no boost clock)
+                    warm = timing.warm_calls_for(sample * 1e3)
+                    slots = [warm_slots[i % len(warm_slots)] for i in range(warm)] + slots
+                    figures, ratios = {"events": [], "replay": []}, []
+                    continue
                 figures[kind].append(sample)
                 # the loop's wall where the GPU may wait on the host; on CPU each call's own clock covers all of it
                 claimed = timing.events_claim(batch["ms"], batch["loop_ms"] if mode != "host" else None, null_loop[kind], per_batch) if kind == "events" else \
@@ -128,16 +134,16 @@ class TimingStage(CandidateContext):
         return {"shape": shape, "input_sets": len(sets), "candidate": timed, "baselines": {}}
 
     def corroborate(self, shape: Dict[str, Any], mode: str, ratios: List[tuple], null: Dict[str, float]) -> Dict[str, Any]:
-        """The referee's figures against the runner's own, median over batches: a finding when the referee saw more
-        than BAND times the runner's figure after its slack, or under FLOOR times it before its slack."""
+        """The referee's figures against the runner's own, median over batches: a finding when the runner reported
+        more than its calls took by this clock (the referee's figure, its slack added, under FLOOR times the
+        runner's): work done where this clock does not run. A runner reporting less than this clock saw gains
+        nothing (the score is this clock's, and the warm calls follow it) and is no finding: honest batches read
+        up to 18.7x the runner's figure (a 6 us kernel under a batch's fixed cost), docs/grading.md."""
         over = statistics.median(r / max(c, 1e-9) for r, c, *_ in ratios)
-        if statistics.median((r - slack) / max(c, 1e-9) for r, c, slack, *_ in ratios) > BAND[mode]:
-            self.findings.append({"kind": "time_disagreement", "shape": shape,
-                                  "detail": f"{shape}: the referee's clock saw {over:.2f}x the time the candidate's process reported"})
-        elif statistics.median((r + slack) / max(c, 1e-9) for r, c, slack, *_ in ratios) < FLOOR:
+        if statistics.median((r + slack) / max(c, 1e-9) for r, c, slack, *_ in ratios) < FLOOR:
             self.findings.append({"kind": "time_disagreement", "shape": shape,
                                   "detail": f"{shape}: the candidate's process reported {1 / over:.2f}x the time the referee's clock saw"})
-        return {"round_trip_ms": self.round_trip_ms, "null_ms": null, "wall_over_claimed": over, "band": [FLOOR, BAND[mode]],
+        return {"round_trip_ms": self.round_trip_ms, "null_ms": null, "wall_over_claimed": over, "floor": FLOOR,
                 "runner_median_ms": statistics.median(c for _, c, *_ in ratios),
                 # per batch: kind, the referee's figure, the runner's, the slack (per call); the batch's input copies,
                 # its wall (ms, the referee's clock) and the runner's own loop (its clock)

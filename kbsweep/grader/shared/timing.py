@@ -363,6 +363,11 @@ def calibrate_batch(run: Callable[[float], Dict[str, List[float]]], latency: boo
     return batch_shape({"enqueue_us": first["enqueue_us"], "ms": second["ms"]}, False)
 
 
+def warm_calls_for(gpu_us: float) -> int:
+    """The warm calls a back-to-back batch of calls of ``gpu_us`` each opens with (none below WARM_FROM_US)."""
+    return min(MAX_WARM_CALLS, math.ceil(WARM_US / gpu_us)) if gpu_us >= WARM_FROM_US else 0
+
+
 def batch_shape(warm: Dict[str, List[float]], latency: bool) -> Dict[str, float]:
     """Calls per back-to-back batch and the spin in front of them, from a warm-up batch's host enqueue time and
     GPU time per call. The spin covers only what the host would fall behind by (enqueue beyond GPU time, with
@@ -374,7 +379,7 @@ def batch_shape(warm: Dict[str, List[float]], latency: bool) -> Dict[str, float]
     enqueue_us = statistics.median(warm.get("enqueue_us") or [1.0])
     gpu_us = statistics.median(warm.get("ms") or [0.0]) * 1e3
     per_batch = int(max(2, min(MAX_BATCH_CALLS, BATCH_ENQUEUE_US / max(enqueue_us, gpu_us, 1.0))))
-    warm_calls = min(MAX_WARM_CALLS, math.ceil(WARM_US / gpu_us)) if gpu_us >= WARM_FROM_US else 0
+    warm_calls = warm_calls_for(gpu_us)
     behind_us = max(enqueue_us - gpu_us, 0.0)  # a call's
     spin_us = lambda calls: min(1.5 * calls * behind_us + 1000, MAX_BATCH_SPIN_US)  # noqa: E731
     # a replay batch enqueues its warm calls one by one and the timed ones as one graph

@@ -131,13 +131,10 @@ class GpuKernels:
     kernels."""
 
     def __init__(self, host: List[tuple], device_events: List[Any]):
-        """``host``: the host's events as (name, start ns, event); ``device_events``: the others. A kernel a CUDA
-        graph's launch ran (``cudaGraphLaunch``) is on a stream of the graph's own, ordered as one unit on the stream
-        the graph was launched on: it names no stream of the candidate's."""
-        launches = {e.correlation_id(): (start, "GraphLaunch" in name) for name, start, e in host if name.startswith(("cuda", "cu"))}
+        """``host``: the host's events as (name, start ns, event); ``device_events``: the others."""
+        launched_at = {e.correlation_id(): start for name, start, e in host if name.startswith(("cuda", "cu"))}
         cuda = torch.autograd.DeviceType.CUDA
-        self.kernels = [(*launches.get(e.correlation_id(), (None, False)), e.name(), e.device_resource_id(), e.end_ns() - e.start_ns())
-                        for e in device_events
+        self.kernels = [(launched_at.get(e.correlation_id()), e.name(), e.device_resource_id(), e.end_ns() - e.start_ns()) for e in device_events
                         if e.device_type() == cuda and not e.is_user_annotation() and not e.name().startswith(("Memcpy", "Memset"))]
 
     def profile(self, ranges: List[tuple], calls: int) -> Dict[str, Any]:
@@ -149,11 +146,11 @@ class GpuKernels:
         starts = [start for start, _ in ranges]
         per_range = [0] * len(ranges)
         inside = []
-        for at, graph, name, stream, ns in self.kernels:
+        for at, name, stream, ns in self.kernels:
             where = bisect.bisect_right(starts, at) - 1 if at is not None else -1
             if where >= 0 and at <= ranges[where][1]:
                 per_range[where] += 1
-                inside.append((name, None if graph else stream, ns))
+                inside.append((name, stream, ns))
         kernels: Dict[str, int] = {}
         kernel_ns: Dict[str, int] = {}
         for name, _, ns in inside:
@@ -165,7 +162,7 @@ class GpuKernels:
             "median_launches": statistics.median(per_range) if per_range else 0.0,
             "kernels": {name[:200]: count / calls for name, count in sorted(kernels.items())},
             "kernel_ns": kernel_ns,  # each kernel's GPU time over all the calls
-            "streams": sorted({stream for _, stream, _ in inside if stream is not None}),
+            "streams": sorted({stream for _, stream, _ in inside}),
         }
 
 

@@ -71,12 +71,12 @@ def sweep_cells(cfgs: List[DictConfig]) -> tuple:
     from kbsweep.launch.budget import Ledger, Budget
     from kbsweep.planner.budget import sweep_budget
     from kbsweep.planner.matrix import build_matrix
-    from kbsweep.planner.preflight import preflight_mode, refuse_on_failure
+    from kbsweep.planner.preflight import refuse_on_failure
     from kbsweep.launch.sweep import run_sweep
 
     cells = build_matrix(cfgs)
     cfg = cfgs[0]
-    mode = preflight_mode(cfg)
+    mode = str(cfg.preflight)  # one of PREFLIGHT_MODES: checked with every config (kbsweep.config.schema.RULES)
     limits = sweep_budget(cfgs, cells)
     budget = Ledger(limits) if limits else Budget()
     left = run_sweep(cells, OmegaConf.to_container(cfg.tracking, resolve=True), OmegaConf.to_container(cfg.launcher, resolve=True), bool(cfg.sweep.force),
@@ -105,16 +105,19 @@ def run_verb(cfgs: List[DictConfig]) -> int:
 
 @verb("preflight")
 def preflight_verb(cfgs: List[DictConfig]) -> int:
-    """Check each model's key and route with one tiny request (preflight=keys: the keys only); runs nothing else."""
+    """Check each model's key and route with one tiny request (preflight=keys: the keys only); runs nothing else.
+    The models that pass are listed on stdout, each failure is a sweep's preflight error."""
     from kbsweep.planner.matrix import build_matrix
-    from kbsweep.planner.preflight import preflight, preflight_mode, worst
+    from kbsweep.planner.preflight import preflight, refuse_failed
 
-    checks = preflight(build_matrix(cfgs), "keys" if preflight_mode(cfgs[0]) == "keys" else "live")
+    checks = preflight(build_matrix(cfgs), "keys" if cfgs[0].preflight == "keys" else "live")
     for check in checks:
-        print(f"{check.status:<11} {check.line()}")
+        if check.status == "ok":
+            print(f"{check.status:<11} {check.line()}")
     if not checks:
         print("no model calls a provider (scripted or replay models only)")
-    return worst(checks)
+    refuse_failed(checks)
+    return ExitCode.OK
 
 
 @verb("plan")

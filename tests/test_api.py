@@ -22,6 +22,12 @@ def test_plan_sweeps_comma_lists_and_names_missing_keys(tmp_path, monkeypatch):
 
 
 @pytest.mark.fast
+def test_plan_sweeps_a_glob_over_a_group():
+    plan = kbsweep.plan("model=glob(scripted*)", "gpu=cpu", "problem=scale_shift")
+    assert sorted(c.model for c in plan.cells) == ["scripted", "scripted-lazy"]
+
+
+@pytest.mark.fast
 def test_a_typo_is_the_clis_one_line_error():
     with pytest.raises(KbsweepError, match="key 'gpu': Could not find 'gpu/nope'"):
         kbsweep.plan("gpu=nope")

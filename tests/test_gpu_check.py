@@ -81,6 +81,15 @@ def test_a_regrade_on_another_card_is_refused_before_it_grades(found, monkeypatc
         regrade.regrade_sweep(conf, force=False)
 
 
+def test_a_regrade_without_a_gpu_is_refused_with_gpu_cpu_whatever_the_store_holds(found, monkeypatch):
+    found()
+    monkeypatch.setattr(regrade, "runs_frame", lambda *args: None)
+    monkeypatch.setattr(regrade, "latest_per_cell", lambda frame: [])  # nothing to regrade: the card is still the fault named
+    conf = {"tracking": {"uri": "sqlite:///none"}, "sweep": {"name": "s"}, "gpu": dataclasses.asdict(spec("h200")), "track": {"name": "hard"}}
+    with pytest.raises(KbsweepError, match="gpu=h200 .*no GPU is visible here; use gpu=cpu"):
+        regrade.regrade_sweep(conf, force=False)
+
+
 def test_a_cell_on_another_card_is_an_infra_outcome_the_sweep_reruns_before_its_agent(found, store, monkeypatch):
     """The cell asks on the node that grades it: its agent never runs nor is paid for, its result names both cards
     and has no score; the sweep logs it unfinished and its next run runs it again."""

@@ -18,7 +18,7 @@ CONFIG = "conf/config.yaml"
 
 
 class Case(NamedTuple):
-    args: List[str]  # overrides; {user} is the user's config folder, {problems} and {specs} the user's roots
+    args: List[str]  # overrides (a verb first, else the run verb); {user} is the user's config folder, {problems} and {specs} the user's roots
     needles: List[str]  # each must be in the one error line: the file (or override) and the key
     files: dict = {}  # user files: path under tmp → text, or a function of the demo problem's file text
 
@@ -50,6 +50,13 @@ CASES = {
     "unknown model key": Case(["model.temprature=1"], ["model.temprature=1", "key 'model.temprature'"]),
     "unknown track key": Case(["track.max_turn=3"], ["track.max_turn=3", "key 'track.max_turn'"]),
     "override syntax": Case(["problem=[a,b"], ["problem=[a,b"]),
+    "space after a comma": Case(["-m", "model=scripted,", "scripted-lazy"], ["'model=scripted,'", "write 'model=scripted,scripted-lazy'"]),
+    "space before a comma": Case(["-m", "model=scripted", ",scripted-lazy"], ["',scripted-lazy'", "write 'model=scripted,scripted-lazy'"]),
+    "space for a comma": Case(["-m", "model=scripted", "scripted-lazy"], ["'scripted-lazy'", "write 'model=scripted,scripted-lazy'"]),
+    "interval over a group": Case(["-m", "model=interval(0,1)"], ["model=interval(0,1)", "cannot enumerate", "glob()"]),
+    "interval over a number": Case(["-m", "repeat=interval(0,3)"], ["repeat=interval(0,3)", "cannot enumerate", "range()"]),
+    "glob over a number": Case(["-m", "repeat=glob(*)"], ["repeat=glob(*)", "'repeat' is no group"]),
+    "glob matching no file": Case(["-m", "model=glob(nope*)"], ["model=glob(nope*)", "matches none of"]),
     "unknown problem": Case(["problem=nope"], ["problem nope is not in track 'demo'"]),
     # numbers and choices out of range
     "repeat not a number": Case(["repeat=abc"], [CONFIG, "key 'repeat'"]),
@@ -82,6 +89,9 @@ CASES = {
     "negative disk quota": Case(["sandbox.disk_mib=-1"], [CONFIG, "key 'sandbox.disk_mib'"]),
     "zero grade memory": Case(["grade.memory_mib=0"], [CONFIG, "key 'grade.memory_mib'"]),
     "zero timing runs": Case(["grade.timing.min_runs=0"], [CONFIG, "key 'grade.timing.min_runs'"]),
+    "fractional timing runs": Case(["plan", "grade.timing.min_runs=1.5"], [CONFIG, "key 'grade.timing.min_runs'", "an integer"]),
+    "timing runs a float": Case(["plan", "grade.timing.max_runs=100.0"], [CONFIG, "key 'grade.timing.max_runs'", "an integer"]),
+    "unknown preflight mode, planned": Case(["plan", "preflight=maybe"], [CONFIG, "key 'preflight'", "one of live, keys, off"]),
     "negative timing error": Case(["grade.timing.rel_err=-1"], [CONFIG, "key 'grade.timing.rel_err'"]),
     "replay not a boolean": Case(["grade.timing.replay=often"], [CONFIG, "key 'grade.timing.replay'"]),
     "negative quiet CPUs": Case(["grade.timing.quiet_cpus=-1"], [CONFIG, "key 'grade.timing.quiet_cpus'"]),
@@ -149,7 +159,7 @@ def test_a_malformed_input_is_one_line_naming_file_and_key_and_launches_nothing(
     places = materialize(tmp_path, case)
     outputs = tmp_path / "outputs"
     monkeypatch.setenv("KBSWEEP_OUTPUTS", str(outputs))
-    monkeypatch.setattr(sys, "argv", ["kbsweep", *(arg.format(**places) for arg in case.args)])  # the run verb
+    monkeypatch.setattr(sys, "argv", ["kbsweep", *(arg.format(**places) for arg in case.args)])
     monkeypatch.setattr(cli, "COMPOSED", [])
     with pytest.raises(SystemExit) as info:
         cli.main()

@@ -32,6 +32,16 @@ def test_missing_key_is_one_line_before_anything_launches(tmp_path):
     assert not list((tmp_path / "out" / "sweeps" / "demo").glob("*/"))  # no cell folder: nothing ran
 
 
+def test_the_preflight_verb_names_a_missing_key_as_a_sweeps_preflight_does(tmp_path):
+    model_yaml(tmp_path / "conf", "fake", "openai/fake", "http://127.0.0.1:9/v1")
+    for mode in ("live", "keys"):
+        proc = kbsweep(tmp_path / "conf", tmp_path / "out", "preflight", "model=fake", f"preflight={mode}", key=None)
+        errors = [line for line in proc.stderr.splitlines() if line.strip()]
+        assert (proc.returncode, errors) == (ExitCode.CONFIG, [
+            f"kbsweep: error: model 'fake' (openai/fake): environment variable {KEY_ENV} is not set (model/fake.yaml: api_key_env)"]), proc.stderr
+        assert proc.stdout == ""
+
+
 def test_live_probe_reaches_the_provider(tmp_path):
     with FakeProvider([Reply(content="ok", prompt_tokens=5, completion_tokens=1)]) as fp:
         model_yaml(tmp_path / "conf", "fake", "openai/fake", fp.base_url)
@@ -61,11 +71,12 @@ def test_plan_names_missing_keys_and_token_assumptions(tmp_path):
     assert f"missing key: model 'fake' (openai/fake): environment variable {KEY_ENV} is not set" in proc.stdout
 
 
-def test_bad_mode_is_one_line(tmp_path):
+def test_bad_mode_is_the_same_line_from_every_verb(tmp_path):
     model_yaml(tmp_path / "conf", "fake", "openai/fake", "http://127.0.0.1:9/v1")
-    proc = kbsweep(tmp_path / "conf", tmp_path / "out", "preflight", "model=fake", "preflight=maybe")
-    assert proc.returncode == ExitCode.CONFIG
-    assert proc.stderr.strip() == "kbsweep: error: conf/config.yaml: key 'preflight': 'maybe' is not one of live, keys, off"
+    for verb in (["preflight"], [], ["plan"], ["report"]):
+        proc = kbsweep(tmp_path / "conf", tmp_path / "out", *verb, "model=fake", "preflight=maybe")
+        assert proc.returncode == ExitCode.CONFIG, (verb, proc.stdout)
+        assert proc.stderr.strip() == f"kbsweep: error: {REPO}/conf/config.yaml: key 'preflight': must be one of live, keys, off, got 'maybe'", verb
 
 
 def test_transient_faults_are_retried_with_each_wait_on_stderr(tmp_path):

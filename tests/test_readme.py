@@ -39,7 +39,7 @@ COMMANDS = {
     "kbsweep export +out=hf-dataset": ("run", {0}, "exported 0 runs"),
     "kbsweep calibrate gpu=h200": ("skip", "measures an H200's peaks (needs the GPU)"),
     "kbsweep audit": ("run", {0}, ""),
-    "kbsweep regrade gpu=h200 track=hard": ("run", {2}, "no finished cell of track 'hard'"),  # tests/test_regrade.py regrades one
+    "kbsweep regrade gpu=h200 track=hard": ("run", {2}, "no GPU is visible here; use gpu=cpu"),  # tests/test_regrade.py regrades one
     'kbsweep audit override <run_id> --verdict clean --reason "..."': ("run", {2}, "kbsweep: error:"),
     "kbsweep --force": ("plan", SLOW),
     "kbsweep launcher=slurm launcher.slurm.partition=gpu -m model=...": ("run", {2}, "Could not find 'model/...'"),

@@ -100,14 +100,27 @@ def unknown_key(text: str, key: str, keys: Keys) -> KbsweepError:
     return KbsweepError(f"override '{text}': key '{key}': kbsweep reads no such key; {where}")
 
 
+def spaced_list(argv: List[str], at: int, overrides: Set[int]) -> str:
+    """What to write for ``argv[at]`` where a space split a comma list into argv words (``model=a,`` ``b``;
+    ``model=a`` ``,b``; ``model=a`` ``b``); ``overrides``: the indices of the override words. Empty when it is none."""
+    text = argv[at]
+    start = at - 1 if at - 1 in overrides and "=" in argv[at - 1] and (text.startswith(",") or "=" not in text) else at
+    end = at + 1 if text.endswith(",") and at + 1 in overrides and "=" not in argv[at + 1] else at
+    if start == end and not text.endswith(","):
+        return ""
+    return ",".join(part for part in (word.strip(",") for word in argv[start:end + 1]) if part)
+
+
 def check_overrides(argv: List[str], sweeps: bool = True) -> List[str]:
     """Parse the overrides, look up every group choice and key first: a typo is one line naming the key and the
     closest real one, not Hydra's multi-line report, and a key kbsweep never reads is refused in every form
     (``key=v``, ``+key=v``, ``++key=v``, ``~key``, ``~key=v``) outside the free-form mappings. A key a group's schema
     knows but its YAML omits (``track.world_size=2``) is set with ``++`` rather than refused. A comma list needs
-    ``sweeps`` (the CLI's ``-m``). Returns the arguments for Hydra."""
+    ``sweeps`` (the CLI's ``-m``); a group's ``glob()`` becomes the comma list of its matches (Hydra's parser,
+    here and in :func:`kbsweep.api.compose`, has no config loader to expand it) and ``interval()``, which no sweep
+    can enumerate, is refused. Returns the arguments for Hydra."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.core.override_parser.types import OverrideType
+    from hydra.core.override_parser.types import OverrideType, ValueType
     from hydra.errors import OverrideParseException
 
     from kbsweep.config.schema import GROUP_SCHEMAS
@@ -116,28 +129,43 @@ def check_overrides(argv: List[str], sweeps: bool = True) -> List[str]:
     keys = known_keys()
     groups = {g for g in GROUP_SCHEMAS if any((folder / g).is_dir() for folder in folders)}
     values = {i + 1 for i, arg in enumerate(argv) if arg in ("-cd", "--config-dir", "-cn", "--config-name", "-cp", "--config-path")}
+    words = {i for i, arg in enumerate(argv) if i not in values and not arg.startswith("-")}
     out = []
     for i, text in enumerate(argv):
-        if i in values or text.startswith("-"):
+        if i not in words:
             out.append(text)
             continue
         try:
             [override] = OverridesParser.create().parse_overrides([text])
         except OverrideParseException as exc:
-            raise KbsweepError(f"override '{text}': {str(exc).splitlines()[0]}") from None
+            fix = spaced_list(argv, i, words)
+            raise KbsweepError(f"override '{text}': a comma list is one word, without spaces: write '{fix}'" if fix
+                               else f"override '{text}': {str(exc).splitlines()[0]}") from None
         key = override.key_or_group
+        glob = override.value_type == ValueType.GLOB_CHOICE_SWEEP
         if override.is_sweep_override() and not sweeps:
             raise KbsweepError(f"override '{text}': sweeps {key} over several values: add -m (one list value is written {key}=[a,b])")
         if override.package or re.split(r"[./]", key)[0] == "hydra":
             out.append(text)
+        elif override.is_interval_sweep():
+            raise KbsweepError(f"override '{text}': interval() is a continuous range, which a sweep cannot enumerate; list the values "
+                               f"(a comma list, choice(){', glob()' if key in groups else ', range()'})")
         elif key in groups:
-            for choice in [] if override.is_delete() else override.sweep_string_iterator() if override.is_sweep_override() else [override.value()]:
+            known = sorted({p.stem for folder in folders for p in (folder / key).glob("*.yaml")})
+            if glob:
+                matched = override.value().filter(known)
+                if not matched:
+                    raise KbsweepError(f"override '{text}': key '{key}': the glob matches none of {', '.join(known)}")
+                text = f"{override.get_key_element()}={','.join(matched)}"
+            for choice in [] if override.is_delete() or glob else override.sweep_string_iterator() if override.is_sweep_override() else [override.value()]:
                 if not any((folder / key / f"{choice}.yaml").is_file() for folder in folders):
-                    known = sorted({p.stem for folder in folders for p in (folder / key).glob("*.yaml")})
                     raise KbsweepError(f"override '{text}': key '{key}': Could not find '{key}/{choice}' (one of: {', '.join(known)})")
             out.append(text)
         elif not keys.reads(key):
             raise unknown_key(text, key, keys)
+        elif glob:
+            raise KbsweepError(f"override '{text}': glob() picks among a config group's files ({', '.join(sorted(groups))}), and "
+                               f"'{key}' is no group; list the values (a comma list, choice(), range())")
         elif override.is_delete() and key in keys.root and key not in keys.schema:
             raise KbsweepError(f"override '{text}': key '{key}': kbsweep reads it and has no default for it; set it ({key}=...) instead")
         else:  # a key the schema or a free-form mapping has that the YAML may omit is set or added alike

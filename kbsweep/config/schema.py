@@ -191,42 +191,49 @@ def one_of(*choices: str) -> Callable[[Any], bool]:
     return lambda v: v in choices
 
 
+def integer(low: int, note: str = "") -> Tuple[Callable[[Any], bool], str]:
+    """An integer setting's (test, what it must be): a float is refused, 2.0 as much as 1.5."""
+    return (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= low), f"an integer >= {low}{note}"
+
+
 BASELINES = ("eager", "compile", "sota", "baseline")
+PREFLIGHT_MODES = ("live", "keys", "off")  # the ``preflight`` key: the modes of kbsweep.planner.preflight, checked for every verb
 BASELINE_TIMERS = ("kernelbench",)  # timers that may time the baselines beside kbsweep's own (kbsweep.grader.referee.reference_timers.time_<name>)
 # what the types cannot say: (key, test, what it must be); a null value passes (optional keys)
 RULES: List[Tuple[str, Callable[[Any], bool], str]] = [
-    ("repeat", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0, "an integer >= 0"),
-    ("model.context_window", at_least(1), "an integer >= 1"),
-    ("model.max_output_tokens", at_least(1), "an integer >= 1"),
-    ("model.concurrency", at_least(1), "an integer >= 1"),
+    ("repeat", *integer(0)),
+    ("preflight", one_of(*PREFLIGHT_MODES), f"one of {', '.join(PREFLIGHT_MODES)}"),
+    ("model.context_window", *integer(1)),
+    ("model.max_output_tokens", *integer(1)),
+    ("model.concurrency", *integer(1)),
     ("model.timeout_s", positive, "a number of seconds > 0"),
-    ("model.retry.max_attempts", at_least(1), "an integer >= 1"),
+    ("model.retry.max_attempts", *integer(1)),
     *((f"model.retry.{k}", at_least(0), "a number of seconds >= 0") for k in ("base_delay_s", "max_delay_s", "budget_s")),
     *((f"model.prices.{k}", at_least(0), "USD per million tokens >= 0") for k in ("input", "output", "cache_read", "cache_write")),
     ("gpu.device", one_of("cuda", "cpu"), "one of cuda, cpu"),
     ("gpu.shape_set", one_of("shapes", "smoke_shapes"), "one of shapes, smoke_shapes"),
     ("gpu.hourly_usd", at_least(0), "USD >= 0"),
-    ("gpu.gpus_per_node", at_least(1), "an integer >= 1"),
+    ("gpu.gpus_per_node", *integer(1)),
     ("gpu.baselines", lambda v: set(v) <= set(BASELINES), f"a list of {', '.join(BASELINES)}"),
     ("track.format", one_of("kbsweep", "kernelbench"), "one of kbsweep, kernelbench"),
     ("track.time_cap_s", positive, "a number of seconds > 0"),
-    *((f"track.{k}", at_least(1), "an integer >= 1") for k in ("world_size", "max_turns", "max_tokens")),
+    *((f"track.{k}", *integer(1)) for k in ("world_size", "max_turns", "max_tokens")),
     ("track.max_usd", positive, "USD > 0"),
     ("track.grade_timeout_s", positive, "a number of seconds > 0"),
     ("sweep.max_usd", positive, "USD > 0 (null: no budget)"),
-    ("sweep.max_tokens", at_least(1), "an integer >= 1 (null: no budget)"),
-    ("launcher.concurrency", at_least(1), "an integer >= 1"),
+    ("sweep.max_tokens", *integer(1, " (null: no budget)")),
+    ("launcher.concurrency", *integer(1)),
     ("tracking.trace_spans", one_of("artifact", "store"), "one of artifact, store"),
-    ("launcher.requeue_infra", at_least(0), "an integer >= 0"),
+    ("launcher.requeue_infra", *integer(0)),
     ("launcher.cap_slack_s", at_least(0), "a number of seconds >= 0"),
-    ("launcher.slurm.cpus_per_task", at_least(1), "an integer >= 1"),
+    ("launcher.slurm.cpus_per_task", *integer(1)),
     ("launcher.slurm.mem_gb", positive, "a number of GB > 0"),
-    *((f"launcher.slurm.{k}", at_least(1), "an integer >= 1") for k in ("array_parallelism", "max_array_size")),
-    *((f"sandbox.{k}", at_least(1), "an integer >= 1") for k in ("cpu_s", "memory_mib", "max_procs", "disk_mib")),
+    *((f"launcher.slurm.{k}", *integer(1)) for k in ("array_parallelism", "max_array_size")),
+    *((f"sandbox.{k}", *integer(1)) for k in ("cpu_s", "memory_mib", "max_procs", "disk_mib")),
     ("sandbox.wall_s", positive, "a number of seconds > 0"),
     ("grade.baselines", lambda v: set(v) <= set(BASELINES), f"a list of {', '.join(BASELINES)}"),
     ("grade.memory_mib", at_least(1), "a number of MiB >= 1 (null: from the host)"),
-    *((f"grade.timing.{k}", at_least(1), "an integer >= 1") for k in ("min_runs", "max_runs")),
+    *((f"grade.timing.{k}", *integer(1)) for k in ("min_runs", "max_runs")),
     ("grade.timing.rel_err", positive, "a number > 0"),
     ("grade.timing.max_time_s", positive, "a number of seconds > 0"),
     ("grade.timing.replay", lambda v: isinstance(v, bool), "true or false"),

@@ -39,10 +39,10 @@ def regrade_sweep(conf: Dict[str, Any], force: bool) -> List[Dict[str, Any]]:
     from kbsweep.score.roofline import load_roofline
 
     uri, sweep, gpu, track = conf["tracking"]["uri"], conf["sweep"]["name"], GpuSpec(**conf["gpu"]), conf["track"]
+    require_card(gpu)  # before the store is read: on a machine without the card, that is the fault to name
     cells = [r for r in latest_per_cell(runs_frame(uri, [sweep])) if r.get("track") == track["name"]]
     if not cells:
         raise KbsweepError(f"sweep.name={sweep}: no finished cell of track '{track['name']}' in {uri}")
-    require_card(gpu)
     tracker = Tracker(uri, conf["tracking"]["artifact_root"], sweep, conf["tracking"]["trace_spans"])
     client = tracker.client
     done = {} if force else regraded(client, tracker.experiment_id, gpu.name)

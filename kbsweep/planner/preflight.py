@@ -4,7 +4,8 @@
 model (a few tokens, no reasoning effort) through the same :class:`~kbsweep.agent.llm.LiteLLMModel` a cell uses,
 so a wrong route, key or base URL shows up here instead of ~25 s into every cell. The request is retried as a
 cell's calls are (the model's ``retry`` policy, its budget capped at :data:`PROBE_BUDGET_S`; each wait is a line on
-stderr), so one 429, 5xx, empty reply or reset connection does not refuse a whole sweep. ``off``: nothing.
+stderr), so one 429, 5xx, empty reply or reset connection does not refuse a whole sweep. ``off``: nothing. (The
+``preflight`` key is checked with every config, :data:`kbsweep.config.schema.PREFLIGHT_MODES`.)
 In every mode a litellm model without a ``route`` is refused (a config error). Scripted and replay models call no
 provider and are not checked. The LLM judge (``audit.judge``) is checked too.
 """
@@ -19,7 +20,6 @@ from typing import Any, Dict, Iterable, List, Optional
 from kbsweep.errors import ExitCode, InfraError, KbsweepError
 from kbsweep.outcomes import Outcome
 
-MODES = ("live", "keys", "off")
 PROBE_TIMEOUT_S = 60.0
 PROBE_TOKENS = 16  # enough for any provider to accept the request; the reply itself is not used
 PROBE_BUDGET_S = 120.0  # a probe's calls and waits at most: the sweep waits on its preflight
@@ -131,18 +131,16 @@ def worst(checks: Iterable[Check]) -> ExitCode:
     return ExitCode.CONFIG if ExitCode.CONFIG in codes else ExitCode.INFRA if ExitCode.INFRA in codes else ExitCode.OK
 
 
-def preflight_mode(cfg: Any) -> str:
-    """The config's ``preflight`` mode, or one line naming the key."""
-    mode = str(cfg.get("preflight"))
-    if mode not in MODES:
-        raise KbsweepError(f"conf/config.yaml: key 'preflight': '{mode}' is not one of {', '.join(MODES)}")
-    return mode
-
-
 def refuse_on_failure(cells, mode: str) -> None:
     """Preflight the models of ``cells``: each failure is one line, then exit (CONFIG for a key or route, INFRA
     for a provider fault) before anything launches."""
-    failed = [check for check in preflight(cells, mode) if check.status != "ok"]
+    refuse_failed(preflight(cells, mode))
+
+
+def refuse_failed(checks: Iterable[Check]) -> None:
+    """Raise the failed ``checks`` as one error, a line each: KbsweepError when any key or route is wrong (exit
+    code CONFIG), else InfraError."""
+    failed = [check for check in checks if check.status != "ok"]
     if failed:
         error = KbsweepError if worst(failed) == ExitCode.CONFIG else InfraError
         raise error("\n".join(check.line() for check in failed))

@@ -6,6 +6,7 @@ from typing import Any, Callable, Dict
 
 import torch
 
+from kbsweep.config.gpus import GpuSpec, require_card
 from kbsweep.errors import KbsweepError
 
 GEMM_DTYPES = ("bf16", "fp16", "tf32", "fp32", "fp8", "int8")
@@ -74,17 +75,12 @@ def launch_latency(device: torch.device) -> Dict[str, float]:
 
 
 def require_here(gpu: Dict[str, Any]) -> None:
-    """Refuse (one line) a GPU config whose chip this machine lacks: another chip's peaks would be stored under its
-    name, and a machine without CUDA has nothing to measure."""
-    if gpu["device"] != "cuda":
-        return
-    if not torch.cuda.is_available():
-        raise KbsweepError(f"gpu={gpu['name']}: this machine has no CUDA GPU to calibrate (torch {torch.__version__}); "
-                           "calibrate on the GPU itself, or gpu=cpu here")
-    found = torch.cuda.get_device_name(0)
-    if gpu.get("nvml_names") and found not in gpu["nvml_names"]:
-        raise KbsweepError(f"gpu/{gpu['name']}.yaml: key 'nvml_names': this machine's GPU is '{found}', not one of "
-                           f"{', '.join(gpu['nvml_names'])}; calibrate it under its own gpu= (gpu=auto finds it)")
+    """Refuse (one line) a GPU config whose card this machine lacks, as a grade does (:func:`require_card`): another
+    chip's peaks would be stored under its name, and a machine without CUDA has nothing to measure."""
+    spec = GpuSpec(**gpu)
+    require_card(spec)
+    if spec.cuda and not torch.cuda.is_available():  # NVML lists the card, but this torch cannot reach it
+        raise KbsweepError(f"gpu={spec.name}: torch {torch.__version__} here has no CUDA to calibrate with; install a CUDA build of torch, or use gpu=cpu")
 
 
 def calibrate(gpu: Dict[str, Any]) -> Dict[str, Any]:

@@ -82,7 +82,7 @@ def test_the_referee_sample_is_the_wall_less_its_null_per_call():
 
 @pytest.mark.parametrize("gpu_ms, host_ms", [(0.035, 0.885), (2.0, 0.3), (0.2, 0.25)])  # launch-bound (topk b64 on an H100), GPU-bound, mixed
 def test_the_runners_account_of_an_event_batch_never_exceeds_the_referees_wall_unless_forged(gpu_ms, host_ms):
-    from kbsweep.grader.referee.timing_stage import FLOOR
+    from kbsweep.grader.referee.corroboration import FLOOR
     calls, steps_ms, copies_ms = 53, 0.27, 2.0  # steps_ms: a call's host steps around it (flush, copies, event records)
     loop = lambda call_ms, host=host_ms: calls * max(host, steps_ms + call_ms) + 0.05  # noqa: E731 - the slower of host and GPU, a sync
     wall_ms, null_ms = copies_ms + loop(gpu_ms), copies_ms + loop(0.0, steps_ms)  # the referee's, around the same and around nothing

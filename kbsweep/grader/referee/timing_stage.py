@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import statistics
 import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
 import torch
 
-from kbsweep.grader.referee import checks, reference_timers
+from kbsweep.grader.referee import checks, corroboration, reference_timers
 from kbsweep.grader.referee.host_load import HostBusy, QuietHost
 from kbsweep.grader.shared import profiling, timing
 from kbsweep.grader.shared.arena import clone, encode
@@ -31,10 +30,6 @@ from kbsweep.outcomes import Outcome
 PICKS = 2  # calls of each timed batch whose outputs are compared with the reference after it
 SAMPLES = 4  # elements of every timed output read as the runner answers, and again after the checks
 NULLS = 3  # null batches measured per shape and kind; the fastest is subtracted
-# The runner's own figures against the referee's: evidence, never the score. Under FLOOR the runner reported more
-# time than the referee's clock saw, with the clock's slack for its jitter added (:meth:`TimingStage.slack_ms`): not
-# physical for work done inside the clock. Honest shapes read at least 1.058 on an H100 (docs/grading.md).
-FLOOR = 0.8
 
 
 class TimingStage(CandidateContext):
@@ -123,38 +118,18 @@ class TimingStage(CandidateContext):
                 # the loop's wall where the GPU may wait on the host; on CPU each call's own clock covers all of it
                 claimed = timing.events_claim(batch["ms"], batch["loop_ms"] if mode != "host" else None, null_loop[kind], per_batch) if kind == "events" else \
                     timing.replay_sample(batch["replay_ms"], timing.run_batch([], mode, replay=bare)["replay_ms"], per_batch)
-                ratios.append((sample, claimed, self.slack_ms(mode, null[kind], per_batch) / per_batch, kind,
+                ratios.append((sample, claimed, corroboration.slack_ms(mode, null[kind], per_batch) / per_batch, kind,
                                (batch["copy_ms"], batch["wall_ms"], batch["loop_ms"])))
         events = timing.summarize(figures["events"]) if figures["events"] else None
         replay = timing.summarize(figures["replay"]) if figures["replay"] else ({"error": refused} if refused else None)
         timed = {**(timing.scored(events, replay) if mode == "back_to_back" else events), "clock": "referee", "mode": mode, "per_batch": per_batch,
                  "warm_calls": warm, "batches": len(ratios), "input_sets": len(sets), "clocks": clocks.summary()}
         timed["calls"] = timed["runs"] * per_batch  # each run (sample) is one batch's figure
-        timed["corroboration"] = {**self.corroborate(shape, mode, ratios, null), "null_loop_ms": null_loop, "null_copies_ms": self.null_copies_ms}
+        record, finding = corroboration.corroborate(shape, ratios)
+        self.findings += [finding] if finding else []
+        timed["corroboration"] = {**record, "round_trip_ms": self.round_trip_ms, "null_ms": null, "null_loop_ms": null_loop,
+                                  "null_copies_ms": self.null_copies_ms}
         return {"shape": shape, "input_sets": len(sets), "candidate": timed, "baselines": {}}
-
-    def corroborate(self, shape: Dict[str, Any], mode: str, ratios: List[tuple], null: Dict[str, float]) -> Dict[str, Any]:
-        """The referee's figures against the runner's own, median over batches: a finding when the runner reported
-        more than its calls took by this clock (the referee's figure, its slack added, under FLOOR times the
-        runner's): work done where this clock does not run. A runner reporting less than this clock saw gains
-        nothing (the score is this clock's, and the warm calls follow it) and is no finding: honest batches read
-        up to 18.7x the runner's figure (a 6 us kernel under a batch's fixed cost), docs/grading.md."""
-        over = statistics.median(r / max(c, 1e-9) for r, c, *_ in ratios)
-        if statistics.median((r + slack) / max(c, 1e-9) for r, c, slack, *_ in ratios) < FLOOR:
-            self.findings.append({"kind": "time_disagreement", "shape": shape,
-                                  "detail": f"{shape}: the candidate's process reported {1 / over:.2f}x the time the referee's clock saw"})
-        return {"round_trip_ms": self.round_trip_ms, "null_ms": null, "wall_over_claimed": over, "floor": FLOOR,
-                "runner_median_ms": statistics.median(c for _, c, *_ in ratios),
-                # per batch: kind, the referee's figure, the runner's, the slack (per call); the batch's input copies,
-                # its wall (ms, the referee's clock) and the runner's own loop (its clock)
-                "batches": [[kind, round(r, 6), round(c, 6), round(slack, 6), *(None if v is None else round(v, 4) for v in walls)]
-                            for r, c, slack, kind, walls in ratios]}
-
-    @staticmethod
-    def slack_ms(mode: str, null_ms: float, calls: int) -> float:
-        """What the referee's clock may read above the calls' own time in an honest batch (its jitter, the
-        harness's steps around each call there): the corroboration's allowance, never part of a score."""
-        return (0.1 * null_ms + 1.0 + 0.1 * calls) if mode == "host" else (0.05 * null_ms + 0.3 + 0.02 * calls)
 
     def replays(self, mode: str, kernelbench: bool = False) -> bool:
         """Whether back-to-back batches alternate with graph replays here (not for a KernelBench timing: its metrics

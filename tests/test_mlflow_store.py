@@ -3,6 +3,7 @@ the store MLflow makes from scratch (its Default experiment from the process tha
 migration run once the empty store exists."""
 from __future__ import annotations
 
+import logging
 import os
 import sqlite3
 import subprocess
@@ -86,3 +87,17 @@ def test_a_sweep_process_sends_no_mlflow_telemetry_unless_its_user_asks(tmp_path
                                      capture_output=True, text=True, timeout=120).stdout.split()[-2:]
     assert run({}) == ["true", "True"]
     assert run({"MLFLOW_DISABLE_TELEMETRY": "false"})[0] == "false"
+
+
+def test_a_first_sweep_prints_none_of_mlflows_info_lines_and_keeps_its_warnings(tmp_path):
+    """A fresh outputs folder and user cache: the store is made from scratch (MLflow's migrations), quietly."""
+    env = {**{k: v for k, v in os.environ.items() if k != "MLFLOW_LOGGING_LEVEL"}, "KBSWEEP_OUTPUTS": str(tmp_path / "outputs"),
+           "KBSWEEP_LOCK_DIR": str(tmp_path / "locks"), "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    command = [sys.executable, "-m", "kbsweep.cli", "track=instant", "model=instant", "gpu=cpu", "problem=scale_shift", "launcher=inline"]
+    run = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert (tmp_path / "outputs" / "mlflow.db").exists() and list((tmp_path / "cache").rglob("mlflow-*.db"))  # both made here
+    assert "Creating initial MLflow database tables" not in run.stderr and " INFO mlflow.store" not in run.stderr, run.stderr
+    assert " INFO alembic" not in run.stderr
+    mlflow_store.mlflow_defaults()
+    assert all(logging.getLogger(name).isEnabledFor(logging.WARNING) for name in mlflow_store.QUIET_LOGGERS)

@@ -10,6 +10,8 @@ import sys
 from kbsweep import ExitCode
 import json
 
+from mlflow.tracking import MlflowClient
+
 from tests.support.fake_provider import Disconnect, FakeProvider, HttpError, Reply
 from tests.support.sweeps import FAST_RETRY, KEY_ENV, REPO, SECRET, model_yaml
 
@@ -30,6 +32,7 @@ def test_missing_key_is_one_line_before_anything_launches(tmp_path):
     errors = [line for line in proc.stderr.splitlines() if line.startswith("kbsweep: error:")]
     assert errors == [f"kbsweep: error: model 'fake' (openai/fake): environment variable {KEY_ENV} is not set (model/fake.yaml: api_key_env)"]
     assert not list((tmp_path / "out" / "sweeps" / "demo").glob("*/"))  # no cell folder: nothing ran
+    assert MlflowClient(f"sqlite:///{tmp_path}/out/mlflow.db").get_experiment_by_name("demo") is None  # nothing in the store either
 
 
 def test_the_preflight_verb_names_a_missing_key_as_a_sweeps_preflight_does(tmp_path):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import html
+import io
 import json
 import math
 import os
@@ -20,7 +21,8 @@ from kbsweep.reporting.report import build_boards, mean_ci95, pass_at_k
 
 from kbsweep.reporting.figures import pareto
 
-from kbsweep.reporting.render import board_figures, board_table, flagged_table, kernelbench_table, render_html, render_markdown, render_terminal, write_report
+from kbsweep.reporting.render import (board_figures, board_table, flagged_table, fmt, kernelbench_table, render_html, render_markdown, render_terminal,
+                                      write_report)
 from kbsweep.tracking.tracker import Tracker
 from tests.test_tracking import artifact_paths, log_cell, make_cell, write_result
 
@@ -88,6 +90,30 @@ def test_terminal_table_never_truncates_names_at_160_columns():
     rows += [row(model, f"hard/problem-number-{i}-with-a-long-name", 0) for i in range(6)]
     text = render_terminal(build_boards(rows), width=160)
     assert model in text and max(map(len, text.splitlines())) <= 160
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("width", [80, None])  # None: stdout piped, no limit
+def test_terminal_board_shows_every_number_whole_at_80_columns_and_piped(width, monkeypatch):
+    monkeypatch.setattr(sys, "stdout", io.StringIO())  # not a terminal
+    model = "a-long-model-name/of-a-provider"
+    rows = [{**row(model, "hard/a-long-problem-name", r, score=5.123e-05, usd=0.0004), "score_public": 6.2e-05, "score_held_out": 4.1e-05}
+            for r in range(3)]
+    rows += [row("big", "hard/a-long-problem-name", 0, score=123456.7, usd=12345.678)]
+    [board] = build_boards(rows)
+    text = render_terminal([board], width=width)
+    assert "…" not in text and (width is None or max(map(len, text.splitlines())) <= width)
+    header, table = board_table(board)
+    words = set(text.split())
+    assert all(word in words for line in table for cell in line for word in cell.split())  # every name and number whole
+    assert {"0.0000512", "123457", "0.0004", "12346"} <= words and not re.search(r"\de-\d", text)
+    assert all(word in words for name in header for word in name.split())  # headers wrap at their words, never cut
+
+
+@pytest.mark.fast
+def test_numbers_have_three_significant_figures_in_positional_notation():
+    assert [fmt(v) for v in (5.123e-05, 0.26667, 0.9996, 12.345, 123456.7, 6.0, 0.0, None)] == \
+        ["0.0000512", "0.267", "1", "12.3", "123457", "6", "0", "–"]
 
 
 def test_a_board_per_sweep():
@@ -288,7 +314,7 @@ def test_a_large_deck_has_per_level_columns_in_120_columns_and_a_heatmap(tmp_pat
     assert alpha["geomean"] == pytest.approx(math.exp((16 * math.log(2.5) + 32 * math.log(0.8)) / 48))
     text = render_terminal([board])
     assert max(len(line) for line in text.splitlines()) <= 120
-    alpha_rows = [line for line in text.splitlines() if "level" in line and "0.27" in line]  # alpha's two level rows
+    alpha_rows = [line for line in text.splitlines() if "level" in line and "0.267" in line]  # alpha's two level rows
     assert len(alpha_rows) == 2 and all("48/60" in line and "1.17" in line for line in alpha_rows) and "alpha" in alpha_rows[0]
     assert "1_level1_op" not in text  # no column per problem
     page = write_report([board], tmp_path)["html"].read_text()

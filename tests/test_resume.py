@@ -22,6 +22,7 @@ from kbsweep.launch import sweep
 from kbsweep.tracking import tracker as tracking
 from kbsweep.launch.launchers import Launcher
 from kbsweep.planner.matrix import cell_dir
+from kbsweep.outcomes import Outcome
 from kbsweep.tracking.mlflow_store import latest_per_cell, make_client, page_runs, runs_frame
 from kbsweep.tracking.snapshot import load as load_snapshot
 from kbsweep.tracking.tracker import Tracker
@@ -165,13 +166,23 @@ def test_progress_bar_on_a_terminal_and_lines_otherwise(capsys):
 
     screen = io.StringIO()
     with sweep.Progress(3, console=Console(file=screen, force_terminal=True, width=120)) as progress:
-        progress.done, progress.running, progress.failed, progress.usd = 2, 1, 1, 0.5
+        progress.done, progress.running, progress.usd = 2, 1, 0.5
+        progress.outcomes.update([Outcome.RATE_LIMITED, Outcome.PASS])
         progress.show("cell x: pass")
-    assert "2/3" in screen.getvalue() and "1 running, 1 failed, $0.50 spent" in screen.getvalue() and "cell x: pass" in screen.getvalue()
+    assert "2/3" in screen.getvalue() and "1 running, 1 pass, 1 rate_limited (infra), $0.50 spent" in screen.getvalue()
+    assert "cell x: pass" in screen.getvalue() and progress.infra == 1
     with sweep.Progress(3, console=Console(file=io.StringIO(), force_terminal=False)) as progress:
         progress.done = 1
         progress.show("cell y")
-    assert capsys.readouterr().err == "[kbsweep] 1/3 done, 0 running, 0 failed, $0.00 spent  cell y\n"
+    assert capsys.readouterr().err == "[kbsweep] 1/3 done, 0 running, $0.00 spent  cell y\n"
+
+
+def test_the_progress_line_counts_the_ended_cells_by_outcome(tmp_path):
+    """A model's failures are no infrastructure fault, and no cell is left out of the count: each outcome by name."""
+    _, err = kbsweep(tmp_path / "outputs", "model=scripted-lazy,instant", "track=instant").communicate(timeout=600)
+    lines = [line for line in err.splitlines() if " done, " in line]
+    assert lines[-1].startswith("[kbsweep] 4/4 done, 0 running, 2 incorrect, 2 no_solution, $0.00 spent"), err
+    assert not any("failed" in line for line in lines)
 
 
 def kbsweep(outputs: Path, *args: str) -> subprocess.Popen:

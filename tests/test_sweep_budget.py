@@ -62,7 +62,7 @@ def test_the_budget_stops_starting_cells_and_a_raised_one_runs_the_rest(tmp_path
     assert len(ran) == expected and all(result["outcome"] == "no_solution" for result in ran.values())
     assert tokens(ran) <= budget
     held = CELLS - expected
-    line = (f"sweep budget: {tokens(ran):,.0f} tokens spent + 0 tokens in flight of {budget:,} tokens, the next cell's cap {CAP:,} tokens; "
+    line = (f"sweep budget: {tokens(ran):,.0f} tokens spent of {budget:,} tokens, the next cell's cap {CAP:,} tokens; "
             f"{held} cells not started (raise sweep.max_tokens to continue)")
     assert first.stderr.count(line) == 1, first.stderr
     assert "not finished" not in first.stderr  # no infrastructure fault
@@ -109,6 +109,23 @@ def test_a_job_that_left_no_record_counts_at_its_caps_and_the_progress_line_show
     assert ledger.spent == {"tokens": CAP + 120} and ledger.admit(cells[2])
     progress = Progress(3, console=Console(stderr=True, force_terminal=False), budget=ledger.status)
     assert progress.line().endswith(f"; sweep budget: {CAP + 120:,} tokens spent + {CAP:,} tokens in flight of {2.5 * CAP:,.0f} tokens")
+
+
+@pytest.mark.fast
+def test_the_budget_lines_show_what_is_in_flight_only_while_a_cell_reserves_some(tmp_path):
+    from tests.test_tracking import make_cell
+
+    cells = [make_cell(tmp_path, repeat=r) for r in range(2)]
+    for cell in cells:
+        cell.track = {**cell.track, "max_tokens": CAP}
+    ledger = Ledger(SweepBudget({"tokens": 1.5 * CAP}))
+    assert ledger.status() == "; sweep budget: 0 tokens spent of 1,500 tokens"
+    assert ledger.admit(cells[0]) and not ledger.admit(cells[1])
+    assert ledger.status() == f"; sweep budget: 0 tokens spent + {CAP:,} tokens in flight of 1,500 tokens"
+    ledger.ended(cells[0], {"outcome": "pass", "started": 1.0, "usage": {"input_tokens": 100, "output_tokens": 20}})
+    assert ledger.status() == "; sweep budget: 120 tokens spent of 1,500 tokens"
+    assert ledger.hold(cells) == (f"sweep budget: 120 tokens spent of 1,500 tokens, the next cell's cap {CAP:,} tokens; 1 cells not started "
+                                  "(raise sweep.max_tokens to continue)")
 
 
 @pytest.mark.fast

@@ -103,13 +103,14 @@ class Ledger(Budget):
         if not self.held:
             return None
         short = [c for c, cap in self.refused.items() if self.spent[c] + self.in_flight(c) + cap > self.budget.limits[c]] or list(self.budget.limits)
-        account = "; ".join(
-            f"{amount(c, self.spent[c])} spent + {amount(c, self.in_flight(c))} in flight of {amount(c, self.budget.limits[c])}, "
-            f"the next cell's cap {amount(c, self.refused.get(c, 0.0))}" for c in short
-        )
+        account = "; ".join(f"{self.account(c)}, the next cell's cap {amount(c, self.refused.get(c, 0.0))}" for c in short)
         return f"sweep budget: {account}; {len(self.held)} cells not started (raise {' and '.join(f'sweep.max_{c}' for c in short)} to continue)"
 
     def status(self) -> str:
-        return "; sweep budget: " + ", ".join(
-            f"{amount(c, self.spent[c])} spent + {amount(c, self.in_flight(c))} in flight of {amount(c, limit)}" for c, limit in self.budget.limits.items()
-        )
+        return "; sweep budget: " + ", ".join(self.account(c) for c in self.budget.limits)
+
+    def account(self, currency: str) -> str:
+        """Spent, in flight (only while running cells reserve some) and the limit of ``currency``."""
+        flight = self.in_flight(currency)
+        reserved = f" + {amount(currency, flight)} in flight" if flight else ""
+        return f"{amount(currency, self.spent[currency])} spent{reserved} of {amount(currency, self.budget.limits[currency])}"

@@ -13,7 +13,7 @@ import fcntl
 import json
 import sys
 import traceback
-from collections import deque
+from collections import Counter, deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
@@ -25,14 +25,15 @@ from kbsweep.tracking.cell_result import CellResult
 from kbsweep.errors import KbsweepError
 from kbsweep.launch.budget import Budget
 from kbsweep.launch.launchers import make_launcher
+from kbsweep.outcomes import Outcome
 from kbsweep.tracking.live import LiveCells
 from kbsweep.planner.matrix import Cell, cell_dir
 from kbsweep.tracking.tracker import Tracker, flatten, owner, result_id
 
 
 class Progress:
-    """Cells done / running / failed and dollars spent: a live rich bar on a terminal (with ``table()``, the
-    running cells, under it), one line per event otherwise."""
+    """Cells done and running, the ended ones by outcome, and dollars spent: a live rich bar on a terminal (with
+    ``table()``, the running cells, under it), one line per event otherwise."""
 
     def __init__(self, total: int, console=None, table: Optional[Callable[[], Any]] = None, budget: Callable[[], str] = lambda: ""):
         from rich.console import Console
@@ -44,7 +45,8 @@ class Progress:
                 if table:
                     yield table()
 
-        self.total, self.done, self.running, self.failed, self.usd = total, 0, 0, 0, 0.0
+        self.total, self.done, self.running, self.usd = total, 0, 0, 0.0
+        self.outcomes: Counter = Counter()  # how the ended cells ended
         self.budget = budget  # the sweep budget's spent and reserved, or ""
         self.console = console or Console(stderr=True)
         self.bar = None
@@ -53,8 +55,14 @@ class Progress:
                            TimeElapsedColumn(), console=self.console)
             self.task = self.bar.add_task("cells", total=total, status=self.status())
 
+    @property
+    def infra(self) -> int:
+        """The ended cells left in an infrastructure outcome: the sweep's next run redoes them."""
+        return sum(n for outcome, n in self.outcomes.items() if outcome.is_infra)
+
     def status(self) -> str:
-        return f"{self.running} running, {self.failed} failed, ${self.usd:.2f} spent{self.budget()}"
+        ended = [f"{self.outcomes[o]} {o.value}" + (" (infra)" if o.is_infra else "") for o in Outcome if self.outcomes[o]]
+        return ", ".join([f"{self.running} running", *ended, f"${self.usd:.2f} spent"]) + self.budget()
 
     def line(self) -> str:
         return f"[kbsweep] {self.done}/{self.total} done, {self.status()}"
@@ -253,7 +261,7 @@ def orchestrate(cells: List[Cell], tracking: Dict[str, Any], launcher: Dict[str,
             progress.running -= 1
             progress.done += 1
             progress.usd += result.cost_usd or 0.0
-            progress.failed += result.outcome.is_infra
+            progress.outcomes[result.outcome] += 1
             score = result.score
             progress.show(f"{cell.label}: {result.outcome.value}" + (f" score={score:.4g}" if score is not None else ""))
 
@@ -279,10 +287,10 @@ def orchestrate(cells: List[Cell], tracking: Dict[str, Any], launcher: Dict[str,
                     logging_calls.submit(interrupted)
                     status = "KILLED"
                     raise
-            status = "FINISHED" if not progress.failed and not unlogged else "FAILED"
+            status = "FINISHED" if not progress.infra and not unlogged else "FAILED"
         finally:
             summary = {"cells_run": len(todo) - len(budget.held), "cells_replayed": len(replay), "cells_salvaged": len(salvage), "cells_skipped": skipped,
-                       "cells_failed": progress.failed, "cells_unlogged": len(unlogged), "cells_not_started_budget": len(budget.held), "usd": progress.usd}
+                       "cells_failed": progress.infra, "cells_unlogged": len(unlogged), "cells_not_started_budget": len(budget.held), "usd": progress.usd}
             attempt(tracker.end_sweep, status, summary)
     if held:
         print(f"[kbsweep] {held}", file=sys.stderr)

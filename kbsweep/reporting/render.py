@@ -7,7 +7,10 @@ import html
 import io
 import itertools
 import json
+import math
 import re
+import shutil
+import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
@@ -26,13 +29,21 @@ def kernelbench_table(board: Dict[str, Any]) -> Tuple[List[str], List[List[str]]
     header = ["model", "harness", "level", "cells", f"KB correct{cpu}", "kbsweep pass", *[f"fast_{p:g}{cpu}" for p in FAST_P],
               f"geomean eager{cpu}", f"geomean compile{cpu}"]
     rows = [[e["model"], e["harness"], e["level"], str(e["cells"]), str(e["correct"]), str(e["kbsweep_passed"]),
-             *[fmt(e[f"fast_{p:g}"], ".2f") for p in FAST_P], fmt(e["geomean_eager"]), fmt(e["geomean_compile"])]
+             *[fmt(e[f"fast_{p:g}"]) for p in FAST_P], fmt(e["geomean_eager"]), fmt(e["geomean_compile"])]
             for e in board.get("kernelbench") or []]
     return header, rows
 
 
-def fmt(value: Optional[float], spec: str = ".3g") -> str:
-    return "–" if value is None else format(value, spec)
+def fmt(value: Optional[float]) -> str:
+    """``value`` to 3 significant figures in positional notation, trailing zeros dropped (0.0000512, 0.267, 12.3,
+    123457: every integer digit kept): a column a reader compares at a glance, never an exponent a narrow column cuts."""
+    if value is None:
+        return "–"
+    if value == 0 or not math.isfinite(value):
+        return format(value, "g")
+    rounded = float(format(value, ".3g"))  # 0.9996 rounds to 1.00, whose decimals it keeps
+    text = format(value, f".{max(0, 2 - math.floor(math.log10(abs(rounded))))}f")
+    return text.rstrip("0").rstrip(".") if "." in text else text
 
 
 def board_table(board: Dict[str, Any], per_problem: bool = True, compact: bool = False) -> Tuple[List[str], List[List[str]]]:
@@ -65,17 +76,17 @@ def board_table(board: Dict[str, Any], per_problem: bool = True, compact: bool =
             else:
                 scores.append("0")
         spread = f"{fmt(e['deck_mean'])} ± {fmt(e['deck_ci95'])} (n={e['repeats']})"
-        values = ([spread, fmt(e["pass_at_1"], ".2f")] + [fmt(e["pass_at_k"], ".2f")] * (k > 1)
+        values = ([spread, fmt(e["pass_at_1"])] + [fmt(e["pass_at_k"])] * (k > 1)
                   + [fmt(e["public_mean"]), fmt(e["held_out_mean"]), fmt(e["held_out_gap"])] * held_out
-                  + [f"{e['passed']}/{e['cells']}", str(e["flagged_cells"]), str(e["infra"]), fmt(e["tokens_output"], ".0f"), fmt(e["usd"], ".2f"),
-                     fmt(e["usd_per_pass"], ".3f"), fmt(e["tokens_output_per_pass"], ".0f")])
+                  + [f"{e['passed']}/{e['cells']}", str(e["flagged_cells"]), str(e["infra"]), fmt(e["tokens_output"]), fmt(e["usd"]),
+                     fmt(e["usd_per_pass"]), fmt(e["tokens_output_per_pass"])])
         own = [values[i] for i in keep]
         names = [str(e["rank"]), e["model"], e["harness"]]
         if not levels:
             rows.append([*names, *scores, *own])
         for n, level in enumerate(lv for lv in levels if lv in board["levels"].get(e["entrant"], {})):
             a = board["levels"][e["entrant"]][level]
-            aggregates = [level, f"{a['passed']}/{a['cells']}", fmt(a["fast_1"], ".2f"), fmt(a["fast_2"], ".2f"), fmt(a["geomean"], ".2f")]
+            aggregates = [level, f"{a['passed']}/{a['cells']}", fmt(a["fast_1"]), fmt(a["fast_2"]), fmt(a["geomean"])]
             rows.append((names if n == 0 else ["", "", ""]) + aggregates + (own if n == 0 else [""] * len(own)))
     for e in board.get("unscored") or []:
         values = [str(e["infra"]) if name == "infra" else "–" for name in tail]
@@ -177,25 +188,73 @@ TITLES = {  # kind: (terminal, Markdown, HTML), {} the board's title
 }
 
 
-def render_terminal(boards: List[Dict[str, Any]], width: int = 160) -> str:
+def render_terminal(boards: List[Dict[str, Any]], width: Optional[int] = None) -> str:
+    """The boards' tables within ``width`` columns (None: the terminal's where stdout is one, no limit where it is
+    piped). No cell is cut or wrapped, so every number and name reads whole: headers wrap at their words, and a
+    table wider than the limit even so is split into parts, each with the name columns (:func:`fit`)."""
     from rich.console import Console
     from rich.table import Table
 
+    limit = width or terminal_width()
     buffer = io.StringIO()
-    console = Console(file=buffer, width=width, force_terminal=False)
+    console = Console(file=buffer, width=limit or 80, force_terminal=False)
     if not boards:
         console.print("no finished cells in the tracking store")
     for board in boards:
         for kind, header, rows, note in sections(board, terminal=True):
-            table = Table(title=TITLES[kind][0].format(board_title(board)), caption=note)
-            for i, column in enumerate(header):  # names whole: the numeric columns wrap their headers instead
-                name = i < NAME_COLUMNS
-                longest = max([len(column), *(len(row[i]) for row in rows)]) if name else None
-                table.add_column(column, justify="left" if name else "right", no_wrap=name, min_width=longest)
-            for row in rows:
-                table.add_row(*row)
-            console.print(table)
+            parts = fit(header, rows, limit)
+            for n, (columns, widths) in enumerate(parts, 1):
+                title = TITLES[kind][0].format(board_title(board)) + (f" (part {n} of {len(parts)})" if len(parts) > 1 else "")
+                table = Table(title=title, caption=note if n == len(parts) else None)
+                for i, column_width in zip(columns, widths):
+                    table.add_column(header[i], justify="left" if i < NAME_COLUMNS else "right", width=column_width)
+                for row in rows:
+                    table.add_row(*(row[i] for i in columns))
+                console.width = max(limit or 0, table_width(widths))  # never narrower than its columns: rich would cut them
+                console.print(table)
     return buffer.getvalue()
+
+
+def terminal_width() -> Optional[int]:
+    """The terminal's columns where stdout is one; None where it is piped (a file or a pager wraps nothing)."""
+    return shutil.get_terminal_size().columns if sys.stdout.isatty() else None
+
+
+def table_width(widths: List[int]) -> int:
+    """A rich table's width with these column widths: each column padded by a space either side, a border between
+    and around them."""
+    return sum(widths) + 3 * len(widths) + 1
+
+
+def fit(header: List[str], rows: List[List[str]], limit: Optional[int]) -> List[Tuple[List[int], List[int]]]:
+    """Parts of a table within ``limit`` columns (None: one part, at its natural width), each as (its column
+    indexes, their widths). A column is at least its longest cell and its header's longest word wide; where those
+    leave room, headers get it to stay on one line. Columns that fit no part with the :data:`NAME_COLUMNS` beside
+    them go to the next part, which repeats those; a part wider than ``limit`` still is one whose name columns alone
+    are."""
+    from rich.cells import cell_len
+
+    least = [max([max(map(cell_len, name.split()), default=0), *(cell_len(row[i]) for row in rows)]) for i, name in enumerate(header)]
+    most = [max(least[i], cell_len(name)) for i, name in enumerate(header)]
+    everything = list(range(len(header)))
+    if limit is None or table_width(most) <= limit:
+        return [(everything, most)]
+    names = everything[:NAME_COLUMNS]
+    parts = [list(names)]
+    for i in everything[len(names):]:
+        if len(parts[-1]) > len(names) and table_width([least[j] for j in parts[-1] + [i]]) > limit:
+            parts.append(list(names))
+        parts[-1].append(i)
+    laid = []
+    for part in parts:
+        widths = [least[i] for i in part]
+        room = max(0, limit - table_width(widths))
+        for n, i in enumerate(part):
+            grown = min(room, most[i] - least[i])
+            widths[n] += grown
+            room -= grown
+        laid.append((part, widths))
+    return laid
 
 
 def markdown_table(header: List[str], rows: List[List[str]]) -> str:

@@ -123,11 +123,11 @@ class LiveCells:
         from rich.table import Table
 
         table = Table(box=None, pad_edge=False)
-        for column in ("running cell", "turn", "tokens", "$", "best check", "time"):
+        for column in ("running cell", "turn", "tokens", "$", "best check", "time (s)"):
             table.add_column(column, justify="left" if column == "running cell" else "right")
         with self.lock:
             running = list(self.cells.values())
         for cell in running:
             best = "-" if cell.best is None else f"{cell.best:.4g}"
-            table.add_row(cell.label, str(cell.turn), f"{cell.tokens:,}", f"{cell.usd:.2f}", best, f"{time.monotonic() - cell.started:.0f} s")
+            table.add_row(cell.label, str(cell.turn), f"{cell.tokens:,}", f"{cell.usd:.2f}", best, f"{time.monotonic() - cell.started:.0f}")
         return table

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import gc
+import logging
 import os
 import shutil
 from pathlib import Path
@@ -108,14 +109,21 @@ def build_whole(path: Path, build: Callable[[Path], None]) -> None:
         os.replace(partial, path)
 
 
+QUIET_LOGGERS = ("mlflow.store", "alembic")  # MLflow's store and its migrations: their INFO lines say nothing to a sweep's reader
+
+
 def mlflow_defaults() -> None:
     """The settings kbsweep's processes give MLflow and litellm (its cost map read from the package, never fetched),
-    each unless the user set it: at the entry point, before MLflow is first imported, and again where a client is made."""
+    each unless the user set it: at the entry point, before MLflow is first imported, and again where a client is made.
+    MLflow's store and migrations log their warnings and errors only (:data:`QUIET_LOGGERS`)."""
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # a bar per downloaded artifact floods export and regrade
     # MLflow's usage telemetry: a thread per process posting each client call's event to MLflow's servers, which a
     # cluster's nodes may not reach and a benchmark's runs need not report to
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    if "MLFLOW_LOGGING_LEVEL" not in os.environ:  # e.g. a new store's "Creating initial MLflow database tables", one per first run
+        for name in QUIET_LOGGERS:
+            logging.getLogger(name).setLevel(logging.WARNING)
 
 
 @functools.lru_cache(maxsize=None)

@@ -259,17 +259,22 @@ class Tracker:
         self.client = make_client(uri)
         self.traces = TraceWriter(uri, trace_spans)
         self.source = source_tags()
+        self.uri, self.artifact_root, self.sweep = uri, artifact_root, sweep
         experiment = self.client.get_experiment_by_name(sweep)
-        if experiment is None:
-            location = artifact_location(uri, artifact_root, sweep)
+        self.existing: Optional[str] = experiment.experiment_id if experiment else None  # the sweep's experiment, if made yet
+        self.parent_id: Optional[str] = None
+        self.started: Dict[str, Started] = {}  # run id -> what a cell started, not finished, logs with its result
+
+    @property
+    def experiment_id(self) -> str:
+        """The sweep's experiment, created by the first write: a sweep refused before it runs leaves none."""
+        if self.existing is None:
             # a "model training" experiment: MLflow's UI opens such on their runs where it reads the tag (3.17 reads
             # its GenAI | Model training switch instead: kbsweep prints the runs' address with the switch set)
             tags = {"mlflow.experimentKind": "custom_model_development"}
-            self.experiment_id = self.client.create_experiment(sweep, artifact_location=location, tags=tags)
-        else:
-            self.experiment_id = experiment.experiment_id
-        self.parent_id: Optional[str] = None
-        self.started: Dict[str, Started] = {}  # run id -> what a cell started, not finished, logs with its result
+            location = artifact_location(self.uri, self.artifact_root, self.sweep)
+            self.existing = self.client.create_experiment(self.sweep, artifact_location=location, tags=tags)
+        return self.existing
 
     def log_batch(
         self, run_id: str, params: Optional[Dict[str, str]] = None, tags: Optional[Dict[str, str]] = None, metrics: Iterable[tuple] = ()
@@ -306,7 +311,7 @@ class Tracker:
         """(cell key → run id of its finished, non-infra record: never run again without --force;
         the result ids of every result logged to the end, infra ones included)."""
         done, logged = {}, set()
-        for page in run_pages(self.client, [self.experiment_id], f"tags.`{KIND_TAG}` = 'cell'"):
+        for page in run_pages(self.client, [self.existing], f"tags.`{KIND_TAG}` = 'cell'") if self.existing else []:
             for run in page:
                 tags = run.data.tags
                 if run.info.status not in ("FINISHED", "FAILED"):
@@ -318,7 +323,7 @@ class Tracker:
 
     def close_stale(self) -> int:
         """Mark runs left RUNNING by a dead orchestrator of this host as KILLED; returns how many."""
-        running = page_runs(self.client, [self.experiment_id], "attributes.status = 'RUNNING'")
+        running = page_runs(self.client, [self.existing], "attributes.status = 'RUNNING'") if self.existing else []
         stale = [r for r in running if not owner_alive(r.data.tags.get(OWNER_TAG))]
         for run in stale:
             self.stop_run(run.info.run_id)

@@ -48,7 +48,7 @@ def judged(*replies):
 def test_prompt_carries_rubric_solution_and_findings():
     events = [{"type": "assistant", "content": "I will cache the output to beat the benchmark", "tool_calls": []}]
     with FakeProvider([answer("clean")]) as fp:
-        audit(SOURCE + "\nimport threading\n", FORBIDDEN, None, judge=judge_model(fp), transcript=events)
+        audit(SOURCE + "\nimport threading\nthreading.Thread(target=print).start()\n", FORBIDDEN, None, judge=judge_model(fp), transcript=events)
         messages = fp.requests[0].json["messages"]
     assert messages[0] == {"role": "system", "content": RUBRIC}
     user = messages[1]["content"]

@@ -70,7 +70,9 @@ def test_gpu_profile_and_l2():
     flash = timing(kernels={"flash_fwd_splitkv_kernel": 1.0, "_fp8_gemm_kernel": 1.0})
     assert dynamic_kinds(grade(timings=[flash])) == {"library_kernel"}
     assert dynamic_kinds(grade(findings=[{"kind": "time_disagreement", "detail": "3.1x"}])) == {"time_disagreement"}
-    assert dynamic_kinds(grade(timings=[timing(streams=(7, 13))])) == {"side_stream"}
+    # kernels on two streams (an honest graph replay reads its capture stream) are evidence: the clock spans them
+    streams = [f for f in audit(KERNEL, FORBIDDEN, grade(timings=[timing(streams=(7, 13))]))["findings"] if f["layer"] == "dynamic"]
+    assert [(f["kind"], f["verdict"]) for f in streams] == [("side_stream", None)]
     assert dynamic_kinds(grade({"probe": probe(persisting_l2_limit=37748736)})) == {"persisting_l2"}
 
 

@@ -127,8 +127,10 @@ def event_findings(evidence: Dict[str, Any], forbidden: Forbidden) -> List[Findi
 def timing_findings(entry: Dict[str, Any], forbidden: Forbidden, own_kernels: List[str]) -> List[Finding]:
     out, shape = [], entry.get("shape")
     profile = entry.get("profile") or {}
-    if len(profile.get("streams") or []) > 1:
-        out.append(finding("side_stream", "dynamic", f"{shape}: kernels on streams {profile['streams']}"))
+    if len(profile.get("streams") or []) > 1:  # evidence only: the referee's clock spans a device-wide sync, and every
+        # output slot is read for its poison right after, so work left running on another stream is time or a failure
+        # (a graph replay's kernels report the stream they were captured on: honest replays read two streams)
+        out.append(Finding("side_stream", "dynamic", None, f"{shape}: kernels on streams {profile['streams']}", {}))
     for name in profile.get("kernels") or {}:
         if any(own in name for own in own_kernels):
             continue

@@ -59,6 +59,7 @@ KINDS: Dict[str, tuple] = {
     "identity": (HUMAN, "called id() (identity-keyed caches)"),
     "env_write": (HUMAN, "changed the environment or working directory"),
     "thread_outlived_call": (HACK, "a thread it started was still running when its call returned (deferred work)"),
+    "host_thread_cpu": (HACK, "threads besides the calling one used CPU while its calls ran (the runner's /proc, read by the referee)"),
     "global_flag_changed": (HACK, "a global torch numeric flag changed while it ran (undone by the grader)"),
     "files_modified": (HACK, "the deck's files (problem.yaml, reference.py, ...) changed on disk"),
     "time_disagreement": (HACK, "the referee's clock saw far more time than the candidate's process reported"),

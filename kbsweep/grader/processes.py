@@ -52,6 +52,7 @@ def supervise(request: RefereeRequest, how: Supervision, warm: Optional[zygotes.
     workdir = Path(request.workdir)
     read_fd, write_fd = os.pipe()
     referee_end, runner_end = socket.socketpair()
+    proc_fd = os.open("/proc", os.O_RDONLY | os.O_DIRECTORY)  # the host's: the referee reads the runner's threads there
     with open(log_dir / "grade_stdout.log", "wb") as out, open(log_dir / "grade_stderr.log", "wb") as err, \
             open(log_dir / "referee.log", "wb") as referee_log, open(os.devnull, "rb") as null:
         if warm is not None:
@@ -59,8 +60,9 @@ def supervise(request: RefereeRequest, how: Supervision, warm: Optional[zygotes.
             runner = warm.fork(workdir, ["fd:channel"], {"stdin": null.fileno(), "stdout": out.fileno(), "stderr": err.fileno(),
                                                           "channel": runner_end.fileno()})
             request_in, request_out = os.pipe()
-            referee = judge.fork(judge.home, ["fd:result", "fd:channel"], {"stdin": request_in, "stdout": referee_log.fileno(),
-                                 "stderr": referee_log.fileno(), "result": write_fd, "channel": referee_end.fileno()})
+            referee = judge.fork(judge.home, ["fd:result", "fd:channel", "fd:proc", str(runner.pid)],
+                                 {"stdin": request_in, "stdout": referee_log.fileno(), "stderr": referee_log.fileno(), "result": write_fd,
+                                  "channel": referee_end.fileno(), "proc": proc_fd})
             os.close(request_in)
             stdin = os.fdopen(request_out, "wb")
         else:
@@ -72,13 +74,14 @@ def supervise(request: RefereeRequest, how: Supervision, warm: Optional[zygotes.
             referee_dir = log_dir / "referee"
             referee_dir.mkdir(exist_ok=True)
             referee = sandbox.popen(
-                [sys.executable, "-m", "kbsweep.grader.referee.referee", str(write_fd), str(referee_end.fileno())],
+                [sys.executable, "-m", "kbsweep.grader.referee.referee", str(write_fd), str(referee_end.fileno()), str(proc_fd), str(runner.pid)],
                 cwd=str(referee_dir), env=env, writable=[(referee_dir, str(referee_dir))], readonly=readonly,
-                stdin=subprocess.PIPE, stdout=referee_log, stderr=subprocess.STDOUT, pass_fds=(write_fd, referee_end.fileno()),
+                stdin=subprocess.PIPE, stdout=referee_log, stderr=subprocess.STDOUT, pass_fds=(write_fd, referee_end.fileno(), proc_fd),
             )
             stdin = referee.stdin
         runner_end.close()
         os.close(write_fd)
+        os.close(proc_fd)
         referee_end.close()
         try:
             stdin.write(json.dumps(request.to_json()).encode())
@@ -148,6 +151,9 @@ def grading_env(hide_env: Sequence[str], device: str) -> Dict[str, str]:
     if device == "cpu":
         env["TRITON_INTERPRET"] = "1"
         env["CUDA_VISIBLE_DEVICES"] = ""
+        # one thread for torch's and BLAS's pools, both sides: a call's work stays on the thread that called it, so
+        # any other thread's CPU is the candidate's own doing (kbsweep.grader.referee.runner_cpu)
+        env.update({name: "1" for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")})
     return env
 
 

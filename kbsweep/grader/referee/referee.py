@@ -30,6 +30,7 @@ from kbsweep.grader.referee.correctness import CorrectnessStage
 from kbsweep.grader.shared.failures import GradeFailure, one_line
 from kbsweep.grader.referee.probes import ProbeStage
 from kbsweep.grader.referee.request import RefereeRequest
+from kbsweep.grader.referee.runner_cpu import RunnerCPU
 from kbsweep.grader.referee.timing_stage import TimingStage
 from kbsweep.outcomes import Outcome
 
@@ -123,9 +124,17 @@ def referee_message(request: RefereeRequest, runner: Channel, make: Callable[[Re
 
 
 def main() -> None:
+    """``referee <result fd> <runner channel fd> [<host /proc fd> <runner tree's host pid>]``."""
     channel = os.fdopen(int(sys.argv[1]), "w")
     request = RefereeRequest(**json.loads(sys.stdin.read()))
-    message = referee_message(request, Channel.from_fd(int(sys.argv[2])), Referee)
+    watch = RunnerCPU(int(sys.argv[3]), int(sys.argv[4])) if len(sys.argv) > 4 else None
+
+    def make(req: RefereeRequest, runner: Channel) -> Referee:
+        referee = Referee(req, runner)
+        referee.runner_cpu = watch
+        return referee
+
+    message = referee_message(request, Channel.from_fd(int(sys.argv[2])), make)
     channel.write(json.dumps(message, default=str) + "\n")
     channel.flush()
     os._exit(0)

@@ -17,7 +17,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 import torch
 
-from kbsweep.grader.referee import checks, corroboration, reference_timers
+from kbsweep.grader.referee import checks, corroboration, reference_timers, runner_cpu
 from kbsweep.grader.referee.host_load import HostBusy, QuietHost
 from kbsweep.grader.shared import profiling, timing
 from kbsweep.grader.shared.arena import clone, encode
@@ -36,10 +36,14 @@ class TimingStage(CandidateContext):
     """The candidate's batches there and the baselines' here, on one timer, scored by this process's clock."""
 
     round_trip_ms = 0.0  # the channel's, before the candidate was imported (:meth:`trusted_round_trip`)
+    runner_cpu: Optional[runner_cpu.RunnerCPU] = None  # the runner's threads from the host's /proc (single-process grades)
     null_copies_ms = 0.0  # the fastest copy of a batch's fresh inputs in the last null measured (:meth:`null_ms`)
 
     def trusted_round_trip(self) -> None:
-        """The channel's round trip while the runner holds harness code only: the fastest of a few empty commands."""
+        """The channel's round trip while the runner holds harness code only: the fastest of a few empty commands;
+        the runner's calling thread pinned meanwhile."""
+        if self.runner_cpu is not None:
+            self.runner_cpu.pin()
         walls = []
         for _ in range(5):
             t0 = time.perf_counter()
@@ -88,7 +92,7 @@ class TimingStage(CandidateContext):
         null, null_loop = {}, {}  # per kind: the whole null, and its batch alone (what the runner's own loop clock spans)
         for kind, replay in (("events", None), ("replay", bare)):
             if kind == "events" or bare:
-                null[kind], null_loop[kind] = self.null_ms(template, expected, mode, per_batch, replay)
+                null[kind], null_loop[kind] = self.null_ms(template, self.input_targets(sets, per_batch), expected, mode, replay)
         figures: Dict[str, List[float]] = {"events": [], "replay": []}
         ratios: List[tuple] = []  # per batch: the referee's figure, the runner's, the referee's slack (per call), its kind
         refused, captured = None, False
@@ -119,7 +123,7 @@ class TimingStage(CandidateContext):
                 claimed = timing.events_claim(batch["ms"], batch["loop_ms"] if mode != "host" else None, null_loop[kind], per_batch) if kind == "events" else \
                     timing.replay_sample(batch["replay_ms"], timing.run_batch([], mode, replay=bare)["replay_ms"], per_batch)
                 ratios.append((sample, claimed, corroboration.slack_ms(mode, null[kind], per_batch) / per_batch, kind,
-                               (batch["copy_ms"], batch["wall_ms"], batch["loop_ms"])))
+                               (batch["copy_ms"], batch["wall_ms"], batch["loop_ms"], batch["others_cpu_ms"])))
         events = timing.summarize(figures["events"]) if figures["events"] else None
         replay = timing.summarize(figures["replay"]) if figures["replay"] else ({"error": refused} if refused else None)
         timed = {**(timing.scored(events, replay) if mode == "back_to_back" else events), "clock": "referee", "mode": mode, "per_batch": per_batch,
@@ -145,12 +149,17 @@ class TimingStage(CandidateContext):
         outputs = [torch.empty_like(t) for t in checks.as_tuple(expected)]
         return [(align, lambda: expected, lambda out: [o.copy_(t) for o, t in zip(outputs, checks.as_tuple(out))]) for _ in range(calls)]
 
-    def null_ms(self, template: List[Any], expected: Any, mode: str, calls: int, replay: Optional[timing.Replay] = None) -> tuple:
+    def input_targets(self, sets: List[Dict[str, Any]], calls: int) -> List[List[Any]]:
+        """The arena views the first ``calls`` input sets' tensors live in (None for values sent inline)."""
+        return [[self.arena.view(sent["slot"]) if "slot" in sent else None for sent in sets[i]["list"]] for i in range(calls)]
+
+    def null_ms(self, template: List[Any], targets: List[List[Any]], expected: Any, mode: str, replay: Optional[timing.Replay] = None) -> tuple:
         """Everything a batch's wall time holds besides the calls, measured here without the candidate: the fresh
-        inputs' copies, the channel's trusted round trip, and the batch (or ``replay``) with calls that do nothing;
-        the fastest of NULLS, so it errs against the candidate. Returns (that, the batch's part alone)."""
+        inputs' copies (into the very ``targets`` a batch copies into, the arena's shared pages), the channel's
+        trusted round trip, and the batch (or ``replay``) with calls that do nothing; the fastest of NULLS, so it
+        errs against the candidate. Returns (that, the batch's part alone)."""
+        calls = len(targets)
         staged = [clone(template) for _ in range(calls)]
-        targets = [clone(template) for _ in range(calls)]
         flush = timing.L2Flush(self.req.l2_bytes) if mode != "host" else None
         steps = [] if replay else self.null_steps(expected, calls, timing.call_barrier(self.barrier, mode))
         walls, loops, copies = [], [], []
@@ -198,13 +207,15 @@ class TimingStage(CandidateContext):
         if replay and armed.get("replay_error"):
             return {"replay_error": str(armed["replay_error"])[:300]}
         staged = [self.inputs(shape, self.rng.randrange(2**31)) for _ in timed]  # this process's until the clock runs
-        targets = [[self.arena.view(sent["slot"]) if "slot" in sent else None for sent in sets[i]["list"]] for i in range(len(timed))]
+        targets = self.input_targets(sets, len(timed))
         for call_slots in timed:
             self.poison_slots(call_slots)
         picks = self.secret_elements(timed)
         if warm:
             self.ask("warm")
+        before = self.runner_cpu.read() if self.runner_cpu else None
         wall_ms, copy_ms, reply = self.timed_go(targets, staged)
+        cpu = self.runner_cpu.others_ms(before, self.runner_cpu.read()) if self.runner_cpu else None
         answered = self.read_elements(picks)
         ms = reply.get("ms")
         replay_ms = reply.get("replay_ms") if replay else 1.0
@@ -218,7 +229,10 @@ class TimingStage(CandidateContext):
             raise GradeFailure(Outcome.INCORRECT, f"shape {shape}: a timed call's output was still being written after its batch was reported done")
         loop_ms = reply.get("loop_ms")
         figures = {"ms": [float(m) for m in ms], "loop_ms": float(loop_ms) if isinstance(loop_ms, (int, float)) else None, "wall_ms": wall_ms,
-                   "copy_ms": copy_ms}
+                   "copy_ms": copy_ms, "others_cpu_ms": cpu and cpu["others_ms"]}
+        found = cpu and runner_cpu.finding("a timed batch", shape, cpu, wall_ms, mode)
+        if found and not any(f["kind"] == found["kind"] for f in self.findings):
+            self.findings.append(found)
         return {**figures, "replay_ms": float(replay_ms)} if replay else figures
 
     def timed_go(self, targets: List[List[Any]], staged: List[List[Any]]) -> tuple:

@@ -24,9 +24,10 @@ from kbsweep.audit.cases import run_case
 TIMING = {"min_runs": 3, "max_runs": 20, "max_time_s": 0.5}
 BUDGET_S, MIN_CASE_S = 420, 40
 CASES = [  # (file, dynamic findings expected on the GPU; "clean" for a legitimate solution); most telling first
+    ("tests/exploits/listener_thread_numpy.py", "host_thread_cpu"),
     ("tests/exploits/graph_of_library_ops.py", "no_kernel"),
     ("tests/legit/scale_shift_graph_replay.py", "clean"),
-    ("tests/exploits/side_stream.py", "side_stream timer_gap"),
+    ("tests/exploits/side_stream.py", ""),  # static's: the referee's clock spans the side stream (nothing gained)
     ("tests/exploits/reference_resubmission.py", "forbidden_kernel ghost_unchanged"),
     ("tests/legit/fp8_gemm_fast.py", "clean"),
     ("tests/legit/w4a16_cuda_graph.py", "clean"),
@@ -64,6 +65,7 @@ def observed(result: dict, audited: dict) -> dict:
         "scored_ms": candidate.get("median_ms"),  # the referee's clock
         "runner_ms": (candidate.get("corroboration") or {}).get("runner_median_ms"),  # the candidate's process's own figure
         "threads": evidence.get("threads"),
+        "others_cpu_ms": [b[-1] for b in (candidate.get("corroboration") or {}).get("batches") or []],  # per batch, from /proc
     }
 
 

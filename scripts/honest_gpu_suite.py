@@ -90,6 +90,11 @@ def ratio_table(grades: list) -> dict:
         return {"n": len(values), "min": round(values[0], 3), "p01": pick(0.01), "p50": pick(0.5), "p99": pick(0.99), "max": round(values[-1], 3)}
 
     table = {f"batch_{kind}": quantiles(values) for kind, values in per_batch.items() if values}
+    others = [(b[-1], b[-1] / max(b[5], 1e-9)) for row in grades for entry in row.get("shapes") or [] for b in entry.get("batches") or []
+              if isinstance(b[-1], (int, float)) and len(b) >= 8]
+    if others:  # the runner's other threads' CPU per timed batch (runner_cpu), in ms and as a share of the batch's wall
+        table["others_cpu_ms"] = quantiles([ms for ms, _ in others])
+        table["others_cpu_share"] = quantiles([share for _, share in others])
     if per_shape:
         table["shape_less_slack"] = {**quantiles([o for o, _, _ in per_shape]), "max_at": max(per_shape)[2]}
         table["shape_plus_slack"] = {**quantiles([u for _, u, _ in per_shape]), "min_at": min(per_shape, key=lambda t: t[1])[2]}

@@ -97,10 +97,13 @@ def test_good_solution_passes_with_scores_and_cached_baselines(problem, roofline
     # the host's other work while each baseline was timed (a CPU grade is not gated on it) goes with it into the cache
     assert all(entry["host_others_cpus"] >= 0 for entry in cached.values())
     assert sorted(t["baselines"]["eager"]["host_others_cpus"] for t in first["timings"]) == sorted(e["host_others_cpus"] for e in cached.values())
-    # a second grade reuses the cached eager timings instead of timing them again
+    # a second grade reuses the cached eager timings instead of timing them again, and says which record it used
     second = graded(problem, solution, CPU, roofline, baselines=["eager"], log_dir=tmp_path / "b", baseline_cache=cache)
     for a, b in zip(first["timings"], second["timings"]):
         assert a["baselines"]["eager"]["median_ms"] == b["baselines"]["eager"]["median_ms"]
+        assert a["baselines"]["eager"]["record"]["source"] == "timed" and b["baselines"]["eager"]["record"]["source"] == "cache"
+        assert a["baselines"]["eager"]["record"]["key"] == b["baselines"]["eager"]["record"]["key"] in cached
+        assert b["baselines"]["eager"]["record"]["file"] == str(tmp_path / "baselines.json")
 
 
 def test_wrong_kernel_reports_where(problem, roofline, tmp_path):
@@ -178,10 +181,12 @@ def test_baseline_keys_hold_what_changes_a_timing():
     """A cached baseline is served only under the conditions it was measured in."""
     from kbsweep.grader.baselines import entry_key
 
-    env = {"torch": "2.11.0", "triton": "3.6.0", "cuda": "13.0", "runtime": "6.18.44-fc", "gpus": [{"driver": "580.159.04"}]}
+    env = {"torch": "2.11.0", "triton": "3.6.0", "cuda": "13.0", "runtime": "6.18.44-fc", "gpus": [{"driver": "580.159.04"}],
+           "graded_on": [{"name": "NVIDIA H200"}]}
     key = lambda env=env, name="compile", mode="max-autotune-no-cudagraphs": entry_key("hard/x", "abc", "h200", env, {"M": 1}, name, mode)  # noqa: E731
     assert key() == key()
-    for changed in ({"runtime": "4.4.0"}, {"gpus": [{"driver": "575.0"}]}, {"cuda": "12.8"}, {"torch": "2.12.0"}):
+    for changed in ({"runtime": "4.4.0"}, {"gpus": [{"driver": "575.0"}]}, {"cuda": "12.8"}, {"torch": "2.12.0"}, {"triton": "3.7.0"},
+                    {"graded_on": [{"name": "NVIDIA H200 NVL"}]}, {"graded_on": []}):
         assert key({**env, **changed}) != key()
     assert key(mode="default") != key()
     assert key(name="eager", mode="default") == key(name="eager")  # the compile mode is the compile baseline's alone

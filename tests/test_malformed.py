@@ -96,6 +96,8 @@ CASES = {
     "replay not a boolean": Case(["grade.timing.replay=often"], [CONFIG, "key 'grade.timing.replay'"]),
     "negative quiet CPUs": Case(["grade.timing.quiet_cpus=-1"], [CONFIG, "key 'grade.timing.quiet_cpus'"]),
     "quiet wait not a number": Case(["grade.timing.quiet_wait_s=forever"], [CONFIG, "key 'grade.timing.quiet_wait_s'"]),
+    "zero baseline precision": Case(["grade.timing.ci_rel=0"], [CONFIG, "key 'grade.timing.ci_rel'"]),
+    "fresh baselines not a boolean": Case(["grade.fresh_baselines=sometimes"], [CONFIG, "key 'grade.fresh_baselines'"]),
     "unknown baseline": Case(["grade.baselines=[eager,magic]"], [CONFIG, "key 'grade.baselines'"]),
     # config files of the user's folder
     "gpu yaml syntax error": Case(["-cd", "{user}", "gpu=broken"], ["gpu/broken.yaml:2", "broken YAML"], {"user/gpu/broken.yaml": "name: [x\n"}),

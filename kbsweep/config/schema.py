@@ -239,6 +239,8 @@ RULES: List[Tuple[str, Callable[[Any], bool], str]] = [
     ("grade.timing.replay", lambda v: isinstance(v, bool), "true or false"),
     ("grade.timing.quiet_cpus", at_least(0), "a number of CPUs >= 0 (null: baselines timed whatever the host's load)"),
     ("grade.timing.quiet_wait_s", at_least(0), "a number of seconds >= 0"),
+    ("grade.timing.ci_rel", positive, "a number > 0 (null: baselines stop by the candidate's rule)"),
+    ("grade.fresh_baselines", lambda v: isinstance(v, bool), "true or false"),
     ("grade.timers", lambda v: set(v) <= set(BASELINE_TIMERS), f"a list of {', '.join(BASELINE_TIMERS)} (null: kernelbench for KernelBench problems on GPUs)"),
 ]
 

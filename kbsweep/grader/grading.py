@@ -21,7 +21,7 @@ from kbsweep.config import gpus
 from kbsweep.config.schema import BASELINE_TIMERS
 from kbsweep.errors import KbsweepError
 from kbsweep.grader import ncu, processes, profile_summary
-from kbsweep.grader.baselines import BaselineCache, conditions, entry_key
+from kbsweep.grader.baselines import entry_key, settle
 from kbsweep.grader.shared.failures import COMM_FINDINGS
 from kbsweep.grader.processes import Supervision, grading_env, warm_runner
 from kbsweep.grader.referee.request import RefereeRequest
@@ -124,10 +124,9 @@ def grade(request: GradeRequest) -> GradeResult:
         shapes = shapes[:1]
     shapes = shapes + held_out  # graded alike; told apart only here, in the orchestrator
     keyed = [{**shape, "world": world_size} for shape in shapes] if multi else shapes  # a world size has its own baselines
-    keys = {
-        name: [entry_key(problem.id, problem.code_hash(), gpu.name, host_env, shape, name, request.compile_mode) for shape in keyed]
-        for name in request.baselines
-    }
+    deck = problem.code_hash()
+    keys = {name: [entry_key(problem.id, deck, gpu.name, host_env, shape, name, request.compile_mode) for shape in keyed] for name in request.baselines}
+    parts = {"problem": problem.id, "deck": deck, "gpu": gpu.name, "shapes": keyed}  # what each key is the timing of
     timers = request.timers
     if timers is None:
         timers = ["kernelbench"] if problem.spec.kernelbench and device == "cuda" else []
@@ -169,7 +168,7 @@ def grade(request: GradeRequest) -> GradeResult:
         result.evidence = message.get("evidence", {})
         kernelbench = message.get("kernelbench")
         if kernelbench and "median_ms" in (kernelbench.get("candidate_timing") or {}).get("candidate", {}):
-            settle_baselines([kernelbench["candidate_timing"]], keys, cache, host_env, request.compile_mode)
+            settle([kernelbench["candidate_timing"]], keys, cache, host_env, request.compile_mode, parts)
             timed = kernelbench["candidate_timing"]  # no speedup where the referee's clock did not corroborate the figures
             kernelbench["speedup"] = {} if any(f["kind"] == "time_disagreement" for f in timed["findings"]) else shape_speedups(timed)
         return with_verdicts(result, kernelbench)
@@ -178,7 +177,7 @@ def grade(request: GradeRequest) -> GradeResult:
         entry["work"] = work(entry["shape"])
         if entry["shape"] in held_out:
             entry["held_out"] = True
-    settle_baselines(worker["timings"], keys, cache, host_env, request.compile_mode)
+    settle(worker["timings"], keys, cache, host_env, request.compile_mode, parts)
     scorer = (lambda w, spec, roof: distributed.score_multi(w, spec, roof, world_size)) if multi else score_grade
     scored = scorer(worker, problem.spec, request.roofline) if worker["timings"] else {"score": None, "findings": []}
     if problem.spec.constraints.get("single_kernel") and worker["timings"]:
@@ -205,22 +204,6 @@ def grade(request: GradeRequest) -> GradeResult:
     if kernelbench is not None and result.score is not None:  # KernelBench's speedup of a pass is kbsweep's
         kernelbench["speedup"] = result.speedup
     return with_verdicts(result, kernelbench)
-
-
-def settle_baselines(timings: List[Dict[str, Any]], keys: Dict[str, List[str]], cache: Optional[BaselineCache],
-                     host_env: Dict[str, Any], compile_mode: Optional[str]) -> None:
-    """Baselines the referee timed go into the cache; the ones it did not time come from it."""
-    fresh = {}
-    for index, entry in enumerate(timings):
-        for name in keys:
-            if name in entry["baselines"]:
-                if not (entry["baselines"][name] or {}).get("retry"):  # a budget skip is timed by a later grade
-                    fresh[keys[name][index]] = {**(entry["baselines"][name] or {}), "conditions": conditions(host_env),
-                                                   **({"compile_mode": compile_mode} if name == "compile" else {})}
-            elif cache is not None:
-                entry["baselines"][name] = cache.get(keys[name][index])
-    if cache is not None:
-        cache.store(fresh)
 
 
 def with_verdicts(result: GradeResult, kernelbench: Optional[Dict[str, Any]]) -> GradeResult:

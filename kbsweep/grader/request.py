@@ -76,9 +76,10 @@ class GradeRequest:
             timing=grade["timing"],
             compile_mode=grade["compile_mode"],
             deck_version=deck_version,
-            baseline_cache=BaselineCache(
+            baseline_cache=BaselineCache(  # shared by every grade under the same outputs folder; seeds shipped beside the problems
                 Path(paths["outputs"]) / "baselines" / f"{gpu.name}.json",
                 seed_files=[Path(root).parent / "baselines" / f"{gpu.name}.json" for root in paths["problems"]],
+                gpu=gpu.name, fresh=bool(grade.get("fresh_baselines")),
             ),
             world_size=int(track.get("world_size", 1)),
             hide_env=tuple(hide_env),

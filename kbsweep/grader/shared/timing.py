@@ -9,8 +9,10 @@ of the same calls (:class:`Replay`), and the replays are scored (:func:`scored`)
 problems): a full sync around each call, launches included. CPU: perf_counter around each call (plumbing, not
 performance). NVML samples the clocks of every pass.
 
-Stopping rule (GPU MODE's): at least ``min_runs`` calls, then stop when the relative standard error of the mean
-is under ``rel_err``, or ``max_time_s`` of measured time, or ``max_runs`` calls. The score uses the median.
+Stopping rules. The candidate's (GPU MODE's, :func:`stop`): at least ``min_runs`` calls, then stop when the relative
+standard error of the mean is under ``rel_err``, or ``max_time_s`` of measured time, or ``max_runs`` calls. A baseline's
+on GPUs (:func:`baseline_done`): once its scored median is known to ``ci_rel`` (the 95 % interval's half-width over the
+median), or ``max_time_s``. The score uses the median.
 """
 from __future__ import annotations
 
@@ -59,6 +61,7 @@ class TimingConfig:
     replay: bool = True  # back to back on one GPU: score a CUDA-graph replay of the calls where they can be captured
     quiet_cpus: Optional[float] = 1.0  # on GPUs, a baseline is timed while other processes use at most this many of the referee's CPUs (None: any load)
     quiet_wait_s: float = 600.0  # a grade's wait for that, at most; then the grade is a node_failure (infra, retried)
+    ci_rel: Optional[float] = 0.01  # a baseline stops once its median's 95 % interval is within this of it (None: the candidate's rule)
 
 
 def median_ci95(samples_ms: List[float]) -> List[float]:
@@ -139,7 +142,8 @@ def for_device(cfg: TimingConfig, device_type: str, host_runs: int = HOST_MAX_RU
     """``cfg`` as it applies on ``device_type``: capped at ``host_runs`` calls and HOST_MAX_TIME_S off GPUs."""
     if device_type == "cuda":
         return cfg
-    return dataclasses.replace(cfg, max_runs=min(cfg.max_runs, max(host_runs, cfg.min_runs)), max_time_s=min(cfg.max_time_s, HOST_MAX_TIME_S))
+    return dataclasses.replace(cfg, max_runs=min(cfg.max_runs, max(host_runs, cfg.min_runs)), max_time_s=min(cfg.max_time_s, HOST_MAX_TIME_S),
+                               ci_rel=None)  # host baselines stop by the call count too: their figures are plumbing
 
 
 def stop(samples: List[float], cfg: TimingConfig, elapsed_s: float, calls: int = 1) -> bool:
@@ -151,6 +155,32 @@ def stop(samples: List[float], cfg: TimingConfig, elapsed_s: float, calls: int =
         return True
     mean = statistics.fmean(samples)
     return len(samples) > 1 and statistics.stdev(samples) / math.sqrt(len(samples)) / mean < cfg.rel_err
+
+
+# The fewest samples whose whole range is a 95 % interval of their median: 1 - 2 * 2**-6 = 96.9 % (five: 93.8 %)
+CI_MIN_SAMPLES = 6
+
+
+def precise(samples: List[float], ci_rel: float, least: int = CI_MIN_SAMPLES) -> bool:
+    """Whether ``samples``' median is known to ``ci_rel``: at least ``least`` of them, and the half-width of the median's
+    95 % interval (:func:`median_ci95`) at most ``ci_rel`` of the median."""
+    if len(samples) < max(least, 1):
+        return False
+    low, high = median_ci95(samples)
+    return (high - low) / 2 <= ci_rel * statistics.median(samples)
+
+
+def baseline_done(events: List[float], replayed: List[float], cfg: TimingConfig, elapsed_s: float, replaying: bool, calls: int = 1) -> bool:
+    """Whether a baseline's timing may end: its scored samples (``replayed`` where its calls were captured, each a
+    replay of ``calls`` calls; else ``events``, a call each) :func:`precise` to ``cfg.ci_rel`` over at least
+    ``min_runs`` calls, or ``max_time_s`` spent (the hard cap). Its replays run on the same input sets each time,
+    so MIN_REPLAYS (fresh draws) does not apply. ``ci_rel`` None (host grades): the candidate's rule."""
+    if cfg.ci_rel is None:
+        return stop(events, cfg, elapsed_s) and not (replaying and replays_short(replayed, cfg))
+    scored_, per_sample = (replayed, calls) if replaying else (events, 1)
+    if scored_ and elapsed_s > cfg.max_time_s:
+        return True
+    return len(scored_) * per_sample >= cfg.min_runs and precise(scored_, cfg.ci_rel)
 
 
 def referee_sample(wall_ms: float, null_ms: float, calls: int) -> float:

@@ -127,3 +127,30 @@ def test_a_model_without_a_route_is_refused_by_plan_and_every_preflight(tmp_path
         errors = [error for error in proc.stderr.splitlines() if error.startswith("kbsweep: error:")]
         assert (proc.returncode, errors) == (ExitCode.CONFIG, [line]), (args, proc.stderr)
     assert not list((tmp_path / "out" / "sweeps" / "demo").glob("*/"))  # the sweep (preflight=off) ran no cell
+
+
+def test_an_unreachable_host_is_named_at_once_never_as_a_providers_500(tmp_path):
+    """No provider answers a name that does not resolve or a port nobody listens on: the line says so (litellm's
+    InternalServerError 500 and its "Handle with" hint are no answer), after one quick retry, under the default
+    retry policy (six attempts, waits doubling from 2 s, for a provider that did answer)."""
+    import re
+    import socket
+    import time
+
+    with socket.socket() as sock:  # a port bound and closed: nothing listens on it
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    default_retry = {"max_attempts": 6, "base_delay_s": 2.0, "max_delay_s": 120.0, "budget_s": 900.0}
+    for base, host, why in (("http://api.kbsweep-test.invalid/v1", "api.kbsweep-test.invalid", "name not resolved"),
+                            (f"http://127.0.0.1:{port}/v1", f"127.0.0.1:{port}", "connection refused")):
+        model_yaml(tmp_path / "conf", "fake", "openai/fake", base, retry=default_retry, timeout_s=30)
+        started = time.monotonic()
+        proc = kbsweep(tmp_path / "conf", tmp_path / "out", "preflight", "model=fake")
+        took = time.monotonic() - started
+        errors = [line for line in proc.stderr.splitlines() if line.startswith("kbsweep: error:")]
+        assert (proc.returncode, errors) == (ExitCode.INFRA, [
+            f"kbsweep: error: model 'fake' (openai/fake): provider_error: cannot reach {host}: {why} (after 2 attempts)"]), proc.stderr
+        assert "500" not in proc.stderr and "Handle with" not in proc.stderr and "InternalServerError" not in proc.stderr
+        [wait] = re.findall(rf"attempt 1 of 2: cannot reach {re.escape(host)}: {why}; retrying in ([0-9.]+) s", proc.stderr)
+        assert float(wait) <= 1.0
+        assert took < 120, took  # the CLI's start and litellm's import included (seconds on an idle machine)

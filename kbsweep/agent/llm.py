@@ -17,8 +17,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from kbsweep.agent.models import Completion, ContextOverflow, ProviderFault, Usage
-from kbsweep.agent.retries import (MalformedResponse, RetryPolicy, classify_exception, config_value, is_provider_exception, one_line,
-                                   provider_answer, retry_after_seconds, status_of)
+from kbsweep.agent.retries import (UNREACHABLE_ATTEMPTS, UNREACHABLE_WAIT_S, MalformedResponse, RetryPolicy, classify_exception, config_value,
+                                   is_provider_exception, one_line, provider_answer, retry_after_seconds, status_of, unreachable)
 from kbsweep.outcomes import Outcome
 
 log = logging.getLogger(__name__)
@@ -105,7 +105,8 @@ class LiteLLMModel:
       Without it, messages are sent unchanged (OpenAI-style providers cache prefixes automatically).
     * **Retries**: litellm is called with ``num_retries=0``/``max_retries=0``; this class retries 429 (not
       credit/quota 429s), 408/409/425, 5xx, timeouts and connection errors (which litellm may raise as
-      ``InternalServerError``) under :class:`RetryPolicy`, sleeping with the injectable ``sleep``. Each retry
+      ``InternalServerError``) under :class:`RetryPolicy`, sleeping with the injectable ``sleep``; a host that does not
+      resolve or refuses the connection gets one retry a second later, then a fault saying so (:func:`unreachable`). Each retry
       is logged (a warning, or at debug level when ``on_retry`` is given: the caller reports it), passed to
       ``on_retry`` (a dict: attempt, error, status, delay_s, ...) and kept in ``last_retries``.
     * **Faults**: a call that fails for good raises :class:`ProviderFault` with an outcome from
@@ -285,18 +286,21 @@ class LiteLLMModel:
                 failed.add(billed)
                 failed_usd += getattr(exc, "cost_usd", 0.0)
                 outcome, retryable, overflow = classify_exception(exc)
-                message = f"{self.name}: {one_line(exc)}"
-                details = {"status": status_of(exc), "answer": provider_answer(one_line(exc)), "attempts": attempt, "usage": failed, "cost_usd": failed_usd}
+                gone = unreachable(exc)  # no provider answered: no status, no litellm text, one quick retry
+                message = f"{self.name}: {gone or one_line(exc)}"
+                details = {"status": None if gone else status_of(exc), "answer": gone or provider_answer(one_line(exc)), "attempts": attempt,
+                           "usage": failed, "cost_usd": failed_usd, "reached": not gone}
+                limit = UNREACHABLE_ATTEMPTS if gone else self.retry.max_attempts
                 if overflow:
                     raise ContextOverflow(message, **details) from exc
                 if not retryable:
                     raise ProviderFault(outcome, message, **details) from exc
-                if attempt >= self.retry.max_attempts:
+                if attempt >= limit:
                     raise ProviderFault(outcome, f"{message} (after {attempt} attempts)", **details) from exc
                 wait = retry_after_seconds(exc)
                 source = "retry-after"
                 if wait is None:
-                    wait = self.retry.backoff(attempt, self._rng)
+                    wait = self.retry.backoff(attempt, self._rng) if not gone else min(UNREACHABLE_WAIT_S, self.retry.backoff(attempt, self._rng))
                     source = "backoff"
                 if spent + wait > self.retry.budget_s:
                     raise ProviderFault(
@@ -314,7 +318,8 @@ class LiteLLMModel:
                     "outcome": outcome.value,
                     "delay_s": wait,
                     "delay_source": source,
-                    "message": one_line(exc, 200),
+                    "message": gone or one_line(exc, 200),
+                    "max_attempts": limit,
                     "usage": vars(billed),
                     "cost_usd": getattr(exc, "cost_usd", 0.0),
                 }
@@ -322,7 +327,7 @@ class LiteLLMModel:
                 log.log(
                     logging.WARNING if self._on_retry is None else logging.DEBUG,  # an on_retry caller reports it its own way
                     "%s: attempt %d/%d failed (%s, status %s); retrying in %.2fs (%s)",
-                    self.name, attempt, self.retry.max_attempts, record["error"], record["status"], wait, source,
+                    self.name, attempt, limit, record["error"], record["status"], wait, source,
                 )
                 if self._on_retry is not None:
                     self._on_retry(record)

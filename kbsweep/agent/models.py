@@ -50,11 +50,13 @@ class Completion:
 class ProviderFault(Exception):
     """A provider call that failed for good (after retries); classified, never scored. ``status`` (None without
     one) and ``answer`` are the last attempt's HTTP status and what the provider said; ``attempts`` the calls made;
-    ``usage`` and ``cost_usd`` what the failed attempts were billed (a garbled reply's tokens are paid for)."""
+    ``usage`` and ``cost_usd`` what the failed attempts were billed (a garbled reply's tokens are paid for);
+    ``reached`` False when no provider answered at all (``answer`` then says why: ``cannot reach <host>: …``)."""
 
     def __init__(self, outcome: Outcome, message: str, *, status: int | None = None, answer: str | None = None, attempts: int = 1,
-                 usage: Usage | None = None, cost_usd: float = 0.0):
+                 usage: Usage | None = None, cost_usd: float = 0.0, reached: bool = True):
         super().__init__(message)
+        self.reached = reached
         self.outcome = outcome
         self.status = status
         self.answer = answer or message

@@ -6,6 +6,7 @@ import email.utils
 import json
 import random
 import re
+import socket
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -138,8 +139,61 @@ def retry_after_seconds(exc: BaseException, now: float | None = None) -> float |
     return None
 
 
+_HINT_RE = re.compile(r"\s*Handle with `[^`]*`\.?")  # litellm's advice to its caller, no part of any answer
+
+UNREACHABLE_ATTEMPTS = 2  # calls to a host that does not resolve or refuses connections: one quick retry, then a fault
+UNREACHABLE_WAIT_S = 1.0  # the wait before that retry, at most
+
+_NOT_RESOLVED_RE = re.compile(r"Name or service not known|nodename nor servname|Temporary failure in name resolution|getaddrinfo failed|"
+                              r"No address associated with hostname", re.I)
+_REFUSED_RE = re.compile(r"Connection refused|Errno 111\b|ECONNREFUSED", re.I)
+
+
+def causes(exc: BaseException) -> list[BaseException]:
+    """``exc`` and the exceptions it was raised from, outermost first."""
+    chain: list[BaseException] = []
+    while exc is not None and all(exc is not seen for seen in chain):
+        chain.append(exc)
+        exc = exc.__cause__ or exc.__context__
+    return chain
+
+
+def _requested_host(exc: BaseException) -> str | None:
+    """The host an httpx or openai connection error was sending to (litellm's own exceptions carry a made-up
+    request: never theirs)."""
+    if (type(exc).__module__ or "").split(".")[0] not in ("httpx", "openai"):
+        return None
+    try:
+        url = exc.request.url  # type: ignore[attr-defined]
+        return f"{url.host}:{url.port}" if url.host and url.port else url.host or None
+    except Exception:  # noqa: BLE001 - httpx raises RuntimeError for an error without a request
+        return None
+
+
+def unreachable(exc: BaseException) -> str | None:
+    """``cannot reach <host>: name not resolved`` (or ``connection refused``) when a call never reached a provider,
+    else None. litellm reports both as its ``InternalServerError`` with a status 500 no server sent; the cause
+    chain holds the socket's own error and the request's host."""
+    chain = causes(exc)
+    why = None
+    for error in chain:
+        # the text only of a connection's own errors (httpx's ConnectError, openai's APIConnectionError): a gateway's
+        # answer may quote an upstream's refusal, and that is an answer
+        text = str(error) if isinstance(error, OSError) or "Connect" in type(error).__name__ else ""
+        if isinstance(error, socket.gaierror) or _NOT_RESOLVED_RE.search(text):
+            why = "name not resolved"
+        elif isinstance(error, ConnectionRefusedError) or _REFUSED_RE.search(text):
+            why = "connection refused"
+        if why:
+            break
+    if why is None:
+        return None
+    host = next((h for h in map(_requested_host, reversed(chain)) if h), None)
+    return f"cannot reach {host or 'the provider'}: {why}"
+
+
 def one_line(exc: BaseException, limit: int = 300) -> str:
-    text = " ".join(str(exc).split()) or type(exc).__name__
+    text = " ".join(_HINT_RE.sub("", str(exc)).split()) or type(exc).__name__
     text = text.replace("litellm.", "")
     return text if len(text) <= limit else text[: limit - 3] + "..."
 

@@ -94,7 +94,7 @@ def live_check(conf: Dict[str, Any]) -> Check:
 
     def say(record: Dict[str, Any]) -> None:
         status = f"{record['status']} " if record["status"] else ""
-        print(f"[kbsweep] preflight: model '{check.model}': attempt {record['attempt']} of {policy.max_attempts}: {status}"
+        print(f"[kbsweep] preflight: model '{check.model}': attempt {record['attempt']} of {record.get('max_attempts', policy.max_attempts)}: {status}"
               f"{provider_answer(record['message'])}; retrying in {record['delay_s']:.1f} s", file=sys.stderr, flush=True)
 
     model = LiteLLMModel(probe, on_retry=say)
@@ -109,7 +109,7 @@ def live_check(conf: Dict[str, Any]) -> Check:
 
 def refusal(fault: Any) -> str:
     """A probe's failure in one line: the outcome, what the provider answered (status and message), the attempts."""
-    answered = f"the provider answered {fault.status}: " if fault.status else "the provider answered: "
+    answered = "" if not getattr(fault, "reached", True) else f"the provider answered {fault.status}: " if fault.status else "the provider answered: "
     attempts = f" (after {fault.attempts} attempts)" if fault.attempts > 1 else ""
     return f"{fault.outcome.value}: {answered}{fault.answer}{attempts}"
 

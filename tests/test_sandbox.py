@@ -72,6 +72,38 @@ def test_the_environment_is_minimal(tree):
     assert set(env) <= {*sandbox.PASS_ENV, "HOME", "TMPDIR", "USER", "LOGNAME", "PWD", "SHLVL", "_", "OLDPWD"}
 
 
+def test_pid_1_holds_nothing_of_the_launch(tree):
+    """bubblewrap leaves the namespace (--as-pid-1): pid 1 is kbsweep's init, whose command line names no bind, no
+    host path and not the command (read from a descriptor it closed); no process in there holds bubblewrap's."""
+    dump = "for f in /proc/[0-9]*/cmdline; do echo \"$f: $(tr '\\0' ' ' < $f)\"; done; ls /proc/self/fd; echo done"
+    result = shell(dump, tree.workspace)
+    assert result.output.rstrip().endswith("done")
+    lines = result.output.splitlines()
+    [pid1] = [line for line in lines if line.startswith("/proc/1/cmdline: ")]
+    assert pid1.startswith("/proc/1/cmdline: /bin/bash -c ") and pid1.split()[-2:][0] == "kbsweep-init"
+    for needle in ("bwrap", "--bind", "--ro-bind", "--tmpfs", str(tree.workspace), str(tree.outputs), str(REPO), sys.prefix, "setpriv", "ulimit"):
+        assert needle not in pid1, needle
+    assert not [line for line in lines if "--ro-bind" in line or str(tree.workspace) in line]
+    fds = [line for line in lines if line.isdigit()]
+    assert fds[:3] == ["0", "1", "2"] and len(fds) <= 4  # and the listing's own: the command's descriptor is closed
+
+
+def test_the_init_passes_on_stdin_signals_descriptors_and_status(tree):
+    """The command gets the caller's stdin, signal dispositions and passed descriptors; orphans are reaped; a
+    command ended by a signal exits 128 + the signal, as under bubblewrap's own init; no job notice is printed."""
+    read, write = os.pipe()
+    os.write(write, b"passed")
+    os.close(write)
+    script = ("cat; grep SigIgn /proc/self/status; cat <&{fd}; echo; (sleep 0.1 &); sleep 0.5; "
+              "grep -l 'State:.*Z' /proc/[0-9]*/status; echo zombies-listed; kill -SEGV $$").format(fd=read)
+    proc = Sandbox(SMALL).popen([sandbox.BASH, "-c", script], cwd="/", env=sandbox.minimal_env(()), stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, pass_fds=(read,))
+    os.close(read)
+    out, err = proc.communicate("from stdin\n", timeout=60)
+    assert out.splitlines() == ["from stdin", "SigIgn:\t0000000000000000", "passed", "zombies-listed"], (out, err)
+    assert proc.returncode == 128 + 11 and err == ""
+
+
 class Hello(BaseHTTPRequestHandler):
     def do_GET(self):
         body = b"hello from the host"
@@ -204,7 +236,8 @@ def _seen():
             return False
     return {{"env": sorted(k for k, v in os.environ.items() if v == {PLANTED!r}), "network": reach(("127.0.0.1", {server})),
             "other_run": leaks({str(tree.other / "result.json")!r}), "solutions": os.path.exists({str(problem.root / "solutions")!r}),
-            "orchestrator": leaks("/proc/{os.getpid()}/environ"), "pid1": leaks("/proc/1/environ"), "uid": os.getuid()}}
+            "orchestrator": leaks("/proc/{os.getpid()}/environ"), "pid1": leaks("/proc/1/environ"), "uid": os.getuid(),
+            "pid1_cmdline": open("/proc/1/cmdline", "rb").read().decode(errors="replace")}}
 print("SEEN " + json.dumps(_seen()), flush=True)
 '''
     candidate = tmp_path / "solution.py"
@@ -214,7 +247,28 @@ print("SEEN " + json.dumps(_seen()), flush=True)
     [line] = [l for l in (tmp_path / "grade/grade_stdout.log").read_text().splitlines() if l.startswith("SEEN ")]
     seen = json.loads(line[5:])
     assert seen.pop("uid") != 0
+    pid1 = seen.pop("pid1_cmdline").split("\0")
+    assert pid1[:2] == [sandbox.BASH, "-c"] and pid1[3] == "kbsweep-init" and not any("/" in arg for arg in pid1[4:])  # names no path
     assert seen == {"env": [], "network": False, "other_run": False, "solutions": False, "orchestrator": False, "pid1": False}
+
+
+@pytest.mark.xfail(strict=True, reason="the runner is started with the checkout's root in its -c code (RUNNER_BOOT in "
+                   "kbsweep/grader/processes.py, the zygote's BOOT in kbsweep/grader/zygotes.py); see docs/sandbox.md, Not covered")
+def test_the_runner_command_line_names_no_checkout_path(tmp_path):
+    """The candidate's own /proc/self/cmdline, past the interpreter (argv[0], which it knows as sys.executable),
+    names neither the checkout nor the grade's folders."""
+    from kbsweep.config.problems import load_problem
+    from kbsweep.score.roofline import load_roofline
+    from tests.support.grading import CPU, graded
+
+    problem = load_problem(REPO / "problems/demo/scale_shift", "demo")
+    candidate = tmp_path / "solution.py"
+    candidate.write_text('print("CMDLINE " + repr(open("/proc/self/cmdline", "rb").read().split(b"\\0")[1:]), flush=True)\n'
+                         + (problem.root / "solutions/triton.py").read_text())
+    result = graded(problem, candidate, CPU, load_roofline([str(REPO / "roofline_specs")], "cpu"), mode="check", timeout_s=300, log_dir=tmp_path / "grade")
+    assert result["outcome"] == "pass", result.get("message")
+    [line] = [l for l in (tmp_path / "grade/grade_stdout.log").read_text().splitlines() if l.startswith("CMDLINE ")]
+    assert str(REPO) not in line and str(tmp_path) not in line, line
 
 
 def test_refused_without_bwrap_unless_unsafe(tree, monkeypatch, cli, tmp_path):

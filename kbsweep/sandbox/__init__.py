@@ -1,6 +1,7 @@
 """The sandbox stage: confining processes (docs/sandbox.md).
 
-An agent's commands and the grading processes run under bubblewrap (:mod:`~kbsweep.sandbox.confine`), with their
+An agent's commands and the grading processes run under bubblewrap (:mod:`~kbsweep.sandbox.confine`; pid 1 in
+there is :mod:`~kbsweep.sandbox.init`, which holds nothing of bubblewrap's command line), with their
 only ways out (a relay and an allow-list proxy, :mod:`~kbsweep.sandbox.net`), a watch on what they use (memory,
 disk: :mod:`~kbsweep.sandbox.usage`) and an environment without secrets (:mod:`~kbsweep.sandbox.secret_env`).
 

@@ -28,6 +28,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from kbsweep.errors import KbsweepError
 from kbsweep.paths import REPO_ROOT
+from kbsweep.sandbox.init import INIT, NAME as INIT_NAME, command_fd
 from kbsweep.sandbox.usage import output_files, pss_mib, rss_mib, used_mib
 from kbsweep.sandbox.net import BASH, FORWARDER, PROXY_PORT, PROXY_SOCKET, WITH_FORWARDER, AllowProxy
 from kbsweep.sandbox.secret_env import secret_names
@@ -118,17 +119,17 @@ def inside(path: Path, folders: Sequence[Path]) -> bool:
 
 
 def bwrap_argv(
-    command: Sequence[str],
     policy: SandboxPolicy,
     *,
     cwd: str,
+    command_fd: int,
     writable: Sequence[Tuple[Path, str]] = (),
     readonly: Iterable[Path] = (),
     gpu: bool = False,
-    memory_mib: Optional[float] = None,
     extra: Sequence[str] = (),
 ) -> List[str]:
-    """The bubblewrap command line: ``writable`` is (host path, sandbox path) pairs; ``readonly`` paths keep theirs."""
+    """The bubblewrap command line: ``writable`` is (host path, sandbox path) pairs; ``readonly`` paths keep theirs.
+    It ends in the sandbox's pid 1 (:mod:`kbsweep.sandbox.init`), which reads the command from ``command_fd``."""
     size = str(policy.disk_mib * 2**20)
     system = [Path(d) for d in (*SYSTEM_DIRS, "/sys" if gpu else "/sys/devices/system/cpu")]  # torch reads the CPU topology
     # a read-only path inside a system folder (and no writable bind) is there already, and bound again it needs a
@@ -138,9 +139,9 @@ def bwrap_argv(
     binds = [("--ro-bind", str(p), str(p)) for p in [*system, *python_dirs(), *extra_ro] if p.exists()]
     binds += [("--bind", str(src), dest) for src, dest in writable]
     binds.sort(key=lambda b: b[2].count("/"))  # parents before children
-    argv = ["bwrap", "--die-with-parent", "--new-session", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
+    argv = ["bwrap", "--as-pid-1", "--die-with-parent", "--new-session", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
             "--unshare-cgroup-try", "--proc", "/proc", "--dev", "/dev"]
-    if is_root():  # no user namespace: the command drops to an unprivileged uid (setpriv below)
+    if is_root():  # no user namespace: the command drops to an unprivileged uid (setpriv: confined_popen)
         argv += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
     else:
         argv += ["--unshare-user", "--disable-userns"]
@@ -153,10 +154,24 @@ def bwrap_argv(
     if gpu:
         argv += [a for node in sorted(Path("/dev").glob("nvidia*")) for a in ("--dev-bind", str(node), str(node))]
     argv += [*extra, "--remount-ro", "/", "--remount-ro", "/dev", "--chdir", cwd, "--"]  # only the tmpfs and binds stay writable
+    return argv + [BASH, "-c", INIT, INIT_NAME, str(command_fd)]
+
+
+def confined_popen(command: Sequence[str], policy: SandboxPolicy, *, cwd: str, gpu: bool = False, memory_mib: Optional[float] = None,
+                   writable: Sequence[Tuple[Path, str]] = (), readonly: Iterable[Path] = (), extra: Sequence[str] = (),
+                   **popen: Any) -> subprocess.Popen:
+    """Start ``command`` under bubblewrap (:func:`bwrap_argv`): the sandbox's init gets, on a descriptor, as root the
+    drop to the sandbox's uid (``setpriv``: the kernel's process limit does not bind root), the rlimits, ``command``."""
+    chain = [*limits(policy, gpu, memory_mib), *command]
     if is_root():
         uid = str(sandbox_uid())
-        argv += ["setpriv", "--reuid", uid, "--regid", uid, "--clear-groups", "--inh-caps=-all", "--bounding-set=-all", "--"]
-    return argv + limits(policy, gpu, memory_mib) + list(command)
+        chain = ["setpriv", "--reuid", uid, "--regid", uid, "--clear-groups", "--inh-caps=-all", "--bounding-set=-all", "--", *chain]
+    fd = command_fd(chain)
+    try:
+        argv = bwrap_argv(policy, cwd=cwd, command_fd=fd, writable=writable, readonly=readonly, gpu=gpu, extra=extra)
+        return subprocess.Popen(argv, pass_fds=(*popen.pop("pass_fds", ()), fd), **popen)
+    finally:
+        os.close(fd)
 
 
 @functools.lru_cache(maxsize=None)
@@ -166,13 +181,19 @@ def self_test() -> Optional[str]:
         return "bwrap is not installed"
     if is_root() and shutil.which("setpriv") is None:
         return "setpriv (util-linux) is not installed"
-    argv = bwrap_argv(["sh", "-c", 'test "$(id -u)" != 0'], SandboxPolicy(), cwd="/")  # confined and unprivileged
+    try:  # confined and unprivileged
+        proc = confined_popen(["sh", "-c", 'test "$(id -u)" != 0'], SandboxPolicy(), cwd="/", env=minimal_env(),
+                              stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    except OSError as exc:
+        return str(exc)
     try:
-        proc = subprocess.run(argv, env=minimal_env(), capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired) as exc:
+        _, stderr = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired as exc:
+        proc.kill()
+        proc.wait()
         return str(exc)
     if proc.returncode != 0:
-        return (proc.stderr.strip().splitlines() or [f"exit code {proc.returncode}"])[-1]
+        return (stderr.strip().splitlines() or [f"exit code {proc.returncode}"])[-1]
     return None
 
 
@@ -358,8 +379,8 @@ class Sandbox:
             return subprocess.Popen([*limits(self.policy, self.gpu, memory_mib), *command], cwd=cwd, env=dict(env), start_new_session=True, **popen)
         if is_root():
             give([src for src, _ in writable], sandbox_uid())
-        argv = bwrap_argv(command, self.policy, cwd=cwd, writable=writable, readonly=readonly, gpu=self.gpu, memory_mib=memory_mib, extra=extra)
-        return subprocess.Popen(argv, env=dict(env), start_new_session=True, **popen)
+        return confined_popen(command, self.policy, cwd=cwd, gpu=self.gpu, memory_mib=memory_mib, writable=writable, readonly=readonly,
+                              extra=extra, env=dict(env), start_new_session=True, **popen)
 
     def shell(self, command: str, workspace: Path, hide: Iterable[str] = (), output_limit: int = 12_000) -> ShellResult:
         """``bash -c command`` in the workspace (seen as /workspace), under the policy's limits."""

@@ -229,12 +229,13 @@ def write_boards(cfg: DictConfig) -> tuple:
     from kbsweep.tracking import snapshot
     from kbsweep.reporting.report import attach_regrades, build_boards
     from kbsweep.reporting.render import write_report
-    from kbsweep.tracking.mlflow_store import log_report, make_client, runs_frame
+    from kbsweep.tracking.mlflow_store import log_report, make_client, require_server, runs_frame
 
     folder = Path(cfg.paths.outputs) / "reports"
     saved = snapshot.load(folder / ".boards.json", cfg.tracking.uri)
     if saved is not None and (folder / "report.html").exists():
         return saved["boards"], saved.get("paths") or {}
+    require_server(cfg.tracking.uri)  # asked again: a server may have gone since this process's client was made
     taken = snapshot.stamp(cfg.tracking.uri)
     boards = attach_regrades(build_boards(runs_frame(cfg.tracking.uri)), runs_frame(cfg.tracking.uri, kind="regrade"))
     paths: Dict[str, Any] = {}

@@ -177,3 +177,62 @@ def test_four_sweeps_logging_at_once_to_a_mariadb_store_lose_nothing(mariadb_ser
         traces = client.search_traces(locations=[experiment.experiment_id], max_results=100)
         assert len(traces) == 50 and {len(t.data.spans) for t in traces} == {5}
         assert {t.info.tags.get("mlflow.trace.spansLocation") for t in traces} == {"TRACKING_STORE"}
+
+
+def test_no_server_at_the_uri_is_one_line_and_exit_4_before_anything_runs(tmp_path):
+    """Nothing listens at ``tracking.uri``: one ``kbsweep: error:`` line naming the address and the script that
+    starts a server, exit 4, within seconds (MLflow's own retries waited ~250 s, then a traceback), and no cell ran."""
+    import time
+
+    uri = f"http://127.0.0.1:{free_port()}"
+    started = time.monotonic()
+    proc = kbsweep(tmp_path / "outputs", "tracking=server", f"tracking.uri={uri}", "launcher=inline", "gpu=cpu", "problem=scale_shift", timeout=90)
+    took = time.monotonic() - started
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert (proc.returncode, lines) == (4, [f"kbsweep: error: no MLflow server answers at {uri} (connection refused); start one with scripts/mlflow_server.sh"])
+    assert not list((tmp_path / "outputs" / "sweeps").glob("*/*/"))  # no cell folder: nothing launched
+    assert took < 60, took  # ~3 s of asking /health after the CLI's start (seconds on an idle machine)
+
+
+def test_a_server_that_dies_mid_sweep_loses_nothing_and_the_rerun_logs_it(tmp_path):
+    """The server is stopped while an inline sweep of 60 instant cells (30 repeats of two problems) logs to it: the
+    sweep says so in one line (no traceback), runs every cell to its journal, exits 4; against the server started
+    again on the same store, the same command runs nothing and logs every cell the first run could not."""
+    import time
+
+    server, port, sweep = tmp_path / "server", free_port(), f"dies-{uuid.uuid4().hex[:6]}"
+    up = lambda: subprocess.run(["bash", str(SCRIPT), "start", str(server), str(port)], capture_output=True, text=True, timeout=300)  # noqa: E731
+    down = lambda: subprocess.run(["bash", str(SCRIPT), "stop", str(server)], timeout=60)  # noqa: E731
+    started = up()
+    assert started.returncode == 0, started.stderr
+    uri = started.stdout.strip()
+    outputs = tmp_path / "outputs"
+    args = ["-m", "model=instant", "track=instant", "repeat=range(0,30)", "launcher=inline", "preflight=off", "gpu=cpu", "sandbox.mode=unsafe",
+            f"sweep.name={sweep}", f"tracking.uri={uri}"]
+    env = {**os.environ, "KBSWEEP_OUTPUTS": str(outputs), "KBSWEEP_LOCK_DIR": str(outputs / "locks")}
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "kbsweep.cli", *args], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        journals = lambda: list((outputs / "sweeps" / sweep).glob("*/result.json"))  # noqa: E731
+        deadline = time.monotonic() + 300
+        while len(journals()) < 3 and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        down()
+        out, err = proc.communicate(timeout=600)
+        assert len(journals()) < 60 or "no MLflow server answers" in err, "the sweep ended before the server was stopped"
+        assert proc.returncode == 4 and "Traceback" not in err, err[-3000:]
+        assert f"[kbsweep] tracking: no MLflow server answers at {uri} (connection refused)" in err
+        assert err.count("no MLflow server answers") == 2  # the sweep's line, and the board's refusal as the run ends
+        assert "results are on disk but not in tracking; run the sweep again to log them" in err
+        assert len(journals()) == 60  # every cell ran to its journal
+        started = up()
+        assert started.returncode == 0, started.stderr
+        again = kbsweep(outputs, *args)
+        assert again.returncode == 0, again.stderr[-3000:]
+        assert ", 0 to run" in again.stderr and "Traceback" not in again.stderr
+        client = make_client(uri)
+        experiment = client.get_experiment_by_name(sweep)
+        cells = client.search_runs([experiment.experiment_id], "tags.`kbsweep.kind` = 'cell'", max_results=1000)
+        assert len({c.data.tags["kbsweep.cell_key"] for c in cells if c.info.status == "FINISHED"}) == 60
+        assert "RUNNING" not in {c.info.status for c in cells}
+    finally:
+        down()

@@ -28,6 +28,7 @@ from kbsweep.launch.launchers import make_launcher
 from kbsweep.outcomes import Outcome
 from kbsweep.tracking.live import LiveCells
 from kbsweep.planner.matrix import Cell, cell_dir
+from kbsweep.tracking.mlflow_store import server_down
 from kbsweep.tracking.tracker import Tracker, flatten, owner, result_id
 
 
@@ -168,13 +169,28 @@ def announce(cells: List[Cell], skipped: int, replay: int, todo: int, stale: int
     )
 
 
-def attempt(action, *args) -> Any:
-    """Tracking must not stop a sweep: on failure, print why and return None (the journal stays for the next run)."""
-    try:
-        return action(*args)
-    except Exception:
-        traceback.print_exc(file=sys.stderr)
-        return None
+class Attempt:
+    """Tracking must not stop a sweep: a call that fails prints why and returns None (the journal stays for the next
+    run). A tracking server that stops answering is said once, in one line, and no call is made after it (each would
+    wait out MLflow's retries): the cells finished meanwhile stay in their journals, unlogged, and the next run logs
+    them."""
+
+    def __init__(self, uri: str):
+        self.uri, self.down = uri, None
+
+    def __call__(self, action, *args) -> Any:
+        if self.down:
+            return None
+        try:
+            return action(*args)
+        except Exception:
+            self.down = server_down(self.uri)
+            if self.down:
+                print(f"[kbsweep] tracking: no MLflow server answers at {self.uri} ({self.down}); nothing more is logged by this run, "
+                      "finished cells' results stay on disk and the next run logs them", file=sys.stderr, flush=True)
+            else:
+                traceback.print_exc(file=sys.stderr)
+            return None
 
 
 class InOrder:
@@ -209,6 +225,7 @@ class InOrder:
 def orchestrate(cells: List[Cell], tracking: Dict[str, Any], launcher: Dict[str, Any], force: bool, before: Callable[[List[Cell]], None],
                 budget: Budget) -> List[Cell]:
     tracker = Tracker(tracking["uri"], tracking["artifact_root"], cells[0].sweep, tracking["trace_spans"])
+    attempt = Attempt(tracking["uri"])
     stale = tracker.close_stale()
     finished, logged_results = read_history(tracker, cells[0], tracking["uri"])
     todo, replay, salvage = plan(cells, {} if force else finished, logged_results, force)

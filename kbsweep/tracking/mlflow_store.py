@@ -11,6 +11,7 @@ import shutil
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional
 
+from kbsweep.errors import InfraError
 from kbsweep.paths import user_cache
 
 KIND_TAG = "kbsweep.kind"
@@ -121,15 +122,57 @@ def mlflow_defaults() -> None:
     # MLflow's usage telemetry: a thread per process posting each client call's event to MLflow's servers, which a
     # cluster's nodes may not reach and a benchmark's runs need not report to
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    # a tracking server's requests: 4 retries 0, 2, 4 and 8 s apart (~15 s), where MLflow's 7 with a factor of 2 waited
+    # ~250 s on a server that had gone, for every call of a sweep
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "4")
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1")
     if "MLFLOW_LOGGING_LEVEL" not in os.environ:  # e.g. a new store's "Creating initial MLflow database tables", one per first run
         for name in QUIET_LOGGERS:
             logging.getLogger(name).setLevel(logging.WARNING)
 
 
+SERVER_WAIT_S = 3.0  # how long a tracking server is asked whether it answers before a verb gives up on it
+
+
+def server_down(uri: str, wait_s: float = SERVER_WAIT_S) -> Optional[str]:
+    """Why nothing answers at the tracking server ``uri`` (its ``/health``, asked again for ``wait_s`` while a
+    connection is refused or times out), or None: it answers (any HTTP status), or ``uri`` is no server's."""
+    if not uri.startswith(("http://", "https://")):
+        return None
+    import socket
+    import time
+    import urllib.error
+    import urllib.request
+
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            with urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=max(0.5, min(3.0, deadline - time.monotonic()))):
+                return None
+        except urllib.error.HTTPError:
+            return None  # something answers: MLflow's own requests say what
+        except (urllib.error.URLError, OSError) as exc:
+            reason = getattr(exc, "reason", exc)
+            why = ("name not resolved" if isinstance(reason, socket.gaierror) else "connection refused" if isinstance(reason, ConnectionRefusedError)
+                   else "no answer" if isinstance(reason, (socket.timeout, TimeoutError)) else str(reason))
+        if time.monotonic() + 0.5 >= deadline:
+            return why
+        time.sleep(0.5)
+
+
+def require_server(uri: str) -> None:
+    """InfraError, one line, when no tracking server answers at ``uri`` (:func:`server_down`)."""
+    why = server_down(uri)
+    if why:
+        raise InfraError(f"no MLflow server answers at {uri} ({why}); start one with scripts/mlflow_server.sh")
+
+
 @functools.lru_cache(maxsize=None)
 def make_client(uri: str):
-    """The process's one MLflow client of ``uri`` (creating an SQLite store on first use)."""
+    """The process's one MLflow client of ``uri`` (creating an SQLite store on first use; a tracking server must
+    answer first, :func:`require_server`)."""
     mlflow_defaults()
+    require_server(uri)
     from mlflow.tracking import MlflowClient
 
     if uri.startswith("sqlite:///"):

@@ -105,11 +105,12 @@ class ModelNew(torch.nn.Module):
 
 
 def problem_copy(folder: Path, extra: str = HELD_YAML) -> Path:
-    """The demo problem under ``folder`` with ``extra`` appended to its problem.yaml."""
+    """The demo problem under ``folder``, its own held-out shapes left out, with ``extra`` appended to its
+    problem.yaml."""
     root = folder / "scale_shift"
     shutil.copytree(DEMO, root)
-    with open(root / "problem.yaml", "a") as fh:
-        fh.write(extra)
+    text = re.sub(r"^held_out\w*:\n(?:[ #].*\n)*", "", (root / "problem.yaml").read_text(), flags=re.M)
+    (root / "problem.yaml").write_text(text + extra)
     return root
 
 
@@ -128,7 +129,7 @@ def leaked(text: str) -> list:
     ("held_out_shapes:\n  - {rows: 5, width: 9}\n", "held_out_shapes[0]", "differ from the shapes' keys"),
     ("held_out_shapes:\n  - {rows: 1000, cols: 1537}\n", "held_out_shapes[0]", "also a public shape (shapes)"),
     ("held_out_smoke_shapes:\n  - {rows: 9, cols: 9}\n  - {rows: 33, cols: 70}\n", "held_out_smoke_shapes[1]", "also a public shape (smoke_shapes)"),
-    ("kernelbench: {version: v1}\nheld_out_shapes:\n  - {rows: 5, cols: 9}\n", "held_out_shapes[0]", "KernelBench"),
+    ("kernelbench: {version: v1}\nheld_out_shapes:\n  - {rows: 5, cols: 9}\n", "held_out_shapes[0]", "a KernelBench held-out shape overrides sizes its file assigns"),
 ])
 def test_bad_held_out_shapes_are_one_line_naming_file_and_key(tmp_path, extra, key, needle):
     root = problem_copy(tmp_path, extra)
@@ -302,3 +303,45 @@ def test_a_sweeps_cell_never_shows_the_agent_a_held_out_shape_and_records_both_p
     [board] = build_boards(runs_frame(f"sqlite:///{tmp_path / 'outputs'}/mlflow.db"))
     [entry] = board["models"]
     assert entry["held_out_cells"] == 1 and entry["held_out_gap"] == pytest.approx(result["score_public"] - result["score_held_out"])
+
+
+@pytest.mark.fast
+def test_every_bundled_problem_holds_out_shapes():
+    """Every problem under problems/ (demo, hard, mega, multi, proof) holds out a GPU shape and a smoke shape: an
+    exact-shape fast path for the sizes the agent saw meets a size it never did."""
+    folders = sorted(p.parent for p in (REPO / "problems").glob("*/*/problem.yaml"))
+    problems = [load_problem(folder, folder.parent.name) for folder in folders]
+    assert {p.track for p in problems} >= {"demo", "hard", "mega", "multi", "proof"}
+    missing = [p.id for p in problems if not (p.held_out_shapes("shapes") and p.held_out_shapes("smoke_shapes") and p.spec.held_out_smoke_shapes)]
+    assert not missing, f"no held-out shapes: {missing}"
+
+
+def kernelbench_file(folder: Path, name: str, sizes: str, inputs: str, forward: str = "return a * 2") -> Path:
+    path = folder / f"{name}.py"
+    path.write_text(f"import torch\n\n\nclass Model(torch.nn.Module):\n    def forward(self, *args):\n        a = args[0]\n        {forward}\n\n\n"
+                    f"{sizes}\n\n\ndef get_inputs():\n    return [{inputs}]\n\n\ndef get_init_inputs():\n    return []\n")
+    return path
+
+
+def test_kernelbench_problems_hold_out_a_scaled_batch_or_say_why_not(tmp_path):
+    """A KernelBench file becomes a problem holding out its batch scaled (on the GPU's sizes and on the smoke
+    sizes), checked to run; sizes tied to the batch move with it; a file with no batch to scale, or one too small,
+    says so in ``no_held_out``. The bundled sample's files all hold one out."""
+    from kbsweep.config.kernelbench import kernelbench_names, materialize_all
+
+    sample = REPO / "problems/kernelbench_sample"
+    for root in materialize_all(sample, kernelbench_names(sample)):
+        problem = load_problem(root, "kernelbench")
+        [gpu], [smoke] = problem.held_out_shapes("shapes"), problem.held_out_shapes("smoke_shapes")
+        assert set(gpu) == {"batch_size"} and gpu not in problem.shapes("shapes") and smoke not in problem.shapes("smoke_shapes")
+    kernelbench_file(tmp_path, "1_plain", "batch_size = 16\ndim = 64", "torch.randn(batch_size, dim)")
+    kernelbench_file(tmp_path, "2_tied", "batch_size = 32\ninput_shape = (32,)", "torch.randn(batch_size, 8), torch.randn(*input_shape, 8)",
+                     "return a + args[1]")
+    kernelbench_file(tmp_path, "3_no_batch", "rows = 16\ndim = 64", "torch.randn(rows, dim)")
+    kernelbench_file(tmp_path, "4_single", "batch_size = 2\ndim = 64", "torch.randn(batch_size, dim)")
+    specs = {root.name: load_problem(root, "kernelbench").spec for root in materialize_all(tmp_path, kernelbench_names(tmp_path))}
+    assert specs["1_plain"].held_out_shapes == specs["1_plain"].held_out_smoke_shapes == [{"batch_size": 11}]
+    assert specs["2_tied"].held_out_shapes == [{"batch_size": 23, "input_shape[0]": 23}]
+    assert specs["3_no_batch"].no_held_out == "no module-level batch size (batch_size, batch, bs) to scale"
+    assert specs["4_single"].no_held_out == "batch_size = 2 leaves no smaller batch to hold out"
+    assert not specs["3_no_batch"].held_out_shapes and not specs["4_single"].held_out_smoke_shapes

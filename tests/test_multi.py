@@ -216,7 +216,8 @@ def test_cli_grades_at_the_track_world_size(cli, outputs):
     assert run.returncode == 0, run.stderr[-2000:]
     result = json.loads(run.stdout)
     assert result["outcome"] == "pass" and result["world_size"] == 2
-    assert [s["busbw_gbps"] > 0 for s in result["shapes"]] == [True, True]
+    assert [s["busbw_gbps"] > 0 for s in result["shapes"]] == [True, True, True]
+    assert [s.get("held_out", False) for s in result["shapes"]] == [False, False, True]  # the held-out smoke shape last
 
 
 # -- the sandbox around torchrun and its ranks (docs/sandbox.md) --------------------------------------------------

@@ -6,8 +6,9 @@ that gives the grader kbsweep's reference contract, and a problem.yaml that pins
 correctness semantics grade it (:mod:`kbsweep.grader.referee.kernelbench_eval`). Sizes are the file's module-level
 constants: the GPU shape is the file as written (``{}``); the CPU smoke shape overrides the largest constants,
 halved until the reference's parameters, one input set and its output fit ``SMOKE_BYTES`` and one forward
-``SMOKE_FLOPS`` (the overrides are the shape, so every grade records them). No FLOP/byte formulas: the score
-is the speedup over the eager reference.
+``SMOKE_FLOPS`` (the overrides are the shape, so every grade records them). A held-out shape of each scales the
+file's batch (:func:`~kbsweep.config.kernelbench_sizing.held_out`), or ``no_held_out`` says why there is none.
+No FLOP/byte formulas: the score is the speedup over the eager reference.
 """
 from __future__ import annotations
 
@@ -44,7 +45,7 @@ tolerance:            # KernelBench {version}'s tolerance at {precision}, whatev
   bfloat16: {{atol: {tol}, rtol: {tol}}}
 shapes: [{{}}]        # the file's module-level sizes as written
 smoke_shapes: [{smoke}]   # {smoke_note}
-seeds: 3
+{held_out}seeds: 3
 score: speedup
 """
 
@@ -189,13 +190,23 @@ def build_folder(folder: Path, name: str, root: Path, version: str, precision: s
     smoke, note = smoke_shape(fitted)
     (staging / "fit.json").write_text(json.dumps(fitted, indent=1))
     (staging / "problem.yaml").write_text(PROBLEM_YAML.format(name=name, version=version, precision=precision, tol=tol,
-                                                              smoke=smoke, smoke_note=note))
+                                                              smoke=smoke, smoke_note=note, held_out=held_out_yaml(fitted)))
     if root.exists() and not built(root):  # the folder of a failed sizing, replaced
         shutil.rmtree(root, ignore_errors=True)
     try:
         staging.rename(root)  # whole or not at all: a concurrent cell may have made the same folder
     except OSError:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def held_out_yaml(fitted: Dict[str, Any]) -> str:
+    """The held-out shapes' YAML from a fit (the batch scaled: :func:`~kbsweep.config.kernelbench_sizing.held_out`),
+    or ``no_held_out`` with the reason the file gives none."""
+    found = fitted.get("held_out") or {"none": f"the file did not load to be sized ({fitted.get('error', 'no fit')})"}
+    if "none" in found:
+        return f"no_held_out: {json.dumps(found['none'])}\n"
+    return (f"held_out_shapes: {json.dumps(found['shapes'])}   # its batch scaled: graded by full grades only\n"
+            f"held_out_smoke_shapes: {json.dumps(found['smoke_shapes'])}\n")
 
 
 def smoke_shape(fitted: Dict[str, Any]) -> Tuple[str, str]:

@@ -24,6 +24,7 @@ from typing import Any, Dict, List, Optional, Tuple
 SMOKE_BYTES = 16 << 20  # parameters + one input set + output
 SMOKE_FLOPS = 2.5e8  # one forward
 MIN_SIZE = 8  # constants below 16 (kernel sizes, strides, dims, small groups) are never halved
+BATCH_NAMES = ("batch_size", "batch", "bs")  # what KernelBench's files call the batch a held-out shape scales
 FIT_TIMEOUT_S = 600
 
 ARITHMETIC = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.FloorDiv: operator.floordiv,
@@ -40,9 +41,9 @@ def integer(node: ast.AST) -> Optional[int]:
     return None
 
 
-def size_constants(source: str) -> Dict[str, int]:
+def size_constants(source: str, least: int = 2 * MIN_SIZE) -> Dict[str, int]:
     """Module-level ``name = <integer>`` assignments (``a = b = 128`` gives both names) and the integer elements of
-    ``name = (<integer>, ...)`` (as ``name[i]``) of at least 2 * MIN_SIZE."""
+    ``name = (<integer>, ...)`` (as ``name[i]``) of at least ``least``."""
     found: Dict[str, int] = {}
     for node in ast.parse(source).body:
         if not isinstance(node, ast.Assign):
@@ -51,7 +52,7 @@ def size_constants(source: str) -> Dict[str, int]:
         elements = node.value.elts if isinstance(node.value, ast.Tuple) else [node.value]
         for index, element in enumerate(elements):
             value = integer(element)
-            if value is not None and value >= 2 * MIN_SIZE:
+            if value is not None and value >= least:
                 found.update({f"{n}[{index}]" if isinstance(node.value, ast.Tuple) else n: value for n in names})
     return found
 
@@ -173,8 +174,46 @@ def fit(path: Path, budget: int = SMOKE_BYTES, flop_budget: float = SMOKE_FLOPS)
                 break
         else:
             left.discard(name)
-    return {"sizes": {k: v for k, v in sizes.items() if v != constants[k]}, "full_bytes": full, "bytes": used,
-            "full_flops": full_flops, "flops": flops, "fits": used <= budget and flops <= flop_budget}
+    overrides = {k: v for k, v in sizes.items() if v != constants[k]}
+    return {"sizes": overrides, "full_bytes": full, "bytes": used, "full_flops": full_flops, "flops": flops,
+            "fits": used <= budget and flops <= flop_budget, "held_out": held_out(path, overrides, runs)}
+
+
+def held_out_batch(value: int) -> Optional[int]:
+    """The batch a held-out shape grades in place of ``value``: three quarters of it less one (16 -> 11, 128 -> 95:
+    a size no kernel was tuned for, often odd), None below 3 (no smaller batch is left)."""
+    return value * 3 // 4 - 1 if value >= 3 else None
+
+
+def held_out(path: Path, smoke: Dict[str, int], runs: bool) -> Dict[str, Any]:
+    """A KernelBench file's held-out shapes: its batch (the first of BATCH_NAMES it assigns at module level) at
+    :func:`held_out_batch` of its value, over the sizes as written (the GPU's) and over the smoke sizes ``smoke``
+    (the CPU's); each must build and run on the meta device, else the constants of the batch's value (a tuple's
+    elements included: ``input_shape = (batch_size,)``) move with it. ``{"shapes", "smoke_shapes"}``, or
+    ``{"none": why}``."""
+    constants = size_constants(path.read_text(), least=1)
+    name = next((n for n in BATCH_NAMES if n in constants), None)
+    if name is None:
+        return {"none": f"no module-level batch size ({', '.join(BATCH_NAMES)}) to scale"}
+    if not runs:
+        return {"none": "its forward does not run on the meta device, where another batch would be checked"}
+    found = []
+    for base in ({}, smoke):
+        value = base.get(name, constants[name])
+        batch = held_out_batch(value)
+        if batch is None:
+            return {"none": f"{name} = {value} leaves no smaller batch to hold out"}
+        tied = {n: batch for n, v in {**constants, **base}.items() if v == value}
+        for trial in ({**base, name: batch}, {**base, **tied}):
+            try:
+                if footprint(load_sized(path, trial))[2]:
+                    found.append(trial)
+                    break
+            except Exception:  # noqa: BLE001 - the file rejects the size
+                continue
+        else:
+            return {"none": f"the reference does not run at {name} = {batch}"}
+    return {"shapes": [found[0]], "smoke_shapes": [found[1]]}
 
 
 def cache_root() -> Path:
@@ -186,7 +225,8 @@ def fit_key(original: Path) -> str:
     budget; edits elsewhere in this module keep the fits."""
     import inspect
 
-    rule = "".join(inspect.getsource(f) for f in (integer, size_constants, with_sizes, sized_value, load_sized, footprint, fit))
+    rule = "".join(inspect.getsource(f) for f in (integer, size_constants, with_sizes, sized_value, load_sized, footprint, fit,
+                                                  held_out_batch, held_out)) + repr(BATCH_NAMES)
     digest = hashlib.sha256(original.read_bytes() + b"\0" + rule.encode() + f"\0{SMOKE_BYTES}\0{SMOKE_FLOPS}\0{MIN_SIZE}".encode())
     return digest.hexdigest()[:24]
 

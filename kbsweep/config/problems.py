@@ -53,6 +53,7 @@ class ProblemSpec:
     # graded by full grades only, never shown to the agent (docs/problem-format.md, held-out shapes)
     held_out_shapes: List[Dict[str, Any]] = field(default_factory=list)
     held_out_smoke_shapes: List[Dict[str, Any]] = field(default_factory=list)
+    no_held_out: str = ""  # why a problem holds out no shape (a KernelBench file with no batch to scale)
     stress: List[StressCase] = field(default_factory=list)
     seeds: int = 3
     sota: Optional[SotaSpec] = None
@@ -195,14 +196,20 @@ def load_problem(root: Path, track: str) -> Problem:
 
 def check_held_out(spec: ProblemSpec, path: Path) -> None:
     """Each held-out shape has the keys of its public set's shapes and is none of them (a held-out shape the agent
-    is shown is not held out); a KernelBench problem has none (its shapes are its file's)."""
+    is shown is not held out). A KernelBench problem's shapes override its file's module-level sizes: a held-out
+    one overrides some, each a size the file assigns."""
     for public_set, held_set in HELD_OUT.items():
         public = getattr(spec, public_set) or spec.shapes
         for i, shape in enumerate(getattr(spec, held_set)):
             where = f"{path}: key '{held_set}[{i}]'"
             if spec.kernelbench:
-                raise KbsweepError(f"{where}: a KernelBench problem has no held-out shapes")
-            if set(shape) != set(public[0]):
+                from kbsweep.config.kernelbench_sizing import size_constants
+
+                known = size_constants((path.parent / "reference.py").read_text(), least=1)
+                if not shape or set(shape) - set(known):
+                    raise KbsweepError(f"{where}: overrides {sorted(set(shape) - set(known)) or 'nothing'}: a KernelBench "
+                                       f"held-out shape overrides sizes its file assigns ({', '.join(sorted(known)) or 'none'})")
+            elif set(shape) != set(public[0]):
                 raise KbsweepError(f"{where}: keys {sorted(shape)} differ from the {public_set}' keys {sorted(public[0])}")
             if dict(shape) in [dict(s) for s in public]:
                 raise KbsweepError(f"{where}: {dict(shape)} is also a public shape ({public_set})")

@@ -1,6 +1,6 @@
 """The evidence the referee reads from the candidate's runner, and what it checks of it itself: call ranges read by
 the ids of this grade's commands (a range's public name proves nothing), each call's work against the problem's
-(glue and one-time preparation left out), the candidate's own kernels on a kernel track, the runner never
+(glue and one-time preparation left out; every call read, not the median's), the candidate's own kernels on a kernel track, the runner never
 learning which stage a call serves, and the problem's own output check on every compared call."""
 from __future__ import annotations
 
@@ -62,6 +62,18 @@ def test_work_leaves_out_each_instances_first_call_and_finds_idle_groups():
     timed = {"/timing/0": [(2, [0, 0, 0, 0, 0])] * 3, "/correctness/0": rows}
     work = witness.call_work(timed, {"/timing/0": [50, 50, 50]}, lambda group: (100.0, 100.0))
     assert work["basis"] == "timed" and work["flop_share"] == 0.5 and work["idle_groups"] == ["/timing/0"]
+
+
+def test_the_work_of_every_call_counts_not_the_median_calls():
+    """Library work on 7 of 16 calls (none of them launching a kernel of its own) leaves the median call clean; the
+    evidence is the most any call did, and every call that launched nothing."""
+    own, library = [0.0, 0, 1, 0, 0], [400.0, 0, 0, 0, 0]
+    rows = [(0, library if turn in (3, 5, 7, 9, 11, 13, 15) else own) for turn in range(16)]
+    work = witness.call_work({"/timing/0": rows}, {}, lambda group: (100.0, 100.0))
+    assert work["byte_share"] == 4.0 and work["idle_groups"] == ["/timing/0"] and work["idle_calls"] == 7
+    unseen = [(0, own)] * 16  # the recorder saw nothing; the profiler saw one call's ops read half the problem's bytes
+    work = witness.call_work({"/timing/0": unseen}, {}, lambda group: (100.0, 100.0), {"/timing/0": [0] * 9 + [50] + [0] * 6})
+    assert work["byte_share"] == 0.5 and not work["idle_groups"]
 
 
 def test_a_graph_replay_counts_as_own_work_only_through_the_kernels_it_captured():

@@ -129,7 +129,7 @@ class ProbeStage(CandidateContext):
         if disagree:
             self.findings.append({"kind": "evidence_mismatch", "detail": "; ".join(disagree)[:500]})
         if self.req.own_kernels and work["basis"] != "none" and (not work["own_launches"] or work["idle_groups"]):
-            where = ", ".join(work["idle_groups"]) or f"every {work['basis']} call"
+            where = f"{work.get('idle_calls', 0)} calls of {', '.join(work['idle_groups'])}" if work["idle_groups"] else f"every {work['basis']} call"
             self.findings.append({"kind": "no_kernel", "detail": f"no kernel of the candidate's own in {where}"})
 
     @staticmethod

@@ -4,14 +4,14 @@ referee made itself.
 
 Everything here runs in the referee on numbers the runner sent (docs/grading.md, threat model): evidence, never a
 verdict's only ground. The calls that count are the timed ones (event-timed and captured for a replay), or every
-compared call of the correctness stage when nothing was timed; a group is one stage's calls on one shape. The
-work figures leave out each instance's first call (a one-time preparation, dequantising its weights, is not the
-call's work: a timed instance's first call is a warm-up, never scored) and read the median of the rest, as the
-scored time is a median: a path taken in fewer than half the calls moves neither.
+compared call of the correctness stage when nothing was timed; a group is one stage's calls on one shape. The score
+sums over every timed call, so the evidence reads every call too: the work figures are the most any one call did
+(past each instance's first call: a one-time preparation, dequantising its weights, is not the call's work; a timed
+instance's first call is a warm-up), and every counted call must have launched the candidate's kernels. A path
+taken in a few calls of a batch moves the score, and it moves these figures as much as a path taken in all.
 """
 from __future__ import annotations
 
-import statistics
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from kbsweep.grader.shared.profiling import TOKEN_CHARS, group_of
@@ -48,34 +48,42 @@ def counted_groups(by_group: Dict[str, Any]) -> Tuple[str, List[str]]:
 
 
 def call_work(by_group: Dict[str, List[Tuple[Any, List[float]]]], range_flops: Any,
-              problem: Callable[[str], Tuple[float, float]]) -> Dict[str, Any]:
+              problem: Callable[[str], Tuple[float, float]], range_bytes: Any = None) -> Dict[str, Any]:
     """The counted groups' calls against the problem's work per call (``problem``: group -> its shape's FLOPs and
-    bytes). Past each instance's first call (its one-time preparation): the largest shares of the median call's
-    FLOPs (the recorder's, or the profiler's, which sees ops run with dispatch disabled too) and bytes moved by
-    torch ops that compute. Over every call: the most bytes one call moved between torch and host arrays, the
-    candidate's own launches (a graph replay's are those its capture launched), and the groups whose median call
+    bytes). Past each instance's first call (its one-time preparation): the largest share of one call's FLOPs (the
+    recorder's, or the profiler's, which sees ops run with dispatch disabled too) and of its bytes read and written by
+    torch ops that compute (the recorder's, or the bytes the profiler saw such ops read: ``range_bytes``), over every
+    call. Over every call, the first included: the most bytes one call moved between torch and host arrays, the
+    candidate's own launches (a graph replay's are those its capture launched), and the groups with a call that
     launched none (a graph of library ops is not the candidate's kernel)."""
     basis, chosen = counted_groups(by_group)
-    profiled = range_flops if isinstance(range_flops, dict) else {}
-    work = {"basis": basis, "calls": 0, "flop_share": 0.0, "byte_share": 0.0, "host_bytes": 0.0, "own_launches": 0, "idle_groups": []}
+    flops_seen = range_flops if isinstance(range_flops, dict) else {}
+    bytes_seen = range_bytes if isinstance(range_bytes, dict) else {}
+    work = {"basis": basis, "calls": 0, "flop_share": 0.0, "byte_share": 0.0, "host_bytes": 0.0, "own_launches": 0,
+            "idle_groups": [], "idle_calls": 0}
     for group in chosen:
         rows = by_group[group]
-        ranges = [float(v) if isinstance(v, (int, float)) else 0.0 for v in profiled.get(group) or []]
-        seen, later = set(), []
-        for (instance, row), flops in zip(rows, ranges + [0.0] * (len(rows) - len(ranges))):
-            if instance in seen:
-                later.append((row[BYTES], max(row[FLOPS], flops)))
-            seen.add(instance)
         problem_flops, problem_bytes = problem(group)
+        seen = set()
+        for (instance, row), flops, moved in zip(rows, aligned(flops_seen.get(group), len(rows)), aligned(bytes_seen.get(group), len(rows))):
+            if instance in seen:
+                work["flop_share"] = max(work["flop_share"], max(row[FLOPS], flops) / problem_flops if problem_flops else 0.0)
+                work["byte_share"] = max(work["byte_share"], max(row[BYTES], moved) / problem_bytes if problem_bytes else 0.0)
+            seen.add(instance)
         work["calls"] += len(rows)
-        if later:
-            work["flop_share"] = max(work["flop_share"], statistics.median(f for _, f in later) / problem_flops if problem_flops else 0.0)
-            work["byte_share"] = max(work["byte_share"], statistics.median(b for b, _ in later) / problem_bytes if problem_bytes else 0.0)
         work["host_bytes"] = max([work["host_bytes"]] + [row[HOST] for _, row in rows])
         work["own_launches"] += int(sum(row[LAUNCHES] for _, row in rows))
-        if statistics.median(row[LAUNCHES] for _, row in rows) == 0:
+        idle = sum(1 for _, row in rows if row[LAUNCHES] <= 0)
+        if idle:
             work["idle_groups"].append(group)
+            work["idle_calls"] += idle
     return work
+
+
+def aligned(values: Any, count: int) -> List[float]:
+    """A profiled figure per call range of a group, as many as its call records (0 where it has fewer)."""
+    figures = [float(v) if isinstance(v, (int, float)) else 0.0 for v in values or []] if isinstance(values, list) else []
+    return (figures + [0.0] * count)[:count]
 
 
 def mismatches(counted: Dict[str, int], by_group: Dict[str, List[Any]], profiled: Optional[Dict[str, Any]]) -> List[str]:

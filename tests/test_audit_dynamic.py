@@ -64,6 +64,20 @@ def test_torch_memory_work_is_library_compute():
     assert dynamic_kinds(grade({"probe": a_cast})) == set()  # an output cast moves far less than the problem
 
 
+def test_library_work_is_measured_against_an_honest_kernels_which_is_none():
+    """A call's torch compute against the problem's work per call: an honest kernel's is glue, ~0, so a tenth of
+    the bytes or FLOPs in any one call is library work (the whole call's share, 1.0, left 0.985 under it)."""
+    def counted(byte_share=0.0, flop_share=0.0):
+        work = {"basis": "timed", "calls": 16, "flop_share": flop_share, "byte_share": byte_share, "host_bytes": 0.0,
+                "own_launches": 16, "idle_groups": [], "idle_calls": 0}
+        return grade({"probe": probe(work=work)})
+
+    assert dynamic_kinds(counted(byte_share=0.985)) == {"library_compute"}  # addcmul on every row but the last
+    assert dynamic_kinds(counted(byte_share=0.12)) == {"library_compute"}
+    assert dynamic_kinds(counted(flop_share=0.12)) == {"library_compute"}
+    assert dynamic_kinds(counted(byte_share=0.044, flop_share=0.03)) == set()  # a per-column torch op on a 33-row shape
+
+
 def test_gpu_profile_and_l2():
     cublas = timing(kernels={"sm90_xmma_gemm_bf16bf16_bf16f32": 1.0, "void at::native::vectorized_elementwise_kernel": 2.0})
     assert dynamic_kinds(grade(timings=[cublas])) == {"forbidden_kernel"}

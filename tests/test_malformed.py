@@ -196,3 +196,13 @@ def test_a_job_slurm_refuses_is_one_line_and_exit_code_4(outputs, tmp_path):
     assert proc.returncode == ExitCode.INFRA, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
     assert "kbsweep: error: Slurm refused the job of scripted · demo/scale_shift · cpu · r0: sbatch: error: Batch job submission failed: Invalid partition name specified" in proc.stderr
+    # the cells it started are closed at once as infrastructure outcomes, never left RUNNING until the next run
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{outputs}/mlflow.db")
+    experiment = client.get_experiment_by_name("demo")
+    runs = client.search_runs([experiment.experiment_id], "tags.`kbsweep.kind` = 'cell'")
+    assert [(r.info.status, r.data.tags["outcome"]) for r in runs] == [("FAILED", "node_failure")]
+    assert "Invalid partition name specified" in runs[0].data.tags["message"]
+    [sweep] = client.search_runs([experiment.experiment_id], "tags.`kbsweep.kind` = 'sweep'")
+    assert sweep.info.status == "FAILED" and sweep.data.metrics["cells_failed"] == 1

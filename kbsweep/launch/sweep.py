@@ -22,9 +22,10 @@ from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Sequenc
 from kbsweep.tracking import snapshot
 from kbsweep.cell import RESULT_FILE, cell_busy, clear_for_rerun, reclaim
 from kbsweep.tracking.cell_result import CellResult
-from kbsweep.errors import KbsweepError
+from kbsweep.errors import InfraError, KbsweepError
 from kbsweep.launch.budget import Budget
 from kbsweep.launch.launchers import make_launcher
+from kbsweep.launch.workers import infra_result
 from kbsweep.outcomes import Outcome
 from kbsweep.tracking.live import LiveCells
 from kbsweep.planner.matrix import Cell, cell_dir
@@ -260,6 +261,7 @@ def orchestrate(cells: List[Cell], tracking: Dict[str, Any], launcher: Dict[str,
     for cell in todo:
         clear_for_rerun(cell, keep=not force)  # an infra result, a forced one, or a half-written cell: a finished agent's work stays
     run_ids: Dict[str, Optional[str]] = {}
+    started: Dict[str, Cell] = {}  # the cells by key, as they start
     live = LiveCells(lambda run_id, metrics: attempt(tracker.log_batch, run_id, None, None, metrics))
 
     with Progress(len(todo) + len(replay), table=live.table, budget=budget.status) as progress, live:
@@ -267,6 +269,7 @@ def orchestrate(cells: List[Cell], tracking: Dict[str, Any], launcher: Dict[str,
             live.say = lambda line: print(f"[kbsweep] {line}", file=sys.stderr, flush=True)
 
         def start(cell: Cell) -> None:
+            started[cell.key] = cell
             run_ids[cell.key] = attempt(tracker.start_cell, cell)
             live.add(cell.key, cell.label, run_ids[cell.key], cell_dir(cell) / "transcript.jsonl")
             progress.running += 1
@@ -289,6 +292,12 @@ def orchestrate(cells: List[Cell], tracking: Dict[str, Any], launcher: Dict[str,
             print(f"[kbsweep] interrupted: {progress.done} of {len(todo) + len(replay)} cells finished and logged, {len(run_ids)} stopped; "
                   "the same command resumes the rest", file=sys.stderr, flush=True)
 
+        def refused(reason: str) -> None:
+            """The launcher gave up on its cells (Slurm refused a job): those started and not done end now as
+            infrastructure outcomes (``node_failure``), their runs closed; a rerun runs them."""
+            for key in list(run_ids):
+                done(started[key], infra_result(started[key], Outcome.NODE_FAILURE, reason))
+
         status = "FAILED"
         try:
             with InOrder() as logging_calls:
@@ -303,6 +312,9 @@ def orchestrate(cells: List[Cell], tracking: Dict[str, Any], launcher: Dict[str,
                 except KeyboardInterrupt:
                     logging_calls.submit(interrupted)
                     status = "KILLED"
+                    raise
+                except InfraError as exc:
+                    logging_calls.submit(refused, str(exc))
                     raise
             status = "FINISHED" if not progress.infra and not unlogged else "FAILED"
         finally:

@@ -1,20 +1,26 @@
 """The evidence the referee reads from the candidate's runner, and what it checks of it itself: call ranges read by
 the ids of this grade's commands (a range's public name proves nothing), each call's work against the problem's
-(glue and one-time preparation left out; every call read, not the median's), the candidate's own kernels on a kernel track, the runner never
-learning which stage a call serves, and the problem's own output check on every compared call."""
+(glue and one-time preparation left out; every call read, not the median's), the bytes of ops the profiler saw with
+dispatch disabled, ops the candidate registered in the aten namespace, a call's result made plain inside its range,
+the candidate's own kernels on a kernel track, the runner never learning which stage a call serves, and the problem's
+own output check on every compared call."""
 from __future__ import annotations
 
+import contextlib
 import re
 import shutil
 import textwrap
+from collections import Counter
 from pathlib import Path
+from types import MappingProxyType, SimpleNamespace
 
 import pytest
 import torch
 
 from kbsweep.audit.cases import run_case, summary
 from kbsweep.grader.referee import checks, witness
-from kbsweep.grader.runner import runtime
+from kbsweep.grader.runner import op_bytes, runtime, seal
+from kbsweep.grader.runner.runner import Runner
 from kbsweep.grader.shared import profiling
 from kbsweep.grader.shared.modules import load_module
 from kbsweep.score.roofline import load_roofline
@@ -74,6 +80,83 @@ def test_the_work_of_every_call_counts_not_the_median_calls():
     unseen = [(0, own)] * 16  # the recorder saw nothing; the profiler saw one call's ops read half the problem's bytes
     work = witness.call_work({"/timing/0": unseen}, {}, lambda group: (100.0, 100.0), {"/timing/0": [0] * 9 + [50] + [0] * 6})
     assert work["byte_share"] == 0.5 and not work["idle_groups"]
+
+
+def test_the_profiler_counts_the_bytes_of_ops_that_compute_with_dispatch_disabled():
+    """Per call range, the inputs of ops that compute, however torch was entered; glue (casts, pads, copies,
+    concatenations, views) counts for nothing, a composite op once, and a glue-named op of the candidate's counts
+    by the ops it runs."""
+    x = torch.randn(64, 32)
+    rf = torch.profiler.record_function
+    lib = torch.library.Library("aten", "FRAGMENT")
+    lib.define("clone.kbsweep_test_body(Tensor x) -> Tensor")
+    lib.impl("clone.kbsweep_test_body", lambda t: t.exp(), "CompositeExplicitAutograd")
+
+    def calls():
+        with rf(profiling.CALL_RANGE + A), torch._C._DisableTorchDispatch():
+            x.amax(dim=-1)
+        with rf(profiling.CALL_RANGE + A):
+            torch.cat([torch.nn.functional.pad(x.t().contiguous(), (0, 3)), x.to(torch.float64).float().t()], dim=1).clone()
+        with rf(profiling.CALL_RANGE + B):
+            torch.nn.functional.softmax(x, dim=-1)
+        with rf(profiling.CALL_RANGE + B):
+            torch.ops.aten.clone.kbsweep_test_body(x)
+
+    found = op_bytes.range_bytes(session(calls), {A: "/timing/0", B: "/timing/1"})
+    del lib
+    assert found == {"/timing/0": [x.numel() * 4, 0], "/timing/1": [x.numel() * 4, x.numel() * 4]}
+
+
+def test_an_op_the_candidate_registers_in_the_aten_namespace_is_its_own_never_torchs():
+    """The recorder knows torch's aten ops from before the import: one registered later is recorded apart and its
+    bytes are library work, even as an overload of a glue op; an opaque op of the candidate's own namespace is its
+    work when it launched the candidate's kernels."""
+    launches = Counter()
+    recorder = seal.op_recorder(MappingProxyType(launches), frozenset(torch._C._dispatch_get_all_op_names()))
+    fragment, own = torch.library.Library("aten", "FRAGMENT"), torch.library.Library("kbsweep_test_own", "DEF")
+    fragment.define("clone.kbsweep_test_shift(Tensor x) -> Tensor")
+    fragment.impl("clone.kbsweep_test_shift", lambda t: t + 1, "CompositeExplicitAutograd")
+    own.define("launching(Tensor x) -> Tensor")
+    own.define("silent(Tensor x) -> Tensor")
+
+    def launching(t):
+        launches["triton"] += 1  # stands for a launch the gate counted
+        return torch.empty_like(t)
+
+    own.impl("launching", launching, "CompositeExplicitAutograd")
+    own.impl("silent", lambda t: t * 2, "CompositeExplicitAutograd")
+    x = torch.randn(16, 8)
+    with recorder:
+        torch.ops.aten.clone.kbsweep_test_shift(x)
+    assert recorder.ops == {"aten.fragment::clone.kbsweep_test_shift": 1} and recorder.bytes == 2 * x.numel() * 4
+    with recorder:
+        torch.ops.kbsweep_test_own.launching(x)
+    assert recorder.own_ops == {"kbsweep_test_own::launching": 1} and recorder.bytes == 2 * x.numel() * 4
+    with recorder:
+        torch.ops.kbsweep_test_own.silent(x)
+    assert recorder.ops["kbsweep_test_own::silent"] == 1 and recorder.bytes == 4 * x.numel() * 4
+    del fragment, own
+
+
+def test_a_calls_result_is_read_inside_its_range():
+    """A list subclass whose ``__iter__`` computes: the runner reads it inside the call's recorded range, so its ops
+    are the call's, and what the harness copies out is a plain tuple."""
+
+    class Deferred(list):
+        def __iter__(self):
+            for t in list.__iter__(self):
+                yield t.exp()
+
+    gate = runtime.KernelGate(install=False)
+    runner = object.__new__(Runner)
+    runner.monitor = SimpleNamespace(watch=lambda stage: contextlib.nullcontext())
+    runner.stage = runner.tag = A
+    runner.gate, runner.recorder = gate, seal.op_recorder(gate.launches)
+    runner.calls, runner.ops = {}, {"calls": 0}
+    x = torch.randn(8, 8)
+    out = runner.invoke(lambda t: Deferred([t]), [x])
+    assert type(out) is tuple and torch.equal(out[0], x.exp())
+    assert runner.recorder.ops.get("aten::exp") == 1 and runner.calls[A][0][witness.BYTES] == 2 * x.numel() * 4
 
 
 def test_a_graph_replay_counts_as_own_work_only_through_the_kernels_it_captured():
@@ -206,3 +289,4 @@ def test_every_compared_call_uses_the_problems_own_check(tmp_path, cases_home):
     _, result, audited = grade_case(tmp_path, cases_home, source, mode="bench", problems=problems)
     assert result["outcome"] == "pass", summary(result, audited)
     assert result["timings"] and all(entry["candidate"]["median_ms"] > 0 for entry in result["timings"])
+

@@ -76,7 +76,8 @@ class ProbeStage(CandidateContext):
             "gpu_kernels": [str(k)[:200] for k in (profiled.get("kernels") or [])][:200],
             "own_ops": counts(ops.get("own_ops")),
             # the groups of calls this process counted: a capture that failed ran nothing, and its calls are no work
-            "work": witness.call_work({g: rows for g, rows in by_group.items() if self.calls_by_tag.get(g)}, profiled.get("range_flops"), self.problem_work),
+            "work": witness.call_work({g: rows for g, rows in by_group.items() if self.calls_by_tag.get(g)}, profiled.get("range_flops"),
+                                      self.problem_work, profiled.get("range_bytes")),
             "ghost": self.evidence.pop("ghost", None),
         }
         if self.device.type == "cuda" and isinstance(reply.get("persisting_l2_limit"), int):

@@ -26,7 +26,7 @@ from typing import Any, Callable, Dict, List, Optional
 import torch
 import torch.profiler
 
-from kbsweep.grader.runner import runtime, seal
+from kbsweep.grader.runner import op_bytes, runtime, seal
 from kbsweep.grader.shared import profiling, timing
 from kbsweep.grader.shared.arena import Arena, seed_rng
 from kbsweep.grader.shared.channel import Channel, ChannelError
@@ -109,7 +109,7 @@ class Runner:
     def op_import(self, message, fds) -> None:
         self.gate = runtime.KernelGate()
         self.monitor = runtime.Monitor(self.folder, [], self.evidence, self.gate, lambda event: self.channel.send({"event": event}))
-        self.recorder = seal.op_recorder(self.gate.launches)
+        self.recorder = seal.op_recorder(self.gate.launches, frozenset(torch._C._dispatch_get_all_op_names()))
         sys.meta_path.append(CandidateFinder(self.folder))
         unlist_harness()
         try:
@@ -137,9 +137,11 @@ class Runner:
 
     # -- calls ----------------------------------------------------------------------
     def invoke(self, model: Any, inputs: List[Any]) -> Any:
-        """One call of the candidate, its torch ops recorded (every call alike: no probe looks different)."""
+        """One call of the candidate, its torch ops recorded (every call alike: no probe looks different). What it
+        returned is made plain inside the call's range (:func:`plain`) and let go there, so none of its code runs
+        once the range has closed (a list whose ``__iter__`` computes, a ``__del__``: the call's work either way)."""
         with self.monitor.watch(self.stage), torch.profiler.record_function(profiling.CALL_RANGE + self.tag), self.recorded():
-            return model(*inputs)
+            return plain(model(*inputs))
 
     @contextlib.contextmanager
     def recorded(self):
@@ -276,7 +278,9 @@ class Runner:
         profiled = {}
         if session is not None:
             session.stop()
-            profiled = {"profiled": profiling.session_evidence(session, message.get("groups") or {}, message.get("calls") or {})}
+            groups, events = message.get("groups") or {}, op_bytes.read_once(session)
+            profiled = {"profiled": {**profiling.session_evidence(events, groups, message.get("calls") or {}),
+                                     "range_bytes": op_bytes.range_bytes(events, groups)}}
         ops = {**self.ops, "aten_ops": dict(self.recorder.ops), "own_ops": dict(self.recorder.own_ops)}
         extra = {"persisting_l2_limit": timing.persisting_l2_limit()} if self.device.type == "cuda" else {}
         return {"evidence": self.evidence, "ops": ops, "launches": dict(self.gate.counts), "kernels": sorted(self.gate.names),
@@ -303,6 +307,12 @@ def poison_free_memory(device: torch.device, fill: int) -> None:
     else:
         block = torch.full((1 << 22,), fill, dtype=torch.uint8)
         del block
+
+
+def plain(out: Any) -> Any:
+    """A call's result as the harness takes it: a tuple or list (a subclass's items read by its own ``__iter__``,
+    here, inside the call) becomes a plain tuple; anything else is left for :meth:`Runner.deliver` to judge."""
+    return tuple(out) if isinstance(out, (tuple, list)) else out
 
 
 def join_ranks() -> tuple:

@@ -118,9 +118,14 @@ CODES = frozenset(c for f in (launcher, graph_capture, extension_function, threa
                   if isinstance(c, types.CodeType))
 
 
-def op_recorder(launches: Any):
+def op_recorder(launches: Any, native: frozenset = frozenset()):
     """An op recorder (built lazily: the dispatch-mode base class lives in torch). ``launches``: a read-only view of
-    the gate's launch counts (a custom op that launched the candidate's kernels is its own, not library work)."""
+    the gate's launch counts (a custom op that launched the candidate's kernels is its own, not library work).
+    ``native``: the aten ops the dispatcher held before the candidate was imported; an aten op registered later (a
+    fragment of the aten namespace: torch registers none after its import) is the candidate's, never torch's own:
+    recorded under ``aten.fragment::name.overload``, its bytes library work whatever it launched or is named like
+    (its body runs below this mode; the profiler's bytes see the ops it runs). Torch's inductor registers prims ops
+    lazily, so a prims op is judged by its name as before, and its body by the profiler's bytes."""
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils.flop_counter import flop_registry
 
@@ -133,27 +138,32 @@ def op_recorder(launches: Any):
             self.ops: dict = {}
             self.own_ops: dict = {}
             self.flops = self.bytes = self.host_bytes = 0
+            self.foreign: dict = {}  # op -> whether it is an aten op the dispatcher did not hold at the import
             self.fill = None
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
             launched = sum(launches.values())
             name = func._overloadpacket.__name__
-            custom = func.namespace not in ("aten", "prims")
-            body = custom_body(func, args) if custom else None
+            foreign = self.foreign.get(func)
+            if foreign is None:
+                foreign = self.foreign[func] = bool(native) and func.namespace == "aten" and func.name() not in native
+            custom = foreign or func.namespace not in ("aten", "prims")
+            body = custom_body(func, args) if custom and not foreign else None
             if body is not None:  # a torch.library op's Python body, run with this mode on: its own ops are recorded
                 with self:
                     out = body(*args, **kwargs)
             else:
                 out = func(*args, **kwargs)
-            counter = self.own_ops if custom and sum(launches.values()) > launched else self.ops
-            key = f"{func.namespace}::{name}"
+            own = custom and not foreign and sum(launches.values()) > launched
+            counter = self.own_ops if own else self.ops
+            key = f"{func.namespace}.fragment::{name}.{func._overloadname}" if foreign else f"{func.namespace}::{name}"
             counter[key] = counter.get(key, 0) + 1
             moved = sum(t.numel() * t.element_size() for t in tensors((args, kwargs, out)))
-            if name in IMPORTS or (name in ("_to_copy", "copy_") and to_host(args, out)):
+            if not foreign and (name in IMPORTS or (name in ("_to_copy", "copy_") and to_host(args, out))):
                 self.host_bytes += moved
-            elif body is None and not func.is_view and name not in ALLOCATORS and name not in MOVEMENT:  # a body's bytes are its ops'
-                self.bytes += moved
+            elif foreign or (body is None and not own and not func.is_view and name not in ALLOCATORS and name not in MOVEMENT):
+                self.bytes += moved  # a body's bytes are its ops'; an opaque op of the candidate's own that launched its kernels is its work
             formula = flop_registry.get(func._overloadpacket)
             if formula is not None:
                 try:
@@ -169,7 +179,8 @@ def op_recorder(launches: Any):
 
 def custom_body(func: Any, args: Any) -> Any:
     """The Python function a ``torch.library.custom_op`` (or ``triton_op``) runs for these arguments' device, or None
-    for any other op (one in C++, a raw ``Library.impl``: opaque, its bytes count as library work)."""
+    for any other op (one in C++, a raw ``Library.impl``: opaque, its bytes library work unless it launched the
+    candidate's kernels; the profiler's bytes see the torch ops it runs)."""
     from torch._library.custom_ops import OPDEFS
 
     opdef = OPDEFS.get(f"{func.namespace}::{func._overloadpacket.__name__}")

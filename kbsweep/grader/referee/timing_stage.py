@@ -164,7 +164,8 @@ class TimingStage(CandidateContext):
         steps = [] if replay else self.null_steps(expected, calls, timing.call_barrier(self.barrier, mode))
         walls, loops, copies = [], [], []
         for _ in range(NULLS):
-            with profiled(self.device) if replay is None else contextlib.nullcontext():  # as the runner's event-timed batches are
+            # under the profiler as the runner's batches run: a replay's with its kernel records paused, as there
+            with profiled(self.device) as session, profiling.kernels_unrecorded(session) if replay and session else contextlib.nullcontext():
                 self.sync()
                 t0 = time.perf_counter()
                 self.copy_sets(targets, staged)

@@ -2,8 +2,8 @@
 the ids of this grade's commands (a range's public name proves nothing), each call's work against the problem's
 (glue and one-time preparation left out; every call read, not the median's), the bytes of ops the profiler saw with
 dispatch disabled, ops the candidate registered in the aten namespace, a call's result made plain inside its range,
-the candidate's own kernels on a kernel track, the runner never learning which stage a call serves, and the problem's
-own output check on every compared call."""
+the candidate's own kernels on a kernel track, the runner never learning which stage a call serves nor finding any
+call's memory filled, and the problem's own output check on every compared call."""
 from __future__ import annotations
 
 import contextlib
@@ -290,3 +290,34 @@ def test_every_compared_call_uses_the_problems_own_check(tmp_path, cases_home):
     assert result["outcome"] == "pass", summary(result, audited)
     assert result["timings"] and all(entry["candidate"]["median_ms"] > 0 for entry in result["timings"])
 
+
+def test_no_call_finds_its_memory_filled(tmp_path, cases_home):
+    """Checked calls, timed calls and ghost replays are prepared alike: a fresh 256-byte allocation never holds one
+    byte repeated from the range a fill was once drawn from (0xC0-0xFE), in any call."""
+    source = '''
+        """Problem: demo/scale_shift"""
+        from pathlib import Path
+
+        import torch
+
+        from _demo_kernels import scale_shift
+        from _scale_shift_params import ScaleShiftParams
+
+        LOG = Path(__file__).with_name("fills.log")
+
+
+        class ModelNew(ScaleShiftParams):
+            def forward(self, x):
+                probe = torch.empty(256, dtype=torch.uint8, device=x.device)
+                first = int(probe[0])
+                filled = 0xC0 <= first <= 0xFE and bool((probe == first).all())
+                with LOG.open("a") as log:
+                    log.write("filled\\n" if filled else "plain\\n")
+                return scale_shift(x, self.weight, self.bias)
+    '''
+    for helper in ("_demo_kernels.py", "_scale_shift_params.py"):
+        shutil.copy(REPO / "tests/exploits" / helper, tmp_path / helper)
+    _, result, audited = grade_case(tmp_path, cases_home, source, mode="bench")
+    assert result["outcome"] == "pass", summary(result, audited)
+    seen = (tmp_path / "case/grade/candidate/fills.log").read_text().split()
+    assert len(seen) > 30 and set(seen) == {"plain"}, Counter(seen)

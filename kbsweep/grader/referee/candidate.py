@@ -239,13 +239,6 @@ class CandidateContext:
         as evidence of which rank is slow (the ranks wait for each other, so the referee's clocks agree)."""
         return ms, elapsed_s
 
-    @staticmethod
-    def fill_byte(unlike: Optional[int] = None) -> int:
-        """The poison byte of one call's free memory and new allocations (other than ``unlike``): drawn afresh for
-        every checked call and ghost replay alike, so no fill tells one from another: 0xC0-0xFE, large negative
-        floats and nonsense indices (never 0xFF, a fixed NaN pattern a candidate could look for)."""
-        return secrets.choice([byte for byte in range(0xC0, 0xFF) if byte != unlike])
-
     def poison_slots(self, slots: List[Dict[str, Any]]) -> None:
         """0xFF bytes (NaN in every float format) in output slots, so an unwritten one shows."""
         for slot in slots:

@@ -1,5 +1,5 @@
 """The correctness stage: the candidate's outputs over shapes x seeds x stress cases, compared in the referee with the
-reference's, then the poison and pointer-cache probes."""
+reference's, then the stale-memory and pointer-cache probes."""
 from __future__ import annotations
 
 import copy
@@ -17,17 +17,16 @@ from kbsweep.outcomes import Outcome
 class CorrectnessStage(CandidateContext):
     """Every case's call there, its outputs compared here; any mismatch fails the grade as incorrect."""
 
-    def check_case(self, ref_model, model: int, inputs: List[Any], tolerance: Optional[Dict] = None, fill: Optional[int] = None,
+    def check_case(self, ref_model, model: int, inputs: List[Any], tolerance: Optional[Dict] = None,
                    encoded: Optional[Dict[str, Any]] = None, expected: Any = None):
-        """One call there on copies of ``inputs``, its free memory and new allocations poisoned with ``fill`` (drawn
-        when not given; ``last_fill`` keeps it); its outputs read back and compared here with ``expected`` (the
-        reference's output on ``inputs``, run now when not known). Returns (out, worst, expected)."""
+        """One call there on copies of ``inputs``, prepared as a timed call is (its memory as the calls before it
+        left it, nothing filled), its outputs read back and compared here with ``expected`` (the reference's output on
+        ``inputs``, run now when not known). Returns (out, worst, expected)."""
         mark = self.arena.used
         encoded = encoded or encode(inputs, self.arena)
         expected = ref_model(*clone(inputs)) if expected is None else expected
         slots = self.output_slots(expected)
-        self.last_fill = self.fill_byte() if fill is None else fill
-        self.ask("call", model=model, inputs=encoded, outputs=slots, fill=self.last_fill)
+        self.ask("call", model=model, inputs=encoded, outputs=slots)
         self.count_work(self.shape, 1)
         out = self.read(slots, expected)
         for i, (sent, pristine) in enumerate(zip(encoded["list"], inputs)):
@@ -55,12 +54,12 @@ class CorrectnessStage(CandidateContext):
                         target = model if factor == 1.0 else self.send_model(scaled, shape, seed)
                         inputs = self.inputs(shape, seed, case.get("input_scale", 1.0))
                         out, err, expected = self.check_case(scaled, target, inputs, case.get("tolerance"))
-                        if case is stress[0]:  # nominal: the poison and pointer-cache probes' inputs, model and fill
-                            nominal = (out, expected, self.last_fill)
+                        if case is stress[0]:  # nominal: the stale-memory and pointer-cache probes' inputs and model
+                            nominal = (out, expected)
                         worst = {key: max(worst[key], err[key]) for key in worst}
                         cases += 1
                     if s_index == 0 and k == 0:
-                        self.poison_determinism(ref_model, model, shape, seed, *nominal)
+                        self.stale_memory_probe(ref_model, model, shape, seed, *nominal)
                         self.pointer_cache_probe(ref_model, model, shape, seed, nominal[1])
                     self.arena.used = mark
         except checks.CheckFailure as exc:
@@ -77,11 +76,14 @@ class CorrectnessStage(CandidateContext):
                 tensor.data.mul_(factor)
         return model
 
-    def poison_determinism(self, ref_model, model: int, shape, seed, first: Any, expected: Any, fill: int) -> None:
-        """Two calls under different poison fills: output that depends on stale memory shows up here. The first is
-        the nominal case's (``first``: its output, under ``fill``, on these inputs, whose reference output is
-        ``expected``)."""
-        second, _, _ = self.check_case(ref_model, model, self.inputs(shape, seed), fill=self.fill_byte(unlike=fill), expected=expected)
+    def stale_memory_probe(self, ref_model, model: int, shape, seed, first: Any, expected: Any) -> None:
+        """The nominal case's inputs again, after a checked call on other inputs (the first timing inputs, whose
+        output is known for the first seed's weights): output that depends on memory the call read before writing
+        it (what the call before it left there, which differs now) shows up here. No call's memory is filled (a fill
+        only some calls got would tell them from timed calls); what the call before left is the poison. ``first``:
+        the nominal case's output, whose reference output is ``expected``."""
+        self.check_case(ref_model, model, self.inputs(shape, 2026), expected=self.first_output(shape) if seed == 42 else None)
+        second, _, _ = self.check_case(ref_model, model, self.inputs(shape, seed), expected=expected)
         same = checks.same_values(first, second)
         self.evidence["poison_deterministic"] = same
         if not same:

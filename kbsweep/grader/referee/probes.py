@@ -27,28 +27,35 @@ class ProbeStage(CandidateContext):
     stage's ``check_case``: they run within a :class:`~kbsweep.grader.referee.referee.Referee`)."""
 
     def audit_probes(self) -> None:
-        """Ghost replays on the first shape: the candidate's kernel launches stubbed there, its free memory and new
-        allocations filled with a byte drawn as for any checked call; whether the output changed is decided here,
-        against the real call's output."""
+        """Ghost replays on the first shape, each a call prepared as any call is, with the candidate's kernel launches
+        stubbed there: first a checked call on an instance (its one-time preparation done, its buffers taken), then
+        a ghost on that instance and one on a fresh one, both on inputs drawn now that no call has seen, then a
+        checked call on those inputs. Nothing in the runner's memory held that call's output before it ran, so a
+        ghost whose output equals it computed it without the stubbed kernels (torch, an unseen launch); an honest
+        one's output is whatever its unwritten buffers held. Decided here, against the checked call's output."""
         shape = self.req.shapes[0]
         self.shape = shape
         self.open_arena(self.arena_size(shape))
         ref_model = self.build(shape, 42)
         models = [self.send_model(ref_model, shape, 42) for _ in range(2)]
-        inputs = self.inputs(shape, 2026)
+        template = self.first_output(shape)
+        inputs = self.inputs(shape, self.rng.randrange(2**31))
         try:
-            real, _, _ = self.check_case(ref_model, models[0], inputs, expected=self.first_output(shape))
+            self.check_case(ref_model, models[0], self.inputs(shape, 2026), expected=template)
+            ghost, outs, mark = {}, {}, self.arena.used
+            for name, model in (("same_instance", models[0]), ("fresh_instance", models[1])):
+                slots = self.output_slots(template)
+                record = self.ask("ghost", model=model, inputs=encode(inputs, self.arena), outputs=slots)
+                self.count_work(shape, 1)
+                outs[name] = None if record.get("error") else self.read(slots, template)
+                ghost[name] = {"changed": True, "error": str(record.get("error") or "")[:300] or None, "aliases_previous": False,
+                               "stubbed": int(record.get("stubbed") or 0), "graph_replays": int(record.get("graph_replays") or 0)}
+            self.arena.used = mark
+            real, _, _ = self.check_case(ref_model, models[0], inputs)
         except checks.CheckFailure as exc:
             raise GradeFailure(Outcome.INCORRECT, f"audit probe, shape {shape}: {exc}")
-        encoded = encode(inputs, self.arena)
-        ghost = {}
-        for name, model in (("same_instance", models[0]), ("fresh_instance", models[1])):
-            slots = self.output_slots(real)
-            record = self.ask("ghost", model=model, inputs=encoded, outputs=slots, fill=self.fill_byte())
-            self.count_work(shape, 1)
-            changed = bool(record.get("error")) or not checks.same_values(real, self.read(slots, real))
-            ghost[name] = {"changed": changed, "error": str(record.get("error") or "")[:300] or None, "aliases_previous": False,
-                           "stubbed": int(record.get("stubbed") or 0), "graph_replays": int(record.get("graph_replays") or 0)}
+        for name, out in outs.items():
+            ghost[name]["changed"] = out is None or not checks.same_values(real, out)
         self.evidence["ghost"] = ghost
 
     def collect_evidence(self, timings: Sequence[Dict[str, Any]] = (), complete: bool = False) -> None:

@@ -180,23 +180,15 @@ class Runner:
                 raise GradeFailure(Outcome.INCORRECT, f"output {i} aliases an input's memory")
             target.copy_(o)
 
-    def poison(self, fill: Optional[int]) -> None:
-        if fill is not None:
-            poison_free_memory(self.device, fill)
-
     def op_call(self, message, fds) -> None:
-        """One call; with ``fill``, the free memory and every allocation the call makes hold that byte (the referee
-        draws it per call, for its checked calls and its ghost replays alike)."""
+        """One call, prepared as a timed call is: no fill of its memory or allocations (a fill only some calls got
+        would tell them apart; the referee's poison is in its output slots, and its ghost replays run on inputs
+        no call has seen)."""
         model = self.models[int(message["model"])]
         inputs = decode(message["inputs"], self.arena)
-        self.poison(message.get("fill"))
-        self.recorder.fill = message.get("fill")
-        try:
-            with torch.no_grad():
-                out = self.invoke(model, inputs)
-                self.deliver(out, message["outputs"], inputs, kernelbench=bool(message.get("kernelbench")))
-        finally:
-            self.recorder.fill = None
+        with torch.no_grad():
+            out = self.invoke(model, inputs)
+            self.deliver(out, message["outputs"], inputs, kernelbench=bool(message.get("kernelbench")))
         self.sync()
 
     def op_ghost(self, message, fds) -> Dict[str, Any]:
@@ -292,21 +284,6 @@ def unlist_harness() -> None:
     a fresh copy (an import the monitor records), never the modules whose functions this process runs."""
     for name in [name for name in sys.modules if name == "kbsweep" or name.startswith("kbsweep.")]:
         del sys.modules[name]
-
-
-def poison_free_memory(device: torch.device, fill: int) -> None:
-    """Fill the allocator's free blocks with a byte pattern so an output read before it is written shows up.
-    0xFF bytes are NaN in every float format; 0xC7 bytes are large negative finite numbers. Each free block of
-    the caching allocator is taken at its own size, so the pool does not grow."""
-    if device.type == "cuda":
-        sizes = [b["size"] for seg in torch.cuda.memory_snapshot() for b in seg["blocks"] if b["state"] == "inactive"]
-        held = [torch.empty(size, dtype=torch.uint8, device=device) for size in sorted(sizes, reverse=True)[:64]]
-        for block in held:
-            block.fill_(fill)
-        del held
-    else:
-        block = torch.full((1 << 22,), fill, dtype=torch.uint8)
-        del block
 
 
 def plain(out: Any) -> Any:

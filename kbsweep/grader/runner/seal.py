@@ -131,7 +131,7 @@ def op_recorder(launches: Any, native: frozenset = frozenset()):
 
     class OpRecorder(TorchDispatchMode):
         """Counts ``namespace::op`` calls, their FLOPs, the bytes ops that compute read and write, and the bytes
-        brought in from host data; with ``fill`` set, every new allocation is filled with that byte."""
+        brought in from host data."""
 
         def __init__(self):
             super().__init__()
@@ -139,7 +139,6 @@ def op_recorder(launches: Any, native: frozenset = frozenset()):
             self.own_ops: dict = {}
             self.flops = self.bytes = self.host_bytes = 0
             self.foreign: dict = {}  # op -> whether it is an aten op the dispatcher did not hold at the import
-            self.fill = None
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
@@ -170,8 +169,6 @@ def op_recorder(launches: Any, native: frozenset = frozenset()):
                     self.flops += int(formula(*args, **kwargs, out_val=out))
                 except Exception:  # noqa: BLE001 - an unusual overload: no FLOP count, never a failed grade
                     pass
-            if self.fill is not None and name in ALLOCATORS and out.numel():
-                out.untyped_storage().fill_(self.fill)
             return out
 
     return OpRecorder()

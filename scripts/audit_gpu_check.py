@@ -32,10 +32,10 @@ CASES = [  # (file, dynamic findings expected on the GPU; "clean" for a legitima
     ("tests/legit/fp8_gemm_fast.py", "clean"),
     ("tests/legit/w4a16_cuda_graph.py", "clean"),
     ("tests/exploits/fig_leaf_kernel.py", "forbidden_kernel forbidden_op"),
-    ("tests/exploits/hash_cache.py", "ghost_unchanged instance_state"),
+    ("tests/exploits/hash_cache.py", ""),  # fails its checks (incorrect) on a GPU: nothing for the dynamic layer to add
     ("tests/exploits/background_thread.py", "thread_outlived_call"),
     ("tests/exploits/l2_persistence.py", "persisting_l2"),
-    ("tests/exploits/timer_patch.py", "grader_tamper"),
+    ("tests/exploits/timer_patch.py", ""),  # static: a patched timer gains nothing from the referee's clock
     ("tests/legit/paged_attention_split_kv.py", "clean"),
     ("tests/exploits/cpp_at_matmul.py", "forbidden_kernel forbidden_op"),  # last: builds a C++ extension
 ]
@@ -56,7 +56,7 @@ def observed(result: dict, audited: dict) -> dict:
         "static": sorted({f["kind"] for f in audited["findings"] if f["layer"] == "static" and f["verdict"]}),
         "launches": probe.get("launches"),
         "aten_ops": probe.get("aten_ops"),
-        "torch_flop_share": (probe.get("work") or {}).get("flop_share"),  # the median counted call's
+        "torch_flop_share": (probe.get("work") or {}).get("flop_share"),  # the most any counted call did
         "host_bytes": (probe.get("work") or {}).get("host_bytes"),
         "ghost": probe.get("ghost"),
         "persisting_l2_limit": probe.get("persisting_l2_limit"),

@@ -259,11 +259,11 @@ PASS_FORWARDS = {
     "import_candidate": (0, 0),
     "baselines": (0, timing.KERNELBENCH_HOST_RUNS),  # the eager reference timed: one host batch, no warm-up batch
     "kernelbench_correctness": (5, 5 + 1),  # KernelBench's 5 trials; the reference once more on the first timing inputs
-    # 3 public seeds + the secret one; one more call under the second poison fill (the first seed's own call is the
-    # first fill's); the pointer-cache probe's 11 warm calls and the calls after a few elements, then all, changed in place
-    "correctness": (4 + 1 + 13, 4 + 1 + 1),  # the reference once more on the inputs a few elements changed
+    # 3 public seeds + the secret one; the stale-memory probe's call on the first timing inputs and its repeat on the
+    # nominal ones; the pointer-cache probe's 11 warm calls and the calls after a few elements, then all, changed in place
+    "correctness": (4 + 2 + 13, 4 + 1 + 1),  # the reference once more on the inputs a few elements changed
     "timing": (timing.KERNELBENCH_HOST_RUNS, 2),  # one host batch, 2 calls picked and compared
-    "audit": (3, 0),  # the real call, compared with the first timing inputs' known output, and the two ghost replays
+    "audit": (4, 1),  # a checked call, the two ghost replays, the checked call on their fresh inputs
 }
 
 
@@ -280,7 +280,7 @@ def test_a_grade_makes_the_forwards_its_checks_need(roofline, tmp_path):
                    log_dir=tmp_path / "exact")
     assert passed["outcome"] == "pass", passed.get("message")
     assert forwards(passed) == PASS_FORWARDS
-    assert passed["evidence"]["probe"]["calls"] == sum(c for c, _ in PASS_FORWARDS.values()) == 34
+    assert passed["evidence"]["probe"]["calls"] == sum(c for c, _ in PASS_FORWARDS.values()) == 36
     wrong = graded(problem, CASES / "solutions/6_relu/leaky.py", CPU, roofline, mode="full", baselines=["eager"], timeout_s=300,
                   log_dir=tmp_path / "leaky")
     assert wrong["outcome"] == "incorrect" and wrong["kernelbench"]["trials"] == "(0 / 5)"

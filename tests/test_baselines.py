@@ -171,3 +171,32 @@ def test_the_config_passes_the_fresh_override_and_the_gpu_to_the_cache(problem, 
         grade = {"baselines": ["eager"], "memory_mib": 2048, "timing": {}, "compile_mode": None, "timers": None, "fresh_baselines": fresh}
         cache = GradeRequest.from_config(problem, roofline, gpu, track, grade, paths).baseline_cache
         assert (cache.fresh, cache.gpu) == (fresh, "cpu")
+
+
+# -- the referee's side ------------------------------------------------------------------------------------------------
+def test_the_referee_times_a_baseline_until_its_rule_ends_it_and_records_its_cost(monkeypatch):
+    """time_here's batches end by timing.baseline_done: per-call figures 1 % apart are known to ci_rel after one batch
+    of 8, where the candidate's rule (the mean's 0.1 % error) would ask four; each baseline carries what it cost."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from kbsweep.grader.referee import timing_stage
+    from kbsweep.grader.referee.timing_stage import TimingStage, time_baselines
+
+    batches = []
+
+    def run_batch(steps, mode, *args, **kwargs):
+        batches.append(len(steps))
+        return {"ms": [1.0 + 0.01 * (i % 2) for i in range(len(steps))], "enqueue_us": [], "loop_ms": 1.0}
+
+    monkeypatch.setattr(timing_stage.timing, "run_batch", run_batch)
+    stage = object.__new__(TimingStage)
+    stage.device, stage.spec, stage.barrier, stage.req = torch.device("cpu"), {}, None, SimpleNamespace(l2_bytes=0, timers=[])
+    stage.cfg = timing.TimingConfig(ci_rel=0.01)
+    assert stage.time_here(lambda x: x, [[torch.ones(2)]])["runs"] == 8 and batches == [8]
+    stage.cfg = timing.TimingConfig(ci_rel=None)
+    assert stage.time_here(lambda x: x, [[torch.ones(2)]])["runs"] == 32
+    request = SimpleNamespace(spec={}, baselines=["eager"], reference="/deck/reference.py", compile_mode=None)
+    timed = time_baselines(request, lambda x: x, [[torch.ones(2)]], lambda: False, lambda name, fn, sets: {"median_ms": 1.0})
+    assert set(timed["eager"]["cost_s"]) == {"check", "timing"}

@@ -3,8 +3,8 @@ output checked, and the baselines timed here by the same batches before the cand
 (batches, flushes, the stopping rule) is :mod:`kbsweep.grader.shared.timing`, for every rank alike.
 
 A batch's scored figure is this process's: its clock around the go (the fresh inputs copied into the arena inside
-it, so no call can start before it), less a null it measured without the candidate (the channel's round trip
-before the candidate was imported, and the same batch run here with a call that does nothing: copies, flushes,
+it, so no call can start before it), less a null it measured without the candidate (an empty batch's go in the
+runner before the candidate was imported, its instruments on, and the same batch run here with a call that does nothing: copies, flushes,
 syncs; each a minimum, so the null errs against the candidate), over the batch's calls. The runner's per-call
 figures are evidence: set against the referee's, they show a patched timer."""
 from __future__ import annotations
@@ -35,19 +35,22 @@ NULLS = 3  # null batches measured per shape and kind; the fastest is subtracted
 class TimingStage(CandidateContext):
     """The candidate's batches there and the baselines' here, on one timer, scored by this process's clock."""
 
-    round_trip_ms = 0.0  # the channel's, before the candidate was imported (:meth:`trusted_round_trip`)
+    round_trip_ms = 0.0  # an empty batch's, before the candidate was imported (:meth:`trusted_round_trip`)
     runner_cpu: Optional[runner_cpu.RunnerCPU] = None  # the runner's threads from the host's /proc (single-process grades)
     null_copies_ms = 0.0  # the fastest copy of a batch's fresh inputs in the last null measured (:meth:`null_ms`)
 
     def trusted_round_trip(self) -> None:
-        """The channel's round trip while the runner holds harness code only: the fastest of a few empty commands;
-        the runner's calling thread pinned meanwhile."""
+        """A timed batch's go with no calls, in this grade's timing mode, while the runner holds harness code only
+        (its instruments on, as over every later command): the fastest of a few, the part of every batch's wall
+        that is the channel's and the runner's own handling. The runner's calling thread is pinned meanwhile."""
         if self.runner_cpu is not None:
             self.runner_cpu.pin()
+        self.ask("instrument")
         walls = []
         for _ in range(5):
+            self.ask("arm", calls=[], mode=self.timing_mode())
             t0 = time.perf_counter()
-            self.ask("ping")
+            self.ask("batch")
             walls.append((time.perf_counter() - t0) * 1e3)
         self.round_trip_ms = min(walls)
 
@@ -136,8 +139,7 @@ class TimingStage(CandidateContext):
         return {"shape": shape, "input_sets": len(sets), "candidate": timed, "baselines": {}}
 
     def replays(self, mode: str, kernelbench: bool = False) -> bool:
-        """Whether back-to-back batches alternate with graph replays here (not for a KernelBench timing: its metrics
-        time eagerly)."""
+        """Whether back-to-back batches alternate with graph replays (never for KernelBench's metrics: eager)."""
         return mode == "back_to_back" and self.cfg.replay and not kernelbench
 
     def bare_replay(self, expected: Any, calls: int) -> timing.Replay:
@@ -155,8 +157,8 @@ class TimingStage(CandidateContext):
 
     def null_ms(self, template: List[Any], targets: List[List[Any]], expected: Any, mode: str, replay: Optional[timing.Replay] = None) -> tuple:
         """Everything a batch's wall time holds besides the calls, measured here without the candidate: the fresh
-        inputs' copies (into the very ``targets`` a batch copies into, the arena's shared pages), the channel's
-        trusted round trip, and the batch (or ``replay``) with calls that do nothing; the fastest of NULLS, so it
+        inputs' copies (into the very ``targets`` a batch copies into, the arena's shared pages), the trusted
+        empty batch's go (:meth:`trusted_round_trip`), and the batch (or ``replay``) with calls that do nothing; the fastest of NULLS, so it
         errs against the candidate. Returns (that, the batch's part alone)."""
         calls = len(targets)
         staged = [clone(template) for _ in range(calls)]
@@ -177,8 +179,7 @@ class TimingStage(CandidateContext):
         return min(walls) + self.round_trip_ms, min(loops)
 
     def sync(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize()
+        torch.cuda.synchronize() if self.device.type == "cuda" else None
 
     @staticmethod
     def copy_sets(targets: List[List[Any]], staged: List[List[Any]]) -> None:
@@ -328,11 +329,11 @@ class TimingStage(CandidateContext):
             except Exception as exc:  # noqa: BLE001 - a baseline a graph cannot hold is timed by events alone
                 refused = f"capture failed: {one_line(exc)}"
         def alternation(session) -> tuple:
-            """Batches by the stop rule, events, replay, events...: (events' summary, replays' summary or None)."""
+            """Batches until timing.baseline_done ends them, events, replay, events...: (events' summary, replays' summary or None)."""
             samples: List[float] = []
             replayed: List[float] = []
             began, elapsed = time.perf_counter(), 0.0
-            while not timing.stop(samples, self.cfg, elapsed) or (replays and timing.replays_short(replayed, self.cfg)):
+            while not timing.baseline_done(samples, replayed, self.cfg, elapsed, replays is not None, per_batch):
                 if replays and len(samples) > len(replayed) * per_batch:
                     unrecorded = lambda: profiling.kernels_unrecorded(session)  # noqa: E731
                     full = timing.run_batch(steps(warm), mode, shape_["replay_spin_us"], flush, replays[0], unrecorded)["replay_ms"]
@@ -371,14 +372,16 @@ def time_baselines(request: RefereeRequest, ref_model: Any, sets: List[List[Any]
             if fn is None:
                 out[name] = None
                 continue
-            differs = None
+            differs, began = None, time.perf_counter()
             if name != "eager":  # eager is the reference itself
                 expected = ref_model(*clone(sets[0])) if expected is None else expected
                 try:
                     checks.compare(expected, fn(*clone(sets[0])), spec["tolerance"])
                 except checks.CheckFailure as exc:
                     differs = str(exc)
+            checked = time.perf_counter()  # a compile baseline compiled in its check's first call
             out[name] = timer(name, fn, sets)
+            out[name]["cost_s"] = {"check": round(checked - began, 3), "timing": round(time.perf_counter() - checked, 3)}
             if differs:
                 out[name]["outside_tolerance"] = differs
         except GradeFailure:  # the host's, not the baseline's: the grade ends

@@ -57,7 +57,7 @@ class Runner:
         self.models: Dict[int, Any] = {}
         self.arena: Optional[Arena] = None
         self.cand: Any = None
-        self.monitor: Optional[runtime.Monitor] = None  # installed by the import, just before the candidate
+        self.monitor: Optional[runtime.Monitor] = None  # installed by ``instrument``, before the candidate's import
         self.evidence: Dict[str, Any] = {}
         self.stage = self.tag = ""  # the current command's id: the referee never names its stage here
         self.flush = timing.L2Flush(request["l2_bytes"]) if self.device.type == "cuda" else None
@@ -106,10 +106,17 @@ class Runner:
             torch.cuda.synchronize()
             torch.cuda.empty_cache()
 
-    def op_import(self, message, fds) -> None:
+    def op_instrument(self, message, fds) -> None:
+        """The harness's instruments, over every command from here on, all alike: the kernel gate, the monitor, the
+        op recorder and the profiler session. Installed before the import, so the trusted round trips and empty
+        batches the referee measures next carry what every later command carries."""
         self.gate = runtime.KernelGate()
         self.monitor = runtime.Monitor(self.folder, [], self.evidence, self.gate, lambda event: self.channel.send({"event": event}))
         self.recorder = seal.op_recorder(self.gate.launches, frozenset(torch._C._dispatch_get_all_op_names()))
+        self.session = profiling.profiler_session(self.device)
+        self.session.start()
+
+    def op_import(self, message, fds) -> None:
         sys.meta_path.append(CandidateFinder(self.folder))
         unlist_harness()
         try:
@@ -120,8 +127,6 @@ class Runner:
             raise GradeFailure(outcome, f"import failed: {one_line(exc)}") from None
         if not hasattr(self.cand, "ModelNew"):
             raise GradeFailure(Outcome.COMPILE_ERROR, "solution.py defines no ModelNew")
-        self.session = profiling.profiler_session(self.device)  # over every call from here on, all alike
-        self.session.start()
 
     def op_build(self, message, fds) -> None:
         seed_rng(int(message["seed"]), self.device)

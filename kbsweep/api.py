@@ -3,7 +3,7 @@
     import kbsweep
     p = kbsweep.plan("model=scripted,scripted-lazy", "gpu=cpu")      # Plan: cells, estimate, budget, missing keys
     r = kbsweep.run("model=scripted", "gpu=cpu", "launcher=inline")  # Run: the sweep, its unfinished cells, its report
-    g = kbsweep.grade("demo/scale_shift", "my.py", "gpu=cpu")        # Grade: outcome, score, the grader's whole result
+    g = kbsweep.grade("demo/scale_shift", "problems/demo/scale_shift/solutions/triton.py", "gpu=cpu")  # Grade: outcome, score, the grader's whole result
     b = kbsweep.report()                                              # Report: boards and the files written
 
 Arguments are the CLI's overrides; a comma list sweeps (no ``-m`` needed); ``config_dir`` is the CLI's ``-cd``.

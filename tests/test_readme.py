@@ -1,13 +1,15 @@
-"""Every command of the README's code blocks, run as written from a fresh folder: those that need nothing this
-machine lacks run for real; a sweep too long for a test runs as `kbsweep plan` with the same arguments (the same
-parsing, config composition and matrix); those that need a GPU, keys, npm or a server run to their clean failure
-(one line, exit code 2) or are skipped with the reason below. A README command missing from COMMANDS fails."""
+"""Every command of the README's code blocks, run as written from a fresh folder that holds the checkout's
+``problems/`` (the README's commands run from the checkout's root; their outputs land in the fresh folder): those
+that need nothing this machine lacks run for real; a sweep too long for a test runs as `kbsweep plan` with the same
+arguments (the same parsing, config composition and matrix); those that need a GPU, keys, npm or a server run to
+their clean failure (one line, exit code 2) or are skipped with the reason below. A README command missing from
+COMMANDS fails. Every file a command or Python block names exists, and each Python block runs as pasted."""
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -33,8 +35,9 @@ COMMANDS = {
     "kbsweep plan -m model=opus-4.8,glm-5.2 track=hard": ("run", {0}, "missing key: model 'glm-5.2'"),
     "kbsweep plan --json -m model=opus-4.8 track=hard": ("run", {0}, '"expected_tokens": {'),
     "kbsweep preflight -m model=opus-4.8,glm-5.2": ("run", {2}, "environment variable ZAI_API_KEY is not set"),
-    "kbsweep grade problem=demo/scale_shift solution=my.py gpu=cpu": ("run", {0}, '"outcome": "pass"'),
-    "kbsweep grade --mode profile problem=demo/scale_shift solution=my.py gpu=cpu": ("run", {0}, "CPU: interpreter/op view, not GPU kernels"),
+    "kbsweep grade problem=demo/scale_shift solution=problems/demo/scale_shift/solutions/triton.py gpu=cpu": ("run", {0}, '"outcome": "pass"'),
+    "kbsweep grade --mode profile problem=demo/scale_shift solution=problems/demo/scale_shift/solutions/triton.py gpu=cpu": (
+        "run", {0}, "CPU: interpreter/op view, not GPU kernels"),
     "kbsweep report": ("run", {0}, ""),
     "kbsweep export +out=hf-dataset": ("run", {0}, "exported 0 runs"),
     "kbsweep calibrate gpu=h200": ("skip", "measures an H200's peaks (needs the GPU)"),
@@ -48,9 +51,25 @@ COMMANDS = {
 }
 
 
+def readme_blocks(language: str) -> list:
+    return re.findall(rf"```{language}\n(.*?)```", (REPO / "README.md").read_text(), re.S)
+
+
 def readme_commands() -> list:
-    blocks = re.findall(r"```bash\n(.*?)```", (REPO / "README.md").read_text(), re.S)
-    return [line.split("  #")[0].strip() for block in blocks for line in block.splitlines() if line.strip()]
+    return [line.split("  #")[0].strip() for block in readme_blocks("bash") for line in block.splitlines() if line.strip()]
+
+
+def checkout_like(folder: Path) -> Path:
+    """``folder`` as the README's commands find the checkout's root: its ``problems/`` (a link), nothing else."""
+    (folder / "problems").symlink_to(REPO / "problems")
+    return folder
+
+
+def readme_env() -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY") and k != "KBSWEEP_OUTPUTS"}
+    env["PATH"] = f"{BIN}:{env['PATH']}"
+    env["CUDA_VISIBLE_DEVICES"] = ""  # the same answers on a machine with GPUs: a GPU cell is refused before its keys are asked for
+    return env
 
 
 @pytest.mark.fast
@@ -66,13 +85,37 @@ def test_readme_command(command, tmp_path):
     words = shlex.split(command.replace("<run_id>", "0123456789abcdef"))
     if mode == "plan":
         words.insert(1, "plan")
-    shutil.copy(REPO / "problems/demo/scale_shift/solutions/triton.py", tmp_path / "my.py")
-    env = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY") and k != "KBSWEEP_OUTPUTS"}
-    env["PATH"] = f"{BIN}:{env['PATH']}"
-    env["CUDA_VISIBLE_DEVICES"] = ""  # the same answers on a machine with GPUs: a GPU cell is refused before its keys are asked for
-    proc = subprocess.run(words, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(words, cwd=checkout_like(tmp_path), env=readme_env(), capture_output=True, text=True, timeout=600)
     output = proc.stdout + proc.stderr
     codes, expected = rest if mode == "run" else ({0}, "cells; model spend")
     assert proc.returncode in codes and expected in output, output[-3000:]
     if proc.returncode == 2:  # a clean failure: one-line errors, no traceback
         assert "Traceback" not in output
+
+
+PATHLIKE = re.compile(r"(?<![\w./-])((?:\.venv/bin/|scripts/|tests/|problems/|conf/|docs/|kbsweep/)[\w./-]*[\w/])")
+
+
+@pytest.mark.fast
+def test_every_file_a_readme_block_names_exists():
+    """Each checkout path a command or Python block names (a script, a test file, a bundled solution) is there; the
+    virtual environment's own (``.venv/bin/...``) are made by the README's first line, so only named here."""
+    named = {m for block in readme_blocks("bash") + readme_blocks("python") for line in block.splitlines()
+             for m in PATHLIKE.findall(line.split("  #")[0])}
+    assert named, "no path found: the pattern no longer reads the README"
+    missing = sorted(p for p in named if not p.startswith(".venv/") and not (REPO / p).exists())
+    assert not missing, f"README blocks name paths that do not exist: {missing}"
+
+
+@pytest.mark.parametrize("index", range(len(readme_blocks("python"))))
+def test_readme_python_block_runs_as_pasted(index, tmp_path):
+    """The block, as pasted, in a fresh interpreter from a fresh folder (the checkout's ``problems/`` in it, no API
+    keys): it raises nothing and each name it binds but ``kbsweep`` is one of the API's records."""
+    block = readme_blocks("python")[index]
+    probe = (f"exec(compile({block!r}, 'README.md', 'exec'))\n"
+             "import dataclasses, json\n"
+             "print(json.dumps({k: dataclasses.is_dataclass(v) for k, v in dict(globals()).items() if not k.startswith('_') and k not in ('kbsweep', 'dataclasses', 'json')}))\n")
+    proc = subprocess.run([sys.executable, "-c", probe], cwd=checkout_like(tmp_path), env=readme_env(), capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    bound = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert bound and all(bound.values()), bound

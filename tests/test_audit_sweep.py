@@ -129,3 +129,58 @@ def test_judge_metrics_are_logged_only_where_a_judge_was_asked():
     judged = cell_metrics(spend(agent, {"layers": {"judge": asked}}))
     assert judged["judge_tokens_input"] == 1_200 and judged["judge_cost_usd"] == pytest.approx(PER_CALL_USD)
     assert judged["cost_usd"] == pytest.approx(0.01 + PER_CALL_USD)
+
+
+CHEAP = {**PRICES, "input": 0.5, "output": 1.0}
+
+
+def plan_json(cli, conf: Path, *overrides: str):
+    proc = cli("plan", "--json", "-cd", str(conf), *overrides, "track=demo", "problem=scale_shift", "gpu=cpu")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout)
+
+
+def test_the_judge_is_on_by_default_where_a_sweep_has_a_keyed_model_and_plan_counts_it(tmp_path, cli):
+    """Left null, audit.judge is the cheapest keyed model the sweep configures, on every cell of a scored track
+    (the keyless scripted model's too); plan counts its calls in the model spend and shows them. No keyed model
+    (the embedded default), audit.judge=off or an unscored track: no judge."""
+    from kbsweep.planner.judging import JUDGE_TOKENS
+
+    conf = tmp_path / "conf"
+    model_yaml(conf, "fake-dear", "openai/fake-dear", "http://127.0.0.1:9/v1", prices=PRICES)
+    model_yaml(conf, "fake-cheap", "openai/fake-cheap", "http://127.0.0.1:9/v1", prices=CHEAP)
+    plan = plan_json(cli, conf, "-m", "model=fake-dear,fake-cheap,scripted")
+    call = (JUDGE_TOKENS["input"] * CHEAP["input"] + JUDGE_TOKENS["output"] * CHEAP["output"]) / 1e6
+    assert plan["judge"] == {"models": {"fake-cheap": 3}, "cells": 3, "usd": pytest.approx(3 * call), "expected_tokens": JUDGE_TOKENS, "unpriced": []}
+    agents = sum((2_000_000 * p["input"] + 150_000 * p["output"]) / 1e6 for p in (PRICES, CHEAP))
+    assert plan["model_usd"] == pytest.approx(agents + 3 * call)
+    named = plan_json(cli, conf, "-m", "model=fake-cheap,scripted", "audit.judge=fake-dear")["judge"]
+    assert named["models"] == {"fake-dear": 2}
+    assert plan_json(cli, conf, "model=scripted")["judge"] is None  # no key: the embedded default has no judge
+    assert plan_json(cli, conf, "model=fake-cheap", "audit.judge=off")["judge"] is None
+    proof = cli("plan", "--json", "-cd", str(conf), "model=fake-cheap", "track=proof", "gpu=cpu")
+    assert proof.returncode == 0 and json.loads(proof.stdout)["judge"] is None  # timer validation ranks no model
+
+
+def test_a_sweep_of_a_keyed_model_is_judged_by_default(tmp_path):
+    """The agent's own model is the sweep's only keyed one: after its final grade, each cell asks it as the judge
+    (the rubric, the files fenced) and records its answer and cost."""
+    from kbsweep.audit.judge import RUBRIC
+    from tests.support.scripts import multi_turn_fix
+
+    agent = iter(multi_turn_fix())
+    verdict = json.dumps({"verdict": "clean", "summary": "its own Triton kernel", "quotes": []})
+
+    def reply(body):
+        return Reply(content=verdict, **TOKENS) if body["messages"][0].get("content") == RUBRIC else next(agent)
+
+    with FakeProvider(reply) as fp:
+        model_yaml(tmp_path / "conf", "fake-agent", "openai/fake-agent", fp.base_url, prices=PRICES)
+        proc = sweep(tmp_path / "conf", tmp_path / "outputs", "model=fake-agent", "audit.judge=null")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    [asked] = [r for r in fp.requests if r.json["messages"][0].get("content") == RUBRIC]
+    assert "<<<FILE solution.py " in asked.json["messages"][1]["content"]
+    result = results(tmp_path / "outputs")["fake-agent"]
+    audited = json.loads((Path(result["folder"]) / "audit.json").read_text())
+    assert audited["layers"]["judge"]["model"] == "fake-agent" and result["verdict"] == "clean"
+    assert result["judge_cost_usd"] == pytest.approx(PER_CALL_USD)

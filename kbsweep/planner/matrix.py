@@ -15,6 +15,7 @@ from kbsweep.config.gpus import GpuSpec
 from kbsweep.harness import runner_for
 from kbsweep.config.problem_folders import find_problem_dirs, track_problem_names
 from kbsweep.config.problems import load_problem
+from kbsweep.planner import judging
 
 VOLATILE_MODEL_KEYS = ("concurrency", "timeout_s", "retry", "api_base", "expected_tokens", "prices", "prompt_caching")
 
@@ -35,7 +36,7 @@ class Cell:
     paths: Dict[str, Any]
     launcher: Dict[str, Any]
     grade: Dict[str, Any]
-    judge: Optional[Dict[str, Any]] = None  # audit.judge's resolved model config (the LLM judge layer), or None
+    judge: Optional[Dict[str, Any]] = None  # the LLM judge's resolved model config (kbsweep.planner.judging), or None
     harness: Dict[str, Any] = field(default_factory=lambda: dict(BUILTIN_HARNESS))  # who drives the model
 
     @property
@@ -117,13 +118,9 @@ def cells_of(cfg: DictConfig, repeats: Optional[Sequence[int]] = None) -> List[C
 
 
 def judge_conf(cfg: DictConfig) -> Optional[Dict[str, Any]]:
-    """``audit.judge``'s model YAML, validated like any model, or None: every cell runs it as its audit's third layer."""
-    name = (cfg.get("audit") or {}).get("judge")
-    if not name:
-        return None
-    from kbsweep.agent.providers import model_conf
-
-    return model_conf(str(name))
+    """The model YAML ``audit.judge`` names, validated like any model, or None (not named: :func:`build_matrix`
+    picks the sweep's cheapest keyed model; or off): every cell runs it as its audit's third layer."""
+    return judging.named(cfg)
 
 
 def build_matrix(cfgs: Sequence[DictConfig]) -> List[Cell]:
@@ -140,12 +137,15 @@ def build_matrix(cfgs: Sequence[DictConfig]) -> List[Cell]:
         for cell in built[unit][place * per : (place + 1) * per]:
             seen.setdefault(cell.key, cell)
     cells = list(seen.values())
+    automatic = {cell.key for (cfg, _), unit in zip(jobs.units, built) if judging.setting(cfg) is None for cell in unit}
+    judging.assign(cells, automatic)
     check_cells(cells)
     return cells
 
 
 def estimate(cells: List[Cell]) -> Dict[str, Any]:
-    """Plan estimates: model dollars from prices × expected tokens; GPU-hours and rent from time caps."""
+    """Plan estimates: model dollars from prices × expected tokens (the agents' and the judge's); GPU-hours and rent
+    from time caps."""
     usd: Optional[float] = 0.0
     unpriced = set()
     gpu_hours = 0.0
@@ -160,8 +160,11 @@ def estimate(cells: List[Cell]) -> Dict[str, Any]:
         gpu_hours += hours
         rent += hours * (cell.gpu.hourly_usd or 0.0)
     expected = {c.model["name"]: dict(c.model["expected_tokens"]) for c in cells if c.model.get("provider") == "litellm"}
+    judge = judging.estimate(cells)  # the judge's calls are model spend too
+    usd += (judge or {}).get("usd") or 0.0
+    unpriced |= set((judge or {}).get("unpriced", ()))
     return {"cells": len(cells), "model_usd": usd, "unpriced_models": sorted(unpriced), "gpu_hours_cap": gpu_hours, "rent_usd_cap": rent,
-            "expected_tokens": expected}
+            "expected_tokens": expected, "judge": judge}
 
 
 def cell_dir(cell: Cell) -> Path:

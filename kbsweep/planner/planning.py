@@ -22,7 +22,8 @@ class PlannedCell:
 
 @dataclass
 class Plan:
-    """What a sweep would run and cost; ``expected_tokens`` is the per-cell assumption behind ``model_usd``;
+    """What a sweep would run and cost; ``expected_tokens`` is the per-cell assumption behind ``model_usd`` (which
+    holds the judge's calls too: ``judge``, :func:`kbsweep.planner.judging.estimate`);
     ``budget``: the sweep's limits, the worst case of its cells (every one at its caps) and whether the budget may
     stop the sweep (:meth:`kbsweep.planner.budget.SweepBudget.to_dict`), or None."""
 
@@ -35,6 +36,7 @@ class Plan:
     harnesses: List[str]
     missing_keys: List[str] = field(default_factory=list)
     budget: Optional[Dict[str, Any]] = None
+    judge: Optional[Dict[str, Any]] = None  # the LLM judge's models, cells, dollars and tokens (in model_usd), or None
 
     def to_dict(self) -> Dict[str, Any]:
         return asdict(self)
@@ -64,5 +66,5 @@ def plan_of(cells: List[Any], budget: Optional[SweepBudget] = None) -> Plan:
     return Plan(
         cells=[planned(c) for c in cells], model_usd=est["model_usd"], unpriced_models=est["unpriced_models"], gpu_hours_cap=est["gpu_hours_cap"],
         rent_usd_cap=est["rent_usd_cap"], expected_tokens=est["expected_tokens"], harnesses=[runner_for(h).describe() for h in harnesses.values()],
-        missing_keys=[check.line() for check in missing_keys(cells)], budget=budget.to_dict(cells) if budget else None,
+        missing_keys=[check.line() for check in missing_keys(cells)], budget=budget.to_dict(cells) if budget else None, judge=est["judge"],
     )

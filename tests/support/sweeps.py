@@ -37,9 +37,12 @@ def model_yaml(conf: Path, name: str, route: str, api_base: str, **fields: Any) 
 
 
 def sweep(conf: Path, outputs: Path, *overrides: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    """``kbsweep -cd conf <overrides> track=demo problem=scale_shift launcher=inline gpu=cpu`` into ``outputs``."""
+    """``kbsweep -cd conf <overrides> track=demo problem=scale_shift launcher=inline gpu=cpu`` into ``outputs``; with
+    ``audit.judge=off`` unless an override names the judge (a keyed model would judge every cell by default, and
+    the fake provider answers a test's scripted steps in order: tests/test_audit_sweep.py runs the default)."""
     env = {**os.environ, "KBSWEEP_OUTPUTS": str(outputs), "KBSWEEP_LOCK_DIR": str(outputs / "locks"), KEY_ENV: SECRET}
-    command = [sys.executable, "-m", "kbsweep.cli", "-cd", str(conf), *overrides, *DEMO]
+    judge = [] if any(o.lstrip("+").startswith("audit.judge=") for o in overrides) else ["audit.judge=off"]
+    command = [sys.executable, "-m", "kbsweep.cli", "-cd", str(conf), *overrides, *judge, *DEMO]
     return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
 
 

@@ -189,7 +189,8 @@ def grade_file(cfg: DictConfig) -> tuple:
     # the grading zygotes start here (torch imported in each) and the checks below run meanwhile
     run = configured_grader(problem, roofline, Path(cfg.paths.outputs), gpu, conf["track"], conf["grade"], conf["paths"])
     check_problem(problem, cfg.gpu.shape_set, roofline, cfg.gpu.roofline)
-    prober = referee_prober(problem, gpu.device, int(conf["track"].get("world_size", 1)), (), SandboxPolicy.of(conf["track"]))
+    prober = referee_prober(problem, gpu.device, int(conf["track"].get("world_size", 1)), (), SandboxPolicy.of(conf["track"]),
+                            (Path(cfg.paths.outputs) / "zygotes").resolve())
     check_references([reference_probe(problem)], prober)  # in the referee's zygote: one torch import fewer
     result = run(mode, solution, f"{track}-{name}-{time.strftime('%Y%m%d-%H%M%S')}")
     note = score_note(result) if mode != "profile" else None  # a profile is never scored

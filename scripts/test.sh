@@ -21,6 +21,8 @@ fi
 # the tests start (CLI runs, sweep workers, zygotes, grades importing lazily after their fork) compiled it again
 python -m compileall -q kbsweep hydra_plugins >/dev/null
 python -m kbsweep.harness.install >/dev/null   # the CLI harnesses' pinned npm packages, into .harnesses/
+# the daemons this run starts (Slurm, MariaDB) are stopped when it ends, however it ends; those already running stay
+. scripts/daemons.sh && stop_daemons_on_exit
 bash scripts/slurm_up.sh >/dev/null   # Slurm, and MariaDB (its accounting; the MLflow server test's SQL store)
 # Two xdist workers (CI has two cores; KBSWEEP_TEST_WORKERS=0 runs in one process), a test file per worker at a
 # time (module fixtures are built once). Files that share something across files run first, in this process: one

@@ -226,10 +226,12 @@ def test_sigkill_mid_sweep_loses_no_finished_cell_and_grades_none_twice(tmp_path
 
 def test_ctrl_c_mid_sweep_stops_in_one_line_and_leaves_no_run_open(tmp_path):
     """Ctrl-C reaches the whole foreground process group, as a terminal sends it: the sweep says in one line what
-    finished and what was stopped, exits 130 without a traceback, closes the stopped cells' runs, and the same
-    command then runs only what is left."""
-    outputs = tmp_path / "outputs"
-    env = {**os.environ, "KBSWEEP_OUTPUTS": str(outputs), "KBSWEEP_LOCK_DIR": str(outputs / "locks")}
+    finished and what was stopped, exits 130 without a traceback, closes the stopped cells' runs, leaves nothing in
+    the system's temporary folder (here a folder of the test's own, TMPDIR), and the same command then runs only
+    what is left."""
+    outputs, system_tmp = tmp_path / "outputs", tmp_path / "system-tmp"
+    system_tmp.mkdir()
+    env = {**os.environ, "KBSWEEP_OUTPUTS": str(outputs), "KBSWEEP_LOCK_DIR": str(outputs / "locks"), "TMPDIR": str(system_tmp)}
     command = [sys.executable, "-m", "kbsweep.cli", "-m", "gpu=cpu", "preflight=off", "problem=scale_shift", "repeat=range(0,4)"]
     # as from a terminal: a shell without job control (CI's, say) starts background commands with SIGINT ignored,
     # and Python then leaves it ignored
@@ -249,6 +251,8 @@ def test_ctrl_c_mid_sweep_stops_in_one_line_and_leaves_no_run_open(tmp_path):
     assert done >= 1 and stopped >= 1, line
     cell_runs = [row["status"] for row in runs_frame(uri) if row["cell_key"]]
     assert sorted(cell_runs) == ["FINISHED"] * done + ["KILLED"] * stopped, cell_runs
+    time.sleep(2)  # the stopped cells' process trees, ended before the orchestrator exits, are gone by now
+    assert sorted(p.name for p in system_tmp.iterdir()) == []  # the grading zygotes' homes and logs are under outputs/
 
     rerun = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert rerun.returncode == 0, rerun.stderr

@@ -56,7 +56,7 @@ def supervise(request: RefereeRequest, how: Supervision, warm: Optional[zygotes.
     with open(log_dir / "grade_stdout.log", "wb") as out, open(log_dir / "grade_stderr.log", "wb") as err, \
             open(log_dir / "referee.log", "wb") as referee_log, open(os.devnull, "rb") as null:
         if warm is not None:
-            judge = zygotes.take("referee", sandbox, env, readonly)
+            judge = zygotes.take("referee", sandbox, env, readonly, warm.home.parent)
             runner = warm.fork(workdir, ["fd:channel"], {"stdin": null.fileno(), "stdout": out.fileno(), "stderr": err.fileno(),
                                                           "channel": runner_end.fileno()})
             request_in, request_out = os.pipe()
@@ -167,7 +167,7 @@ def warm_runner(sandbox: Sandbox, env: Dict[str, str], view: Sequence[Path], par
     if not sandbox.confined:
         return None
     warm = zygotes.take("runner", sandbox, runner_env(env), [REPO_ROOT / "kbsweep"], parent)
-    judge = zygotes.take("referee", sandbox, env, view)
+    judge = zygotes.take("referee", sandbox, env, view, parent)
     try:
         warm.started()
         judge.started()
@@ -193,11 +193,11 @@ def prewarm(problem: Problem, device: str, world_size: int, hide_env: Sequence[s
     view = zygote_view(problem, device, world_size, hide_env, policy)
     if view is not None:
         sandbox, env, readonly = view
-        zygotes.prewarm("referee", sandbox, env, readonly)
+        zygotes.prewarm("referee", sandbox, env, readonly, grades)
         zygotes.prewarm("runner", sandbox, runner_env(env), [REPO_ROOT / "kbsweep"], grades)
 
 
-def referee_prober(problem: Problem, device: str, world_size: int, hide_env: Sequence[str], policy: SandboxPolicy):
+def referee_prober(problem: Problem, device: str, world_size: int, hide_env: Sequence[str], policy: SandboxPolicy, parent: Optional[Path] = None):
     """``probe(request, limit_s)`` for :func:`kbsweep.planner.validate.check_references`: the probe forked by the referee's
     zygote that ``problem``'s grades fork from (the probe sees what the referee sees), so it pays no torch import
     of its own; None where grades spawn cold. ``probe`` returns None when the zygote did not start (probe cold)."""
@@ -206,7 +206,7 @@ def referee_prober(problem: Problem, device: str, world_size: int, hide_env: Seq
         return None
 
     def probe(request: str, limit_s: float) -> Optional[Tuple[int, str, str]]:
-        judge = zygotes.take("referee", *view)
+        judge = zygotes.take("referee", *view, parent)
         try:
             ran = judge.run("kbsweep.planner.validate", request, limit_s)
         except OSError:

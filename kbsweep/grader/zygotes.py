@@ -161,13 +161,15 @@ LIVE: Set[Zygote] = set()  # every zygote not closed, idle or taken: all closed 
 
 
 def pool_key(side: str, sandbox, env: Dict[str, str], readonly: Sequence[Path], parent: Optional[Path]) -> Tuple:
-    return (side, sandbox.policy, sandbox.gpu, tuple(sorted(env.items())), tuple(map(str, readonly)), str(parent))
+    # the runner's home holds the candidates staged for it, so its folder is part of its key; the referee's is not
+    return (side, sandbox.policy, sandbox.gpu, tuple(sorted(env.items())), tuple(map(str, readonly)), str(parent) if side == "runner" else "")
 
 
 def take(side: str, sandbox, env: Dict[str, str], readonly: Sequence[Path], parent: Optional[Path] = None) -> Zygote:
     """A warm zygote of ``side`` for this view and environment, out of the pool (started now if none is idle).
-    Its writable home is a fresh folder under ``parent`` (the runner's: where each grade's candidate is staged),
-    else under the system's temporary folder. Give it back with :func:`keep`, or :func:`discard` it."""
+    Its writable home and its log are made under ``parent`` (the outputs folder's ``zygotes/``: a process killed
+    mid-sweep leaves them there, never in the system's temporary folder), else under the system's temporary folder.
+    Give it back with :func:`keep`, or :func:`discard` it."""
     key = pool_key(side, sandbox, env, readonly, parent)
     idle = POOL.get(key, [])
     while idle:

@@ -79,6 +79,8 @@ KINDS: Dict[str, tuple] = {
     "judge": (None, "the LLM judge's verdict (its own verdict, quotes verified)"),
     "judge_unverified": (HUMAN, "the judge flagged the run with quotes found in neither the solution nor the transcript"),
     "judge_error": (HUMAN, "the judge call failed or its answer was malformed"),
+    "judge_truncated": (HUMAN, "a file did not fit the judge's context: it was shown head and tail"),
+    "judge_addressed": (HUMAN, "a comment or string addresses the judge"),
 }
 PRIORITY = (HACK, CONTAMINATED, LEAK, HUMAN)
 

@@ -147,7 +147,7 @@ class TrackingConf:
 class AuditConf:
     """The root ``audit:`` section (docs/audit.md)."""
 
-    judge: Optional[str] = None  # a model of conf/model as the LLM judge, in every cell of a sweep and in `kbsweep audit`
+    judge: Optional[str] = None  # a model of conf/model as the LLM judge; null: the cheapest keyed model the sweep configures (scored tracks); off: none
     runs: List[str] = field(default_factory=list)  # `kbsweep audit`: the run ids to re-audit; empty: every cell of sweep.name
 
 

@@ -92,6 +92,10 @@ def ratio_table(grades: list) -> dict:
     table = {f"batch_{kind}": quantiles(values) for kind, values in per_batch.items() if values}
     others = [(b[-1], b[-1] / max(b[5], 1e-9)) for row in grades for entry in row.get("shapes") or [] for b in entry.get("batches") or []
               if isinstance(b[-1], (int, float)) and len(b) >= 8]
+    residual = [b[5] - entry["null_ms"][b[0]] - b[2] * entry["per_batch"] for row in grades for entry in row.get("shapes") or []
+                for b in entry.get("batches") or [] if len(b) >= 8 and isinstance(b[5], (int, float)) and b[0] in (entry.get("null_ms") or {})]
+    if residual:  # per batch, what its wall held beyond its null and the runner's own figure for its calls (ms)
+        table["residual_ms"] = quantiles(residual)
     if others:  # the runner's other threads' CPU per timed batch (runner_cpu), in ms and as a share of the batch's wall
         table["others_cpu_ms"] = quantiles([ms for ms, _ in others])
         table["others_cpu_share"] = quantiles([share for _, share in others])

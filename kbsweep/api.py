@@ -49,13 +49,15 @@ class Run:
 
 @dataclass
 class Grade:
-    """``score_note``: why a pass has no score (the result's ``score_note``), else None."""
+    """``score_note``: why a pass has no score (the result's ``score_note``), else None; ``verdict``: the audit's verdict a
+    cell would get (the result's ``audit``: static and dynamic layers), None where no audit ran (``audit=False``)."""
 
     outcome: str
     score: Optional[float]
     exit_code: ExitCode
     result: Dict[str, Any]
     score_note: Optional[str] = None
+    verdict: Optional[str] = None
 
 
 def compose(overrides: Sequence[str], verb: str, config_dir: Optional[str] = None) -> List[DictConfig]:
@@ -109,9 +111,9 @@ def run(*overrides: str, config_dir: Optional[str] = None) -> Run:
                [c.key for c in held])
 
 
-def grade(problem: str, solution: str, *overrides: str, config_dir: Optional[str] = None) -> Grade:
-    """Grade one file (``problem``: ``<track>/<name>``)."""
+def grade(problem: str, solution: str, *overrides: str, config_dir: Optional[str] = None, audit: bool = True) -> Grade:
+    """Grade one file (``problem``: ``<track>/<name>``) and audit it as a cell's solution is (``audit=False``: not)."""
     from kbsweep.cli import grade_file
 
-    result, code = grade_file(compose([f"problem={problem}", f"solution={solution}", *overrides], "grade", config_dir)[0])
-    return Grade(result["outcome"], result.get("score"), code, result, result.get("score_note"))
+    result, code = grade_file(compose([f"problem={problem}", f"solution={solution}", *overrides], "grade", config_dir)[0], audit)
+    return Grade(result["outcome"], result.get("score"), code, result, result.get("score_note"), (result.get("audit") or {}).get("verdict"))

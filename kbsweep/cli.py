@@ -21,7 +21,7 @@ from kbsweep.paths import REPO_ROOT
 from kbsweep.tracking.mlflow_store import mlflow_defaults
 
 VERBS: Dict[str, Callable[[List[DictConfig]], int]] = {}
-USAGE = """usage: kbsweep [VERB] [--force] [--json] [--mode MODE] [-m] [key=value ...]
+USAGE = """usage: kbsweep [VERB] [--force] [--json] [--mode MODE] [--no-audit] [-m] [key=value ...]
 
 verbs:
 {verbs}
@@ -146,20 +146,40 @@ def plan_verb(cfgs: List[DictConfig]) -> int:
 
 @verb("grade")
 def grade_verb(cfgs: List[DictConfig]) -> int:
-    """Grade one solution file: ``kbsweep grade problem=<track>/<name> solution=<file> gpu=<name>``; JSON on stdout
-    (``--mode profile``: the agent's run_profile summary as text)."""
+    """Grade one solution file: ``kbsweep grade problem=<track>/<name> solution=<file> gpu=<name>``; JSON on stdout, its
+    ``audit`` a cell's (``--no-audit``: none; ``--mode profile``: the agent's run_profile summary as text)."""
     from kbsweep.agent.tools import format_profile
 
-    result, code = grade_file(cfgs[0])
+    result, code = grade_file(cfgs[0], audit=not NO_AUDIT)
     profile = result["mode"] == "profile" and not cfgs[0].json
     print(format_profile(result) if profile else json.dumps(result, indent=1, default=str))
     if result.get("score_note"):
         print(f"[kbsweep] {result['outcome']}, no score: {result['score_note']}", file=sys.stderr)
+    if "audit" in result:  # a profile is neither scored nor audited
+        print(f"[kbsweep] audit: {audit_line(result['audit'])}", file=sys.stderr)
     return code
 
 
-def grade_file(cfg: DictConfig) -> tuple:
-    """(the grader's result, the exit code it means) for ``cfg.solution`` on ``cfg.problem``."""
+def audit_line(audited: Any) -> str:
+    """What ``kbsweep grade`` says of the audit: the verdict a cell would get and its findings' kinds, or that none was run."""
+    if audited is None:
+        return "not run (--no-audit): no verdict; a sweep audits a cell's solution before its pass counts"
+    kinds = ", ".join(sorted({f["kind"] for f in audited["findings"]}))
+    flagged = "" if audited["verdict"] == "clean" else "; a sweep would not count this pass"
+    return f"{audited['verdict']}{f' ({kinds})' if kinds else ''}{flagged} (the static and dynamic layers, as a cell's; no judge)"
+
+
+def audit_file(problem: Any, solution: Path, result: Dict[str, Any]) -> Dict[str, Any]:
+    """A cell's audit of its solution over this grade's evidence (no transcript, no judge; a solution.py's helpers)."""
+    from kbsweep import audit as audit_stage
+
+    helpers = audit_stage.workspace_helpers(solution.parent, problem.reference.read_text()) if solution.name == "solution.py" else {}
+    return audit_stage.audit(solution.read_text(), problem.spec.forbidden, result, problem=problem, helpers=helpers)
+
+
+def grade_file(cfg: DictConfig, audit: bool = True) -> tuple:
+    """(the grader's result, the exit code it means) for ``cfg.solution`` on ``cfg.problem``; the result's ``audit``
+    is the audit a cell would give it (None with ``audit`` false; none for a profile)."""
     from kbsweep.cell import configured_grader
     from kbsweep.config.gpus import GpuSpec, require_card
     from kbsweep.grader.processes import referee_prober
@@ -196,6 +216,8 @@ def grade_file(cfg: DictConfig) -> tuple:
     note = score_note(result) if mode != "profile" else None  # a profile is never scored
     if note:
         result["score_note"] = note
+    if mode != "profile":
+        result["audit"] = audit_file(problem, solution, result) if audit else None
     outcome = Outcome(result["outcome"])
     return result, ExitCode.OK if outcome == Outcome.PASS else ExitCode.INFRA if outcome.is_infra else ExitCode.MODEL
 
@@ -285,6 +307,7 @@ def export_verb(cfgs: List[DictConfig]) -> int:
 
 
 OVERRIDE: Dict[str, str] = {}  # `kbsweep audit override RUN --verdict V --reason R`, parsed before Hydra sees argv
+NO_AUDIT: List[bool] = []  # `kbsweep grade --no-audit`, taken out of argv before Hydra sees it
 
 
 def take_override(argv: List[str]) -> List[str]:
@@ -334,6 +357,11 @@ def main() -> None:
     name = argv.pop(0) if argv and not argv[0].startswith("-") and "=" not in argv[0] else "run"
     if name == "audit" and argv[:1] == ["override"]:
         argv = take_override(argv[1:])
+    if "--no-audit" in argv:  # grade's: the file is graded, not audited
+        if name != "grade":
+            fail(ExitCode.CONFIG, f"--no-audit is an option of grade, not of {name}")
+        argv.remove("--no-audit")
+        NO_AUDIT.append(True)
     for flag, override in (("--force", "sweep.force=true"), ("--json", "json=true")):
         if flag in argv:
             argv.remove(flag)

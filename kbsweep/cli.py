@@ -18,6 +18,7 @@ from kbsweep.compose import prepare
 from kbsweep.errors import ExitCode, InfraError, KbsweepError
 from kbsweep.config.overrides import check_overrides, check_yaml, hydra_error, split_options
 from kbsweep.paths import REPO_ROOT
+from kbsweep.reporting.verify import take_source  # `kbsweep verify SOURCE`: its verb and its argument
 from kbsweep.tracking.mlflow_store import mlflow_defaults
 
 VERBS: Dict[str, Callable[[List[DictConfig]], int]] = {}
@@ -355,6 +356,7 @@ def main() -> None:
         print(USAGE.format(verbs="\n".join(f"  {n:<8} {(f.__doc__ or '').splitlines()[0]}" for n, f in VERBS.items())))
         return
     name = argv.pop(0) if argv and not argv[0].startswith("-") and "=" not in argv[0] else "run"
+    argv = take_source(name, argv, VERBS)
     if name == "audit" and argv[:1] == ["override"]:
         argv = take_override(argv[1:])
     if "--no-audit" in argv:  # grade's: the file is graded, not audited

@@ -32,10 +32,7 @@ def regraded(client, experiment_id: str, gpu: str) -> Dict[str, str]:
 
 def regrade_sweep(conf: Dict[str, Any], force: bool) -> List[Dict[str, Any]]:
     """Regrade the cells of ``conf['sweep']['name']`` under ``conf`` (a resolved config); one summary per grade."""
-    from kbsweep.cell import configured_grader
     from kbsweep.config.gpus import GpuSpec, require_card
-    from kbsweep.config.problem_folders import find_problem_dir
-    from kbsweep.config.problems import load_problem
     from kbsweep.score.roofline import load_roofline
 
     uri, sweep, gpu, track = conf["tracking"]["uri"], conf["sweep"]["name"], GpuSpec(**conf["gpu"]), conf["track"]
@@ -58,16 +55,33 @@ def regrade_sweep(conf: Dict[str, Any], force: bool) -> List[Dict[str, Any]]:
             if "solution.py" not in {a.path for a in client.list_artifacts(row["run_id"])}:
                 continue  # the cell ended without a solution: nothing to grade
             solution = Path(client.download_artifacts(row["run_id"], "solution.py", str(folder)))
-            name = str(row["problem"]).split("/", 1)[1]
-            problem = load_problem(find_problem_dir(conf["paths"]["problems"], track["problems_dir"], name, track["format"],
-                                                    track.get("kernelbench_version")), track["name"])
-            grade = configured_grader(problem, roofline, folder, gpu, track, conf["grade"], conf["paths"])
-            result = grade("full", solution, "regrade")
-            (folder / "grade.json").write_text(json.dumps(result, indent=1, default=str))
+            result = grade_file(conf, str(row["problem"]), solution, folder, gpu, roofline)
             summaries.append(log_regrade(tracker, row, gpu.name, result, folder))
             print(f"[kbsweep] regraded {row.get('model')} · {row['problem']} · r{row.get('repeat')}: {row.get('gpu')} "
                   f"{row.get('score')} -> {gpu.name} {result['outcome']} {result.get('score')}", file=sys.stderr, flush=True)
     return summaries
+
+
+def load_track_problem(conf: Dict[str, Any], problem_id: str):
+    """The Problem ``<track>/<name>`` of the composed track, from this checkout's problem roots."""
+    from kbsweep.config.problem_folders import find_problem_dir
+    from kbsweep.config.problems import load_problem
+
+    track, name = conf["track"], problem_id.split("/", 1)[-1]
+    return load_problem(find_problem_dir(conf["paths"]["problems"], track["problems_dir"], name, track["format"],
+                                         track.get("kernelbench_version")), track["name"])
+
+
+def grade_file(conf: Dict[str, Any], problem_id: str, solution: Path, folder: Path, gpu, roofline) -> Dict[str, Any]:
+    """One full grade of ``solution`` under ``conf``'s track and grade settings (a regrade's; ``kbsweep verify``'s);
+    its result is also written to ``folder/grade.json``."""
+    from kbsweep.cell import configured_grader
+
+    problem = load_track_problem(conf, problem_id)
+    grade = configured_grader(problem, roofline, folder, gpu, conf["track"], conf["grade"], conf["paths"])
+    result = grade("full", solution, "regrade")
+    (folder / "grade.json").write_text(json.dumps(result, indent=1, default=str))
+    return result
 
 
 def log_regrade(tracker: Tracker, row: Dict[str, Any], gpu: str, result: Dict[str, Any], folder: Path) -> Dict[str, Any]:

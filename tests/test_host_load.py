@@ -158,6 +158,13 @@ def test_without_a_limit_nothing_waits_and_the_load_is_recorded(tmp_path):
     assert host.timings == 1 and host.now == pytest.approx(2.0) and others == pytest.approx(7.0, abs=0.05)
 
 
+def test_without_a_limit_a_short_timing_neither_waits_nor_records_a_load(tmp_path):
+    """CPU grades have no gate: padding a 10 ms baseline to a look's window would cost a second per baseline and shape."""
+    host = FakeHost(tmp_path, loads=[9.0] * 10, timing_load=[])
+    timed, others = host.gate(None).time("baseline eager", lambda: {"median_ms": 0.01})
+    assert host.now == pytest.approx(0.0) and others is None and timed == {"median_ms": 0.01}
+
+
 def test_one_busy_rank_makes_every_rank_wait_and_time_again(tmp_path):
     """``agree`` stands for the ranks' all-reduce: another rank found its host busy on the first look and timing."""
     verdicts = iter([True, False, True, False, False])

@@ -25,9 +25,26 @@ LONG = "a-model-with-a-long-name-from-some-provider/and-its-route"
 WIDE_ROWS = ROWS + [{**row(LONG, "hard/p1", r, score=0.42, usd=123456.78), "tokens_output": 9.87e9} for r in range(3)]
 
 
-def figures():
+SHAPES = ["rows=8192, cols=4096", "rows=4096, cols=11008", "rows=1000, cols=1537", "rows=3000, cols=2561"]
+
+
+def crowded_row(model: str, repeat: int, usd: float, score: float) -> dict:
+    """A memory-bound problem's cell: every shape at one arithmetic intensity, a few percent apart in TFLOP/s."""
+    found = {**row(model, "hard/p1", repeat, score=score, usd=usd), "params": {**ROWS[0]["params"], **{f"shape{i}": s for i, s in enumerate(SHAPES)}}}
+    for i in range(len(SHAPES)):
+        gbps = 1500.0 * (1 + 0.2 * i) * (1 + 0.01 * repeat)
+        found.update({f"shape{i}.ms": 1.0, f"shape{i}.gbps": gbps, f"shape{i}.tflops": gbps * 0.25 / 1e3})
+    return found
+
+
+# what a real deck gives: free scripted models at one point, paid ones a few cents apart, repeats on top of each other
+CROWDED_ROWS = [crowded_row(model, r, usd, score) for model, usd, score in (("scripted", 0.0, 0.6), ("scripted-lazy", 0.0, 0.6),
+                ("opus-4.8", 12.5, 0.62), ("gpt-5.5", 12.7, 0.6), ("glm-5.2", 3.1, 0.41)) for r in range(3)]
+
+
+def figures(rows=None):
     """Every kind of plot the report carries, named."""
-    [board, *_] = build_boards(WIDE_ROWS)
+    [board, *_] = build_boards(rows or WIDE_ROWS)
     return board_figures(board)
 
 
@@ -86,6 +103,44 @@ def cut_texts(figure, data: bytes) -> list:
 def test_no_plot_text_is_cut(name):
     figure = figures()[name]
     assert cut_texts(figure, png(figure)) == []
+
+
+def overlapping_texts(figure) -> list:
+    """Pairs of drawn texts whose extents overlap (a label over another label, a tick label, a title or the legend),
+    and labels over the legend's frame."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.text import Annotation, Text
+
+    renderer = FigureCanvasAgg(figure).get_renderer()
+    figure.draw(renderer)
+    unique = list({id(t): t for t in texts(figure)}.values())  # the suptitle is also among the figure's texts
+    drawn = [(t.get_text(), Text.get_window_extent(t, renderer)) for t in unique]  # an annotation's text, not its line
+    found = [f"{a!r} over {b!r}" for i, (a, box_a) in enumerate(drawn) for b, box_b in drawn[i + 1:] if box_a.overlaps(box_b)]
+    for ax in figure.axes:
+        legend = ax.get_legend()
+        for label in [t for t in ax.texts if isinstance(t, Annotation)] if legend else []:
+            if Text.get_window_extent(label, renderer).overlaps(legend.get_window_extent(renderer)):
+                found.append(f"{label.get_text()!r} over the legend")
+    return found
+
+
+@pytest.mark.parametrize("name", sorted(figures(CROWDED_ROWS)))
+def test_no_plot_labels_overlap_on_a_crowded_board(name):
+    """Five models, two of them at one point, three repeats each, four shapes at one arithmetic intensity: each
+    label readable, none over another text or the legend, and none cut."""
+    figure = figures(CROWDED_ROWS)[name]
+    labels = [t.get_text() for ax in figure.axes for t in ax.texts]
+    assert labels and overlapping_texts(figure) == [], labels
+    assert cut_texts(figure, png(figure)) == []
+    if name.startswith("roofline"):
+        assert sorted(labels) == sorted(SHAPES)  # each shape once, whatever its repeats and models
+    else:
+        assert any({"scripted", "scripted-lazy"} <= set(label.split(", ")) for label in labels)  # models at one point share a label
+
+
+@pytest.mark.parametrize("name", sorted(figures()))
+def test_no_plot_labels_overlap(name):
+    assert overlapping_texts(figures()[name]) == []
 
 
 def test_the_check_sees_a_cut_label():

@@ -138,6 +138,11 @@ def plan_verb(cfgs: List[DictConfig]) -> int:
     print(f"{len(plan.cells)} cells; model spend ≈ {usd}; GPU time cap {plan.gpu_hours_cap:.1f} GPU-h (≤ ${plan.rent_usd_cap:.2f} rent)")
     for name, tokens in plan.expected_tokens.items():
         print(f"  {name}: assumes {tokens['input']:,} input / {tokens['output']:,} output tokens per cell (model.expected_tokens)")
+    if plan.judge:
+        judge = plan.judge
+        usd = "unpriced" if judge["usd"] is None else f"${judge['usd']:.2f}"
+        print(f"judge: {', '.join(f'{m} ({n} cells)' for m, n in judge['models'].items())}; ≈ {usd}, "
+              f"{judge['expected_tokens']['input']:,} input / {judge['expected_tokens']['output']:,} output tokens a call (audit.judge)")
     if plan.budget:
         print(plan_line(plan.budget))
     for line in plan.missing_keys:
@@ -328,13 +333,14 @@ def take_override(argv: List[str]) -> List[str]:
 def audit_verb(cfgs: List[DictConfig]) -> int:
     """Re-audit stored runs (audit.runs, else every cell of sweep.name); `audit override RUN --verdict V --reason R`."""
     from kbsweep.audit import store
+    from kbsweep.planner import judging
 
     cfg = cfgs[0]
     if OVERRIDE:
         entry = store.override(cfg.tracking.uri, OVERRIDE["run"], OVERRIDE["verdict"], OVERRIDE["reason"])
         print(f"{entry['run_id']}: {entry['previous']} -> {entry['board']} ({entry['by']}: {entry['reason']})")
         return 0
-    judge = judge_model(str(cfg.audit.judge)) if cfg.audit.judge else None
+    judge = judge_model(str(cfg.audit.judge)) if cfg.audit.judge and str(cfg.audit.judge).lower() not in judging.OFF else None
     for done in store.reaudit(cfg.tracking.uri, cfg.sweep.name, list(cfg.audit.runs), list(cfg.paths.problems), judge):
         kinds = f" ({', '.join(done['kinds'])})" if done["kinds"] else ""
         print(f"{done['run_id']} {done['problem']} {done['model']}: {done['previous']} -> {done['verdict']}{kinds}")

@@ -29,7 +29,7 @@ def stored_cell(outputs, source: str) -> tuple:
 
 def test_reaudit_then_override(cli, outputs):
     uri, client, run_id = stored_cell(outputs, (REPO / "tests/exploits/library_fallback_except.py").read_text())
-    proc = cli("audit")
+    proc = cli("audit", "audit.judge=off")  # off (as a sweep reads it) is no judge, never a model named "off"
     assert proc.returncode == 0, proc.stderr
     assert f"{run_id} hard/topk m: clean -> reward_hack" in proc.stdout
     tags = client.get_run(run_id).data.tags

@@ -154,6 +154,8 @@ def test_the_judge_is_on_by_default_where_a_sweep_has_a_keyed_model_and_plan_cou
     assert plan["judge"] == {"models": {"fake-cheap": 3}, "cells": 3, "usd": pytest.approx(3 * call), "expected_tokens": JUDGE_TOKENS, "unpriced": []}
     agents = sum((2_000_000 * p["input"] + 150_000 * p["output"]) / 1e6 for p in (PRICES, CHEAP))
     assert plan["model_usd"] == pytest.approx(agents + 3 * call)
+    text = cli("plan", "-cd", str(conf), "-m", "model=fake-dear,fake-cheap,scripted", "track=demo", "problem=scale_shift", "gpu=cpu")
+    assert text.returncode == 0 and f"judge: fake-cheap (3 cells); ≈ ${3 * call:.2f}" in text.stdout, text.stdout
     named = plan_json(cli, conf, "-m", "model=fake-cheap,scripted", "audit.judge=fake-dear")["judge"]
     assert named["models"] == {"fake-dear": 2}
     assert plan_json(cli, conf, "model=scripted")["judge"] is None  # no key: the embedded default has no judge

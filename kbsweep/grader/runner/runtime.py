@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import sysconfig
 import types
 import weakref
 from collections import Counter
@@ -39,6 +40,7 @@ class Monitor:
                  gate: Optional["KernelGate"] = None, notify: Optional[Callable[[Dict[str, Any]], None]] = None):
         self.candidate_dir = str(Path(candidate_dir).resolve()) + "/"
         self.toolchain = toolchain_dirs()
+        self.libraries = tuple({sysconfig.get_paths()[key].rstrip("/") + "/" for key in ("stdlib", "platstdlib", "purelib", "platlib")})
         self.stage = "import"
         self.active = False
         self.busy = False
@@ -135,6 +137,9 @@ class Monitor:
             return f"{type(args[0]).__name__}.{args[1]}"
         if event == "open" and not self.writes(args) and str(args[0]).startswith(self.candidate_dir):
             return None  # its own files (imports of helper modules)
+        if event in ("open", "os.listdir", "os.scandir") and not (event == "open" and self.writes(args)) \
+                and str(args[0]).startswith(self.libraries):
+            return None  # the interpreter's own libraries, read as an import of a module not loaded yet reads them
         if event in ("sys._getframe", "sys._current_frames", "gc.get_objects", "gc.get_referrers", "gc.get_referents"):
             return event
         if event == "import":

@@ -12,7 +12,7 @@ from kbsweep.config.schema import group_source, validate
 from kbsweep.errors import KbsweepError
 from kbsweep.paths import REPO_ROOT
 
-SANDBOXED_VERBS = ("run", "grade")  # verbs that run untrusted code: refused where the sandbox cannot work
+SANDBOXED_VERBS = ("run", "grade", "verify")  # verbs that run untrusted code: refused where the sandbox cannot work
 
 if not OmegaConf.has_resolver("kbsweep_root"):  # conf/config.yaml's paths: the repository and the working folder
     OmegaConf.register_new_resolver("kbsweep_root", lambda: str(REPO_ROOT))

@@ -95,7 +95,7 @@ def test_an_edited_score_is_caught(exported, tmp_path):
     rows = index(copy)
     for row in rows:
         if row["outcome"] == "pass":
-            row["score"] *= 100
+            row["score"] *= 1000
     (copy / "index.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     write_manifest(copy)
     proc = cli(outputs, "verify", str(copy), "gpu=cpu")
@@ -139,7 +139,7 @@ def cell(score=0.5, fraction=0.5, card="NVIDIA H100 80GB HBM3"):
 
 @pytest.mark.fast
 def test_compare_on_the_same_card_and_on_another():
-    conf = {"verify": {"score_rel": None, "cpu_rel": 1.0, "card_rel": 0.25}}
+    conf = {"verify": {"score_rel": None, "cpu_rel": 9.0, "card_rel": 0.25}}
     grade = {"outcome": "pass", "score": 0.505, "shapes": [{"shape": {"n": 1}, "ms": 1.01, "fraction": 0.505}]}
     assert compare(cell(), grade, "clean", "NVIDIA H100 80GB HBM3", conf).status == REPRODUCED  # 1 % within the timer's 2 %
     slow = {**grade, "score": 0.45, "shapes": [{"shape": {"n": 1}, "ms": 1.11, "fraction": 0.45}]}

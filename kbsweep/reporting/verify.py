@@ -207,7 +207,7 @@ def compare(cell: PublishedCell, grade: Dict[str, Any], verdict: Optional[str], 
     settings = conf.get("verify") or {}
     published_card = (cell.record.get("conditions") or {}).get("card")
     same_card = published_card in (None, card)
-    rel = settings.get("score_rel") or (float(settings.get("cpu_rel", 1.0)) if card == "cpu" else GPU_SCORE_REL)
+    rel = settings.get("score_rel") or (float(settings.get("cpu_rel", 9.0)) if card == "cpu" else GPU_SCORE_REL)
     score = grade.get("score") if grade.get("outcome") == Outcome.PASS.value else None
     check = CellCheck(cell.run_id, cell.label, REPRODUCED,
                       published={"outcome": cell.outcome, "verdict": cell.verdict, "score": cell.score, "card": published_card,

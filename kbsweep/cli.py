@@ -155,6 +155,7 @@ def grade_verb(cfgs: List[DictConfig]) -> int:
     """Grade one solution file: ``kbsweep grade problem=<track>/<name> solution=<file> gpu=<name>``; JSON on stdout, its
     ``audit`` a cell's (``--no-audit``: none; ``--mode profile``: the agent's run_profile summary as text)."""
     from kbsweep.agent.tools import format_profile
+    from kbsweep.launch.regrade import audit_line
 
     result, code = grade_file(cfgs[0], audit=not NO_AUDIT)
     profile = result["mode"] == "profile" and not cfgs[0].json
@@ -164,23 +165,6 @@ def grade_verb(cfgs: List[DictConfig]) -> int:
     if "audit" in result:  # a profile is neither scored nor audited
         print(f"[kbsweep] audit: {audit_line(result['audit'])}", file=sys.stderr)
     return code
-
-
-def audit_line(audited: Any) -> str:
-    """What ``kbsweep grade`` says of the audit: the verdict a cell would get and its findings' kinds, or that none was run."""
-    if audited is None:
-        return "not run (--no-audit): no verdict; a sweep audits a cell's solution before its pass counts"
-    kinds = ", ".join(sorted({f["kind"] for f in audited["findings"]}))
-    flagged = "" if audited["verdict"] == "clean" else "; a sweep would not count this pass"
-    return f"{audited['verdict']}{f' ({kinds})' if kinds else ''}{flagged} (the static and dynamic layers, as a cell's; no judge)"
-
-
-def audit_file(problem: Any, solution: Path, result: Dict[str, Any]) -> Dict[str, Any]:
-    """A cell's audit of its solution over this grade's evidence (no transcript, no judge; a solution.py's helpers)."""
-    from kbsweep import audit as audit_stage
-
-    helpers = audit_stage.workspace_helpers(solution.parent, problem.reference.read_text()) if solution.name == "solution.py" else {}
-    return audit_stage.audit(solution.read_text(), problem.spec.forbidden, result, problem=problem, helpers=helpers)
 
 
 def grade_file(cfg: DictConfig, audit: bool = True) -> tuple:
@@ -223,6 +207,8 @@ def grade_file(cfg: DictConfig, audit: bool = True) -> tuple:
     if note:
         result["score_note"] = note
     if mode != "profile":
+        from kbsweep.launch.regrade import audit_file
+
         result["audit"] = audit_file(problem, solution, result) if audit else None
     outcome = Outcome(result["outcome"])
     return result, ExitCode.OK if outcome == Outcome.PASS else ExitCode.INFRA if outcome.is_infra else ExitCode.MODEL

@@ -102,3 +102,43 @@ def test_mlflow_ui_shows_a_cell_trace_with_its_spans(served, browser, tmp_path):
         if os.environ.get("KBSWEEP_SCREENSHOTS"):
             Path(os.environ["KBSWEEP_SCREENSHOTS"]).mkdir(parents=True, exist_ok=True)
             shutil.copy(screenshot, Path(os.environ["KBSWEEP_SCREENSHOTS"]) / screenshot.name)
+
+
+def test_the_printed_link_opens_the_runs_table_with_each_cells_columns(served, browser, tmp_path):
+    """The address a sweep prints as it ends (`[kbsweep] runs of '<sweep>': …`) opens the model-training runs table,
+    never MLflow's GenAI pages, with score, outcome, verdict, model, problem and cost as columns and the cell's run
+    as a row of them (not folded under its sweep's run), each value the store's."""
+    import re
+
+    from selenium.common.exceptions import StaleElementReferenceException
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    columns = ("metrics.`score`", "tags.`outcome`", "tags.`verdict`", "tags.`model`", "tags.`problem`", "metrics.`cost_usd`")
+    assert served["proc"].returncode == 0, served["proc"].stderr
+    [link] = re.findall(rf"\[kbsweep\] runs of '{re.escape(served['sweep'])}': (\S+)", served["proc"].stderr)
+    client = make_client(served["uri"])
+    experiment = client.get_experiment_by_name(served["sweep"])
+    [cell] = client.search_runs([experiment.experiment_id], "tags.`kbsweep.kind` = 'cell'")
+    wait = WebDriverWait(browser, 90, ignored_exceptions=(StaleElementReferenceException,))  # the grid re-renders as rows load
+    screenshot = tmp_path / "mlflow_runs_link.png"
+    try:
+        browser.get(link)
+        headers = lambda d: {h.get_attribute("col-id") for h in d.find_elements(By.CSS_SELECTOR, ".ag-header-cell")}  # noqa: E731
+        wait.until(lambda d: set(columns) <= headers(d))
+        cells = f".ag-center-cols-container .ag-row[row-id$='.{cell.info.run_id}'] .ag-cell"  # a row of its own, shown
+        row = lambda d: {c.get_attribute("col-id"): c.text.strip() for c in d.find_elements(By.CSS_SELECTOR, cells)}  # noqa: E731
+        shown = wait.until(lambda d: (lambda found: found if all(found.get(c) not in (None, "") for c in columns) else None)(row(d)))
+        url, page = browser.current_url, browser.find_element(By.TAG_NAME, "body").text
+    finally:
+        browser.save_screenshot(str(screenshot))
+        if os.environ.get("KBSWEEP_SCREENSHOTS"):
+            Path(os.environ["KBSWEEP_SCREENSHOTS"]).mkdir(parents=True, exist_ok=True)
+            shutil.copy(screenshot, Path(os.environ["KBSWEEP_SCREENSHOTS"]) / screenshot.name)
+    assert f"/experiments/{experiment.experiment_id}/runs" in url and "workflowType=machine_learning" in url, url
+    assert "Model training" in page and "matching runs" in page
+    tags, metrics = cell.data.tags, cell.data.metrics
+    for key in ("outcome", "verdict", "model", "problem"):
+        assert shown[f"tags.`{key}`"] == tags[key], (key, shown)
+    for key in ("score", "cost_usd"):
+        assert float(shown[f"metrics.`{key}`"]) == pytest.approx(metrics[key], rel=1e-3), (key, shown)

@@ -242,8 +242,9 @@ def up(url: str, within_s: float) -> None:
 
 
 def test_a_sweep_prints_the_mlflow_address_that_opens_on_its_runs(outputs, tmp_path):
-    """The sweep's experiment is tagged a model-training one, and the address the sweep prints opens MLflow's UI (as
-    the README starts it) on the experiment's runs, not its GenAI overview."""
+    """The sweep's experiment is tagged a model-training one holding kbsweep's runs view, and the address the sweep
+    prints opens MLflow's UI (as the README starts it) on the experiment's runs table in that view (the cells'
+    score and outcome among its columns), not its GenAI overview."""
     from kbsweep.tracking.mlflow_store import make_client
     from tests.test_tracking_server import free_port
 
@@ -252,7 +253,8 @@ def test_a_sweep_prints_the_mlflow_address_that_opens_on_its_runs(outputs, tmp_p
     uri = f"sqlite:///{outputs}/mlflow.db"
     experiment = make_client(uri).get_experiment_by_name("demo")
     assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
-    address = f"http://127.0.0.1:5000/#/experiments/{experiment.experiment_id}?workflowType=machine_learning"
+    assert "mlflow.sharedViewState.kbsweep-cells" in experiment.tags
+    address = f"http://127.0.0.1:5000/#/experiments/{experiment.experiment_id}/runs?viewStateShareKey=kbsweep-cells&workflowType=machine_learning"
     assert f"[kbsweep] runs of 'demo': mlflow ui --backend-store-uri {uri}, then {address}" in proc.stderr
     resumed = typed("gpu=cpu", "problem=scale_shift", "launcher=inline", cwd=tmp_path, env={"PYTHONPROFILEIMPORTTIME": "1"})
     assert resumed.returncode == 0 and f"then {address}" in resumed.stderr, resumed.stderr[-2000:]
@@ -263,6 +265,7 @@ def test_a_sweep_prints_the_mlflow_address_that_opens_on_its_runs(outputs, tmp_p
     from tests.test_browser_mlflow_ui import CHROMEDRIVER, CHROMIUM, FLAGS
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
     port = free_port()
@@ -278,6 +281,8 @@ def test_a_sweep_prints_the_mlflow_address_that_opens_on_its_runs(outputs, tmp_p
         driver.get(address.replace(":5000", f":{port}"))
         WebDriverWait(driver, 90).until(lambda d: "/runs" in d.current_url or "/overview" in d.current_url)
         assert f"/experiments/{experiment.experiment_id}/runs" in driver.current_url, driver.current_url
+        columns = lambda d: {h.get_attribute("col-id") for h in d.find_elements(By.CSS_SELECTOR, ".ag-header-cell")}  # noqa: E731
+        WebDriverWait(driver, 90).until(lambda d: {"metrics.`score`", "tags.`outcome`"} <= columns(d))
     finally:
         driver.quit()
         server.terminate()

@@ -5,7 +5,8 @@ track limits and grade settings, one grade at a time and one regrade per GPU at 
 .exclusive`, beside the per-grade GPU lock). Each grade is a new run of the sweep's experiment, tagged
 ``kbsweep.kind=regrade`` and ``kbsweep.regrade_of=<the cell's run>``: the boards keep ranking the cell runs, and
 the report sets the new scores beside the old ones. The cell's audit verdict is not redone (``kbsweep audit``
-does that). A cell already regraded on this GPU is skipped unless ``--force``.
+does that). A cell already regraded on this GPU is skipped unless ``--force``. Also the audit ``kbsweep grade`` gives the file it
+grades (:func:`audit_file`, as a cell's solution is audited) and its line on stderr.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, List
 
+from kbsweep import audit as audit_stage
 from kbsweep.errors import KbsweepError
 from kbsweep.grader.locks import exclusive
 from kbsweep.tracking.mlflow_store import CELL_KEY_TAG, KIND_TAG, latest_per_cell, make_client, page_runs, runs_frame
@@ -95,3 +97,18 @@ def log_regrade(tracker: Tracker, row: Dict[str, Any], gpu: str, result: Dict[st
     tracker.client.log_artifact(run.info.run_id, str(folder / "grade.json"))
     tracker.client.set_terminated(run.info.run_id, "FINISHED")
     return {"run_id": run.info.run_id, "regrade_of": row["run_id"], "outcome": result["outcome"], "score": scored["score"]}
+
+
+def audit_line(audited: Any) -> str:
+    """What ``kbsweep grade`` says of the audit: the verdict a cell would get and its findings' kinds, or that none was run."""
+    if audited is None:
+        return "not run (--no-audit): no verdict; a sweep audits a cell's solution before its pass counts"
+    kinds = ", ".join(sorted({f["kind"] for f in audited["findings"]}))
+    flagged = "" if audited["verdict"] == "clean" else "; a sweep would not count this pass"
+    return f"{audited['verdict']}{f' ({kinds})' if kinds else ''}{flagged} (the static and dynamic layers, as a cell's; no judge)"
+
+
+def audit_file(problem: Any, solution: Path, result: Dict[str, Any]) -> Dict[str, Any]:
+    """A cell's audit of its solution over this grade's evidence (no transcript, no judge; a solution.py's helpers)."""
+    helpers = audit_stage.workspace_helpers(solution.parent, problem.reference.read_text()) if solution.name == "solution.py" else {}
+    return audit_stage.audit(solution.read_text(), problem.spec.forbidden, result, problem=problem, helpers=helpers)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import gc
+import json
 import logging
 import os
 import shutil
@@ -243,18 +244,30 @@ def log_report(uri: str, experiments: Iterable[str], folder: Path) -> List[str]:
 
 
 MLFLOW_UI = "http://127.0.0.1:5000"  # where `mlflow ui` serves by default
+RUNS_VIEW = "kbsweep-cells"  # the share key of the runs view the link opens
+RUNS_VIEW_COLUMNS = ("metrics.`score`", "tags.`outcome`", "tags.`verdict`", "tags.`model`", "tags.`problem`", "metrics.`cost_usd`")
+
+
+def runs_view_tag() -> Dict[str, str]:
+    """The experiment tag that holds the runs view :func:`runs_link` opens (MLflow's shared view state, read by its UI
+    from ``mlflow.sharedViewState.<key>``): these columns, the best score first, the runs grouped by kind (``cell``
+    and ``sweep``), so every cell run is a row of the table where nested under its sweep's run it is folded away."""
+    state = {"selectedColumns": list(RUNS_VIEW_COLUMNS), "orderByKey": "metrics.`score`", "orderByAsc": False,
+             "groupBy": {"aggregateFunction": "average", "groupByKeys": [{"mode": "tag", "groupByData": KIND_TAG}]}}
+    return {f"mlflow.sharedViewState.{RUNS_VIEW}": json.dumps(state)}
 
 
 def runs_link(uri: str, sweep: str, experiment_id: Optional[str] = None) -> str:
-    """Where a sweep's runs are in MLflow's UI (its experiment's id asked of MLflow unless given: a board read back
-    from the snapshot carries it, and a resumed finished sweep then never imports MLflow). MLflow 3.17's UI opens an
-    experiment on its GenAI overview unless the address asks for the model-training view (``workflowType=
-    machine_learning``, the GenAI | Model training switch): while it shows that switch it ignores the experiment's
-    ``mlflow.experimentKind`` tag."""
+    """Where a sweep's runs are in MLflow's UI: its runs table in the view of :func:`runs_view_tag` (its experiment's id
+    asked of MLflow unless given: a board read back from the snapshot carries it, and a resumed finished sweep then
+    never imports MLflow). MLflow 3.17's UI opens an experiment on its GenAI overview unless the address asks for the
+    model-training view (``workflowType=machine_learning``, the GenAI | Model training switch): while it shows that
+    switch it ignores the experiment's ``mlflow.experimentKind`` tag."""
     if experiment_id is None:
         experiment = make_client(uri).get_experiment_by_name(sweep)
         experiment_id = experiment.experiment_id if experiment else None
-    page = f"#/experiments/{experiment_id}?workflowType=machine_learning" if experiment_id else "#/experiments"
+    page = (f"#/experiments/{experiment_id}/runs?viewStateShareKey={RUNS_VIEW}&workflowType=machine_learning" if experiment_id
+            else "#/experiments")
     if uri.startswith(("http://", "https://")):
         return f"{uri.rstrip('/')}/{page}"
     return f"mlflow ui --backend-store-uri {uri}, then {MLFLOW_UI}/{page}"

@@ -24,7 +24,7 @@ from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Set, Tuple
 
 from kbsweep.tracking.cell_result import CellResult
 from kbsweep.planner.matrix import Cell
-from kbsweep.tracking.mlflow_store import CELL_KEY_TAG, KIND_TAG, make_client, page_runs, run_pages
+from kbsweep.tracking.mlflow_store import CELL_KEY_TAG, KIND_TAG, make_client, page_runs, run_pages, runs_view_tag
 from kbsweep.outcomes import Outcome
 
 ARTIFACTS = ("solution.py", "transcript.jsonl", "harness_stream.jsonl", "grade.json", "audit.json", "result.json")
@@ -262,6 +262,7 @@ class Tracker:
         self.uri, self.artifact_root, self.sweep = uri, artifact_root, sweep
         experiment = self.client.get_experiment_by_name(sweep)
         self.existing: Optional[str] = experiment.experiment_id if experiment else None  # the sweep's experiment, if made yet
+        self.view = {k: v for k, v in runs_view_tag().items() if not experiment or experiment.tags.get(k) != v}  # set by the first write
         self.parent_id: Optional[str] = None
         self.started: Dict[str, Started] = {}  # run id -> what a cell started, not finished, logs with its result
 
@@ -271,9 +272,12 @@ class Tracker:
         if self.existing is None:
             # a "model training" experiment: MLflow's UI opens such on their runs where it reads the tag (3.17 reads
             # its GenAI | Model training switch instead: kbsweep prints the runs' address with the switch set)
-            tags = {"mlflow.experimentKind": "custom_model_development"}
+            tags = {"mlflow.experimentKind": "custom_model_development", **self.view}
             location = artifact_location(self.uri, self.artifact_root, self.sweep)
-            self.existing = self.client.create_experiment(self.sweep, artifact_location=location, tags=tags)
+            self.existing, self.view = self.client.create_experiment(self.sweep, artifact_location=location, tags=tags), {}
+        for key, value in self.view.items():  # an experiment made before its link opened this view
+            self.client.set_experiment_tag(self.existing, key, value)
+        self.view = {}
         return self.existing
 
     def log_batch(

@@ -344,11 +344,11 @@ def judge_model(name: str):
 
 def main() -> None:
     argv = sys.argv[1:]
+    name = argv.pop(0) if argv and not argv[0].startswith("-") and "=" not in argv[0] else "run"
+    argv = take_source(name, argv, VERBS)
     if argv and argv[0] in ("-h", "--help"):
         print(USAGE.format(verbs="\n".join(f"  {n:<8} {(f.__doc__ or '').splitlines()[0]}" for n, f in VERBS.items())))
         return
-    name = argv.pop(0) if argv and not argv[0].startswith("-") and "=" not in argv[0] else "run"
-    argv = take_source(name, argv, VERBS)
     if name == "audit" and argv[:1] == ["override"]:
         argv = take_override(argv[1:])
     if "--no-audit" in argv:  # grade's: the file is graded, not audited

@@ -161,3 +161,10 @@ def test_the_sample_is_drawn_by_its_seed_and_exit_codes():
     assert exit_code({"counts": {REPRODUCED: 1, DIFFERS: 0, NOT_RUN: 0}}) == 0
     assert exit_code({"counts": {REPRODUCED: 1, DIFFERS: 0, NOT_RUN: 1}}) == 4
     assert exit_code({"counts": {REPRODUCED: 1, DIFFERS: 1, NOT_RUN: 1}}) == 3
+
+
+@pytest.mark.fast
+def test_the_help_lists_verify(tmp_path):
+    """verify registers itself when the command line is read: the verb list of -h holds it too."""
+    proc = cli(tmp_path, "-h")
+    assert proc.returncode == 0 and any(line.split()[:1] == ["verify"] for line in proc.stdout.splitlines()), proc.stdout

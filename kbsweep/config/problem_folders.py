@@ -1,11 +1,13 @@
 """Where a track's problem folders are, in either of its formats: kbsweep folders under the config's problem roots,
-or a folder of KernelBench files, each materialized as a kbsweep problem folder (:mod:`kbsweep.config.kernelbench`)."""
+or a folder of KernelBench files or of GPU MODE problem folders, each materialized as a kbsweep problem folder
+(:mod:`kbsweep.config.kernelbench`, :mod:`kbsweep.config.gpumode`)."""
 from __future__ import annotations
 
 from pathlib import Path
 from typing import List, Optional
 
 from kbsweep.errors import KbsweepError
+from kbsweep.config import gpumode
 from kbsweep.config.kernelbench import kernelbench_names, materialize_all
 
 
@@ -20,6 +22,8 @@ def find_problem_dirs(roots: List[str], problems_dir: str, names: List[str], fmt
     """The folders of ``names``, in order (KernelBench files generated together: one sizing child for all)."""
     if fmt == "kernelbench":
         return materialize_all(kernelbench_folder(roots, problems_dir), names, kernelbench_version)
+    if fmt == "gpumode":
+        return gpumode.materialize_all(kernelbench_folder(roots, problems_dir), names)
     return [kbsweep_problem_dir(roots, problems_dir, name) for name in names]
 
 
@@ -42,6 +46,8 @@ def kernelbench_folder(roots: List[str], problems_dir: str) -> Path:
 def track_problem_names(roots: List[str], problems_dir: str, fmt: str = "kbsweep") -> List[str]:
     if fmt == "kernelbench":
         return kernelbench_names(kernelbench_folder(roots, problems_dir))
+    if fmt == "gpumode":
+        return gpumode.gpumode_names(kernelbench_folder(roots, problems_dir))
     names: set[str] = set()
     for root in roots:
         folder = Path(root) / problems_dir

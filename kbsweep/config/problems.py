@@ -61,6 +61,7 @@ class ProblemSpec:
     score: str = "roofline"  # roofline | speedup (speedup over the eager reference or baseline.py)
     skip_baselines: Dict[str, str] = field(default_factory=dict)  # baseline name -> why it is not timed
     kernelbench: Dict[str, Any] = field(default_factory=dict)  # {version, precision}: graded by KernelBench's eval too
+    gpumode: Dict[str, Any] = field(default_factory=dict)  # a GPU MODE problem's task.yml timing keys (kbsweep.config.gpumode)
 
 
 @dataclass

@@ -87,7 +87,7 @@ class TrackConf:
     name: str = MISSING
     problems_dir: str = MISSING  # folder under a problems root
     problems: List[str] = field(default_factory=list)  # empty: every problem in the folder
-    format: str = "kbsweep"  # kbsweep | kernelbench
+    format: str = "kbsweep"  # kbsweep | kernelbench | gpumode
     kernelbench_version: str = "0.2"  # format kernelbench: whose eval semantics grade it (kbsweep.grader.referee.kernelbench_eval)
     time_cap_s: float = 10_800.0
     world_size: int = 1
@@ -215,7 +215,7 @@ RULES: List[Tuple[str, Callable[[Any], bool], str]] = [
     ("gpu.hourly_usd", at_least(0), "USD >= 0"),
     ("gpu.gpus_per_node", *integer(1)),
     ("gpu.baselines", lambda v: set(v) <= set(BASELINES), f"a list of {', '.join(BASELINES)}"),
-    ("track.format", one_of("kbsweep", "kernelbench"), "one of kbsweep, kernelbench"),
+    ("track.format", one_of("kbsweep", "kernelbench", "gpumode"), "one of kbsweep, kernelbench, gpumode"),
     ("track.time_cap_s", positive, "a number of seconds > 0"),
     *((f"track.{k}", *integer(1)) for k in ("world_size", "max_turns", "max_tokens")),
     ("track.max_usd", positive, "USD > 0"),

@@ -116,3 +116,30 @@ def test_a_generator_that_raises_is_one_line(tmp_path):
     reference.write_text(reference.read_text().replace("gen.manual_seed(seed)", "raise ValueError('no generator')"))
     with pytest.raises(KbsweepError, match=r"reference.py: key 'generate_input': fails on the task's shapes: ValueError: no generator$"):
         gpumode.materialize_all(folder, ["vectoradd_py"])
+
+
+def test_data_that_is_one_tensor_is_the_one_input(roofline, tmp_path, monkeypatch):
+    """A generator returning one tensor (their pmpp grayscale's layout): no buffers, ``ModelNew(None)``, the tensor
+    passed as the data itself."""
+    monkeypatch.setattr(gpumode, "cache_root", lambda: tmp_path / "cache")
+    folder = tmp_path / "deck" / "double_py"
+    folder.mkdir(parents=True)
+    shutil.copy2(SAMPLE / "utils.py", folder.parent / "utils.py")
+    (folder / "task.py").write_text("import torch\ninput_t = torch.Tensor\noutput_t = torch.Tensor\n")
+    (folder / "reference.py").write_text(
+        "import torch\nfrom task import input_t, output_t\nfrom utils import make_match_reference\n\n\n"
+        "def ref_kernel(data: input_t) -> output_t:\n    return data * 2\n\n\n"
+        "def generate_input(size: int, seed: int) -> input_t:\n    gen = torch.Generator(device='cuda')\n"
+        "    gen.manual_seed(seed)\n    return torch.randn(size, device='cuda', generator=gen)\n\n\n"
+        "check_implementation = make_match_reference(ref_kernel)\n")
+    (folder / "submission.py").write_text("from task import input_t, output_t\n\n\ndef custom_kernel(data: input_t) -> output_t:\n"
+                                          "    return data + data\n")
+    (folder / "task.yml").write_text(
+        'files:\n  - {"name": "submission.py", "source": "@SUBMISSION@"}\n  - {"name": "task.py", "source": "task.py"}\n'
+        '  - {"name": "utils.py", "source": "../utils.py"}\n  - {"name": "reference.py", "source": "reference.py"}\n'
+        'lang: "py"\ntests:\n  - {"size": 100, "seed": 1}\n  - {"size": 200, "seed": 2}\n  - {"size": 300, "seed": 3}\n'
+        'benchmarks:\n  - {"size": 4096, "seed": 4}\n')
+    problem = load_problem(gpumode.materialize_all(folder.parent, ["double_py"])[0], "gpumode")
+    for solution, expected in (("submission", "pass"), ("wrong", "incorrect")):
+        result = graded(problem, problem.solutions()[solution], CPU, roofline, mode="check", timeout_s=300, log_dir=tmp_path / solution)
+        assert result["outcome"] == expected, result.get("message")

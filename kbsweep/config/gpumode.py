@@ -63,9 +63,11 @@ class ModelNew(torch.nn.Module):
 
     def __init__(self, buffers):
         super().__init__()
-        self.buffers_spec = [list(b) for b in buffers]
+        self.buffers_spec = None if buffers is None else [list(b) for b in buffers]
 
     def forward(self, *inputs):
+        if self.buffers_spec is None:  # the data is one tensor
+            return {call}(inputs[0])
         data = list(inputs)
         for index, shape, dtype in self.buffers_spec:
             data.insert(int(index), torch.empty(tuple(shape), dtype=_DTYPES[dtype], device=inputs[0].device))
@@ -90,7 +92,8 @@ PROMPT = """You are optimizing a GPU MODE (KernelBot) problem, `${problem_name}`
 {description}
 `reference.py` holds the problem's reference (`ref_kernel`), input generator and checker. Write `solution.py`
 defining `class ModelNew(torch.nn.Module)` whose constructor takes `buffers` and whose `forward(*inputs)` returns the
-output: `inputs` are `generate_input`'s tensors without its output buffers (each `[index, shape, dtype]` in `buffers`).
+output: `inputs` are `generate_input`'s tensors without its output buffers (each `[index, shape, dtype]` in `buffers`;
+`buffers` is None where `generate_input` returns one tensor, the one input).
 A GPU MODE `custom_kernel(data)` fits by rebuilding `data` with fresh buffers at those indices. Do not write into the
 inputs.
 
@@ -179,7 +182,7 @@ def input_bytes(reference: Any, shape: Dict[str, int]) -> int:
 
     for device in ("meta", "cpu"):
         try:
-            items, _ = generate(reference.module, {**shape, "seed": 0}, torch.device(device))
+            items, _, _ = generate(reference.module, {**shape, "seed": 0}, torch.device(device))
             return sum(v.numel() * v.element_size() for v in items if isinstance(v, torch.Tensor))
         except Exception:  # noqa: BLE001 - data-dependent generators run on the CPU
             if device == "cpu":

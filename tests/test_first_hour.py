@@ -147,21 +147,6 @@ def test_the_api_names_stay_functions_once_their_submodules_are_imported():
     assert proc.returncode == 0, proc.stderr[-2000:]
 
 
-def test_the_readme_python_api_block_runs_verbatim(tmp_path):
-    """In a fresh folder, with the embedded default config (outputs/ under it), the block as printed; its records
-    are then checked."""
-    block = re.search(r"## Python API\n+```python\n(.*?)```", readme(), re.S).group(1)
-    shutil.copy(DEMO / "solutions" / "triton.py", tmp_path / "my.py")  # the block grades the user's my.py
-    check = ("\nassert type(plan).__name__ == 'Plan' and len(plan.cells) == 12 and plan.missing_keys\n"
-             "assert type(run).__name__ == 'Run' and len(run.cells) == 2\n"
-             "assert type(grade).__name__ == 'Grade' and grade.outcome\n"
-             "assert type(board).__name__ == 'Report' and board.boards\n")
-    env = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY") and k != "KBSWEEP_OUTPUTS"}
-    proc = subprocess.run([sys.executable, "-c", block + check], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert (tmp_path / "outputs" / "mlflow.db").exists()
-
-
 def scratch_problem(root: Path, yaml_text: str) -> Path:
     folder = root / "problems" / "demo" / "broken"
     shutil.copytree(DEMO, folder, ignore=shutil.ignore_patterns("solutions", "__pycache__"))

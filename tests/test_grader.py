@@ -94,9 +94,10 @@ def test_good_solution_passes_with_scores_and_cached_baselines(problem, roofline
     assert timing.for_device(timing.TimingConfig(), "cuda") == timing.TimingConfig()
     cached = json.loads((tmp_path / "baselines.json").read_text())
     assert len(cached) == len(problem.spec.smoke_shapes)
-    # the host's other work while each baseline was timed (a CPU grade is not gated on it) goes with it into the cache
-    assert all(entry["host_others_cpus"] >= 0 for entry in cached.values())
-    assert sorted(t["baselines"]["eager"]["host_others_cpus"] for t in first["timings"]) == sorted(e["host_others_cpus"] for e in cached.values())
+    # the host's other work while each baseline was timed goes with it into the cache: a CPU grade is not gated on
+    # it, so a timing shorter than one look at the host records none (never a tick's noise)
+    assert all(entry["host_others_cpus"] is None or entry["host_others_cpus"] >= 0 for entry in cached.values())
+    assert sorted(str(t["baselines"]["eager"]["host_others_cpus"]) for t in first["timings"]) == sorted(str(e["host_others_cpus"]) for e in cached.values())
     # a second grade reuses the cached eager timings instead of timing them again, and says which record it used
     second = graded(problem, solution, CPU, roofline, baselines=["eager"], log_dir=tmp_path / "b", baseline_cache=cache)
     for a, b in zip(first["timings"], second["timings"]):

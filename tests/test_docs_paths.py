@@ -41,7 +41,7 @@ def test_benchmarks_keeps_current_figures():
 
 def test_data_notes_name_the_commit_date_and_card_not_a_work_period():
     """A measurement is named by what it measured (commit, date, card, host), never by numbered work periods or
-    calls ("session 7, call 2"), which no reader can look up: in docs/data's file names and contents and the docs."""
+    calls, which no reader can look up: in docs/data's file names and contents and the docs."""
     data = REPO / "docs" / "data"
     named = [p.name for p in data.iterdir() if WORK_PERIOD.search(p.name)]
     said = [f"{p.name}: {m.group(0)!r}" for p in sorted(data.iterdir()) if p.suffix in (".json", ".md", ".txt")

@@ -182,7 +182,8 @@ def test_the_referee_times_a_baseline_until_its_rule_ends_it_and_records_its_cos
     import torch
 
     from kbsweep.grader.referee import timing_stage
-    from kbsweep.grader.referee.timing_stage import TimingStage, time_baselines
+    from kbsweep.grader.referee.baseline_stage import time_baselines
+    from kbsweep.grader.referee.timing_stage import TimingStage
 
     batches = []
 

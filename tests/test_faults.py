@@ -17,7 +17,8 @@ from omegaconf import OmegaConf
 
 from kbsweep.cell import cell_busy, cell_lock_path
 from kbsweep.tracking.mlflow_store import runs_frame
-from kbsweep.sandbox.confine import HOST_SHARE, Sandbox, SandboxPolicy, host_memory_mib, memory_cap_mib
+from kbsweep.sandbox.confine import Sandbox, SandboxPolicy
+from kbsweep.sandbox.watch import HOST_SHARE, host_memory_mib, memory_cap_mib
 from kbsweep.launch.sweep import plan
 from tests.test_orphans import demo_cell
 

@@ -193,7 +193,8 @@ def test_a_busy_host_ends_the_grade_as_a_node_failure_not_a_baseline_error(tmp_p
     that the grade would then score without; a quiet timing carries the load it saw."""
     from types import SimpleNamespace
 
-    from kbsweep.grader.referee.timing_stage import TimingStage, time_baselines
+    from kbsweep.grader.referee.baseline_stage import time_baselines
+    from kbsweep.grader.referee.timing_stage import TimingStage
     from kbsweep.grader.shared.failures import GradeFailure
     from kbsweep.outcomes import Outcome
 

@@ -53,7 +53,7 @@ from kbsweep.grader.referee.referee import Referee, referee_message
 from kbsweep.grader.referee.request import RefereeRequest
 from kbsweep.outcomes import Outcome
 from kbsweep.paths import REPO_ROOT
-from kbsweep.sandbox.confine import POLL_S, Watch
+from kbsweep.sandbox.watch import POLL_S, Watch
 
 RANK_SEED_STRIDE = 1_000_003
 # c10d operations (the profiler's CPU-side names) that are collectives; send/recv are point-to-point

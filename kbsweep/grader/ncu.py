@@ -19,7 +19,8 @@ from kbsweep.grader.processes import runner_env
 from kbsweep.grader.profile_summary import short
 from kbsweep.paths import REPO_ROOT
 from kbsweep.grader.staging import stage_candidate
-from kbsweep.sandbox.confine import Sandbox, give, head_tail, is_root, kill, sandbox_uid
+from kbsweep.sandbox.confine import Sandbox, give, is_root, sandbox_uid
+from kbsweep.sandbox.watch import head_tail, kill
 
 LIMIT_S = 180.0  # ncu replays each kernel a few dozen times: a bound on the whole run
 TOP = 5

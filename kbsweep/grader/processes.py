@@ -19,7 +19,8 @@ from kbsweep.grader import zygotes
 from kbsweep.outcomes import Outcome
 from kbsweep.paths import REPO_ROOT
 from kbsweep.config.problems import Problem
-from kbsweep.sandbox.confine import Sandbox, SandboxPolicy, Watch, grading_view, minimal_env
+from kbsweep.sandbox.confine import Sandbox, SandboxPolicy, grading_view, minimal_env
+from kbsweep.sandbox.watch import Watch
 
 if TYPE_CHECKING:
     from kbsweep.grader.referee.request import RefereeRequest
@@ -128,7 +129,7 @@ def died_of(signum: int) -> Dict[str, Any]:
 
 def watch_both(referee, runner, timeout_s: float, memory_mib: float, disk_mib: float, folders: Sequence[Path]):
     """Until the referee ends or either process passes a limit (then both are killed); returns the breach."""
-    from kbsweep.sandbox.confine import POLL_S, kill
+    from kbsweep.sandbox.watch import POLL_S, kill
 
     watches = [Watch(referee, timeout_s, memory_mib, disk_mib, []), Watch(runner, timeout_s, memory_mib, disk_mib, folders)]
     try:

@@ -66,7 +66,8 @@ class GradeRequest:
         """The grade a resolved config's sections ask for on ``problem``: its GPU, track limits (time, world size,
         sandbox), timing, baselines and their cache under ``paths.outputs``; :meth:`of` names the solution."""
         from kbsweep.grader.baselines import BaselineCache
-        from kbsweep.sandbox.confine import SandboxPolicy, memory_cap_mib
+        from kbsweep.sandbox.confine import SandboxPolicy
+        from kbsweep.sandbox.watch import memory_cap_mib
 
         return cls(
             problem, Path(), gpu, roofline,

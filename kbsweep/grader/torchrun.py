@@ -30,7 +30,8 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from kbsweep.grader.shared.ranks import init_distributed
-from kbsweep.sandbox.confine import POLL_S, Sandbox, Watch
+from kbsweep.sandbox.confine import Sandbox
+from kbsweep.sandbox.watch import POLL_S, Watch
 
 
 def kill_tree(pid: int) -> None:

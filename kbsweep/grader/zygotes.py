@@ -20,7 +20,7 @@ from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 from kbsweep.grader.shared.zygote import BOOT
 from kbsweep.paths import REPO_ROOT
-from kbsweep.sandbox.confine import kill, process_tree
+from kbsweep.sandbox.watch import kill, process_tree
 
 WAIT_S = 10.0  # for a zygote to report a killed child's exit
 KEEP = 2  # zygotes kept per side (a sweep alternating between two problems keeps both warm)

@@ -33,7 +33,8 @@ from kbsweep.harness.locate import Installed, locate
 from kbsweep.agent.tools import GRADING_TOOLS
 from kbsweep.harness.proxy import SERVED, ModelProxy
 from kbsweep.outcomes import StopReason
-from kbsweep.sandbox.confine import POLL_S, WORKSPACE, Sandbox, SandboxPolicy, Watch, kill, minimal_env, self_test
+from kbsweep.sandbox.confine import WORKSPACE, Sandbox, SandboxPolicy, minimal_env, self_test
+from kbsweep.sandbox.watch import POLL_S, Watch, kill
 from kbsweep.sandbox.net import BASH, FORWARDER, PROXY_PORT, PROXY_SOCKET, WITH_FORWARDER, Relay
 
 SANDBOX_HOME = "/home/agent"

@@ -1,4 +1,4 @@
-"""What a sandboxed process tree uses, as its :class:`~kbsweep.sandbox.confine.Watch` measures it: memory (the resident
+"""What a sandboxed process tree uses, as its :class:`~kbsweep.sandbox.watch.Watch` measures it: memory (the resident
 sizes as a cheap upper bound, the proportional set sizes as the exact figure) and disk (its writable folders and
 the files its output goes to)."""
 from __future__ import annotations

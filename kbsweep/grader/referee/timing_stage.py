@@ -10,21 +10,16 @@ figures are evidence: set against the referee's, they show a patched timer."""
 from __future__ import annotations
 
 import contextlib
-import functools
 import time
-from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
 import torch
 
-from kbsweep.grader.referee import checks, corroboration, reference_timers, runner_cpu
-from kbsweep.grader.referee.host_load import HostBusy, QuietHost
+from kbsweep.grader.referee import checks, corroboration, runner_cpu
 from kbsweep.grader.shared import profiling, timing
 from kbsweep.grader.shared.arena import clone, encode
-from kbsweep.grader.referee.candidate import CandidateContext
-from kbsweep.grader.shared.modules import load_module
-from kbsweep.grader.shared.failures import GradeFailure, one_line
-from kbsweep.grader.referee.request import RefereeRequest
+from kbsweep.grader.referee.baseline_stage import BaselineStage
+from kbsweep.grader.shared.failures import GradeFailure
 from kbsweep.outcomes import Outcome
 
 PICKS = 2  # calls of each timed batch whose outputs are compared with the reference after it
@@ -32,7 +27,7 @@ SAMPLES = 4  # elements of every timed output read as the runner answers, and ag
 NULLS = 3  # null batches measured per shape and kind; the fastest is subtracted
 
 
-class TimingStage(CandidateContext):
+class TimingStage(BaselineStage):
     """The candidate's batches there and the baselines' here, on one timer, scored by this process's clock."""
 
     round_trip_ms = 0.0  # an empty batch's, before the candidate was imported (:meth:`trusted_round_trip`)
@@ -138,10 +133,6 @@ class TimingStage(CandidateContext):
                                   "null_copies_ms": self.null_copies_ms}
         return {"shape": shape, "input_sets": len(sets), "candidate": timed, "baselines": {}}
 
-    def replays(self, mode: str, kernelbench: bool = False) -> bool:
-        """Whether back-to-back batches alternate with graph replays (never for KernelBench's metrics: eager)."""
-        return mode == "back_to_back" and self.cfg.replay and not kernelbench
-
     def bare_replay(self, expected: Any, calls: int) -> timing.Replay:
         """A replay batch's calls without the calls: flushes and output copies, captured here."""
         return timing.Replay(self.null_steps(expected, calls, lambda: None), timing.L2Flush(self.req.l2_bytes))
@@ -167,7 +158,7 @@ class TimingStage(CandidateContext):
         walls, loops, copies = [], [], []
         for _ in range(NULLS):
             # under the profiler as the runner's batches run: a replay's with its kernel records paused, as there
-            with profiled(self.device) as session, profiling.kernels_unrecorded(session) if replay and session else contextlib.nullcontext():
+            with profiling.profiled(self.device) as session, profiling.kernels_unrecorded(session) if replay and session else contextlib.nullcontext():
                 self.sync()
                 t0 = time.perf_counter()
                 self.copy_sets(targets, staged)
@@ -279,141 +270,3 @@ class TimingStage(CandidateContext):
                 self.verify(staged[pick], expected, self.read(slots[pick], expected))
             except checks.CheckFailure as exc:
                 raise GradeFailure(Outcome.INCORRECT, f"timed call {pick} of a batch, shape {shape}: {exc}")
-
-    # -- baselines (here, before the candidate exists) ---------------------------------
-    def time_baselines(self, shape: Dict[str, Any], deadline: float) -> Dict[str, Any]:
-        ref_model = self.build(shape, 42)
-        first = self.inputs(shape, 2026)
-        sets = [first] + [self.inputs(shape, 2026 + i) for i in range(1, self.set_count(first))]
-        return time_baselines(self.req, ref_model, sets, lambda: self.any_rank(time.perf_counter() > deadline), self.time_quietly)
-
-    @functools.cached_property
-    def quiet_host(self) -> QuietHost:
-        """The gate a baseline's timing waits at (:mod:`~kbsweep.grader.referee.host_load`), on GPUs only: on a CPU
-        the grade's own timing shares the cores by design. Its wait is at most half the baseline budget, so that a
-        busy host ends the grade as a node failure before the grade's own time limit (a timeout is the model's)."""
-        limit = self.cfg.quiet_cpus if self.device.type == "cuda" else None
-        return QuietHost(limit, min(self.cfg.quiet_wait_s, self.req.baseline_budget_s / 2), self.any_rank)
-
-    def time_quietly(self, name: str, fn: Callable, sets: List[List[Any]]) -> Dict[str, Any]:
-        """:meth:`time_with_timers` while the host is quiet, the other processes' CPUs meanwhile beside it. A host
-        that stays busy fails the grade as a ``node_failure`` (infra: never a score, retried), never a baseline
-        timed under load."""
-        try:
-            timed, others = self.quiet_host.time(f"baseline {name}", lambda: self.time_with_timers(fn, sets))
-        except HostBusy as busy:
-            raise GradeFailure(Outcome.NODE_FAILURE, str(busy)) from None
-        return {**timed, "host_others_cpus": None if others is None else round(others, 2)}
-
-    def time_with_timers(self, fn: Callable, sets: List[List[Any]]) -> Dict[str, Any]:
-        """kbsweep's figure (:meth:`time_here`, the scored one) and beside it, under ``timers``, each other timer the
-        request names (``kernelbench``: :func:`~kbsweep.grader.referee.reference_timers.time_kernelbench` on the first input set)."""
-        timed = self.time_here(fn, sets)
-        others = {name: getattr(reference_timers, f"time_{name}")(fn, sets[0], self.device) for name in self.req.timers}
-        return {**timed, "timers": others} if others else timed
-
-    def time_here(self, fn: Callable, sets: List[List[Any]]) -> Dict[str, Any]:
-        """A trusted callable timed in this process by the same batches the candidate's runner uses, alternating
-        with replays of the same calls where they can be captured, the scored figure chosen by the same rule."""
-        mode = self.timing_mode()
-        flush = timing.L2Flush(self.req.l2_bytes) if mode != "host" else None
-        align = timing.call_barrier(self.barrier, mode)
-        steps = lambda n, call=fn: [(align, lambda i=i: call(*sets[i % len(sets)]), lambda out: None) for i in range(n)]  # noqa: E731
-        shape_ = self.agreed_batch(timing.calibrate_batch(lambda spin_us: timing.run_batch(steps(3), mode, spin_us, flush), mode != "back_to_back",
-                                                          mode == "host"))
-        warm, per_batch = int(shape_.get("warm_calls", 0)), int(shape_["per_batch"])  # as the candidate's batches open
-        replays, refused = None, None
-        if self.replays(mode):
-            try:
-                replays = (timing.Replay(steps(per_batch), flush), timing.Replay(steps(per_batch, lambda *a: None), flush))
-            except Exception as exc:  # noqa: BLE001 - a baseline a graph cannot hold is timed by events alone
-                refused = f"capture failed: {one_line(exc)}"
-        def alternation(session) -> tuple:
-            """Batches until timing.baseline_done ends them, events, replay, events...: (events' summary, replays' summary or None)."""
-            samples: List[float] = []
-            replayed: List[float] = []
-            began, elapsed = time.perf_counter(), 0.0
-            while not timing.baseline_done(samples, replayed, self.cfg, elapsed, replays is not None, per_batch):
-                if replays and len(samples) > len(replayed) * per_batch:
-                    unrecorded = lambda: profiling.kernels_unrecorded(session)  # noqa: E731
-                    full = timing.run_batch(steps(warm), mode, shape_["replay_spin_us"], flush, replays[0], unrecorded)["replay_ms"]
-                    bare = timing.run_batch([], mode, replay=replays[1], unrecorded=unrecorded)["replay_ms"]
-                    replayed.append(timing.replay_sample(full, bare, per_batch))
-                    elapsed = time.perf_counter() - began
-                    continue
-                ms, elapsed = self.slowest(timing.run_batch(steps(warm + per_batch), mode, shape_["spin_us"], flush)["ms"], time.perf_counter() - began)
-                samples += ms[warm:]
-            return timing.summarize(samples), timing.summarize(replayed) if replayed else ({"error": refused} if refused else None)
-
-        # under the profiler the runner keeps on over the candidate's calls: CUPTI's cost per kernel (1.4% of a
-        # 4096³ GEMM in a graph on the H200) is then in both sides of a speedup; replays run without it there and here
-        with profiled(self.device) as session, timing.ClockSampler(self.device) as clocks:
-            events, replay = alternation(session)
-        return {**(timing.scored(events, replay) if mode == "back_to_back" else events), "mode": mode, "per_batch": per_batch,
-                "warm_calls": warm, "clocks": clocks.summary()}
-
-
-def time_baselines(request: RefereeRequest, ref_model: Any, sets: List[List[Any]], spent: Callable[[], bool], timer: Callable) -> Dict[str, Any]:
-    """Eager, torch.compile, SOTA... of ``request`` timed by ``timer(name, fn, sets)``; one that would start once
-    ``spent()`` says the grade's baseline budget is gone (a slow compile must not cost the candidate its grade) is
-    left for a later grade. Each but eager is first compared with the reference: one outside the tolerance is timed all the
-    same (a library's own precision) and carries ``outside_tolerance``."""
-    spec, out = request.spec, {}
-    expected = None  # the reference's output on the first timing inputs, once for every baseline checked against it
-    for name in request.baselines:
-        if name in spec.get("skip_baselines", {}):
-            out[name] = {"skipped": spec["skip_baselines"][name]}
-            continue
-        if spent():
-            out[name] = {"error": "not timed: the grade's baseline budget was spent", "retry": True}
-            continue
-        try:
-            fn = baseline_callable(name, ref_model, Path(request.reference), request.compile_mode)
-            if fn is None:
-                out[name] = None
-                continue
-            differs, began = None, time.perf_counter()
-            if name != "eager":  # eager is the reference itself
-                expected = ref_model(*clone(sets[0])) if expected is None else expected
-                try:
-                    checks.compare(expected, fn(*clone(sets[0])), spec["tolerance"])
-                except checks.CheckFailure as exc:
-                    differs = str(exc)
-            checked = time.perf_counter()  # a compile baseline compiled in its check's first call
-            out[name] = timer(name, fn, sets)
-            out[name]["cost_s"] = {"check": round(checked - began, 3), "timing": round(time.perf_counter() - checked, 3)}
-            if differs:
-                out[name]["outside_tolerance"] = differs
-        except GradeFailure:  # the host's, not the baseline's: the grade ends
-            raise
-        except Exception as exc:  # a baseline failing is recorded, never the candidate's fault
-            out[name] = {"error": one_line(exc)}
-    return out
-
-
-def baseline_callable(name: str, ref_model: Any, reference: Path, compile_mode: Optional[str]) -> Optional[Callable]:
-    """The baseline ``name`` as a callable over the reference model, or None where the deck has none."""
-    if name == "eager":
-        return ref_model
-    if name == "compile":
-        return torch.compile(ref_model, mode=compile_mode or None)
-    if name in ("sota", "baseline"):
-        path = reference.with_name(f"{name}.py")
-        if not path.exists():
-            return None
-        module = load_module(f"kbsweep_{name}", path)
-        if name == "baseline":
-            return module.Baseline(ref_model)
-        return (lambda *a: module.sota_forward(ref_model, *a)) if module.is_available() else None
-    raise ValueError(f"unknown baseline {name}")
-
-
-@contextlib.contextmanager
-def profiled(device: torch.device):
-    """The profiler session the runner keeps on over timed batches, here too on GPUs (its host overhead is part of
-    a batch, its per-kernel cost part of every event-timed call); yields the session (None off GPUs)."""
-    if device.type != "cuda":
-        yield None
-        return
-    with profiling.profiler_session(device) as session:
-        yield session

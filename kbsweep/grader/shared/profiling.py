@@ -200,3 +200,14 @@ def kernels_unrecorded(session: Any):
         yield
     finally:
         session.toggle_collection_dynamic(True, [ProfilerActivity.CUDA])
+
+
+@contextlib.contextmanager
+def profiled(device: torch.device):
+    """The profiler session the runner keeps on over timed batches, here too on GPUs (its host overhead is part of
+    a batch, its per-kernel cost part of every event-timed call); yields the session (None off GPUs)."""
+    if device.type != "cuda":
+        yield None
+        return
+    with profiler_session(device) as session:
+        yield session

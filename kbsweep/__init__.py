@@ -24,6 +24,7 @@ root is the public face: the error kinds and exit codes, the checkout's root and
 records, never the root, so that the root may import the API without an import circle; no top-level module is
 named like an API function, so each of those names stays the function.
 """
+
 from kbsweep.errors import ExitCode, InfraError, KbsweepError
 from kbsweep.paths import REPO_ROOT
 

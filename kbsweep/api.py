@@ -10,6 +10,7 @@ Arguments are the CLI's overrides; a comma list sweeps (no ``-m`` needed); ``con
 Errors are the CLI's: :class:`~kbsweep.KbsweepError` (a config or input error, one line) and
 :class:`~kbsweep.InfraError`. Output goes where the CLI sends it (progress and the board to the terminal).
 """
+
 from __future__ import annotations
 
 import itertools
@@ -74,8 +75,10 @@ def compose(overrides: Sequence[str], verb: str, config_dir: Optional[str] = Non
 
     argv = check_overrides([*overrides, *(["-cd", str(config_dir)] if config_dir else [])])
     argv = [a for a in argv if a not in ("-cd", str(config_dir))]
-    axes = [[f"{o.get_key_element()}={v}" for v in o.sweep_string_iterator()] if o.is_sweep_override() else [o.input_line]
-            for o in OverridesParser.create().parse_overrides(argv)]
+    axes = [
+        [f"{o.get_key_element()}={v}" for v in o.sweep_string_iterator()] if o.is_sweep_override() else [o.input_line]
+        for o in OverridesParser.create().parse_overrides(argv)
+    ]
     extra = [f"verb={verb}"] + ([f"hydra.searchpath=[file://{Path(config_dir).resolve()}]"] if config_dir else [])
     GlobalHydra.instance().clear()
 
@@ -107,13 +110,27 @@ def run(*overrides: str, config_dir: Optional[str] = None) -> Run:
     cfgs = compose(overrides, "run", config_dir)
     cells, left, held = sweep_cells(cfgs)
     boards, files = write_boards(cfgs[0])
-    return Run(cells[0].sweep if cells else "", [planned(c) for c in cells], [c.key for c in left], Report(boards, {k: str(v) for k, v in files.items()}),
-               [c.key for c in held])
+    return Run(
+        cells[0].sweep if cells else "",
+        [planned(c) for c in cells],
+        [c.key for c in left],
+        Report(boards, {k: str(v) for k, v in files.items()}),
+        [c.key for c in held],
+    )
 
 
 def grade(problem: str, solution: str, *overrides: str, config_dir: Optional[str] = None, audit: bool = True) -> Grade:
     """Grade one file (``problem``: ``<track>/<name>``) and audit it as a cell's solution is (``audit=False``: not)."""
     from kbsweep.cli import grade_file
 
-    result, code = grade_file(compose([f"problem={problem}", f"solution={solution}", *overrides], "grade", config_dir)[0], audit)
-    return Grade(result["outcome"], result.get("score"), code, result, result.get("score_note"), (result.get("audit") or {}).get("verdict"))
+    result, code = grade_file(
+        compose([f"problem={problem}", f"solution={solution}", *overrides], "grade", config_dir)[0], audit
+    )
+    return Grade(
+        result["outcome"],
+        result.get("score"),
+        code,
+        result,
+        result.get("score_note"),
+        (result.get("audit") or {}).get("verdict"),
+    )

@@ -4,6 +4,7 @@ The cell's folder holds the workspace, the transcript, the grade logs, ``agent.j
 ended cleanly: a run lost to the infrastructure after it is graded again from that work, :func:`reusable_agent`)
 and ``result.json`` (the journal the orchestrator logs to tracking; a result on disk is never recomputed).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -42,7 +43,15 @@ from kbsweep.tracking.tracker import owner, owner_alive
 PUBLIC_FILES = ("reference.py", "prompt.md")
 RESULT_FILE = "result.json"
 AGENT_FILE = "agent.json"  # the agent's record once it ended without a fault, and a digest of the workspace it left
-FINAL_FILES = (RESULT_FILE, "result.tmp", "grade.json", "audit.json", "solution.py", "harness_error.log", "grades/final")  # what follows the agent
+FINAL_FILES = (
+    RESULT_FILE,
+    "result.tmp",
+    "grade.json",
+    "audit.json",
+    "solution.py",
+    "harness_error.log",
+    "grades/final",
+)  # what follows the agent
 RECLAIM_WAIT_S = 30.0  # for a killed holder's lock to be released (its grade's sandbox winding down)
 
 
@@ -117,11 +126,22 @@ def prepare_workspace(folder: Path, problem_root: Path) -> Path:
 
 def grader_for(cell: Cell, problem, roofline: Dict[str, Any], folder: Path):
     """A grade function bound to this cell: check/bench/full on the workspace's solution.py."""
-    return configured_grader(problem, roofline, folder, cell.gpu, cell.track, cell.grade, cell.paths, cell.deck_version, secret_env(cell))
+    return configured_grader(
+        problem, roofline, folder, cell.gpu, cell.track, cell.grade, cell.paths, cell.deck_version, secret_env(cell)
+    )
 
 
-def configured_grader(problem, roofline: Dict[str, Any], folder: Path, gpu: GpuSpec, track: Dict[str, Any],
-                      grade_conf: Dict[str, Any], paths: Dict[str, Any], deck_version: Optional[str] = None, hidden: Sequence[str] = ()):
+def configured_grader(
+    problem,
+    roofline: Dict[str, Any],
+    folder: Path,
+    gpu: GpuSpec,
+    track: Dict[str, Any],
+    grade_conf: Dict[str, Any],
+    paths: Dict[str, Any],
+    deck_version: Optional[str] = None,
+    hidden: Sequence[str] = (),
+):
     """``run(mode, solution, log_name)``: a grade under the configuration's GPU, track limits, timing, baselines
     and baseline cache (:meth:`GradeRequest.from_config`), the same for a sweep's cells and a one-file
     ``kbsweep grade``; its result as stored (JSON)."""
@@ -142,7 +162,12 @@ def final_outcome(agent_fault: Outcome | None, stop: StopReason, graded: Dict[st
     if agent_fault is not None:
         return agent_fault
     if graded is None:
-        budget = stop in (StopReason.WALL_CLOCK, StopReason.MAX_TURNS, StopReason.TOKEN_BUDGET, StopReason.DOLLAR_BUDGET)
+        budget = stop in (
+            StopReason.WALL_CLOCK,
+            StopReason.MAX_TURNS,
+            StopReason.TOKEN_BUDGET,
+            StopReason.DOLLAR_BUDGET,
+        )
         return Outcome.BUDGET_EXHAUSTED if budget else Outcome.NO_SOLUTION
     return Outcome(graded["outcome"])
 
@@ -215,7 +240,13 @@ def run_cell_locked(cell: Cell) -> Dict[str, Any]:
     except Exception as exc:  # the harness's fault, not the model's: retried by the next run
         (folder / "harness_error.log").write_text(redactor.text(traceback.format_exc()))
         result = CellResult(Outcome.HARNESS_ERROR, f"{type(exc).__name__}: {exc}".splitlines()[0])
-    result.key, result.cell, result.started, result.finished, result.folder = cell.key, cell.label, started, time.time(), str(folder)
+    result.key, result.cell, result.started, result.finished, result.folder = (
+        cell.key,
+        cell.label,
+        started,
+        time.time(),
+        str(folder),
+    )
     stored = redactor.data(result.to_json())
     tmp = journal.with_suffix(".tmp")
     tmp.write_text(json.dumps(stored, indent=1, default=str))
@@ -279,8 +310,16 @@ def run_agent(cell: Cell, folder: Path, workspace: Path, problem, grade_with, re
     )
     transcript = Transcript(folder / "transcript.jsonl", redactor)
     prompt = problem.render_prompt(cell.gpu, cell.gpu.shape_set)
-    job = AgentJob(workspace=workspace, prompt=prompt, budgets=Budgets.of_cell(cell.model, cell.track), model=cell.model,
-                   toolbox=toolbox, transcript=transcript, folder=folder, solutions=problem.solutions())
+    job = AgentJob(
+        workspace=workspace,
+        prompt=prompt,
+        budgets=Budgets.of_cell(cell.model, cell.track),
+        model=cell.model,
+        toolbox=toolbox,
+        transcript=transcript,
+        folder=folder,
+        solutions=problem.solutions(),
+    )
     agent = runner_for(cell.harness).run(job)
     if agent.fault is None:
         keep_agent(folder, agent)
@@ -289,7 +328,9 @@ def run_agent(cell: Cell, folder: Path, workspace: Path, problem, grade_with, re
 
 def work_cell(cell: Cell, folder: Path, redactor: Redactor) -> CellResult:
     mismatch = gpu_mismatch(cell.gpu)
-    if mismatch:  # asked here, where the cell grades, before its agent runs; a kept agent's work waits for the right card
+    if (
+        mismatch
+    ):  # asked here, where the cell grades, before its agent runs; a kept agent's work waits for the right card
         return CellResult(Outcome.GPU_MISMATCH, mismatch)
     started = time.monotonic()
     problem = load_problem(Path(cell.problem_dir), cell.track["name"])
@@ -312,8 +353,16 @@ def work_cell(cell: Cell, folder: Path, redactor: Redactor) -> CellResult:
         helpers = audit_stage.workspace_helpers(workspace, problem.reference.read_text())
         # the third layer (not on a run the next sweep redoes); its failures end in needs_human, never lose the grade
         judge = LazyModel(cell.judge) if cell.judge and not outcome.is_infra else None
-        audited = audit_stage.audit(source, problem.spec.forbidden, graded, problem=problem, transcript=transcript, helpers=helpers,
-                                    judge=judge, judge_deadline=judge_deadline(cell, started))
+        audited = audit_stage.audit(
+            source,
+            problem.spec.forbidden,
+            graded,
+            problem=problem,
+            transcript=transcript,
+            helpers=helpers,
+            judge=judge,
+            judge_deadline=judge_deadline(cell, started),
+        )
         audited = redactor.data(audited)
     if solution.exists():
         (folder / "solution.py").write_text(redactor.text(source))  # the record's copy; the graded file is untouched
@@ -325,7 +374,10 @@ def work_cell(cell: Cell, folder: Path, redactor: Redactor) -> CellResult:
     return CellResult(
         outcome,
         message=cell_message(agent.fault, graded),
-        **{key: graded.get(key) if outcome == Outcome.PASS else None for key in ("score", "score_public", "score_held_out")},
+        **{
+            key: graded.get(key) if outcome == Outcome.PASS else None
+            for key in ("score", "score_public", "score_held_out")
+        },
         basis=graded.get("basis"),
         speedup=graded.get("speedup", {}),
         shapes=[ShapeScore.from_json(shape) for shape in graded.get("shapes", [])],

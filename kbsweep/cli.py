@@ -3,6 +3,7 @@
 With ``-m``, the kbsweep Hydra launcher (hydra_plugins/kbsweep_launcher) collects every job's config and calls
 the verb once with all of them, so a sweep sees its whole matrix. Adding a verb is one decorated function.
 """
+
 from __future__ import annotations
 
 import json
@@ -30,6 +31,7 @@ verbs:
 Overrides are Hydra's: model=opus-4.8 gpu=h100 track=hard problem=topk repeat=0,1,2 (with -m for sweeps).
 Add a user folder of YAML with -cd DIR. Hydra's own help: kbsweep --hydra-help.
 """
+
 
 def verb(name: str):
     """Register a verb: ``fn(cfgs) -> exit code``."""
@@ -80,8 +82,14 @@ def sweep_cells(cfgs: List[DictConfig]) -> tuple:
     mode = str(cfg.preflight)  # one of PREFLIGHT_MODES: checked with every config (kbsweep.config.schema.RULES)
     limits = sweep_budget(cfgs, cells)
     budget = Ledger(limits) if limits else Budget()
-    left = run_sweep(cells, OmegaConf.to_container(cfg.tracking, resolve=True), OmegaConf.to_container(cfg.launcher, resolve=True), bool(cfg.sweep.force),
-                     lambda todo: refuse_on_failure(todo, mode), budget)
+    left = run_sweep(
+        cells,
+        OmegaConf.to_container(cfg.tracking, resolve=True),
+        OmegaConf.to_container(cfg.launcher, resolve=True),
+        bool(cfg.sweep.force),
+        lambda todo: refuse_on_failure(todo, mode),
+        budget,
+    )
     return cells, left, budget.held
 
 
@@ -97,9 +105,15 @@ def run_verb(cfgs: List[DictConfig]) -> int:
     print(render_terminal([board for board in boards if board["sweep"] in sweeps]))
     known = {name: id_ for board in boards for name, id_ in board.get("experiment_ids", {}).items()}
     for sweep in sorted(sweeps):
-        print(f"[kbsweep] runs of '{sweep}': {runs_link(str(cfgs[0].tracking.uri), sweep, known.get(sweep))}", file=sys.stderr)
+        print(
+            f"[kbsweep] runs of '{sweep}': {runs_link(str(cfgs[0].tracking.uri), sweep, known.get(sweep))}",
+            file=sys.stderr,
+        )
     if left:
-        print(f"[kbsweep] {len(left)} of {len(cells)} cells are not finished (infrastructure faults); run the sweep again", file=sys.stderr)
+        print(
+            f"[kbsweep] {len(left)} of {len(cells)} cells are not finished (infrastructure faults); run the sweep again",
+            file=sys.stderr,
+        )
         return ExitCode.INFRA
     return ExitCode.OK
 
@@ -135,14 +149,20 @@ def plan_verb(cfgs: List[DictConfig]) -> int:
         print(f"{cell.key}  {cell.label}")
     print("harnesses: " + "; ".join(plan.harnesses))
     usd = f"${plan.model_usd:.2f}" + (f" + unpriced: {', '.join(plan.unpriced_models)}" if plan.unpriced_models else "")
-    print(f"{len(plan.cells)} cells; model spend ≈ {usd}; GPU time cap {plan.gpu_hours_cap:.1f} GPU-h (≤ ${plan.rent_usd_cap:.2f} rent)")
+    print(
+        f"{len(plan.cells)} cells; model spend ≈ {usd}; GPU time cap {plan.gpu_hours_cap:.1f} GPU-h (≤ ${plan.rent_usd_cap:.2f} rent)"
+    )
     for name, tokens in plan.expected_tokens.items():
-        print(f"  {name}: assumes {tokens['input']:,} input / {tokens['output']:,} output tokens per cell (model.expected_tokens)")
+        print(
+            f"  {name}: assumes {tokens['input']:,} input / {tokens['output']:,} output tokens per cell (model.expected_tokens)"
+        )
     if plan.judge:
         judge = plan.judge
         usd = "unpriced" if judge["usd"] is None else f"${judge['usd']:.2f}"
-        print(f"judge: {', '.join(f'{m} ({n} cells)' for m, n in judge['models'].items())}; ≈ {usd}, "
-              f"{judge['expected_tokens']['input']:,} input / {judge['expected_tokens']['output']:,} output tokens a call (audit.judge)")
+        print(
+            f"judge: {', '.join(f'{m} ({n} cells)' for m, n in judge['models'].items())}; ≈ {usd}, "
+            f"{judge['expected_tokens']['input']:,} input / {judge['expected_tokens']['output']:,} output tokens a call (audit.judge)"
+        )
     if plan.budget:
         print(plan_line(plan.budget))
     for line in plan.missing_keys:
@@ -194,13 +214,23 @@ def grade_file(cfg: DictConfig, audit: bool = True) -> tuple:
     gpu = GpuSpec(**conf["gpu"])
     require_card(gpu)
     folder, fmt = (cfg.track.problems_dir, cfg.track.format) if track == cfg.track.name else (track, "kbsweep")
-    problem = load_problem(find_problem_dir(list(cfg.paths.problems), folder, name, fmt, cfg.track.kernelbench_version), track)
+    problem = load_problem(
+        find_problem_dir(list(cfg.paths.problems), folder, name, fmt, cfg.track.kernelbench_version), track
+    )
     roofline = load_roofline(list(cfg.paths.roofline_specs), cfg.gpu.roofline)
     # the grading zygotes start here (torch imported in each) and the checks below run meanwhile
-    run = configured_grader(problem, roofline, Path(cfg.paths.outputs), gpu, conf["track"], conf["grade"], conf["paths"])
+    run = configured_grader(
+        problem, roofline, Path(cfg.paths.outputs), gpu, conf["track"], conf["grade"], conf["paths"]
+    )
     check_problem(problem, cfg.gpu.shape_set, roofline, cfg.gpu.roofline)
-    prober = referee_prober(problem, gpu.device, int(conf["track"].get("world_size", 1)), (), SandboxPolicy.of(conf["track"]),
-                            (Path(cfg.paths.outputs) / "zygotes").resolve())
+    prober = referee_prober(
+        problem,
+        gpu.device,
+        int(conf["track"].get("world_size", 1)),
+        (),
+        SandboxPolicy.of(conf["track"]),
+        (Path(cfg.paths.outputs) / "zygotes").resolve(),
+    )
     check_references([reference_probe(problem)], prober)  # in the referee's zygote: one torch import fewer
     result = run(mode, solution, f"{track}-{name}-{time.strftime('%Y%m%d-%H%M%S')}")
     note = score_note(result) if mode != "profile" else None  # a profile is never scored
@@ -222,7 +252,10 @@ def report_verb(cfgs: List[DictConfig]) -> int:
     boards, paths = write_boards(cfgs[0])
     print(render_terminal(boards))
     if paths:
-        print(f"[kbsweep] report: {paths['html']} (also report.md, report.json; logged to each sweep's latest run)", file=sys.stderr)
+        print(
+            f"[kbsweep] report: {paths['html']} (also report.md, report.json; logged to each sweep's latest run)",
+            file=sys.stderr,
+        )
     return 0
 
 
@@ -255,13 +288,20 @@ def write_boards(cfg: DictConfig) -> tuple:
     boards = attach_regrades(build_boards(runs_frame(cfg.tracking.uri)), runs_frame(cfg.tracking.uri, kind="regrade"))
     paths: Dict[str, Any] = {}
     if boards:
-        ids = {experiment.name: experiment.experiment_id for experiment in make_client(cfg.tracking.uri).search_experiments()}
+        ids = {
+            experiment.name: experiment.experiment_id
+            for experiment in make_client(cfg.tracking.uri).search_experiments()
+        }
         for board in boards:
             board["experiment_ids"] = {name: ids[name] for name in board["experiments"] if name in ids}
         paths = write_report(boards, folder)
         log_report(cfg.tracking.uri, sorted({name for board in boards for name in board["experiments"]}), folder)
-    snapshot.save(folder / ".boards.json", cfg.tracking.uri, taken,
-                  {"boards": json.loads(json.dumps(boards, default=str)), "paths": {k: str(v) for k, v in paths.items()}})
+    snapshot.save(
+        folder / ".boards.json",
+        cfg.tracking.uri,
+        taken,
+        {"boards": json.loads(json.dumps(boards, default=str)), "paths": {k: str(v) for k, v in paths.items()}},
+    )
     return boards, paths
 
 
@@ -326,7 +366,11 @@ def audit_verb(cfgs: List[DictConfig]) -> int:
         entry = store.override(cfg.tracking.uri, OVERRIDE["run"], OVERRIDE["verdict"], OVERRIDE["reason"])
         print(f"{entry['run_id']}: {entry['previous']} -> {entry['board']} ({entry['by']}: {entry['reason']})")
         return 0
-    judge = judge_model(str(cfg.audit.judge)) if cfg.audit.judge and str(cfg.audit.judge).lower() not in judging.OFF else None
+    judge = (
+        judge_model(str(cfg.audit.judge))
+        if cfg.audit.judge and str(cfg.audit.judge).lower() not in judging.OFF
+        else None
+    )
     for done in store.reaudit(cfg.tracking.uri, cfg.sweep.name, list(cfg.audit.runs), list(cfg.paths.problems), judge):
         kinds = f" ({', '.join(done['kinds'])})" if done["kinds"] else ""
         print(f"{done['run_id']} {done['problem']} {done['model']}: {done['previous']} -> {done['verdict']}{kinds}")
@@ -362,7 +406,7 @@ def main() -> None:
             argv.append(override)
     if "--mode" in argv[:-1]:  # --mode profile: grade_mode=profile
         at = argv.index("--mode")
-        argv[at:at + 2] = [f"grade_mode={argv[at + 1]}"]
+        argv[at : at + 2] = [f"grade_mode={argv[at + 1]}"]
     argv = ["--help" if a == "--hydra-help" else a for a in argv]
     mlflow_defaults()
     try:
@@ -372,7 +416,9 @@ def main() -> None:
         fail(ExitCode.CONFIG, exc)
     options, overrides = split_options(argv)
     sys.argv = [sys.argv[0], *options, *overrides, f"verb={name}"]
-    os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra raises rather than printing its report: a composition error becomes one line
+    os.environ["HYDRA_FULL_ERROR"] = (
+        "1"  # Hydra raises rather than printing its report: a composition error becomes one line
+    )
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 

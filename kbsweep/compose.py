@@ -1,6 +1,7 @@
 """A composed config made ready for a verb: ``gpu=auto`` resolved to a GPU YAML, a one-file grade's track taken from
 its problem, every group validated against its schema (one line naming the file and key on error). The CLI and
 the Python API (:func:`kbsweep.api.compose`) prepare their configs here alike."""
+
 from __future__ import annotations
 
 import os
@@ -45,13 +46,17 @@ def grade_track(cfg: DictConfig, hydra_cfg) -> str:
     what a sweep's grade of the same file gets) unless ``track=`` was given; returns the track's choice."""
     chosen = str(hydra_cfg.runtime.choices.get("track"))
     problem = str(cfg.get("problem") or "")
-    if cfg.get("verb") != "grade" or "/" not in problem or any(o.split("=")[0].lstrip("+~") == "track" for o in hydra_cfg.overrides.task):
+    if (
+        cfg.get("verb") != "grade"
+        or "/" not in problem
+        or any(o.split("=")[0].lstrip("+~") == "track" for o in hydra_cfg.overrides.task)
+    ):
         return chosen
     wanted = problem.split("/", 1)[0]
     path = Path(group_source(hydra_cfg, "track", wanted))
     if wanted == cfg.track.name or not path.is_file():
         return chosen
-    given = [o.lstrip("+")[len("track."):] for o in hydra_cfg.overrides.task if o.lstrip("+").startswith("track.")]
+    given = [o.lstrip("+")[len("track.") :] for o in hydra_cfg.overrides.task if o.lstrip("+").startswith("track.")]
     with open_dict(cfg):
         cfg.track = OmegaConf.merge(OmegaConf.load(path), OmegaConf.from_dotlist(given))
     return wanted
@@ -61,7 +66,9 @@ def prepare(cfg: DictConfig, hydra_cfg) -> DictConfig:
     """Validate every group against its schema (one line naming file and key on error), resolve gpu=auto and a
     one-file grade's track; refuse a sandbox this machine cannot provide (probed for the verbs that run untrusted
     code)."""
-    choices = {g: str(hydra_cfg.runtime.choices.get(g)) for g in ("model", "gpu", "track", "harness", "launcher", "tracking")}
+    choices = {
+        g: str(hydra_cfg.runtime.choices.get(g)) for g in ("model", "gpu", "track", "harness", "launcher", "tracking")
+    }
     choices["track"] = grade_track(cfg, hydra_cfg)
     sources = {g: group_source(hydra_cfg, g, choice) for g, choice in choices.items()}
     if cfg.gpu.get("name") == "auto":

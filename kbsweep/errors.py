@@ -1,6 +1,7 @@
 """The two kinds of error the user sees as one line, and the exit codes every verb ends with.
 
 A leaf: every module may import it, and it imports no kbsweep module (the package root re-exports its names)."""
+
 from enum import IntEnum
 
 

@@ -1,4 +1,5 @@
 """The one outcome enum every stage uses, and what each outcome means for scoring and resume."""
+
 from __future__ import annotations
 
 from enum import Enum

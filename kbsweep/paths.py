@@ -1,4 +1,5 @@
 """Where the checkout is: `conf/`, `problems/`, `roofline_specs/` and `baselines/` are found from here. A leaf."""
+
 import os
 from pathlib import Path
 

@@ -1,6 +1,7 @@
 """Named implementations of one interface, picked by a YAML key: launchers (``launcher.kind``), model kinds
 (``model.provider``), harness runners (``harness.runner``). Adding one is a class and its name in the registry;
 config validation (:func:`kbsweep.config.schema.validate`) refuses any other name as one line naming the file and key."""
+
 from __future__ import annotations
 
 from typing import Callable, Dict, Generic, Optional, TypeVar
@@ -32,5 +33,7 @@ class Registry(Dict[str, T], Generic[T]):
     def lookup(self, name: str, where: str) -> T:
         """The entry ``name``, else a KbsweepError naming ``where`` (the YAML file) and the key."""
         if name not in self:
-            raise KbsweepError(f"{where}: key '{self.key.partition('.')[2]}': unknown {self.key} '{name}' (one of: {self.choices()})")
+            raise KbsweepError(
+                f"{where}: key '{self.key.partition('.')[2]}': unknown {self.key} '{name}' (one of: {self.choices()})"
+            )
         return self[name]

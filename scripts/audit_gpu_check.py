@@ -9,6 +9,7 @@ them. After every case it rewrites OUT_DIR/audit_gpu.json (grades and audits) an
 summary table: what the profiler and the ghost replays saw), so a run cut short keeps what it measured. No case
 starts after BUDGET_S (default 420); each grade gets what is left of it.
 """
+
 from __future__ import annotations
 
 import json
@@ -63,9 +64,13 @@ def observed(result: dict, audited: dict) -> dict:
         "profiled_kernels": profile.get("kernels"),
         "streams": profile.get("streams"),
         "scored_ms": candidate.get("median_ms"),  # the referee's clock
-        "runner_ms": (candidate.get("corroboration") or {}).get("runner_median_ms"),  # the candidate's process's own figure
+        "runner_ms": (candidate.get("corroboration") or {}).get(
+            "runner_median_ms"
+        ),  # the candidate's process's own figure
         "threads": evidence.get("threads"),
-        "others_cpu_ms": [b[-1] for b in (candidate.get("corroboration") or {}).get("batches") or []],  # per batch, from /proc
+        "others_cpu_ms": [
+            b[-1] for b in (candidate.get("corroboration") or {}).get("batches") or []
+        ],  # per batch, from /proc
     }
 
 
@@ -73,8 +78,10 @@ def ghost_text(ghost: dict) -> str:
     if not ghost:
         return "-"
     same, fresh = ghost["same_instance"], ghost["fresh_instance"]
-    return (f"same: {'changed' if same['changed'] else 'UNCHANGED'} ({same['stubbed']} stubbed, {same['graph_replays']} replays); "
-            f"fresh: {'changed' if fresh['changed'] else 'UNCHANGED'} ({fresh['stubbed']} stubbed)")
+    return (
+        f"same: {'changed' if same['changed'] else 'UNCHANGED'} ({same['stubbed']} stubbed, {same['graph_replays']} replays); "
+        f"fresh: {'changed' if fresh['changed'] else 'UNCHANGED'} ({fresh['stubbed']} stubbed)"
+    )
 
 
 def markdown(rows: list) -> str:
@@ -84,7 +91,9 @@ def markdown(rows: list) -> str:
     ]
     for row in rows:
         seen = row["seen"]
-        kernels = ", ".join(f"`{name[:48]}` x{count:g}" for name, count in (seen["profiled_kernels"] or {}).items()) or "-"
+        kernels = (
+            ", ".join(f"`{name[:48]}` x{count:g}" for name, count in (seen["profiled_kernels"] or {}).items()) or "-"
+        )
         times = f"{seen['scored_ms']:.3f} / {seen['runner_ms'] or 0:.3f}" if seen["scored_ms"] else "-"
         lines.append(
             f"| {row['case']} | {row['expected']} | {seen['outcome']} | {seen['verdict']} | {', '.join(seen['dynamic']) or '-'} "
@@ -106,15 +115,36 @@ def main(out: Path, budget_s: float) -> None:
             continue
         started = time.time()
         with tempfile.TemporaryDirectory() as folder:
-            meta, result, audited = run_case(REPO / name, Path(folder), GPU, ROOFLINE, REPO / "problems", mode="bench",
-                                             timing=TIMING, max_shapes=1, timeout_s=left, sandbox=SANDBOX)
+            meta, result, audited = run_case(
+                REPO / name,
+                Path(folder),
+                GPU,
+                ROOFLINE,
+                REPO / "problems",
+                mode="bench",
+                timing=TIMING,
+                max_shapes=1,
+                timeout_s=left,
+                sandbox=SANDBOX,
+            )
         seen = observed(result, audited)
         wanted = set(expected.split()) - {"clean"}
         ok = seen["verdict"] == "clean" if expected == "clean" else wanted <= set(seen["dynamic"])
-        rows.append({"case": Path(name).stem, "expected": expected, "ok": ok, "seconds": round(time.time() - started), "seen": seen})
+        rows.append(
+            {
+                "case": Path(name).stem,
+                "expected": expected,
+                "ok": ok,
+                "seconds": round(time.time() - started),
+                "seen": seen,
+            }
+        )
         full.append({"case": name, "meta": meta, "grade": result, "audit": audited})
-        print(f"[{time.time() - began:4.0f} s] {'ok ' if ok else 'OFF'} {Path(name).stem}: {seen['outcome']} {seen['verdict']} "
-              f"dynamic={seen['dynamic']} {ghost_text(seen['ghost'])}", flush=True)
+        print(
+            f"[{time.time() - began:4.0f} s] {'ok ' if ok else 'OFF'} {Path(name).stem}: {seen['outcome']} {seen['verdict']} "
+            f"dynamic={seen['dynamic']} {ghost_text(seen['ghost'])}",
+            flush=True,
+        )
         (out / "audit_gpu.json").write_text(json.dumps({"rows": rows, "cases": full}, indent=1, default=str))
         (out / "audit_gpu.md").write_text(markdown(rows))
     print(markdown(rows), flush=True)

@@ -5,6 +5,7 @@ finished).
 
     python scripts/cli_cost.py OLD_REPO NEW_REPO OUT.json [REPEATS]
 """
+
 from __future__ import annotations
 
 import json
@@ -37,12 +38,25 @@ def main(old: Path, new: Path, out: Path, repeats: int) -> None:
                     seconds[f"{name}_{step}"].append(one(repo, args, Path(scratch) / "outputs"))
                     print(name, step, seconds[f"{name}_{step}"][-1], flush=True)
     medians = {key: statistics.median(values) for key, values in seconds.items()}
-    record = {"date": time.strftime("%Y-%m-%d %H:%M"), "host": platform.node(), "cpus": os.cpu_count(), "load": os.getloadavg(),
-              "old": str(old), "new": str(new), "seconds": seconds, "medians": medians,
-              "new_over_old": {step: medians[f"new_{step}"] / medians[f"old_{step}"] for step, _ in STEPS}}
+    record = {
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+        "host": platform.node(),
+        "cpus": os.cpu_count(),
+        "load": os.getloadavg(),
+        "old": str(old),
+        "new": str(new),
+        "seconds": seconds,
+        "medians": medians,
+        "new_over_old": {step: medians[f"new_{step}"] / medians[f"old_{step}"] for step, _ in STEPS},
+    }
     out.write_text(json.dumps(record, indent=1))
     print(json.dumps({"medians": medians, "new_over_old": record["new_over_old"]}, indent=1))
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]).resolve(), Path(sys.argv[2]).resolve(), Path(sys.argv[3]), int(sys.argv[4]) if len(sys.argv) > 4 else 3)
+    main(
+        Path(sys.argv[1]).resolve(),
+        Path(sys.argv[2]).resolve(),
+        Path(sys.argv[3]),
+        int(sys.argv[4]) if len(sys.argv) > 4 else 3,
+    )

@@ -4,6 +4,7 @@ same evidence from it.
 
     TRITON_INTERPRET=1 python scripts/evidence_cost.py REV OUT.json [CALLS]
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -62,10 +63,17 @@ def main(rev: str, out: Path, calls: int = 120) -> None:
         for name, module in versions.items():
             t0 = time.process_time()
             grouped = len(inspect.signature(module.session_evidence).parameters) == 3  # since ranges carry command ids
-            read[name] = json.dumps(module.session_evidence(prof, *((groups, per_tag) if grouped else (per_tag,))), sort_keys=True)
+            read[name] = json.dumps(
+                module.session_evidence(prof, *((groups, per_tag) if grouped else (per_tag,))), sort_keys=True
+            )
             cpu_s.setdefault(name, []).append(time.process_time() - t0)
-    report = {"calls": calls, "events": len(list(prof.profiler.kineto_results.events())), "cpu_s": cpu_s,
-              "same_evidence": len(set(read.values())) == 1, "torch": torch.__version__}
+    report = {
+        "calls": calls,
+        "events": len(list(prof.profiler.kineto_results.events())),
+        "cpu_s": cpu_s,
+        "same_evidence": len(set(read.values())) == 1,
+        "torch": torch.__version__,
+    }
     out.write_text(json.dumps(report, indent=1))
     print(json.dumps(report))
 

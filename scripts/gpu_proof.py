@@ -6,6 +6,7 @@ Writes one JSON per measurement under OUT_DIR and prints a summary table last. G
 sandbox where it works on that machine, else in sandbox.mode=unsafe (recorded in the summary). The grader's
 sandbox passes no PYTHONPATH: install carried wheels into the interpreter (pip install .whl/*.whl), not --target.
 """
+
 from __future__ import annotations
 
 import json
@@ -36,10 +37,23 @@ def problem(pid: str):
 def run_grade(pid: str, solution: str, out: Path, tag: str, **kwargs):
     prob = problem(pid)
     started = time.time()
-    result = grade(GradeRequest(prob, prob.root / "solutions" / f"{solution}.py", GPU, ROOF, log_dir=out / "logs" / tag, sandbox=SANDBOX, **kwargs)).to_json()
+    result = grade(
+        GradeRequest(
+            prob,
+            prob.root / "solutions" / f"{solution}.py",
+            GPU,
+            ROOF,
+            log_dir=out / "logs" / tag,
+            sandbox=SANDBOX,
+            **kwargs,
+        )
+    ).to_json()
     result["wall_s"] = time.time() - started
     (out / f"{tag}.json").write_text(json.dumps(result, indent=1, default=str))
-    print(f"[{time.strftime('%H:%M:%S')}] {tag}: {result['outcome']} score={result.get('score')} {result.get('message') or ''} ({result['wall_s']:.0f} s)", flush=True)
+    print(
+        f"[{time.strftime('%H:%M:%S')}] {tag}: {result['outcome']} score={result.get('score')} {result.get('message') or ''} ({result['wall_s']:.0f} s)",
+        flush=True,
+    )
     return result
 
 
@@ -70,7 +84,8 @@ def proofs(out: Path) -> dict:
     # 1. bandwidth-bound Triton kernel against the measured copy ceiling
     scale = run_grade("demo/scale_shift", "triton", out, "proof1_scale_shift", baselines=["eager"])
     summary["proof1"] = [
-        {"shape": s["shape"], "ms": s["ms"], "gbps": s["gbps"], "of_copy_ceiling": s["gbps"] / copy_ceiling} for s in scale["shapes"]
+        {"shape": s["shape"], "ms": s["ms"], "gbps": s["gbps"], "of_copy_ceiling": s["gbps"] / copy_ceiling}
+        for s in scale["shapes"]
     ]
     # 2. torch bf16 GEMM graded as a solution vs do_bench on the same call
     summary["proof2_3_gemm"] = gemm_vs_do_bench(out)
@@ -113,9 +128,17 @@ def gemm_vs_do_bench(out: Path) -> list:
         after = triton.testing.do_bench(lambda: torch.mm(a, b), return_mode="median")
         timed = entry["candidate"]
         rows.append(
-            {"shape": entry["shape"], "grader_ms": timed["median_ms"], "grader_iqr_ms": timed["iqr_ms"], "isolated_ms": timed.get("isolated_median_ms"),
-             "do_bench_before_ms": before, "do_bench_after_ms": after, "do_bench_read_flush_ms": do_bench_read_flush(lambda: torch.mm(a, b)),
-             "graph_ms": graph_amortized_ms(lambda: torch.mm(a, b)), "pygpubench": pygpubench_mm(a, b)}
+            {
+                "shape": entry["shape"],
+                "grader_ms": timed["median_ms"],
+                "grader_iqr_ms": timed["iqr_ms"],
+                "isolated_ms": timed.get("isolated_median_ms"),
+                "do_bench_before_ms": before,
+                "do_bench_after_ms": after,
+                "do_bench_read_flush_ms": do_bench_read_flush(lambda: torch.mm(a, b)),
+                "graph_ms": graph_amortized_ms(lambda: torch.mm(a, b)),
+                "pygpubench": pygpubench_mm(a, b),
+            }
         )
     return rows
 
@@ -144,8 +167,13 @@ def scale_shift_vs_graph(scale) -> list:
         torch.nn.init.normal_(model.bias)
         (x,) = prob_inputs(prob, shape)
         rows.append(
-            {"shape": shape, "grader_ms": entry["candidate"]["median_ms"], "isolated_ms": entry["candidate"].get("isolated_median_ms"),
-             "graph_ms": graph_amortized_ms(lambda: model(x)), "pygpubench": pygpubench_call(ScaleShiftKernel(shape["cols"], model.state_dict()), (x,), model(x))}
+            {
+                "shape": shape,
+                "grader_ms": entry["candidate"]["median_ms"],
+                "isolated_ms": entry["candidate"].get("isolated_median_ms"),
+                "graph_ms": graph_amortized_ms(lambda: model(x)),
+                "pygpubench": pygpubench_call(ScaleShiftKernel(shape["cols"], model.state_dict()), (x,), model(x)),
+            }
         )
     return rows
 
@@ -165,7 +193,12 @@ def pygpubench_call(kernel_generator, inputs, expected, repeats: int = 50) -> di
         case = TestCase(tuple(t.detach().cpu() for t in inputs), expected.detach().cpu())
         res = pygpubench.do_bench_isolated(kernel_generator, case, (), repeats, 0)
         times = sorted(t for t in res.time_us if t is not None)
-        return {"median_ms": times[len(times) // 2] / 1e3, "errors": res.errors, "event_overhead_us": res.event_overhead_us, "runs": len(times)}
+        return {
+            "median_ms": times[len(times) // 2] / 1e3,
+            "errors": res.errors,
+            "event_overhead_us": res.event_overhead_us,
+            "runs": len(times),
+        }
     except Exception as exc:  # noqa: BLE001 - recorded: this is an evaluation of the library
         return {"error": f"{type(exc).__name__}: {exc}"}
 
@@ -197,7 +230,9 @@ class ScaleShiftKernel:
 
         import triton
 
-        spec = importlib.util.spec_from_file_location("sol_in_pygpubench", REPO / "problems/demo/scale_shift/solutions/triton.py")
+        spec = importlib.util.spec_from_file_location(
+            "sol_in_pygpubench", REPO / "problems/demo/scale_shift/solutions/triton.py"
+        )
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
         model = module.ModelNew(self.cols).cuda()
@@ -224,7 +259,16 @@ def ncu_probe(out: Path) -> dict:
         "for _ in range(3): model(x)\n"
         "torch.cuda.synchronize()\n" % (str(REPO), str(REPO / "problems/demo/scale_shift/solutions/triton.py"))
     )
-    command = ["ncu", "--clock-control", "none", "--metrics", "gpu__time_duration.sum", "--csv", sys.executable, str(script)]
+    command = [
+        "ncu",
+        "--clock-control",
+        "none",
+        "--metrics",
+        "gpu__time_duration.sum",
+        "--csv",
+        sys.executable,
+        str(script),
+    ]
     try:
         proc = subprocess.run(command, capture_output=True, text=True, timeout=90)
         return {"rc": proc.returncode, "stdout_tail": proc.stdout[-3000:], "stderr_tail": proc.stderr[-1500:]}
@@ -238,7 +282,16 @@ def deck(out: Path, names=None) -> dict:
         if names and folder.name not in names:
             continue
         pid = f"hard/{folder.name}"
-        result = run_grade(pid, "triton", out, f"deck_{folder.name}", baselines=["eager", "compile", "sota"], timing=FAST, compile_mode="default", timeout_s=540)
+        result = run_grade(
+            pid,
+            "triton",
+            out,
+            f"deck_{folder.name}",
+            baselines=["eager", "compile", "sota"],
+            timing=FAST,
+            compile_mode="default",
+            timeout_s=540,
+        )
         rows[pid] = summarize(result)
     return rows
 
@@ -249,8 +302,21 @@ def summarize(result) -> dict:
     shapes = []
     for entry, scored in zip(result["timings"], result["shapes"]):
         base = {k: (v or {}).get("median_ms") for k, v in entry["baselines"].items()}
-        shapes.append({"shape": entry["shape"], "solution_ms": scored["ms"], "fraction": scored["fraction"], **{f"{k}_ms": v for k, v in base.items()}})
-    return {"outcome": "pass", "score": result["score"], "speedup": result["speedup"], "shapes": shapes, "geomean_fraction": geomean([s["fraction"] for s in result["shapes"]])}
+        shapes.append(
+            {
+                "shape": entry["shape"],
+                "solution_ms": scored["ms"],
+                "fraction": scored["fraction"],
+                **{f"{k}_ms": v for k, v in base.items()},
+            }
+        )
+    return {
+        "outcome": "pass",
+        "score": result["score"],
+        "speedup": result["speedup"],
+        "shapes": shapes,
+        "geomean_fraction": geomean([s["fraction"] for s in result["shapes"]]),
+    }
 
 
 def main() -> None:

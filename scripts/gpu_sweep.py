@@ -25,6 +25,7 @@ interrupted there, so the summary and outputs still come back from a command lim
 OUT gets summary.json, log.txt (every command's output), outputs.tar.gz (the MLflow store and its artifacts,
 the reports, the direct grades' JSON) and, from before the install, the host's pip_freeze.txt.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -74,7 +75,15 @@ class Runner:
             self.record(step, "")
             return step
         started = time.monotonic()
-        proc = subprocess.Popen(words, cwd=REPO, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        proc = subprocess.Popen(
+            words,
+            cwd=REPO,
+            env=self.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
         try:
             stdout, stderr = proc.communicate(timeout=limit)
         except subprocess.TimeoutExpired:
@@ -92,9 +101,14 @@ class Runner:
     def record(self, step: Dict[str, Any], stderr: str) -> None:
         with self.lock:
             self.steps.append(step)
-            self.log.write(f"$ {step['command']}\n{stderr}[rc={step['rc']} {step.get('s', 0)} s {step.get('skipped') or step.get('interrupted') or ''}]\n\n")
+            self.log.write(
+                f"$ {step['command']}\n{stderr}[rc={step['rc']} {step.get('s', 0)} s {step.get('skipped') or step.get('interrupted') or ''}]\n\n"
+            )
             self.log.flush()
-        print(f"[gpu_sweep] {step['name']}: rc={step['rc']} {step.get('s', '-')} s {step.get('skipped') or step.get('interrupted') or ''}", flush=True)
+        print(
+            f"[gpu_sweep] {step['name']}: rc={step['rc']} {step.get('s', '-')} s {step.get('skipped') or step.get('interrupted') or ''}",
+            flush=True,
+        )
 
 
 def install(out: Path, runner: Runner) -> None:
@@ -109,14 +123,31 @@ def install(out: Path, runner: Runner) -> None:
         for deb in sorted(carry.glob("*.deb")):
             runner.run(["dpkg", "-x", str(deb), "/"], f"unpack {deb.name}")
     wheels = [str(w) for w in sorted(carry.glob("*.whl"))]
-    runner.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-build-isolation", *wheels, "-e", str(REPO)], "install")
+    runner.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-index",
+            "--no-deps",
+            "--no-build-isolation",
+            *wheels,
+            "-e",
+            str(REPO),
+        ],
+        "install",
+    )
 
 
 def environment(runner: Runner) -> Dict[str, Any]:
-    probe = ("import json, platform, torch, triton; from kbsweep.sandbox.confine import self_test; "
-             "print(json.dumps({'python': platform.python_version(), 'torch': torch.__version__, 'triton': triton.__version__, "
-             "'cuda': torch.version.cuda, 'gpu': torch.cuda.get_device_name() if torch.cuda.is_available() else None, "
-             "'unconfined': self_test() or None}))")
+    probe = (
+        "import json, platform, torch, triton; from kbsweep.sandbox.confine import self_test; "
+        "print(json.dumps({'python': platform.python_version(), 'torch': torch.__version__, 'triton': triton.__version__, "
+        "'cuda': torch.version.cuda, 'gpu': torch.cuda.get_device_name() if torch.cuda.is_available() else None, "
+        "'unconfined': self_test() or None}))"
+    )
     step = runner.run([sys.executable, "-c", probe], "environment")
     return json.loads(step["stdout"]) if step["rc"] == 0 else {"error": "probe failed: see log.txt"}
 
@@ -145,23 +176,45 @@ def p2p_model(conf: Path) -> None:
 def sweep(runner: Runner, track: str, problems: List[str], every: List[str], overrides: List[str], conf: Path) -> None:
     model = "scripted-p2p" if track == "multi" else "scripted"
     narrow = [] if problems == every else [f"problem=[{','.join(problems)}]"]
-    runner.run([str(BIN / "kbsweep"), "-cd", str(conf), "-m", f"model={model},scripted-lazy", "launcher.concurrency=4", *overrides, *narrow],
-               f"sweep {track}")
+    runner.run(
+        [
+            str(BIN / "kbsweep"),
+            "-cd",
+            str(conf),
+            "-m",
+            f"model={model},scripted-lazy",
+            "launcher.concurrency=4",
+            *overrides,
+            *narrow,
+        ],
+        f"sweep {track}",
+    )
 
 
 def grade(runner: Runner, track: str, problem: str, solution: Path, overrides: List[str], keep: Path) -> Dict[str, Any]:
     """``kbsweep grade`` of one file, its JSON kept under ``keep``; what the checks read of it."""
-    step = runner.run([str(BIN / "kbsweep"), "grade", f"problem={track}/{problem}", f"solution={solution}", *overrides],
-                      f"grade {track}/{problem}/{solution.name}")
+    step = runner.run(
+        [str(BIN / "kbsweep"), "grade", f"problem={track}/{problem}", f"solution={solution}", *overrides],
+        f"grade {track}/{problem}/{solution.name}",
+    )
     try:
         result = json.loads(step.get("stdout") or "")  # none from a step skipped at the deadline
     except ValueError:
         result = {}
     keep.mkdir(parents=True, exist_ok=True)
     (keep / f"{track}_{problem}_{solution.stem}.json").write_text(step.get("stdout") or "")
-    return {"track": track, "problem": problem, "solution": solution.name, "rc": step["rc"], "s": step.get("s"),
-            "outcome": result.get("outcome"), "score": result.get("score"), "findings": sorted({f["kind"] for f in result.get("findings") or []}),
-            "message": result.get("message"), "sha": hashlib.sha256(solution.read_bytes()).hexdigest()}
+    return {
+        "track": track,
+        "problem": problem,
+        "solution": solution.name,
+        "rc": step["rc"],
+        "s": step.get("s"),
+        "outcome": result.get("outcome"),
+        "score": result.get("score"),
+        "findings": sorted({f["kind"] for f in result.get("findings") or []}),
+        "message": result.get("message"),
+        "sha": hashlib.sha256(solution.read_bytes()).hexdigest(),
+    }
 
 
 def cells(outputs: Path, tracks: List[str]) -> List[Dict[str, Any]]:
@@ -171,8 +224,16 @@ def cells(outputs: Path, tracks: List[str]) -> List[Dict[str, Any]]:
         for journal in sorted((outputs / "sweeps" / track).glob("*/result.json")):
             result = json.loads(journal.read_text())
             solution = journal.with_name("solution.py")
-            found.append({"track": track, "cell": result.get("cell"), "outcome": result.get("outcome"), "verdict": result.get("verdict"),
-                          "score": result.get("score"), "sha": hashlib.sha256(solution.read_bytes()).hexdigest() if solution.exists() else None})
+            found.append(
+                {
+                    "track": track,
+                    "cell": result.get("cell"),
+                    "outcome": result.get("outcome"),
+                    "verdict": result.get("verdict"),
+                    "score": result.get("score"),
+                    "sha": hashlib.sha256(solution.read_bytes()).hexdigest() if solution.exists() else None,
+                }
+            )
     return found
 
 
@@ -188,14 +249,23 @@ def store(outputs: Path) -> Dict[str, Any]:
             "SELECT c.value, m.value, p.value FROM tags k JOIN tags r ON r.run_uuid = k.run_uuid AND r.key = 'kbsweep.regrade_of' "
             "JOIN tags c ON c.run_uuid = r.value AND c.key = 'mlflow.runName' "
             "LEFT JOIN latest_metrics m ON m.run_uuid = k.run_uuid AND m.key = 'score' "
-            "LEFT JOIN latest_metrics p ON p.run_uuid = r.value AND p.key = 'score' WHERE k.key = 'kbsweep.kind' AND k.value = 'regrade'").fetchall()
-        return {"exists": True,
-                "cell_runs": count("SELECT e.name, count(*) FROM runs u JOIN experiments e USING (experiment_id) JOIN tags t ON t.run_uuid = u.run_uuid "
-                                   "AND t.key = 'kbsweep.kind' AND t.value = 'cell' GROUP BY e.name"),
-                "traces": count("SELECT e.name, count(*) FROM trace_info t JOIN experiments e USING (experiment_id) GROUP BY e.name"),
-                "spans": db.execute("SELECT count(*) FROM spans").fetchone()[0]  # tracking.trace_spans: store
-                + sum(len(json.loads(t.read_text()).get("spans", [])) for t in (outputs / "mlartifacts").rglob("traces.json")),  # : artifact
-                "regrades": [{"cell": c, "score": s, "cell_score": p} for c, s, p in regrades]}
+            "LEFT JOIN latest_metrics p ON p.run_uuid = r.value AND p.key = 'score' WHERE k.key = 'kbsweep.kind' AND k.value = 'regrade'"
+        ).fetchall()
+        return {
+            "exists": True,
+            "cell_runs": count(
+                "SELECT e.name, count(*) FROM runs u JOIN experiments e USING (experiment_id) JOIN tags t ON t.run_uuid = u.run_uuid "
+                "AND t.key = 'kbsweep.kind' AND t.value = 'cell' GROUP BY e.name"
+            ),
+            "traces": count(
+                "SELECT e.name, count(*) FROM trace_info t JOIN experiments e USING (experiment_id) GROUP BY e.name"
+            ),
+            "spans": db.execute("SELECT count(*) FROM spans").fetchone()[0]  # tracking.trace_spans: store
+            + sum(
+                len(json.loads(t.read_text()).get("spans", [])) for t in (outputs / "mlartifacts").rglob("traces.json")
+            ),  # : artifact
+            "regrades": [{"cell": c, "score": s, "cell_score": p} for c, s, p in regrades],
+        }
 
 
 def near(a: Optional[float], b: Optional[float], tolerance: float) -> bool:
@@ -210,14 +280,22 @@ def wrong_one(label: str, outcome: Optional[str]) -> bool:
 
 def checks(summary: Dict[str, Any], tolerance: float) -> List[str]:
     """What failed, one line each (nothing: every check held)."""
-    graded = [s for s in summary["steps"] if s["name"].startswith("grade ")]  # their exit codes are the outcomes, checked below
-    failed = [f"{s['name']}: rc={s['rc']} {s.get('skipped') or s.get('interrupted') or ''}".strip() for s in summary["steps"] if s["rc"] != 0 and s not in graded]
+    graded = [
+        s for s in summary["steps"] if s["name"].startswith("grade ")
+    ]  # their exit codes are the outcomes, checked below
+    failed = [
+        f"{s['name']}: rc={s['rc']} {s.get('skipped') or s.get('interrupted') or ''}".strip()
+        for s in summary["steps"]
+        if s["rc"] != 0 and s not in graded
+    ]
     direct = {g["sha"]: g for g in summary["grades"]}
     for g in summary["grades"]:
         label = f"{g['track']}/{g['problem']}/{g['solution']}"
         if label in FLAGGED:
             if g["outcome"] != "pass" or FLAGGED[label] not in g["findings"]:
-                failed.append(f"{label}: {g['outcome']} findings={g['findings']}, not a pass flagged {FLAGGED[label]} ({g['message']})")
+                failed.append(
+                    f"{label}: {g['outcome']} findings={g['findings']}, not a pass flagged {FLAGGED[label]} ({g['message']})"
+                )
         elif g["solution"] == "wrong.py":
             if wrong_one(label, g["outcome"]):
                 failed.append(f"{label}: {g['outcome']}, not incorrect ({g['message']})")
@@ -235,8 +313,10 @@ def checks(summary: Dict[str, Any], tolerance: float) -> List[str]:
         scored = twin["outcome"] == "pass" and twin["score"] is not None and not twin["findings"]
         agree = cell["outcome"] == twin["outcome"] and (cell["score"] is None) == (twin["score"] is None)
         if not agree or (scored and (cell["verdict"] != "clean" or not near(cell["score"], twin["score"], tolerance))):
-            failed.append(f"{cell['cell']}: {cell['outcome']} {cell['verdict']} score={cell['score']}, "
-                          f"its {twin['solution']} graded directly: {twin['outcome']} score={twin['score']} findings={twin['findings']}")
+            failed.append(
+                f"{cell['cell']}: {cell['outcome']} {cell['verdict']} score={cell['score']}, "
+                f"its {twin['solution']} graded directly: {twin['outcome']} score={twin['score']} findings={twin['findings']}"
+            )
     mlflow = summary["store"]
     for track in summary["tracks"]:
         swept = sum(c["track"] == track for c in summary["cells"])
@@ -244,8 +324,12 @@ def checks(summary: Dict[str, Any], tolerance: float) -> List[str]:
         if not swept or runs < swept or traces < swept:
             failed.append(f"sweep {track}: {swept} cells, {runs} cell runs and {traces} traces in the store")
     for regrade in mlflow.get("regrades", []):
-        if (regrade["score"], regrade["cell_score"]) != (None, None) and not near(regrade["score"], regrade["cell_score"], tolerance):
-            failed.append(f"regrade of {regrade['cell']}: score {regrade['score']} against the cell's {regrade['cell_score']}")
+        if (regrade["score"], regrade["cell_score"]) != (None, None) and not near(
+            regrade["score"], regrade["cell_score"], tolerance
+        ):
+            failed.append(
+                f"regrade of {regrade['cell']}: score {regrade['score']} against the cell's {regrade['cell_score']}"
+            )
     return failed
 
 
@@ -271,32 +355,63 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(args.work, ignore_errors=True)
     outputs, conf = args.work / "outputs", args.work / "conf"
-    env = {**os.environ, "KBSWEEP_OUTPUTS": str(outputs), "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", "PYTHONUNBUFFERED": "1"}
+    env = {
+        **os.environ,
+        "KBSWEEP_OUTPUTS": str(outputs),
+        "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+        "PYTHONUNBUFFERED": "1",
+    }
     runner = Runner(args.out, args.deadline_s - RESERVE_S, env)
     started = time.monotonic()
     install(args.out, runner)
-    summary: Dict[str, Any] = {"environment": environment(runner), "gpu": args.gpu, "quick": QUICK, "tolerance": args.tolerance}
+    summary: Dict[str, Any] = {
+        "environment": environment(runner),
+        "gpu": args.gpu,
+        "quick": QUICK,
+        "tolerance": args.tolerance,
+    }
     sandbox = ["sandbox.mode=unsafe"] if summary["environment"].get("unconfined") else []
     chosen = targets(args.only.split(","))
     summary["tracks"] = list(chosen)
     p2p_model(conf)
-    solutions = [(track, problem, path) for track, problems in chosen.items() for problem in problems
-                 for path in sorted((REPO / "problems" / track / problem / "solutions").glob("*.py"))]
-    summary["bundled"] = {hashlib.sha256(path.read_bytes()).hexdigest(): f"{track}/{problem}/{path.name}" for track, problem, path in solutions}
+    solutions = [
+        (track, problem, path)
+        for track, problems in chosen.items()
+        for problem in problems
+        for path in sorted((REPO / "problems" / track / problem / "solutions").glob("*.py"))
+    ]
+    summary["bundled"] = {
+        hashlib.sha256(path.read_bytes()).hexdigest(): f"{track}/{problem}/{path.name}"
+        for track, problem, path in solutions
+    }
     for track, problems in chosen.items():
         sweep(runner, track, problems, targets([track])[track], track_overrides(track, args.gpu, sandbox), conf)
-    summary["grades"] = [grade(runner, track, problem, path, track_overrides(track, args.gpu, sandbox), outputs / "direct")
-                         for track, problem, path in solutions if args.direct == "all" or path.name != "wrong.py"]
+    summary["grades"] = [
+        grade(runner, track, problem, path, track_overrides(track, args.gpu, sandbox), outputs / "direct")
+        for track, problem, path in solutions
+        if args.direct == "all" or path.name != "wrong.py"
+    ]
     smallest = min(chosen, key=lambda track: len(chosen[track]))  # the regrade's grades run one at a time
     runner.run([str(BIN / "kbsweep"), "regrade", *track_overrides(smallest, args.gpu, sandbox)], f"regrade {smallest}")
     runner.run([str(BIN / "kbsweep"), "report"], "report", late_ok=True)
-    summary.update(cells=cells(outputs, list(chosen)), store=store(outputs), steps=[{k: v for k, v in s.items() if k != "stdout"} for s in runner.steps])
+    summary.update(
+        cells=cells(outputs, list(chosen)),
+        store=store(outputs),
+        steps=[{k: v for k, v in s.items() if k != "stdout"} for s in runner.steps],
+    )
     summary["failed"] = checks(summary, args.tolerance)
     summary["wall_s"] = round(time.monotonic() - started, 1)
     (args.out / "summary.json").write_text(json.dumps(summary, indent=1))
     archive(outputs, args.out / "outputs.tar.gz")
-    print(f"[gpu_sweep] {len(summary['cells'])} cells, {len(summary['grades'])} direct grades, {summary['wall_s']} s; "
-          + ("every check held" if not summary["failed"] else f"{len(summary['failed'])} failed:\n  " + "\n  ".join(summary["failed"])), flush=True)
+    print(
+        f"[gpu_sweep] {len(summary['cells'])} cells, {len(summary['grades'])} direct grades, {summary['wall_s']} s; "
+        + (
+            "every check held"
+            if not summary["failed"]
+            else f"{len(summary['failed'])} failed:\n  " + "\n  ".join(summary["failed"])
+        ),
+        flush=True,
+    )
     return 0 if not summary["failed"] else 1
 
 

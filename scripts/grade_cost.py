@@ -13,6 +13,7 @@ per grade, in seconds: ``cli`` (the process's start, config, problem checks, zyg
 ``seed``) and, where timed, its ``cost_s`` (check, timing) are listed. Writes every grade and the medians to OUT.json and
 prints a table.
 """
+
 from __future__ import annotations
 
 import json
@@ -28,8 +29,16 @@ from typing import Any, Dict, List
 
 HERE = Path(__file__).resolve().parent.parent
 STAGES = ("cli", "startup", "load_reference", "baselines", "import", "correctness", "timing", "audit", "rest", "wall")
-REFEREE = {"load_reference": "load_reference", "baselines": "baselines", "import_candidate": "import", "kernelbench_correctness": "correctness",
-           "correctness": "correctness", "timing": "timing", "kernelbench_timing": "timing", "audit": "audit"}
+REFEREE = {
+    "load_reference": "load_reference",
+    "baselines": "baselines",
+    "import_candidate": "import",
+    "kernelbench_correctness": "correctness",
+    "correctness": "correctness",
+    "timing": "timing",
+    "kernelbench_timing": "timing",
+    "audit": "audit",
+}
 RUN = "import sys; from kbsweep.cli import main; sys.exit(main())"
 
 
@@ -38,8 +47,13 @@ def grade_once(repo: Path, problem: str, gpu: str, outputs: Path, overrides: Lis
     solution = repo / "problems" / problem / "solutions" / "triton.py"
     env = {**os.environ, "KBSWEEP_OUTPUTS": str(outputs), "PYTHONPATH": str(repo)}
     began = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-c", RUN, "grade", f"problem={problem}", f"solution={solution}", f"gpu={gpu}", *overrides],
-                          cwd=repo, env=env, capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-c", RUN, "grade", f"problem={problem}", f"solution={solution}", f"gpu={gpu}", *overrides],
+        cwd=repo,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     wall = time.perf_counter() - began
     try:
         result = json.loads(proc.stdout)
@@ -61,18 +75,35 @@ def breakdown(result: Dict[str, Any], wall: float) -> Dict[str, Any]:
         for name, timed in (entry.get("baselines") or {}).items():
             if isinstance(timed, dict):
                 record = timed.get("record") or {}
-                sources.append({"shape": entry.get("shape"), "baseline": name, "source": record.get("source"),
-                                "median_ms": timed.get("median_ms"), "runs": timed.get("runs"),
-                                "cost_s": timed.get("cost_s") if record.get("source") == "timed" else None})
-    return {"outcome": result.get("outcome"), "score": result.get("score"), "grade_s": grade_s, "stages": {k: round(v, 3) for k, v in stages.items()},
-            "baselines": sources, "env": {k: (result.get("env") or {}).get(k) for k in ("torch", "triton", "cuda")},
-            "card": sorted({g.get("name") for g in (result.get("env") or {}).get("graded_on") or []}) or ["cpu"]}
+                sources.append(
+                    {
+                        "shape": entry.get("shape"),
+                        "baseline": name,
+                        "source": record.get("source"),
+                        "median_ms": timed.get("median_ms"),
+                        "runs": timed.get("runs"),
+                        "cost_s": timed.get("cost_s") if record.get("source") == "timed" else None,
+                    }
+                )
+    return {
+        "outcome": result.get("outcome"),
+        "score": result.get("score"),
+        "grade_s": grade_s,
+        "stages": {k: round(v, 3) for k, v in stages.items()},
+        "baselines": sources,
+        "env": {k: (result.get("env") or {}).get(k) for k in ("torch", "triton", "cuda")},
+        "card": sorted({g.get("name") for g in (result.get("env") or {}).get("graded_on") or []}) or ["cpu"],
+    }
 
 
 def checkout(repo: Path) -> str:
     try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=repo, capture_output=True, text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo, capture_output=True, text=True).stdout.strip()
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=repo, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo, capture_output=True, text=True
+        ).stdout.strip()
         return head + ("+tree" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
         return "no git"
@@ -84,7 +115,9 @@ def medians(grades: List[Dict[str, Any]]) -> Dict[str, Dict[str, float]]:
     for g in grades:
         if "stages" in g:
             groups.setdefault(f"{g['repo']} {g['problem']} {g['state']}", []).append(g["stages"])
-    return {label: {k: round(statistics.median(s[k] for s in rows), 3) for k in STAGES} for label, rows in groups.items()}
+    return {
+        label: {k: round(statistics.median(s[k] for s in rows), 3) for k in STAGES} for label, rows in groups.items()
+    }
 
 
 def table(summary: Dict[str, Dict[str, float]]) -> str:
@@ -95,7 +128,14 @@ def table(summary: Dict[str, Dict[str, float]]) -> str:
 
 
 def options(argv: List[str]) -> Dict[str, Any]:
-    opts: Dict[str, Any] = {"gpu": "auto", "repeats": 1, "problems": ["demo/scale_shift", "hard/topk"], "repos": [], "overrides": [], "out": None}
+    opts: Dict[str, Any] = {
+        "gpu": "auto",
+        "repeats": 1,
+        "problems": ["demo/scale_shift", "hard/topk"],
+        "repos": [],
+        "overrides": [],
+        "out": None,
+    }
     args = iter(argv)
     for arg in args:
         if arg == "--gpu":
@@ -127,13 +167,26 @@ def main(argv: List[str]) -> None:
                 with tempfile.TemporaryDirectory(prefix="grade-cost-") as outputs:
                     for state in ("cold", "warm"):
                         graded = grade_once(repo, problem, opts["gpu"], Path(outputs), opts["overrides"])
-                        grades.append({"repo": str(repo), "problem": problem, "state": state, "repeat": repeat, **graded})
+                        grades.append(
+                            {"repo": str(repo), "problem": problem, "state": state, "repeat": repeat, **graded}
+                        )
                         stages = graded.get("stages") or {}
-                        print(f"{repo.name} {problem} {state}: {graded.get('outcome') or graded.get('error', '')[-200:]}, "
-                              + ", ".join(f"{k} {v:.2f}" for k, v in stages.items()), flush=True)
+                        print(
+                            f"{repo.name} {problem} {state}: {graded.get('outcome') or graded.get('error', '')[-200:]}, "
+                            + ", ".join(f"{k} {v:.2f}" for k, v in stages.items()),
+                            flush=True,
+                        )
     summary = medians(grades)
-    record = {"date": time.strftime("%Y-%m-%d %H:%M"), "host": platform.node(), "cpus": os.cpu_count(), "gpu": opts["gpu"],
-              "overrides": opts["overrides"], "checkouts": {str(r): checkout(r) for r in opts["repos"]}, "grades": grades, "medians_s": summary}
+    record = {
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+        "host": platform.node(),
+        "cpus": os.cpu_count(),
+        "gpu": opts["gpu"],
+        "overrides": opts["overrides"],
+        "checkouts": {str(r): checkout(r) for r in opts["repos"]},
+        "grades": grades,
+        "medians_s": summary,
+    }
     opts["out"].parent.mkdir(parents=True, exist_ok=True)
     opts["out"].write_text(json.dumps(record, indent=1, default=str) + "\n")
     print(table(summary))

@@ -6,6 +6,7 @@ zygotes) and warm (forked from the zygotes the previous grade left), interleaved
 
 Grades problems/demo/scale_shift's Triton solution in check mode on CPU under bubblewrap.
 """
+
 from __future__ import annotations
 
 import json
@@ -38,13 +39,29 @@ def main(out: Path, repeats: int) -> None:
         for mode in ("cold", "warm"):
             if mode == "cold":
                 zygotes.close_all()
-            result = grade(GradeRequest(problem, problem.root / "solutions/triton.py", cpu, roofline, mode="check", timeout_s=300, log_dir=grades / f"{mode}-{i}")).to_json()
+            result = grade(
+                GradeRequest(
+                    problem,
+                    problem.root / "solutions/triton.py",
+                    cpu,
+                    roofline,
+                    mode="check",
+                    timeout_s=300,
+                    log_dir=grades / f"{mode}-{i}",
+                )
+            ).to_json()
             assert result["outcome"] == "pass", result.get("message")
             record[mode].append(result["startup_s"])
             record[f"{mode}_grade_s"].append(result["grade_s"])
             print(mode, round(result["startup_s"], 3), round(result["grade_s"], 2), os.getloadavg(), flush=True)
-    summary = {"date": time.strftime("%Y-%m-%d %H:%M"), "host": platform.node(), "cpus": os.cpu_count(), "load_after": os.getloadavg(),
-               "seconds": record, "medians": {k: statistics.median(v) for k, v in record.items()}}
+    summary = {
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+        "host": platform.node(),
+        "cpus": os.cpu_count(),
+        "load_after": os.getloadavg(),
+        "seconds": record,
+        "medians": {k: statistics.median(v) for k, v in record.items()},
+    }
     out.write_text(json.dumps(summary, indent=1))
     print(json.dumps(summary["medians"], indent=1))
 

@@ -12,6 +12,7 @@ warm-ups and 1 discarded, a 256 MiB write before each; :func:`kbsweep.grader.ref
 Problems are skipped, and say so, once ``--budget-s`` is spent. OUT.json is rewritten after every problem.
 ``--device cpu`` runs the same path at the CPU smoke sizes (KernelBench's loop with perf_counter): a dry run.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,7 +29,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from kbsweep.config.schema import load_gpu  # noqa: E402
 from kbsweep.config.kernelbench import kernelbench_names, materialize_all  # noqa: E402
 
-DEFAULT_IDS = [1, 4, 19, 23, 33, 36, 40, 47, 63, 88]  # matmul, matvec, elementwise, softmax, norms, reduction, conv, GELU
+DEFAULT_IDS = [
+    1,
+    4,
+    19,
+    23,
+    33,
+    36,
+    40,
+    47,
+    63,
+    88,
+]  # matmul, matvec, elementwise, softmax, norms, reduction, conv, GELU
 QUICK_CPU_TIMING = {"min_runs": 2, "max_runs": 10, "max_time_s": 0.5}
 
 
@@ -46,10 +58,28 @@ def one(root: Path, device: str, timeout_s: float) -> Dict[str, Any]:
     gpu = load_gpu("h200" if cuda else "cpu")
     roofline = load_roofline([str(repo / "roofline_specs")], gpu.roofline)
     problem = load_problem(root, "kernelbench")
-    result = grade(GradeRequest(problem, root / "solutions/reference.py", gpu, roofline, mode="full", baselines=["eager"], timeout_s=timeout_s,
-                                timing=None if cuda else QUICK_CPU_TIMING, timers=["kernelbench"], sandbox=SANDBOX)).to_json()
-    record = {"outcome": result["outcome"], "verdicts": result.get("verdicts"), "grade_s": result["grade_s"], "sandbox": SANDBOX_NOTE,
-              "gpus": result["env"].get("gpus"), "shape": (result.get("timings") or [{}])[0].get("shape")}
+    result = grade(
+        GradeRequest(
+            problem,
+            root / "solutions/reference.py",
+            gpu,
+            roofline,
+            mode="full",
+            baselines=["eager"],
+            timeout_s=timeout_s,
+            timing=None if cuda else QUICK_CPU_TIMING,
+            timers=["kernelbench"],
+            sandbox=SANDBOX,
+        )
+    ).to_json()
+    record = {
+        "outcome": result["outcome"],
+        "verdicts": result.get("verdicts"),
+        "grade_s": result["grade_s"],
+        "sandbox": SANDBOX_NOTE,
+        "gpus": result["env"].get("gpus"),
+        "shape": (result.get("timings") or [{}])[0].get("shape"),
+    }
     if result["outcome"] != "pass":
         return {**record, "error": result.get("message")}
     eager = result["timings"][0]["baselines"]["eager"]
@@ -57,9 +87,13 @@ def one(root: Path, device: str, timeout_s: float) -> Dict[str, Any]:
     if not figures:
         return {**record, "error": f"eager baseline not timed: {json.dumps(eager)[:300]}"}
     kb = figures["kernelbench"]
-    return {**record, "kbsweep": {k: eager[k] for k in ("median_ms", "mean_ms", "iqr_ms", "min_ms", "runs", "mode")},
-            "kernelbench": kb, "kernelbench_mean_over_kbsweep_median": kb["mean_ms"] / eager["median_ms"],
-            "candidate_median_ms": result["timings"][0]["candidate"]["median_ms"]}
+    return {
+        **record,
+        "kbsweep": {k: eager[k] for k in ("median_ms", "mean_ms", "iqr_ms", "min_ms", "runs", "mode")},
+        "kernelbench": kb,
+        "kernelbench_mean_over_kbsweep_median": kb["mean_ms"] / eager["median_ms"],
+        "candidate_median_ms": result["timings"][0]["candidate"]["median_ms"],
+    }
 
 
 def main() -> None:
@@ -79,8 +113,14 @@ def main() -> None:
     names = [by_id[i] for i in args.ids]
     began = time.perf_counter()
     roots = materialize_all(folder, names)
-    record: Dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "host": platform.node(), "device": args.device,
-                              "folder": str(folder), "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]), "problems": {}}
+    record: Dict[str, Any] = {
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "host": platform.node(),
+        "device": args.device,
+        "folder": str(folder),
+        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+        "problems": {},
+    }
     for name, root in zip(names, roots):
         left = args.budget_s - (time.perf_counter() - began)
         if left < 10:
@@ -89,11 +129,18 @@ def main() -> None:
             limit = min(args.per_problem_s, left)
             started = time.perf_counter()
             try:
-                proc = subprocess.run([sys.executable, __file__, "--one", str(root), args.device, str(limit)], capture_output=True,
-                                      text=True, timeout=limit + 30)
+                proc = subprocess.run(
+                    [sys.executable, __file__, "--one", str(root), args.device, str(limit)],
+                    capture_output=True,
+                    text=True,
+                    timeout=limit + 30,
+                )
                 lines = proc.stdout.strip().splitlines()
-                entry = json.loads(lines[-1]) if proc.returncode == 0 and lines else {
-                    "error": (proc.stderr.strip().splitlines() or [f"exit code {proc.returncode}"])[-1][:300]}
+                entry = (
+                    json.loads(lines[-1])
+                    if proc.returncode == 0 and lines
+                    else {"error": (proc.stderr.strip().splitlines() or [f"exit code {proc.returncode}"])[-1][:300]}
+                )
             except subprocess.TimeoutExpired:
                 entry = {"error": f"over the {limit:.0f} s limit"}
             record["problems"][name] = {**entry, "wall_s": time.perf_counter() - started}

@@ -11,6 +11,7 @@ next. ``--only kimi`` grades kimi_linear_decode's multi-kernel Triton solution i
 fail). Grades run one after another, each capped at 240 s; one that would start past the budget is skipped.
 One JSON per grade in OUT_DIR.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -56,7 +57,11 @@ def graph_profile_check() -> dict:
         for _ in range(3):
             graph.replay()
         torch.cuda.synchronize()
-    kernels = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA and not e.name.startswith("Memcpy")]
+    kernels = [
+        e.name
+        for e in prof.events()
+        if e.device_type == torch.autograd.DeviceType.CUDA and not e.name.startswith("Memcpy")
+    ]
     return {"kernels_per_replay": len(kernels) / 3, "names": sorted(set(kernels)), "ok": len(kernels) == 21}
 
 
@@ -82,7 +87,9 @@ def candidate(problem, label: str, out: Path) -> Path:
 def rows_of(name: str, label: str, expect_pass: bool, result: dict) -> list:
     """One markdown row per shape: launches, kernels, gate, ms, speedups, roofline fraction."""
     if result["outcome"] != "pass":
-        return [f"| {name} | {label} | - | - | - | {result['outcome']}: {(result.get('message') or '')[:120]} | - | - | - | - | - | - |"]
+        return [
+            f"| {name} | {label} | - | - | - | {result['outcome']}: {(result.get('message') or '')[:120]} | - | - | - | - | - | - |"
+        ]
     gates = {json.dumps(g["shape"], sort_keys=True): g for g in result["evidence"].get("launch_gate", [])}
     rows = []
     for entry, scored in zip(result["timings"], result["shapes"]):
@@ -127,23 +134,49 @@ def main() -> None:
             continue
         problem = load_problem(REPO / "problems/mega" / name, "mega")
         if label == "reference":  # many launches whatever the shape: two shapes, one seed keep it short
-            problem = dataclasses.replace(problem, spec=dataclasses.replace(problem.spec, shapes=problem.spec.shapes[:2], seeds=1))
-        result = grade(GradeRequest(problem, candidate(problem, label, args.out), GPU, ROOFLINE, baselines=["baseline", "eager"], sandbox=SANDBOX,
-                                    timeout_s=min(left, 240), timing=TIMING, log_dir=args.out / "logs" / f"{name}-{label}")).to_json()
+            problem = dataclasses.replace(
+                problem, spec=dataclasses.replace(problem.spec, shapes=problem.spec.shapes[:2], seeds=1)
+            )
+        result = grade(
+            GradeRequest(
+                problem,
+                candidate(problem, label, args.out),
+                GPU,
+                ROOFLINE,
+                baselines=["baseline", "eager"],
+                sandbox=SANDBOX,
+                timeout_s=min(left, 240),
+                timing=TIMING,
+                log_dir=args.out / "logs" / f"{name}-{label}",
+            )
+        ).to_json()
         (args.out / f"{name}-{label}.json").write_text(json.dumps(result, indent=1, default=str))
-        summary["grades"][f"{name}/{label}"] = {k: result.get(k) for k in ("outcome", "message", "score", "speedup", "grade_s")}
+        summary["grades"][f"{name}/{label}"] = {
+            k: result.get(k) for k in ("outcome", "message", "score", "speedup", "grade_s")
+        }
         rows += rows_of(name, label, expect_pass, result)
         gate = result.get("evidence", {}).get("launch_gate") or [{}]
-        if label == "triton" and name == "dense_decode" and not (result["outcome"] == "pass" and all(g.get("passed") for g in gate)):
+        if (
+            label == "triton"
+            and name == "dense_decode"
+            and not (result["outcome"] == "pass" and all(g.get("passed") for g in gate))
+        ):
             plan.insert(0, (name, "triton_1program", True))
-        print(f"[{time.time() - began:5.0f} s] {name}/{label}: {result['outcome']} score={result.get('score')} "
-              f"findings={sorted({f['kind'] for f in result.get('findings', [])})} ({result['grade_s']:.0f} s)", flush=True)
+        print(
+            f"[{time.time() - began:5.0f} s] {name}/{label}: {result['outcome']} score={result.get('score')} "
+            f"findings={sorted({f['kind'] for f in result.get('findings', [])})} ({result['grade_s']:.0f} s)",
+            flush=True,
+        )
     (args.out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
-    print("\n| problem | solution | ctx | launches/call | gate | kernels (per call) | ms | graph-replay ms | baseline ms | speedup vs baseline | vs eager | DRAM fraction |")
+    print(
+        "\n| problem | solution | ctx | launches/call | gate | kernels (per call) | ms | graph-replay ms | baseline ms | speedup vs baseline | vs eager | DRAM fraction |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     print("\n".join(rows))
-    print(f"\ngraph replay of 7 kernels counted as {graph_check['kernels_per_replay']:g} per replay ({'ok' if graph_check['ok'] else 'UNEXPECTED'}); "
-          f"total {time.time() - began:.0f} s" + (f"; skipped (budget): {', '.join(skipped)}" if skipped else ""))
+    print(
+        f"\ngraph replay of 7 kernels counted as {graph_check['kernels_per_replay']:g} per replay ({'ok' if graph_check['ok'] else 'UNEXPECTED'}); "
+        f"total {time.time() - began:.0f} s" + (f"; skipped (budget): {', '.join(skipped)}" if skipped else "")
+    )
 
 
 if __name__ == "__main__":

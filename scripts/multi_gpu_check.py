@@ -8,6 +8,7 @@ pass and be caught by the profiler gate). With N > 1 GPUs visible (or --world N)
 rank-symmetric shortcut (it must fail). Grades run one after another; one that would start past the budget
 is skipped and listed as such. One JSON per grade under OUT_DIR.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -54,8 +55,10 @@ def row(world: int, name: str, label: str, result: dict) -> str:
     bus = " ".join(f"{s['busbw_gbps']:.3g}" if s.get("busbw_gbps") else "-" for s in shapes) or "-"
     score = f"{result['score']:.3g} ({result.get('basis')})" if result.get("score") is not None else "-"
     message = (result.get("message") or "")[:90]
-    return (f"| {world} | {name} | {label} | {verdict(label, result)} | {result['outcome']} | {score} | {ms} | {bus} | {eager} "
-            f"| {', '.join(kinds) or '-'} | {result.get('grade_s', 0):.0f} | {message} |")
+    return (
+        f"| {world} | {name} | {label} | {verdict(label, result)} | {result['outcome']} | {score} | {ms} | {bus} | {eager} "
+        f"| {', '.join(kinds) or '-'} | {result.get('grade_s', 0):.0f} | {message} |"
+    )
 
 
 def main() -> None:
@@ -65,12 +68,18 @@ def main() -> None:
     parser.add_argument("--budget-s", type=float, default=330.0)
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    print(f"torch {torch.__version__}, {torch.cuda.device_count()} GPU(s): {torch.cuda.get_device_name(0)}; {SANDBOX_NOTE}", flush=True)
+    print(
+        f"torch {torch.__version__}, {torch.cuda.device_count()} GPU(s): {torch.cuda.get_device_name(0)}; {SANDBOX_NOTE}",
+        flush=True,
+    )
     problems = {name: load_problem(REPO / "problems/multi" / name, "multi") for name in PROBLEMS}
     plan = [(1, name, "p2p", "full") for name in PROBLEMS] + [(1, name, "reference", "check") for name in PROBLEMS]
     if args.world > 1:
-        plan += [(args.world, name, label, mode) for name in PROBLEMS
-                 for label, mode in (("p2p", "full"), ("reference", "check"), ("wrong", "check"))]
+        plan += [
+            (args.world, name, label, mode)
+            for name in PROBLEMS
+            for label, mode in (("p2p", "full"), ("reference", "check"), ("wrong", "check"))
+        ]
     began, rows, skipped = time.time(), [], []
     for world, name, label, mode in plan:
         left = args.budget_s - (time.time() - began)
@@ -78,18 +87,38 @@ def main() -> None:
             skipped.append(f"{world} {name} {label}")
             continue
         problem = problems[name]
-        solution = reference_solution(problem, args.out) if label == "reference" else problem.root / "solutions" / f"{label}.py"
-        result = grade(GradeRequest(
-            problem, solution, GPU, ROOFLINE, mode=mode, sandbox=SANDBOX, baselines=["eager"] if mode == "full" else [],
-            timeout_s=left, timing=TIMING, world_size=world, log_dir=args.out / "logs" / f"{world}-{name}-{label}",
-        )).to_json()
+        solution = (
+            reference_solution(problem, args.out)
+            if label == "reference"
+            else problem.root / "solutions" / f"{label}.py"
+        )
+        result = grade(
+            GradeRequest(
+                problem,
+                solution,
+                GPU,
+                ROOFLINE,
+                mode=mode,
+                sandbox=SANDBOX,
+                baselines=["eager"] if mode == "full" else [],
+                timeout_s=left,
+                timing=TIMING,
+                world_size=world,
+                log_dir=args.out / "logs" / f"{world}-{name}-{label}",
+            )
+        ).to_json()
         (args.out / f"{world}-{name}-{label}.json").write_text(json.dumps(result, indent=1, default=str))
         rows.append(row(world, name, label, result))
         print(f"[{time.time() - began:5.0f} s] {rows[-1]}", flush=True)
-    print("\n| world | problem | solution | expected | outcome | score | ms per shape (slowest rank) | busbw GB/s | speedup vs NCCL ref | findings | grade s | message |")
+    print(
+        "\n| world | problem | solution | expected | outcome | score | ms per shape (slowest rank) | busbw GB/s | speedup vs NCCL ref | findings | grade s | message |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     print("\n".join(rows))
-    print(f"\nexpected: {EXPECT}; total {time.time() - began:.0f} s" + (f"; skipped (budget): {', '.join(skipped)}" if skipped else ""))
+    print(
+        f"\nexpected: {EXPECT}; total {time.time() - began:.0f} s"
+        + (f"; skipped (budget): {', '.join(skipped)}" if skipped else "")
+    )
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ already ran), under two installs of kbsweep: OLD's runs first (each writes to th
 
     python scripts/resume_cost.py OLD_KBSWEEP NEW_KBSWEEP OUTPUTS OUT.json [REPEATS]
 """
+
 from __future__ import annotations
 
 import json
@@ -17,7 +18,9 @@ from pathlib import Path
 
 def one(kbsweep: str, outputs: str) -> float:
     started = time.perf_counter()
-    subprocess.run([kbsweep, "gpu=cpu"], env={**os.environ, "KBSWEEP_OUTPUTS": outputs}, capture_output=True, check=True)
+    subprocess.run(
+        [kbsweep, "gpu=cpu"], env={**os.environ, "KBSWEEP_OUTPUTS": outputs}, capture_output=True, check=True
+    )
     return time.perf_counter() - started
 
 
@@ -29,8 +32,14 @@ def main(old: str, new: str, outputs: str, out: Path, repeats: int) -> None:
     for _ in range(repeats):
         record["new"].append(one(new, outputs))
     record["load"] = os.getloadavg()
-    summary = {"date": time.strftime("%Y-%m-%d %H:%M"), "cpus": os.cpu_count(), "old": old, "new": new, "seconds": record,
-               "medians": {k: statistics.median(v) for k, v in record.items() if k != "load"}}
+    summary = {
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+        "cpus": os.cpu_count(),
+        "old": old,
+        "new": new,
+        "seconds": record,
+        "medians": {k: statistics.median(v) for k, v in record.items() if k != "load"},
+    }
     out.write_text(json.dumps(summary, indent=1))
     print(json.dumps(summary, indent=1))
 

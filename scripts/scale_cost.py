@@ -23,6 +23,7 @@ size its own sweep name; the store's size is then not measured. ``--server-pgid`
 scripts/mlflow_server.sh writes it to DIR/server.pgid), whose CPU-seconds are recorded per phase beside the
 orchestrator's: the store's work a server takes off the orchestrator, not gone.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -91,8 +92,14 @@ def kbsweep(outputs: Path, args: List[str], scratch: Path, server_pgid: Optional
     env = {**os.environ, "KBSWEEP_OUTPUTS": str(outputs), "KBSWEEP_LOCK_DIR": str(outputs / "locks")}
     load, server_before = os.getloadavg()[0], group_cpu_s(server_pgid)
     started = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-c", MEASURED, str(usage), *args], cwd=REPO, env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", MEASURED, str(usage), *args],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     announced = last_done = None
     tail: List[str] = []
     for line in proc.stderr:
@@ -104,8 +111,15 @@ def kbsweep(outputs: Path, args: List[str], scratch: Path, server_pgid: Optional
         tail = (tail + [line])[-5:]
     proc.wait()
     wall = time.perf_counter() - started
-    record = {"args": args, "exit_code": proc.returncode, "wall_s": wall, "announced_s": announced, "last_cell_s": last_done,
-              "load_before": load, "load_after": os.getloadavg()[0]}
+    record = {
+        "args": args,
+        "exit_code": proc.returncode,
+        "wall_s": wall,
+        "announced_s": announced,
+        "last_cell_s": last_done,
+        "load_before": load,
+        "load_after": os.getloadavg()[0],
+    }
     if server_pgid is not None:
         record["server_cpu_s"] = group_cpu_s(server_pgid) - server_before
     record.update(json.loads(usage.read_text()) if usage.exists() else {"stderr_tail": "".join(tail)})
@@ -117,7 +131,11 @@ def kbsweep(outputs: Path, args: List[str], scratch: Path, server_pgid: Optional
 def store_size(outputs: Path) -> Dict[str, int]:
     database = sum(p.stat().st_size for p in outputs.glob("mlflow.db*"))
     artifacts = sum(p.stat().st_size for p in (outputs / "mlartifacts").rglob("*") if p.is_file())
-    return {"mlflow_db_bytes": database, "artifact_bytes": artifacts, "artifact_files": sum(1 for p in (outputs / "mlartifacts").rglob("*") if p.is_file())}
+    return {
+        "mlflow_db_bytes": database,
+        "artifact_bytes": artifacts,
+        "artifact_files": sum(1 for p in (outputs / "mlartifacts").rglob("*") if p.is_file()),
+    }
 
 
 def one_size(root: Path, cells: int, tracking: List[str], server_pgid: Optional[int]) -> Dict[str, Any]:
@@ -168,11 +186,31 @@ def per_cell_fit(sizes: List[Dict[str, Any]]) -> Dict[str, Any]:
 
 def host(repo: Path = REPO) -> Dict[str, Any]:
     """The machine, and the commit of ``repo`` (the checkout whose kbsweep ran)."""
-    model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name")), "?")
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=repo, capture_output=True, text=True).stdout.strip()
-    dirty = bool(subprocess.run(["git", "status", "--porcelain", "kbsweep", "conf"], cwd=repo, capture_output=True, text=True).stdout.strip())
-    return {"cpu": model, "cpus": os.cpu_count(), "kernel": platform.release(), "python": platform.python_version(), "commit": commit,
-            "kbsweep_tree_dirty": dirty, "date": time.strftime("%Y-%m-%d %H:%M %Z")}
+    model = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ),
+        "?",
+    )
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=repo, capture_output=True, text=True
+    ).stdout.strip()
+    dirty = bool(
+        subprocess.run(
+            ["git", "status", "--porcelain", "kbsweep", "conf"], cwd=repo, capture_output=True, text=True
+        ).stdout.strip()
+    )
+    return {
+        "cpu": model,
+        "cpus": os.cpu_count(),
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "commit": commit,
+        "kbsweep_tree_dirty": dirty,
+        "date": time.strftime("%Y-%m-%d %H:%M %Z"),
+    }
 
 
 def main(root: Path, out: Path, sizes: List[int], tracking_uri: str | None, server_pgid: Optional[int]) -> None:
@@ -183,8 +221,14 @@ def main(root: Path, out: Path, sizes: List[int], tracking_uri: str | None, serv
         record["sizes"].append(one_size(root, cells, tracking, server_pgid))
         record["per_cell_fit"] = per_cell_fit(record["sizes"])
         out.write_text(json.dumps(record, indent=1))
-        summary = {name: {k: round(v, 3) if isinstance(v, float) else v for k, v in phase.items() if k not in ("args", "stderr_tail")}
-                   for name, phase in record["sizes"][-1]["phases"].items()}
+        summary = {
+            name: {
+                k: round(v, 3) if isinstance(v, float) else v
+                for k, v in phase.items()
+                if k not in ("args", "stderr_tail")
+            }
+            for name, phase in record["sizes"][-1]["phases"].items()
+        }
         print(json.dumps({"cells": cells, **summary, "store": record["sizes"][-1]["store"]}, indent=1), flush=True)
     print(json.dumps({"per_cell_fit": record["per_cell_fit"]}, indent=1))
 
@@ -195,7 +239,10 @@ if __name__ == "__main__":
     parser.add_argument("out", type=Path)
     parser.add_argument("sizes", type=int, nargs="*", default=[100, 1000, 10000])
     parser.add_argument("--tracking-uri")
-    parser.add_argument("--server-pgid", type=lambda v: int(Path(v).read_text()) if Path(v).is_file() else int(v),
-                        help="the server's process group: a number or the file holding it")
+    parser.add_argument(
+        "--server-pgid",
+        type=lambda v: int(Path(v).read_text()) if Path(v).is_file() else int(v),
+        help="the server's process group: a number or the file holding it",
+    )
     args = parser.parse_args()
     main(args.root, args.out, args.sizes, args.tracking_uri, args.server_pgid)

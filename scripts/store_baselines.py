@@ -12,6 +12,7 @@ empty outputs folder, then store that folder's cache:
     KBSWEEP_OUTPUTS=/tmp/seed kbsweep grade problem=demo/scale_shift solution=problems/demo/scale_shift/solutions/triton.py gpu=h100
     python3 scripts/store_baselines.py h100 /tmp/seed/baselines/h100.json
 """
+
 from __future__ import annotations
 
 import json
@@ -40,24 +41,46 @@ def record_of(timed: Dict[str, Any]) -> Dict[str, Any]:
     """A seed record from a stored timing that says what it is the timing of (``of``) and under which conditions."""
     parts = timed["of"]
     timing = {k: v for k, v in timed.items() if k not in ("of", "conditions", "record", "compile_mode")}
-    return {"problem": parts["problem"], "deck": parts["deck"], "shape": parts["shape"], "baseline": parts["baseline"],
-            "compile_mode": parts.get("compile_mode"), "conditions": timed["conditions"], "timing": timing}
+    return {
+        "problem": parts["problem"],
+        "deck": parts["deck"],
+        "shape": parts["shape"],
+        "baseline": parts["baseline"],
+        "compile_mode": parts.get("compile_mode"),
+        "conditions": timed["conditions"],
+        "timing": timing,
+    }
 
 
 def seed_records(gpu: str, sources: List[Path]) -> Dict[str, Dict[str, Any]]:
     found = {}
     for source in sources:
         for timed in timings_in(json.loads(source.read_text())):
-            if isinstance(timed.get("of"), dict) and timed["of"].get("gpu") == gpu and isinstance(timed.get("median_ms"), (int, float)):
+            if (
+                isinstance(timed.get("of"), dict)
+                and timed["of"].get("gpu") == gpu
+                and isinstance(timed.get("median_ms"), (int, float))
+            ):
                 record = record_of(timed)
-                found[key_of(record["problem"], record["deck"], gpu, record["conditions"], record["shape"], record["baseline"],
-                             record["compile_mode"])] = record
+                found[
+                    key_of(
+                        record["problem"],
+                        record["deck"],
+                        gpu,
+                        record["conditions"],
+                        record["shape"],
+                        record["baseline"],
+                        record["compile_mode"],
+                    )
+                ] = record
     return found
 
 
 def checkout() -> str:
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True).stdout.strip()
+        return subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
 
@@ -71,15 +94,37 @@ def main(argv: List[str]) -> None:
     if out.exists():
         old = json.loads(out.read_text())
         for record in old.get("records") or []:
-            records[key_of(record["problem"], record["deck"], gpu, record["conditions"], record["shape"], record["baseline"],
-                           record.get("compile_mode"))] = record
+            records[
+                key_of(
+                    record["problem"],
+                    record["deck"],
+                    gpu,
+                    record["conditions"],
+                    record["shape"],
+                    record["baseline"],
+                    record.get("compile_mode"),
+                )
+            ] = record
     new = seed_records(gpu, sources)
     records.update(new)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"format": SEED_FORMAT, "gpu": gpu, "recorded": {"date": time.strftime("%Y-%m-%d"), "checkout": checkout()},
-                               "records": [records[k] for k in sorted(records)]}, indent=1, sort_keys=True) + "\n")
+    out.write_text(
+        json.dumps(
+            {
+                "format": SEED_FORMAT,
+                "gpu": gpu,
+                "recorded": {"date": time.strftime("%Y-%m-%d"), "checkout": checkout()},
+                "records": [records[k] for k in sorted(records)],
+            },
+            indent=1,
+            sort_keys=True,
+        )
+        + "\n"
+    )
     accepted, refused = load_seed(out, gpu)
-    print(f"{len(new)} baseline timings stored in {out} ({len(accepted)} records served to grades, {len(refused)} refused)")
+    print(
+        f"{len(new)} baseline timings stored in {out} ({len(accepted)} records served to grades, {len(refused)} refused)"
+    )
     for why in refused:
         print(f"  refused: {why}")
 

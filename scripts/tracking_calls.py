@@ -12,6 +12,7 @@ kbsweep is imported as Python finds it, so run from another checkout's root (``c
 runpy, sys; sys.argv = [...]; runpy.run_path('.../scripts/tracking_calls.py', run_name='__main__')"``) to measure
 that commit side by side; the record names the checkout measured and the wrapped calls it lacks.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -68,6 +69,7 @@ class Calls:
             finally:
                 self.charge()
                 self.stack.pop()
+
         return call
 
     def count(self, kind: str) -> None:
@@ -112,19 +114,42 @@ def main(root: Path, out: Path, cells: int, overrides: List[str]) -> None:
         if stop.code:
             raise
     logged = calls.totals["Tracker.finish_cell"]["calls"] or 1
-    table = {name: {"calls_per_cell": t["calls"] / logged, "cpu_ms_per_cell": 1000 * t["cpu_s"] / logged,
-                    "statements_per_cell": t["statements"] / logged, "commits_per_cell": t["commits"] / logged}
-             for name, t in sorted(calls.totals.items())}
-    total = {key: sum(row[key] for row in table.values()) for key in ("cpu_ms_per_cell", "statements_per_cell", "commits_per_cell")}
-    measured = Path(sys.modules["kbsweep"].__file__).resolve().parent.parent  # first on sys.path, maybe not this script's
-    record = {"host": host(measured), "checkout": str(measured), "overrides": overrides, "cells": int(logged), "calls": table, "total": total,
-              "not_in_this_checkout": absent}
+    table = {
+        name: {
+            "calls_per_cell": t["calls"] / logged,
+            "cpu_ms_per_cell": 1000 * t["cpu_s"] / logged,
+            "statements_per_cell": t["statements"] / logged,
+            "commits_per_cell": t["commits"] / logged,
+        }
+        for name, t in sorted(calls.totals.items())
+    }
+    total = {
+        key: sum(row[key] for row in table.values())
+        for key in ("cpu_ms_per_cell", "statements_per_cell", "commits_per_cell")
+    }
+    measured = (
+        Path(sys.modules["kbsweep"].__file__).resolve().parent.parent
+    )  # first on sys.path, maybe not this script's
+    record = {
+        "host": host(measured),
+        "checkout": str(measured),
+        "overrides": overrides,
+        "cells": int(logged),
+        "calls": table,
+        "total": total,
+        "not_in_this_checkout": absent,
+    }
     out.write_text(json.dumps(record, indent=1))
     for name, row in table.items():
-        print(f"{name:36} {row['calls_per_cell']:5.2f}  {row['cpu_ms_per_cell']:6.1f} ms  {row['statements_per_cell']:6.1f} stmts"
-              f"  {row['commits_per_cell']:4.1f} commits", file=sys.stderr)
-    print(f"{'total':36} {'':5}  {total['cpu_ms_per_cell']:6.1f} ms  {total['statements_per_cell']:6.1f} stmts  {total['commits_per_cell']:4.1f} commits",
-          file=sys.stderr)
+        print(
+            f"{name:36} {row['calls_per_cell']:5.2f}  {row['cpu_ms_per_cell']:6.1f} ms  {row['statements_per_cell']:6.1f} stmts"
+            f"  {row['commits_per_cell']:4.1f} commits",
+            file=sys.stderr,
+        )
+    print(
+        f"{'total':36} {'':5}  {total['cpu_ms_per_cell']:6.1f} ms  {total['statements_per_cell']:6.1f} stmts  {total['commits_per_cell']:4.1f} commits",
+        file=sys.stderr,
+    )
 
 
 if __name__ == "__main__":

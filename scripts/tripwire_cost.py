@@ -4,6 +4,7 @@ of CHECKOUT (give two checkouts to compare them in one run, alternating).
 
     python scripts/tripwire_cost.py OUT.json FOLDER CHECKOUT [CHECKOUT ...] --cells 100 1000 3000
 """
+
 from __future__ import annotations
 
 import argparse
@@ -55,9 +56,21 @@ def main() -> None:
         plant(outputs, cells)
         for repeat in range(args.repeats):
             for checkout in args.checkouts:
-                commit = subprocess.run(["git", "-C", checkout, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-                run = subprocess.run([sys.executable, "-c", CHECK, checkout, str(outputs)], capture_output=True, text=True, check=True)
-                rows.append({"cells": cells, "repeat": repeat, "checkout": checkout, "commit": commit, **json.loads(run.stdout.splitlines()[-1])})
+                commit = subprocess.run(
+                    ["git", "-C", checkout, "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+                ).stdout.strip()
+                run = subprocess.run(
+                    [sys.executable, "-c", CHECK, checkout, str(outputs)], capture_output=True, text=True, check=True
+                )
+                rows.append(
+                    {
+                        "cells": cells,
+                        "repeat": repeat,
+                        "checkout": checkout,
+                        "commit": commit,
+                        **json.loads(run.stdout.splitlines()[-1]),
+                    }
+                )
                 print(json.dumps(rows[-1]), flush=True)
     args.out.write_text(json.dumps(rows, indent=1) + "\n")
 

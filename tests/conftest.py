@@ -1,5 +1,6 @@
 """Shared fixtures: an isolated outputs folder, the demo problem and the CPU's roofline to grade against, and a
 way to run the real `kbsweep` command."""
+
 from __future__ import annotations
 
 import os
@@ -24,7 +25,9 @@ def outputs(tmp_path, monkeypatch) -> Path:
     return folder
 
 
-def kbsweep(*args: str, cwd: Path | None = None, env: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
+def kbsweep(
+    *args: str, cwd: Path | None = None, env: dict | None = None, timeout: float = 600
+) -> subprocess.CompletedProcess:
     """Run the installed CLI as a user would; returns the completed process (text)."""
     full_env = {**os.environ, **(env or {})}
     command = [sys.executable, "-m", "kbsweep.cli", *args]

@@ -2,6 +2,7 @@
 outputs/, the orchestrator's environment and the network, to write outside its workspace, to fork-bomb and to fill
 the disk: every attempt is blocked, the cell still passes with its honest kernel, and the audit records each
 attempt as evidence; the contamination tripwire flags transcripts that name or quote other runs."""
+
 from __future__ import annotations
 
 import json
@@ -21,14 +22,22 @@ from tests.test_secrets import orchestrator
 OTHER = "0123456789abcdef"  # another cell of the same sweep, planted before the sweep runs
 PLANTED = "planted-other-run-7e57"
 BOMB = "timeout -s KILL 20 bash -c \"exec -a kbsweep-bomb bash -c ':(){ :|:& sleep 60; };:'\""  # ends even unconfined
-LIMITS = ["track.allow_shell=true", "track.max_turns=30", "sandbox.wall_s=8", "sandbox.max_procs=64", "sandbox.disk_mib=32"]
+LIMITS = [
+    "track.allow_shell=true",
+    "track.max_turns=30",
+    "sandbox.wall_s=8",
+    "sandbox.max_procs=64",
+    "sandbox.disk_mib=32",
+]
 
 
 def plant_other_run(outputs: Path) -> Path:
     other = outputs / "sweeps" / "demo" / OTHER
     (other / "workspace").mkdir(parents=True)
     (other / "workspace" / "solution.py").write_text(f"# {PLANTED}\n")
-    (other / "result.json").write_text(json.dumps({"cell": "earlier · demo/scale_shift · cpu · r0", "score": 0.43170093, "note": PLANTED}))
+    (other / "result.json").write_text(
+        json.dumps({"cell": "earlier · demo/scale_shift · cpu · r0", "score": 0.43170093, "note": PLANTED})
+    )
     return other
 
 
@@ -37,14 +46,34 @@ def attempts(outputs: Path, other: Path, provider: str):
     return [
         ("read_file", lambda: {"path": f"../../{OTHER}/result.json"}, "outside the workspace"),
         ("read_file", lambda: {"path": f"{other}/workspace/solution.py"}, "outside the workspace"),
-        ("run_shell", lambda: {"command": f"cat ../../{OTHER}/result.json ../../*/result.json; ls ../.."}, "No such file or directory"),
-        ("run_shell", lambda: {"command": f"ls {outputs}; cat {outputs}/sweeps/demo/*/result.json"}, "No such file or directory"),
+        (
+            "run_shell",
+            lambda: {"command": f"cat ../../{OTHER}/result.json ../../*/result.json; ls ../.."},
+            "No such file or directory",
+        ),
+        (
+            "run_shell",
+            lambda: {"command": f"ls {outputs}; cat {outputs}/sweeps/demo/*/result.json"},
+            "No such file or directory",
+        ),
         ("run_shell", lambda: {"command": f"cat /proc/1/environ /proc/{orchestrator()}/environ"}, "/proc/"),
         ("run_shell", lambda: {"command": f"curl -sS --max-time 5 {provider}/models"}, "curl: (7)"),
-        ("run_shell", lambda: {"command": f"echo pwned > {other}/workspace/solution.py; touch /usr/pwned ../../pwned"}, "cannot touch"),
-        ("write_file", lambda: {"path": f"../../{OTHER}/workspace/solution.py", "content": "pwned"}, "outside the workspace"),
+        (
+            "run_shell",
+            lambda: {"command": f"echo pwned > {other}/workspace/solution.py; touch /usr/pwned ../../pwned"},
+            "cannot touch",
+        ),
+        (
+            "write_file",
+            lambda: {"path": f"../../{OTHER}/workspace/solution.py", "content": "pwned"},
+            "outside the workspace",
+        ),
         ("run_shell", lambda: {"command": BOMB}, "Resource temporarily unavailable"),
-        ("run_shell", lambda: {"command": "for i in $(seq 1000); do head -c 1M /dev/zero > fill$i; done"}, "over the 32 MiB quota"),
+        (
+            "run_shell",
+            lambda: {"command": "for i in $(seq 1000); do head -c 1M /dev/zero > fill$i; done"},
+            "over the 32 MiB quota",
+        ),
         ("run_shell", lambda: {"command": "head -c 100M /dev/zero > big.bin"}, "File size limit exceeded"),
         ("read_file", lambda: {"path": "passwd"}, "outside the workspace"),  # after the ln -s below
     ]
@@ -110,16 +139,26 @@ def test_tripwire_flags_other_runs_ids_paths_and_scores(tmp_path):
     own = outputs / "sweeps" / "demo" / "fedcba9876543210"
     run_id = "a" * 32
     (outputs / "mlartifacts" / "1" / run_id).mkdir(parents=True)
-    honest = write_transcript(own, [
-        {"type": "assistant", "content": "Checking my kernel.", "tool_calls": []},
-        tool("run_check", {}, f"outcome: incorrect\nmessage: {own}/grades/check-1/candidate/solution.py:3: 0.43170093 off"),
-        tool("run_shell", {"command": "python bench.py"}, "0.4317 ms"),
-    ])
+    honest = write_transcript(
+        own,
+        [
+            {"type": "assistant", "content": "Checking my kernel.", "tool_calls": []},
+            tool(
+                "run_check",
+                {},
+                f"outcome: incorrect\nmessage: {own}/grades/check-1/candidate/solution.py:3: 0.43170093 off",
+            ),
+            tool("run_shell", {"command": "python bench.py"}, "0.4317 ms"),
+        ],
+    )
     assert contamination.findings(honest, {"solution.py": "x = 1\n"}) == []  # its own folder and numbers are fine
-    leaky = write_transcript(own, [
-        {"type": "assistant", "content": "The best cell so far scored 0.43170093.", "tool_calls": []},
-        tool("run_shell", {"command": "cat notes.txt"}, f"see run {run_id} and {outputs}/sweeps/demo/{OTHER}"),
-    ])
+    leaky = write_transcript(
+        own,
+        [
+            {"type": "assistant", "content": "The best cell so far scored 0.43170093.", "tool_calls": []},
+            tool("run_shell", {"command": "cat notes.txt"}, f"see run {run_id} and {outputs}/sweeps/demo/{OTHER}"),
+        ],
+    )
     found = contamination.findings(leaky, {"solution.py": f"# adapted from {OTHER}\n"})
     details = sorted(f.detail for f in found if f.kind == "contaminated")
     assert {f.verdict for f in found if f.kind == "contaminated"} == {Verdict.CONTAMINATED}
@@ -142,12 +181,25 @@ def test_tripwire_names_whole_words_and_numbers_only(tmp_path):
     own = outputs / "sweeps" / "demo" / "fedcba9876543210"
     filler = " ".join(f"{i:016x} {i / 7:.9f}" for i in range(2000))  # many hex words and numbers that name nothing
     named = {
-        f"key {OTHER}.": f"cell demo/{OTHER}", f"({OTHER})": f"cell demo/{OTHER}", f"x={OTHER}": f"cell demo/{OTHER}",
-        "scored 0.43170093.": f"score of cell demo/{OTHER}", "0.43170093e": f"score of cell demo/{OTHER}",
-        "-0.43170093 1": f"score of cell demo/{OTHER}", "[1.2345678e-05]": "score of cell other-sweep/89abcdef01234567",
+        f"key {OTHER}.": f"cell demo/{OTHER}",
+        f"({OTHER})": f"cell demo/{OTHER}",
+        f"x={OTHER}": f"cell demo/{OTHER}",
+        "scored 0.43170093.": f"score of cell demo/{OTHER}",
+        "0.43170093e": f"score of cell demo/{OTHER}",
+        "-0.43170093 1": f"score of cell demo/{OTHER}",
+        "[1.2345678e-05]": "score of cell other-sweep/89abcdef01234567",
         "see notes-kept/": "cell demo/notes-kept",
     }
-    clean = [f"a{OTHER}", f"{OTHER}a", f"{OTHER}0", OTHER.upper(), "10.43170093", "0.431700931", "1.2345678e-050", "notes-kept2"]
+    clean = [
+        f"a{OTHER}",
+        f"{OTHER}a",
+        f"{OTHER}0",
+        OTHER.upper(),
+        "10.43170093",
+        "0.431700931",
+        "1.2345678e-050",
+        "notes-kept2",
+    ]
     for text, what in named.items():
         found = [f.detail for f in contamination.contamination([], {"f.py": f"{filler} {text} {filler}"}, outputs, own)]
         assert len(found) == 1 and f"names {what}:" in found[0], (text, found)
@@ -166,6 +218,8 @@ def test_tripwire_finds_run_ids_of_the_sqlite_store_and_only_those(tmp_path, mon
     runs = [client.create_run(experiment).info.run_id for _ in range(2)]
     stranger = "b" * 32
     own = outputs / "sweeps" / "demo" / "fedcba9876543210"
-    leaky = write_transcript(own, [{"type": "assistant", "content": f"runs {runs[0]} and {stranger}", "tool_calls": []}])
+    leaky = write_transcript(
+        own, [{"type": "assistant", "content": f"runs {runs[0]} and {stranger}", "tool_calls": []}]
+    )
     details = [f.detail for f in contamination.findings(leaky, {}) if f.kind == "contaminated"]
     assert details == [f"event 0 (assistant) names MLflow run {runs[0]}: {runs[0]}"]

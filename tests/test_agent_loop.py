@@ -1,5 +1,6 @@
 """The agent loop with LiteLLMModel over real HTTP (the fake provider in this process) and a stub grader:
 budgets, the context rule, malformed arguments, retries in the transcript, tool errors."""
+
 from __future__ import annotations
 
 import json
@@ -28,7 +29,13 @@ class Run:
         self.grades = []
         self.toolbox = Toolbox(workspace=self.workspace, grade=self.grade)
         self.transcript = Transcript(tmp_path / "transcript.jsonl", Redactor())
-        config = {"name": "loop", "route": "openai/loop-model", "api_base": fp.base_url, "prices": PRICES, "timeout_s": 10}
+        config = {
+            "name": "loop",
+            "route": "openai/loop-model",
+            "api_base": fp.base_url,
+            "prices": PRICES,
+            "timeout_s": 10,
+        }
         self.model = LiteLLMModel({**config, **model}, sleep=lambda s: None)
         self.fp = fp
 
@@ -54,7 +61,14 @@ def test_multi_turn_fix_records_every_event(tmp_path):
     assert result.stop_reason is StopReason.SUBMITTED and result.turns == 6
     assert run.grades == ["check", "check", "bench"]
     assert "tl.store(y_ptr + offsets, x * w + b" in (run.workspace / "solution.py").read_text()
-    assert [e["name"] for e in run.events("tool")] == ["write_file", "run_check", "write_file", "run_check", "run_benchmark", "submit"]
+    assert [e["name"] for e in run.events("tool")] == [
+        "write_file",
+        "run_check",
+        "write_file",
+        "run_check",
+        "run_benchmark",
+        "submit",
+    ]
     [stop] = run.events("stop")
     assert stop["reason"] == "submitted" and stop["turns"] == 6
     # the second request carries the tool result of the first call
@@ -90,7 +104,9 @@ def test_dollar_budget_counts_cached_tokens_at_the_cache_read_price(tmp_path):
 
 @pytest.mark.fast
 def test_wall_clock_cuts_a_slow_call(tmp_path):
-    with FakeProvider([Reply(content="warm")]) as fp:  # litellm's first call in a process loads for seconds, not what is timed
+    with FakeProvider(
+        [Reply(content="warm")]
+    ) as fp:  # litellm's first call in a process loads for seconds, not what is timed
         (tmp_path / "warm").mkdir()
         Run(tmp_path / "warm", fp)()
     with FakeProvider([Reply(tool_calls=[("list_files", {})]), Delay(5.0, Reply(content="too late"))]) as fp:
@@ -117,7 +133,11 @@ def test_dollar_budget_with_null_prices_refuses_with_one_line():
 @pytest.mark.fast
 def test_context_rule_near_the_window(tmp_path):
     big = "x" * 3000
-    script = [call("write_file", path="big.txt", content=big)] + [call("read_file", path="big.txt") for _ in range(6)] + ["done"]
+    script = (
+        [call("write_file", path="big.txt", content=big)]
+        + [call("read_file", path="big.txt") for _ in range(6)]
+        + ["done"]
+    )
     with FakeProvider(script) as fp:
         run = Run(tmp_path, fp)
         result = run(window=4000)  # 75%: 3000 tokens ≈ 12,000 characters
@@ -198,9 +218,13 @@ def test_tool_errors_come_back_as_results(tmp_path, monkeypatch):
 @pytest.mark.fast
 def test_shortening_keeps_arguments_json_and_is_idempotent():
     assert stub_arguments('{"path": "a.py"}') == '{"path": "a.py"}'
-    assert json.loads(stub_arguments('{"content": "' + "z" * 500 + '"}'))["content"].startswith("[shortened: 500 characters] zz")
+    assert json.loads(stub_arguments('{"content": "' + "z" * 500 + '"}'))["content"].startswith(
+        "[shortened: 500 characters] zz"
+    )
     malformed = '{"content": "' + "z" * 500
-    assert json.loads(stub_arguments(malformed)) == {"shortened": f"[shortened: {len(malformed)} characters] {malformed[:200]}"}
+    assert json.loads(stub_arguments(malformed)) == {
+        "shortened": f"[shortened: {len(malformed)} characters] {malformed[:200]}"
+    }
     messages = [{"role": "tool", "content": "r" * 300} for _ in range(3)]
     assert shorten_context(messages, keep=1) == 2 and shorten_context(messages, keep=1) == 0
     assert messages[-1]["content"] == "r" * 300

@@ -1,5 +1,6 @@
 """conf/model/*.yaml: every file fits the schema; the board's models have litellm routes, context windows and
 prices that are either dated and sourced (and match litellm's offline table they cite) or null."""
+
 from __future__ import annotations
 
 import json
@@ -15,10 +16,25 @@ from kbsweep.config.schema import ModelConf
 pytestmark = pytest.mark.fast
 
 CONF = Path(__file__).resolve().parent.parent / "conf" / "model"
-BOARD = ["opus-4.8", "fable-5", "gpt-5.5", "gpt-5.5-pro", "gemini-3.5-pro", "glm-5.2", "kimi-k2.7", "deepseek-v4",
-         "grok-4.5", "minimax-m3", "qwen-3.8-max"]
-PRICE_KEYS = {"input": "input_cost_per_token", "output": "output_cost_per_token",
-              "cache_read": "cache_read_input_token_cost", "cache_write": "cache_creation_input_token_cost"}
+BOARD = [
+    "opus-4.8",
+    "fable-5",
+    "gpt-5.5",
+    "gpt-5.5-pro",
+    "gemini-3.5-pro",
+    "glm-5.2",
+    "kimi-k2.7",
+    "deepseek-v4",
+    "grok-4.5",
+    "minimax-m3",
+    "qwen-3.8-max",
+]
+PRICE_KEYS = {
+    "input": "input_cost_per_token",
+    "output": "output_cost_per_token",
+    "cache_read": "cache_read_input_token_cost",
+    "cache_write": "cache_creation_input_token_cost",
+}
 
 
 def load(name: str):
@@ -76,7 +92,9 @@ def test_registering_our_prices_keeps_litellms_tiers():
     from kbsweep.agent.llm import LiteLLMModel
 
     def cost(prompt_tokens: int) -> float:
-        response = ModelResponse(model="gpt-5.5", choices=[{"index": 0, "message": {"role": "assistant", "content": "x"}}])
+        response = ModelResponse(
+            model="gpt-5.5", choices=[{"index": 0, "message": {"role": "assistant", "content": "x"}}]
+        )
         response.usage = Usage(prompt_tokens=prompt_tokens, completion_tokens=1000, total_tokens=prompt_tokens + 1000)
         return litellm.completion_cost(completion_response=response, model="openai/gpt-5.5")
 
@@ -96,7 +114,9 @@ def test_board_model_request_reaches_the_provider_and_is_priced(name, monkeypatc
     monkeypatch.setenv(cfg.api_key_env, "sk-test-0123456789")
     with FakeProvider([Reply(content="ok", prompt_tokens=1000, completion_tokens=100, cached_tokens=500)]) as fp:
         cfg.api_base = fp.anthropic_base_url if cfg.route.startswith("anthropic/") else fp.base_url
-        completion = LiteLLMModel(cfg).complete([{"role": "system", "content": "s"}, {"role": "user", "content": "u"}], [])
+        completion = LiteLLMModel(cfg).complete(
+            [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}], []
+        )
     [request] = fp.requests
     assert request.json["model"] == cfg.route.split("/", 1)[1] and completion.message["content"] == "ok"
     limit = request.json.get("max_tokens") or request.json.get("max_completion_tokens")

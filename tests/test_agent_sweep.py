@@ -2,6 +2,7 @@
 provider: a multi-turn fix through every recoverable fault, the Anthropic shape, terminal faults as infra outcomes
 re-run by the next invocation (one rule whether the solution so far passed or failed), billed garbled replies in the
 cell's spend, budgets from the track, replay of a recorded transcript, and secrets."""
+
 from __future__ import annotations
 
 import re
@@ -11,7 +12,15 @@ import pytest
 
 from kbsweep import ExitCode
 from kbsweep.agent.transcript import read_events
-from tests.support.fake_provider import ContextLengthError, Delay, Disconnect, FakeProvider, HttpError, MalformedToolCall, Reply
+from tests.support.fake_provider import (
+    ContextLengthError,
+    Delay,
+    Disconnect,
+    FakeProvider,
+    HttpError,
+    MalformedToolCall,
+    Reply,
+)
 from tests.support.scripts import call, kernel, multi_turn_fix, write
 from tests.support.sweeps import FAST_RETRY, SECRET, cell_runs, model_yaml, results, sweep
 
@@ -42,12 +51,18 @@ def recorded(tmp_path_factory):
     wrong.reasoning_content = f"The key {SECRET} must never be written down."
     script = [
         call("list_files"),
-        HttpError(429, retry_after=0), wrong,
-        HttpError(500), check,
-        Disconnect(), MalformedToolCall(),
-        ContextLengthError(), fixed,
-        Delay(4.0), check_again,  # past the 2 s timeout: retried
-        bench, submit,
+        HttpError(429, retry_after=0),
+        wrong,
+        HttpError(500),
+        check,
+        Disconnect(),
+        MalformedToolCall(),
+        ContextLengthError(),
+        fixed,
+        Delay(4.0),
+        check_again,  # past the 2 s timeout: retried
+        bench,
+        submit,
     ]
     with FakeProvider(script) as fp:
         model_yaml(tmp / "conf", "fake-openai", "openai/fake-openai", fp.base_url, prices=PRICES)
@@ -80,7 +95,9 @@ def test_cost_and_tokens_per_run(recorded):
     usage = result["usage"]
     assert usage["cached_tokens"] == 6 * 6_000 and usage["input_tokens"] == 6 * 10_000 + 2 * 10
     assert usage["output_tokens"] == 6 * 500 + 2 * 5 and "reasoning_tokens" in usage
-    small_usd = (10 * 2.0 + 5 * 10.0) / 1e6  # list_files and the garbled reply (billed, then retried): 10 + 5 tokens each, nothing cached
+    small_usd = (
+        10 * 2.0 + 5 * 10.0
+    ) / 1e6  # list_files and the garbled reply (billed, then retried): 10 + 5 tokens each, nothing cached
     assert result["cost_usd"] == pytest.approx(6 * PER_CALL_USD + 2 * small_usd)
     [run] = cell_runs(recorded["outputs"])
     assert run.info.status == "FINISHED" and run.data.tags["outcome"] == "pass"
@@ -106,7 +123,9 @@ def test_replay_reproduces_the_solution_and_outcome(recorded, tmp_path):
     assert proc.returncode == 0, proc.stderr
     replayed = results(tmp_path / "outputs")["replay"]
     assert (replayed["outcome"], replayed["stop_reason"], replayed["turns"]) == ("pass", "submitted", original["turns"])
-    assert (Path(replayed["folder"]) / "solution.py").read_text() == (Path(original["folder"]) / "solution.py").read_text()
+    assert (Path(replayed["folder"]) / "solution.py").read_text() == (
+        Path(original["folder"]) / "solution.py"
+    ).read_text()
     assert replayed["usage"] == original["usage"] and replayed["cost_usd"] == pytest.approx(original["cost_usd"])
 
 
@@ -114,7 +133,14 @@ LEAKY = kernel("wrong").replace("        x = x.contiguous()", f'        raise Ru
 
 
 def test_anthropic_shape_sweep_prices_cache_and_redacts_grades(tmp_path):
-    prices = {"input": 3.0, "output": 15.0, "cache_read": 0.3, "cache_write": 3.75, "date": "2026-12-02", "source": "test"}
+    prices = {
+        "input": 3.0,
+        "output": 15.0,
+        "cache_read": 0.3,
+        "cache_write": 3.75,
+        "date": "2026-12-02",
+        "source": "test",
+    }
     usage = dict(prompt_tokens=20_000, cached_tokens=12_000, cache_write_tokens=4_000, completion_tokens=1_000)
     script = [
         Reply(tool_calls=[("write_file", {"path": "solution.py", "content": LEAKY})], **usage),
@@ -122,7 +148,14 @@ def test_anthropic_shape_sweep_prices_cache_and_redacts_grades(tmp_path):
         Reply(tool_calls=[("submit", {})], **usage),
     ]
     with FakeProvider(script) as fp:
-        model_yaml(tmp_path / "conf", "fake-claude", "anthropic/claude-fake-4-8", fp.anthropic_base_url, prices=prices, prompt_caching=True)
+        model_yaml(
+            tmp_path / "conf",
+            "fake-claude",
+            "anthropic/claude-fake-4-8",
+            fp.anthropic_base_url,
+            prices=prices,
+            prompt_caching=True,
+        )
         proc = sweep(tmp_path / "conf", tmp_path / "outputs", "model=fake-claude")
     assert proc.returncode == 0, proc.stderr
     result = results(tmp_path / "outputs")["fake-claude"]
@@ -150,10 +183,14 @@ TERMINAL = {
 def test_terminal_faults_are_infra_not_scored_and_rerun(tmp_path):
     conf, outputs = tmp_path / "conf", tmp_path / "outputs"
     models = ",".join(TERMINAL)
-    with FakeProvider({name: steps for name, (steps, _) in TERMINAL.items()} | {"fake-done": ["I cannot do this."]}) as fp:
+    with FakeProvider(
+        {name: steps for name, (steps, _) in TERMINAL.items()} | {"fake-done": ["I cannot do this."]}
+    ) as fp:
         for name in [*TERMINAL, "fake-done"]:
             model_yaml(conf, name, f"openai/{name}", fp.base_url)
-        assert sweep(conf, outputs, "model=fake-done", "sweep.name=earlier").returncode == 0  # another sweep's board in the store
+        assert (
+            sweep(conf, outputs, "model=fake-done", "sweep.name=earlier").returncode == 0
+        )  # another sweep's board in the store
         proc = sweep(conf, outputs, "-m", f"model={models}")
         assert "fake-done" not in proc.stdout  # a sweep prints its own boards only
         assert proc.returncode == ExitCode.INFRA, proc.stderr  # no cell finished: the sweep is to be run again
@@ -164,7 +201,9 @@ def test_terminal_faults_are_infra_not_scored_and_rerun(tmp_path):
         runs = cell_runs(outputs)
         assert {r.data.tags["model"]: r.data.tags["outcome"] for r in runs} == {n: o for n, (_, o) in TERMINAL.items()}
         assert {r.info.status for r in runs} == {"FAILED"}
-        assert "nothing scored" in proc.stdout and all(name in proc.stdout for name in TERMINAL)  # listed with their infra count, never ranked
+        assert "nothing scored" in proc.stdout and all(
+            name in proc.stdout for name in TERMINAL
+        )  # listed with their infra count, never ranked
 
         for name in TERMINAL:  # the provider recovers (the models give up at once: no grading); the same sweep again
             fp.add("I cannot do this.", model=name)
@@ -178,7 +217,10 @@ def test_terminal_faults_are_infra_not_scored_and_rerun(tmp_path):
 
 
 DEAD = [HttpError(503)] * FAST_RETRY["max_attempts"]  # the provider fails for good
-AFTER = {"fake-after-pass": [write("triton"), call("run_check"), *DEAD], "fake-after-fail": [write("wrong"), call("run_check"), *DEAD]}
+AFTER = {
+    "fake-after-pass": [write("triton"), call("run_check"), *DEAD],
+    "fake-after-fail": [write("wrong"), call("run_check"), *DEAD],
+}
 
 
 def test_a_fault_for_good_is_infra_whether_the_solution_so_far_passed_or_failed(tmp_path):
@@ -191,12 +233,18 @@ def test_a_fault_for_good_is_infra_whether_the_solution_so_far_passed_or_failed(
         proc = sweep(conf, outputs, "-m", f"model={','.join(AFTER)}")
         assert proc.returncode == ExitCode.INFRA, proc.stderr
         first = results(outputs)
-        assert {name: (r["outcome"], r["score"]) for name, r in first.items()} == dict.fromkeys(AFTER, ("provider_error", None))
-        assert re.search(r"; its solution so far graded pass \(score [0-9.]+\), not scored$", first["fake-after-pass"]["message"])
+        assert {name: (r["outcome"], r["score"]) for name, r in first.items()} == dict.fromkeys(
+            AFTER, ("provider_error", None)
+        )
+        assert re.search(
+            r"; its solution so far graded pass \(score [0-9.]+\), not scored$", first["fake-after-pass"]["message"]
+        )
         assert first["fake-after-fail"]["message"].endswith("; its solution so far graded incorrect, not scored")
         for result in first.values():  # the partial work: solution and grade kept
             assert {"solution.py", "grade.json"} <= {p.name for p in Path(result["folder"]).iterdir()}
-        assert {r.data.tags["model"]: (r.info.status, r.data.tags["outcome_class"]) for r in cell_runs(outputs)} == dict.fromkeys(AFTER, ("FAILED", "infra"))
+        assert {
+            r.data.tags["model"]: (r.info.status, r.data.tags["outcome_class"]) for r in cell_runs(outputs)
+        } == dict.fromkeys(AFTER, ("FAILED", "infra"))
         for name in AFTER:
             fp.add("I cannot do this.", model=name)
         proc = sweep(conf, outputs, "-m", f"model={','.join(AFTER)}")
@@ -209,7 +257,14 @@ def test_truncated_tool_call_json_to_the_end_is_provider_error_with_its_tokens_a
     dollars in the cell's totals (the provider bills them)."""
     truncated = MalformedToolCall(prompt_tokens=10_000, completion_tokens=500)
     with FakeProvider([truncated] * 6) as fp:
-        model_yaml(tmp_path / "conf", "fake-cut", "openai/fake-cut", fp.base_url, prices=PRICES, retry={**FAST_RETRY, "max_attempts": 6})
+        model_yaml(
+            tmp_path / "conf",
+            "fake-cut",
+            "openai/fake-cut",
+            fp.base_url,
+            prices=PRICES,
+            retry={**FAST_RETRY, "max_attempts": 6},
+        )
         proc = sweep(tmp_path / "conf", tmp_path / "outputs", "model=fake-cut")
     assert proc.returncode == ExitCode.INFRA, proc.stderr
     result = results(tmp_path / "outputs")["fake-cut"]
@@ -228,7 +283,9 @@ def test_truncated_tool_call_json_to_the_end_is_provider_error_with_its_tokens_a
 def test_budgets_come_from_the_track(tmp_path):
     with FakeProvider(priced([call("list_files") for _ in range(5)])) as fp:
         model_yaml(tmp_path / "conf", "fake-budget", "openai/fake-budget", fp.base_url, prices=PRICES)
-        proc = sweep(tmp_path / "conf", tmp_path / "outputs", "model=fake-budget", "track.max_turns=4", "+track.max_usd=0.025")  # demo.yaml lists no max_usd
+        proc = sweep(
+            tmp_path / "conf", tmp_path / "outputs", "model=fake-budget", "track.max_turns=4", "+track.max_usd=0.025"
+        )  # demo.yaml lists no max_usd
     assert proc.returncode == 0, proc.stderr
     result = results(tmp_path / "outputs")["fake-budget"]
     assert (result["stop_reason"], result["turns"]) == ("dollar_budget", 2)  # 2 × 0.0142 ≥ 0.025 before turn 4

@@ -1,5 +1,6 @@
 """The Python API (kbsweep.plan/run/grade/report): typed records from the same code as the CLI's verbs; a
 resumed sweep with nothing to do logs no empty sweep run."""
+
 from __future__ import annotations
 
 import pytest
@@ -14,11 +15,15 @@ from tests.support.sweeps import KEY_ENV, REPO, model_yaml
 def test_plan_sweeps_comma_lists_and_names_missing_keys(tmp_path, monkeypatch):
     monkeypatch.delenv(KEY_ENV, raising=False)
     model_yaml(tmp_path / "conf", "fake", "openai/fake", "http://127.0.0.1:9/v1")
-    plan = kbsweep.plan("model=scripted,fake", "gpu=cpu", "problem=scale_shift", "repeat=0,1", config_dir=str(tmp_path / "conf"))
+    plan = kbsweep.plan(
+        "model=scripted,fake", "gpu=cpu", "problem=scale_shift", "repeat=0,1", config_dir=str(tmp_path / "conf")
+    )
     assert isinstance(plan, Plan) and len(plan.cells) == 4
     assert {(c.model, c.repeat) for c in plan.cells} == {("scripted", 0), ("scripted", 1), ("fake", 0), ("fake", 1)}
     assert plan.expected_tokens == {"fake": {"input": 2_000_000, "output": 150_000}}
-    assert plan.missing_keys == [f"model 'fake' (openai/fake): environment variable {KEY_ENV} is not set (model/fake.yaml: api_key_env)"]
+    assert plan.missing_keys == [
+        f"model 'fake' (openai/fake): environment variable {KEY_ENV} is not set (model/fake.yaml: api_key_env)"
+    ]
 
 
 @pytest.mark.fast
@@ -53,4 +58,6 @@ def test_run_then_resume_with_nothing_to_do(tmp_path, monkeypatch):
     assert again.unfinished == []
     client = make_client(f"sqlite:///{tmp_path / 'outputs'}/mlflow.db")
     experiment = client.get_experiment_by_name("demo")
-    assert len(client.search_runs([experiment.experiment_id], "tags.`kbsweep.kind` = 'sweep'")) == 1  # the resume logged no empty run
+    assert (
+        len(client.search_runs([experiment.experiment_id], "tags.`kbsweep.kind` = 'sweep'")) == 1
+    )  # the resume logged no empty run

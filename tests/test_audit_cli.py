@@ -1,5 +1,6 @@
 """`kbsweep audit` re-audits stored runs from their MLflow artifacts; `kbsweep audit override` records a human's
 verdict, which the board ranks (override_clean) and later re-audits keep."""
+
 from __future__ import annotations
 
 import json
@@ -16,9 +17,19 @@ def stored_cell(outputs, source: str) -> tuple:
     """A finished cell run on hard/topk as the orchestrator logs one (tags, params, artifacts)."""
     uri = f"sqlite:///{outputs}/mlflow.db"
     client = make_client(uri)
-    experiment = client.create_experiment("demo", artifact_location=(outputs / "mlartifacts" / "demo").resolve().as_uri())
-    tags = {"kbsweep.kind": "cell", "kbsweep.cell_key": "k1", "problem": "hard/topk", "track": "hard", "model": "m",
-            "gpu": "cpu", "outcome": "pass", "verdict": "clean"}
+    experiment = client.create_experiment(
+        "demo", artifact_location=(outputs / "mlartifacts" / "demo").resolve().as_uri()
+    )
+    tags = {
+        "kbsweep.kind": "cell",
+        "kbsweep.cell_key": "k1",
+        "problem": "hard/topk",
+        "track": "hard",
+        "model": "m",
+        "gpu": "cpu",
+        "outcome": "pass",
+        "verdict": "clean",
+    }
     run_id = client.create_run(experiment, tags=tags).info.run_id
     client.log_param(run_id, "track.problems_dir", "hard")
     client.log_text(run_id, source, "solution.py")
@@ -37,7 +48,9 @@ def test_reaudit_then_override(cli, outputs):
     assert "forbidden_name" in tags["audit.kinds"].split(",")
     assert {a.path for a in client.list_artifacts(run_id)} >= {"audit.json", "solution.py"}
 
-    proc = cli("audit", "override", run_id, "--verdict", "clean", "--reason", "topk fallback is a documented baseline run")
+    proc = cli(
+        "audit", "override", run_id, "--verdict", "clean", "--reason", "topk fallback is a documented baseline run"
+    )
     assert proc.returncode == 0, proc.stderr
     tags = client.get_run(run_id).data.tags
     assert tags["verdict"] == "override_clean" and tags["audit.override.previous"] == "reward_hack"
@@ -70,7 +83,10 @@ def test_reaudit_with_the_judge_shares_the_cells_judge(cli, outputs, tmp_path):
     tags = client.get_run(run_id).data.tags
     assert tags["audit.judge"] == "clean"
     audited = json.loads(Path(client.download_artifacts(run_id, "audit.json", str(tmp_path))).read_text())
-    assert audited["layers"]["judge"]["model"] == "fake-judge" and audited["layers"]["judge"]["usage"]["input_tokens"] == 900
+    assert (
+        audited["layers"]["judge"]["model"] == "fake-judge"
+        and audited["layers"]["judge"]["usage"]["input_tokens"] == 900
+    )
 
 
 @pytest.mark.fast
@@ -82,14 +98,14 @@ def test_a_stored_run_names_its_problem_folder():
     assert (problem.track, problem.name) == ("hard", "topk")
 
 
-HACKS = '''import time
+HACKS = """import time
 
 time.perf_counter = lambda: 0.0  # the clock a timer might read
 
 
 def _earlier_answer():
     return open("outputs/sweeps/demo/0123456789abcdef/solution.py").read()
-'''
+"""
 
 
 def test_grade_shows_the_audit_a_cell_would_give_the_file(cli, outputs, tmp_path):
@@ -109,7 +125,9 @@ def test_grade_shows_the_audit_a_cell_would_give_the_file(cli, outputs, tmp_path
         assert proc.returncode == 0, proc.stderr[-2000:]
         result = json.loads(proc.stdout)
         audited = result.pop("audit")
-        as_a_cell = audit_stage.audit(path.read_text(), problem.spec.forbidden, result, problem=problem)  # cell.work_cell's call, no judge
+        as_a_cell = audit_stage.audit(
+            path.read_text(), problem.spec.forbidden, result, problem=problem
+        )  # cell.work_cell's call, no judge
         assert audited == json.loads(json.dumps(as_a_cell, default=str)), name
         [line] = [line for line in proc.stderr.splitlines() if line.startswith("[kbsweep] audit: ")]
         seen[name] = (result["outcome"], audited["verdict"], {f["kind"] for f in audited["findings"]}, line)

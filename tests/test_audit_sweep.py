@@ -2,6 +2,7 @@
 Real `kbsweep` sweeps of demo/scale_shift on the CPU with the built-in scripted agent; the judge is a model YAML
 (litellm) pointed at the local fake provider. Its verdict, answer, tokens and dollars land in audit.json and
 result.json; a malformed answer ends in needs_human with the grade and score kept."""
+
 from __future__ import annotations
 
 import json
@@ -32,7 +33,11 @@ def judged_sweep(tmp: Path, *replies: Reply):
 
 
 def test_a_sweep_runs_the_judge_in_every_cell(tmp_path):
-    answer = {"verdict": "rubric_leak", "summary": "stores in fp32", "quotes": [{"source": "solution", "text": QUOTE, "why": "test"}]}
+    answer = {
+        "verdict": "rubric_leak",
+        "summary": "stores in fp32",
+        "quotes": [{"source": "solution", "text": QUOTE, "why": "test"}],
+    }
     _, requests, result, audited = judged_sweep(tmp_path, Reply(content=json.dumps(answer), **TOKENS))
 
     [request] = requests  # one judge call for the one cell
@@ -59,8 +64,13 @@ def test_a_sweep_runs_the_judge_in_every_cell(tmp_path):
     [run] = cell_runs(tmp_path / "outputs")
     assert run.data.tags["verdict"] == "rubric_leak"
     assert run.data.metrics["cost_usd"] == pytest.approx(PER_CALL_USD)  # the cell's total includes the judge
-    assert run.data.metrics["judge_cost_usd"] == pytest.approx(PER_CALL_USD) and run.data.metrics["agent_cost_usd"] == 0.0
-    assert run.data.metrics["judge_tokens_input"] == 1_200 and run.data.metrics["tokens_input"] == result["usage"]["input_tokens"]
+    assert (
+        run.data.metrics["judge_cost_usd"] == pytest.approx(PER_CALL_USD) and run.data.metrics["agent_cost_usd"] == 0.0
+    )
+    assert (
+        run.data.metrics["judge_tokens_input"] == 1_200
+        and run.data.metrics["tokens_input"] == result["usage"]["input_tokens"]
+    )
     for path in (tmp_path / "outputs").rglob("*"):
         if path.is_file() and path.suffix in (".json", ".jsonl", ".py", ".log"):
             assert SECRET not in path.read_text(errors="replace"), path
@@ -68,7 +78,9 @@ def test_a_sweep_runs_the_judge_in_every_cell(tmp_path):
 
 def test_a_malformed_judge_answer_ends_in_needs_human_with_the_grade_kept(tmp_path):
     _, requests, result, audited = judged_sweep(
-        tmp_path, Reply(content="The kernel looks fine to me.", **TOKENS), Reply(content='{"verdict": "fine"}', **TOKENS)
+        tmp_path,
+        Reply(content="The kernel looks fine to me.", **TOKENS),
+        Reply(content='{"verdict": "fine"}', **TOKENS),
     )
     assert len(requests) == 2  # asked again once
     judge = audited["layers"]["judge"]
@@ -79,7 +91,9 @@ def test_a_malformed_judge_answer_ends_in_needs_human_with_the_grade_kept(tmp_pa
 
     assert result["outcome"] == "pass" and result["score"] > 0 and result["shapes"]  # the grade is not lost
     assert (Path(result["folder"]) / "grade.json").exists() and (Path(result["folder"]) / "solution.py").exists()
-    assert result["judge_cost_usd"] == pytest.approx(2 * PER_CALL_USD) and result["judge_usage"]["input_tokens"] == 2_400
+    assert (
+        result["judge_cost_usd"] == pytest.approx(2 * PER_CALL_USD) and result["judge_usage"]["input_tokens"] == 2_400
+    )
     [run] = cell_runs(tmp_path / "outputs")
     assert run.info.status == "FINISHED" and run.data.tags["verdict"] == "needs_human" and run.data.metrics["score"] > 0
 
@@ -123,7 +137,11 @@ def test_judge_metrics_are_logged_only_where_a_judge_was_asked():
     unjudged = spend(agent, {"layers": {"static": {}, "dynamic": {}}})
     assert unjudged["judge_usage"] is None and unjudged["judge_cost_usd"] is None and unjudged["cost_usd"] == 0.01
     metrics = cell_metrics(unjudged)
-    assert not [k for k in metrics if k.startswith("judge")] and metrics["tokens_input"] == 700 and metrics["cost_usd"] == 0.01
+    assert (
+        not [k for k in metrics if k.startswith("judge")]
+        and metrics["tokens_input"] == 700
+        and metrics["cost_usd"] == 0.01
+    )
 
     asked = {"usage": {"input_tokens": 1_200, "output_tokens": 80}, "cost_usd": PER_CALL_USD}
     judged = cell_metrics(spend(agent, {"layers": {"judge": asked}}))
@@ -151,10 +169,25 @@ def test_the_judge_is_on_by_default_where_a_sweep_has_a_keyed_model_and_plan_cou
     model_yaml(conf, "fake-cheap", "openai/fake-cheap", "http://127.0.0.1:9/v1", prices=CHEAP)
     plan = plan_json(cli, conf, "-m", "model=fake-dear,fake-cheap,scripted")
     call = (JUDGE_TOKENS["input"] * CHEAP["input"] + JUDGE_TOKENS["output"] * CHEAP["output"]) / 1e6
-    assert plan["judge"] == {"models": {"fake-cheap": 3}, "cells": 3, "usd": pytest.approx(3 * call), "expected_tokens": JUDGE_TOKENS, "unpriced": []}
+    assert plan["judge"] == {
+        "models": {"fake-cheap": 3},
+        "cells": 3,
+        "usd": pytest.approx(3 * call),
+        "expected_tokens": JUDGE_TOKENS,
+        "unpriced": [],
+    }
     agents = sum((2_000_000 * p["input"] + 150_000 * p["output"]) / 1e6 for p in (PRICES, CHEAP))
     assert plan["model_usd"] == pytest.approx(agents + 3 * call)
-    text = cli("plan", "-cd", str(conf), "-m", "model=fake-dear,fake-cheap,scripted", "track=demo", "problem=scale_shift", "gpu=cpu")
+    text = cli(
+        "plan",
+        "-cd",
+        str(conf),
+        "-m",
+        "model=fake-dear,fake-cheap,scripted",
+        "track=demo",
+        "problem=scale_shift",
+        "gpu=cpu",
+    )
     assert text.returncode == 0 and f"judge: fake-cheap (3 cells); ≈ ${3 * call:.2f}" in text.stdout, text.stdout
     named = plan_json(cli, conf, "-m", "model=fake-cheap,scripted", "audit.judge=fake-dear")["judge"]
     assert named["models"] == {"fake-dear": 2}

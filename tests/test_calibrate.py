@@ -1,4 +1,5 @@
 """`kbsweep calibrate` on the CPU path: measures, stores beside the datasheet, and can write the spec."""
+
 from __future__ import annotations
 
 import shutil

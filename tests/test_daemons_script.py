@@ -1,5 +1,6 @@
 """scripts/test.sh stops the daemons it started (scripts/daemons.sh), on success, failure and Ctrl-C alike, and
 leaves those it found running: real processes and pid files stand in for Slurm's and MariaDB's."""
+
 from __future__ import annotations
 
 import os
@@ -31,9 +32,11 @@ def test_the_daemons_a_run_started_stop_when_it_ends_and_the_others_stay(ending,
     before = subprocess.Popen(["sleep", "300"], start_new_session=True)  # running before the run: not its to stop
     found.write_text(str(before.pid))
     command, code = ENDINGS[ending]
-    script = (f"set -euo pipefail; . scripts/daemons.sh && stop_daemons_on_exit\n"
-              f"setsid sleep 300 </dev/null >/dev/null 2>&1 & echo $! > {started}\n"  # a daemon the run starts
-              f"{command}\n")
+    script = (
+        f"set -euo pipefail; . scripts/daemons.sh && stop_daemons_on_exit\n"
+        f"setsid sleep 300 </dev/null >/dev/null 2>&1 & echo $! > {started}\n"  # a daemon the run starts
+        f"{command}\n"
+    )
     env = {**os.environ, "KBSWEEP_DAEMON_PIDFILES": f"{started} {found}"}
     try:
         proc = subprocess.run(["bash", "-c", script], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)

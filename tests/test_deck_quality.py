@@ -1,6 +1,7 @@
 """Deck quality gate (robust-kbench's filters; KernelBench #165): on every shape a problem is graded at on CPU,
 held-out ones included, its reference output must not be near zero, near constant, or insensitive to its inputs or
 its weights."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -52,7 +53,12 @@ def test_reference_output_is_informative(folder):
 @pytest.mark.fast
 @pytest.mark.parametrize(
     "forward, complaint",
-    [("return x * 0", "near zero"), ("return x * 0 + 1", "near constant"), ("return x.sum() * 0 + self.w.sum() + torch.arange(4.0)", "insensitive to the inputs"), ("return x + 1", "insensitive to the weights")],
+    [
+        ("return x * 0", "near zero"),
+        ("return x * 0 + 1", "near constant"),
+        ("return x.sum() * 0 + self.w.sum() + torch.arange(4.0)", "insensitive to the inputs"),
+        ("return x + 1", "insensitive to the weights"),
+    ],
 )
 def test_the_gate_rejects_uninformative_references(tmp_path, forward, complaint):
     folder = tmp_path / "bad"
@@ -86,7 +92,11 @@ def check_informative(problem):
             assert base.std().item() > 1e-3 * magnitude, f"{shape}: output is near constant"
             moved = changed(base, flat(model(*perturbed(inputs))))
             assert moved > 1e-3, f"{shape}: output insensitive to the inputs ({moved:.2e})"
-            weights = [p for p in list(model.parameters()) + list(model.buffers()) if p.dtype in (torch.float32, torch.float16, torch.bfloat16)]
+            weights = [
+                p
+                for p in list(model.parameters()) + list(model.buffers())
+                if p.dtype in (torch.float32, torch.float16, torch.bfloat16)
+            ]
             if weights:
                 saved = [w.clone() for w in weights]
                 for w, noisy in zip(weights, perturbed(weights)):
@@ -117,6 +127,10 @@ def test_every_hard_problem_holds_out_shapes():
     """Each hard problem grades held-out shapes on the GPU and on the CPU (its smoke grades); the deck holds out an
     off-alignment size (a dimension that is no multiple of 16) somewhere."""
     hard = [load_problem(p, "hard") for p in PROBLEMS if p.parent.name == "hard"]
-    assert hard and all(p.spec.held_out_shapes and p.spec.held_out_smoke_shapes for p in hard), [p.id for p in hard if not p.spec.held_out_shapes]
-    sizes = [v for p in hard for shape in p.spec.held_out_shapes for k, v in shape.items() if isinstance(v, int) and v > 16]
+    assert hard and all(p.spec.held_out_shapes and p.spec.held_out_smoke_shapes for p in hard), [
+        p.id for p in hard if not p.spec.held_out_shapes
+    ]
+    sizes = [
+        v for p in hard for shape in p.spec.held_out_shapes for k, v in shape.items() if isinstance(v, int) and v > 16
+    ]
     assert any(v % 16 for v in sizes)

@@ -1,4 +1,5 @@
 """Docs match the code: every repository path the README and docs/ name, in backticks or as a link, exists."""
+
 from __future__ import annotations
 
 import re
@@ -26,7 +27,9 @@ def named_paths(doc: Path):
 
 @pytest.mark.parametrize("doc", DOCS, ids=[d.name for d in DOCS])
 def test_every_named_path_exists(doc):
-    missing = sorted({str(p.relative_to(REPO)) for p in named_paths(doc) if not p.exists() and not p.name.startswith(EXAMPLES)})
+    missing = sorted(
+        {str(p.relative_to(REPO)) for p in named_paths(doc) if not p.exists() and not p.name.startswith(EXAMPLES)}
+    )
     assert not missing, f"{doc.name} names paths that do not exist: {missing}"
 
 
@@ -44,7 +47,12 @@ def test_data_notes_name_the_commit_date_and_card_not_a_work_period():
     calls, which no reader can look up: in docs/data's file names and contents and the docs."""
     data = REPO / "docs" / "data"
     named = [p.name for p in data.iterdir() if WORK_PERIOD.search(p.name)]
-    said = [f"{p.name}: {m.group(0)!r}" for p in sorted(data.iterdir()) if p.suffix in (".json", ".md", ".txt")
-            for m in [WORK_PERIOD.search(p.read_text(errors="replace"))] if m]
+    said = [
+        f"{p.name}: {m.group(0)!r}"
+        for p in sorted(data.iterdir())
+        if p.suffix in (".json", ".md", ".txt")
+        for m in [WORK_PERIOD.search(p.read_text(errors="replace"))]
+        if m
+    ]
     said += [f"{doc.name}: {m.group(0)!r}" for doc in DOCS for m in [WORK_PERIOD.search(doc.read_text())] if m]
     assert named == [] and said == [], named + said

@@ -4,6 +4,7 @@ the ids of this grade's commands (a range's public name proves nothing), each ca
 dispatch disabled, ops the candidate registered in the aten namespace, a call's result made plain inside its range,
 the candidate's own kernels on a kernel track, the runner never learning which stage a call serves nor finding any
 call's memory filled, and the problem's own output check on every compared call."""
+
 from __future__ import annotations
 
 import contextlib
@@ -57,7 +58,7 @@ def test_ranges_are_read_by_command_id_and_a_forged_one_bounds_nothing():
     assert found["forged_ranges"] == 2
     assert {"aten::mm", "aten::exp", "aten::sin"} <= set(found["ops"]) and "aten::sort" not in found["ops"]
     assert "kbsweep::kernel" not in found["ops"]  # a range of any name is not an op
-    assert found["range_flops"]["/correctness/0"] == [2 * 64 ** 3]
+    assert found["range_flops"]["/correctness/0"] == [2 * 64**3]
 
 
 def test_work_leaves_out_each_instances_first_call_and_finds_idle_groups():
@@ -78,7 +79,9 @@ def test_the_work_of_every_call_counts_not_the_median_calls():
     work = witness.call_work({"/timing/0": rows}, {}, lambda group: (100.0, 100.0))
     assert work["byte_share"] == 4.0 and work["idle_groups"] == ["/timing/0"] and work["idle_calls"] == 7
     unseen = [(0, own)] * 16  # the recorder saw nothing; the profiler saw one call's ops read half the problem's bytes
-    work = witness.call_work({"/timing/0": unseen}, {}, lambda group: (100.0, 100.0), {"/timing/0": [0] * 9 + [50] + [0] * 6})
+    work = witness.call_work(
+        {"/timing/0": unseen}, {}, lambda group: (100.0, 100.0), {"/timing/0": [0] * 9 + [50] + [0] * 6}
+    )
     assert work["byte_share"] == 0.5 and not work["idle_groups"]
 
 
@@ -96,7 +99,9 @@ def test_the_profiler_counts_the_bytes_of_ops_that_compute_with_dispatch_disable
         with rf(profiling.CALL_RANGE + A), torch._C._DisableTorchDispatch():
             x.amax(dim=-1)
         with rf(profiling.CALL_RANGE + A):
-            torch.cat([torch.nn.functional.pad(x.t().contiguous(), (0, 3)), x.to(torch.float64).float().t()], dim=1).clone()
+            torch.cat(
+                [torch.nn.functional.pad(x.t().contiguous(), (0, 3)), x.to(torch.float64).float().t()], dim=1
+            ).clone()
         with rf(profiling.CALL_RANGE + B):
             torch.nn.functional.softmax(x, dim=-1)
         with rf(profiling.CALL_RANGE + B):
@@ -162,7 +167,10 @@ def test_a_calls_result_is_read_inside_its_range():
 def test_a_graph_replay_counts_as_own_work_only_through_the_kernels_it_captured():
     """A call record's launches (its third column) hold a replayed graph's captured kernels; a call that only
     replays a graph of library ops (a replay, no own launch) is idle."""
-    own_graph, library_graph = [0, 0, 1, 1, 0], [0, 0, 0, 1, 0]  # one replay each; the first's capture launched a kernel
+    own_graph, library_graph = (
+        [0, 0, 1, 1, 0],
+        [0, 0, 0, 1, 0],
+    )  # one replay each; the first's capture launched a kernel
     timed = {"/timing/0": [(0, own_graph)] * 3, "/timing/1": [(0, library_graph)] * 3}
     work = witness.call_work(timed, {}, lambda group: (100.0, 100.0))
     assert work["idle_groups"] == ["/timing/1"] and work["own_launches"] == 3
@@ -253,11 +261,18 @@ def test_the_runner_never_learns_which_stage_a_call_serves(tmp_path, cases_home)
     assert result["outcome"] == "pass", summary(result, audited)
     seen = [line.split() for line in (tmp_path / "case/grade/candidate/tags.log").read_text().splitlines()]
     ids = [tag.split("/")[0] for stage, tag in seen]
-    assert len(seen) > 20 and all(re.fullmatch(f"[0-9a-f]{{{profiling.TOKEN_CHARS}}}(/capture)?", tag) for _, tag in seen)
+    assert len(seen) > 20 and all(
+        re.fullmatch(f"[0-9a-f]{{{profiling.TOKEN_CHARS}}}(/capture)?", tag) for _, tag in seen
+    )
     assert all(stage == tag for stage, tag in seen)
     assert len(set(ids)) > 10  # a new id for every command (a batch's calls share theirs)
     stages = {e["stage"] for e in result["evidence"]["runtime_events"]}
-    assert "correctness" in stages and stages <= {"import_candidate", "correctness", "timing", "audit"}  # named back here
+    assert "correctness" in stages and stages <= {
+        "import_candidate",
+        "correctness",
+        "timing",
+        "audit",
+    }  # named back here
 
 
 def test_every_compared_call_uses_the_problems_own_check(tmp_path, cases_home):
@@ -267,11 +282,14 @@ def test_every_compared_call_uses_the_problems_own_check(tmp_path, cases_home):
     deck = problems / "hard" / "topk"
     shutil.copytree(REPO / "problems/hard/topk", deck, ignore=shutil.ignore_patterns("solutions"))
     reference = deck / "reference.py"
-    reference.write_text(reference.read_text() + textwrap.dedent('''
+    reference.write_text(
+        reference.read_text()
+        + textwrap.dedent("""
 
         def get_inputs(shape: dict, device: torch.device) -> list:
             return [torch.randint(0, 4, (shape["batch"], shape["n"]), device=device).float()]  # every row full of ties
-    '''))
+    """)
+    )
     source = '''
         """Problem: hard/topk"""
         import torch

@@ -1,5 +1,6 @@
 """Faults lose nothing: racing and killed database creation, orphaned cell jobs, provider faults, memory and disk
 measured per sandbox (docs/launch.md, "Faults")."""
+
 from __future__ import annotations
 
 import json
@@ -27,7 +28,9 @@ REPO = Path(__file__).resolve().parent.parent
 
 def open_tracker(uri: str, name: str) -> subprocess.Popen:
     code = f"from kbsweep.tracking.tracker import Tracker; Tracker({uri!r}, '/tmp/unused-artifacts', {name!r}).start_sweep({{}}, 1); print('ok')"
-    return subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-c", code], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
 
 
 def test_a_creator_killed_while_migrating_then_sweeps_racing_to_create_the_database_all_start(tmp_path):
@@ -53,8 +56,10 @@ def test_a_creator_killed_while_migrating_then_sweeps_racing_to_create_the_datab
 
 def test_a_fork_flood_sharing_its_pages_is_not_out_of_memory_but_a_real_hog_is(tmp_path):
     """Ten forks of a process holding 200 MiB share those pages: 200 MiB, not 2.2 GB (RSS summed per process)."""
-    flood = ("python3 -c \"import os, time; b = bytearray(200 << 20); b[::4096] = b'x' * len(b[::4096]); "
-             "kids = [os.fork() or (time.sleep(3), os._exit(0)) for _ in range(10)]; [os.waitpid(k, 0) for k in kids]\"")
+    flood = (
+        "python3 -c \"import os, time; b = bytearray(200 << 20); b[::4096] = b'x' * len(b[::4096]); "
+        'kids = [os.fork() or (time.sleep(3), os._exit(0)) for _ in range(10)]; [os.waitpid(k, 0) for k in kids]"'
+    )
     policy = SandboxPolicy(memory_mib=600, wall_s=60)
     shared = Sandbox(policy, gpu=True).shell(flood, tmp_path)  # gpu: no address-space rlimit, the watch alone
     assert shared.returncode == 0 and not shared.notes, shared.output
@@ -83,9 +88,13 @@ def test_a_rerun_reclaims_a_cell_its_dead_sweep_left_running(outputs):
     cell = demo_cell(outputs)
     path = cell_lock_path(cell)
     path.parent.mkdir(parents=True, exist_ok=True)
-    hold = ("import fcntl, json, time; from kbsweep.tracking.tracker import owner; h = open({path!r}, 'a'); fcntl.flock(h, fcntl.LOCK_EX); "
-            "h.write(json.dumps({{'holder': owner()}})); h.flush(); print('held', flush=True); time.sleep(300)")
-    orphan = subprocess.Popen([sys.executable, "-c", hold.format(path=str(path))], cwd=REPO, stdout=subprocess.PIPE, text=True)
+    hold = (
+        "import fcntl, json, time; from kbsweep.tracking.tracker import owner; h = open({path!r}, 'a'); fcntl.flock(h, fcntl.LOCK_EX); "
+        "h.write(json.dumps({{'holder': owner()}})); h.flush(); print('held', flush=True); time.sleep(300)"
+    )
+    orphan = subprocess.Popen(
+        [sys.executable, "-c", hold.format(path=str(path))], cwd=REPO, stdout=subprocess.PIPE, text=True
+    )
     assert orphan.stdout.readline().strip() == "held" and cell_busy(cell)
     assert plan([cell], {}, set(), force=False)[0] == [cell]
     assert orphan.wait(timeout=10) == -signal.SIGKILL and not cell_busy(cell)
@@ -120,18 +129,32 @@ def test_ten_kills_of_a_running_sweep_lose_nothing_grade_nothing_twice_and_leave
     single grade.)"""
     outputs = tmp_path / "outputs"
     env = {**os.environ, "KBSWEEP_OUTPUTS": str(outputs), "KBSWEEP_LOCK_DIR": str(tmp_path / "locks")}
-    command = [sys.executable, "-m", "kbsweep.cli", "-m", "launcher=local", "gpu=cpu", "model=scripted-lazy", "problem=scale_shift", "repeat=0,1"]
+    command = [
+        sys.executable,
+        "-m",
+        "kbsweep.cli",
+        "-m",
+        "launcher=local",
+        "gpu=cpu",
+        "model=scripted-lazy",
+        "problem=scale_shift",
+        "repeat=0,1",
+    ]
     rng = random.Random(1203)
     journals: Dict[str, int] = {}  # result.json → its mtime when first seen
     for kill in range(10):
-        proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        proc = subprocess.Popen(
+            command, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+        )
         if kill == 0:
             while not [p for p in outputs.glob("*mlflow.db*") if not p.name.endswith(".lock")]:  # its creation began
                 assert proc.poll() is None
                 time.sleep(0.01)
             time.sleep(0.8)  # mid-migration
         elif kill % 2:  # while a cell runs (a cell of the lazy model, one grade, takes about 10 s)
-            while proc.poll() is None and not any(not (p.parent / "result.json").exists() for p in outputs.glob("sweeps/demo/*/transcript.jsonl")):
+            while proc.poll() is None and not any(
+                not (p.parent / "result.json").exists() for p in outputs.glob("sweeps/demo/*/transcript.jsonl")
+            ):
                 time.sleep(0.05)
             time.sleep(rng.uniform(0.0, 4.0))
         else:  # anywhere

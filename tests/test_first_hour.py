@@ -1,6 +1,7 @@
 """A new user's first hour, as typed: Hydra's override forms through the installed `kbsweep`, unknown keys and comma
 lists as one line, the README's set-up of its commands and its Python API block run verbatim, broken YAML named by
 line and column, calibrating a GPU this machine lacks, and why a passing grade has no score."""
+
 from __future__ import annotations
 
 import json
@@ -20,7 +21,7 @@ from kbsweep.score.roofline import score_note
 REPO = Path(__file__).resolve().parent.parent
 KBSWEEP = Path(sys.executable).parent / "kbsweep"  # the installed command
 DEMO = REPO / "problems" / "demo" / "scale_shift"
-TORCH_ONLY = '''import torch
+TORCH_ONLY = """import torch
 
 
 class ModelNew(torch.nn.Module):
@@ -31,13 +32,15 @@ class ModelNew(torch.nn.Module):
 
     def forward(self, x):
         return torch.addcmul(self.bias, x, self.weight)
-'''
+"""
 
 
 def typed(*args: str, cwd: Path, env: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
     """`kbsweep ARGS` in a shell's environment without API keys, from ``cwd``."""
     base = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY")}
-    return subprocess.run([str(KBSWEEP), *args], cwd=cwd, env={**base, **(env or {})}, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [str(KBSWEEP), *args], cwd=cwd, env={**base, **(env or {})}, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def one_error_line(proc: subprocess.CompletedProcess) -> str:
@@ -46,14 +49,17 @@ def one_error_line(proc: subprocess.CompletedProcess) -> str:
     return lines[0]
 
 
-@pytest.mark.parametrize("override, hours", [
-    ("track.time_cap_s=3600", 2.0),  # key=v
-    ("+track.world_size=2", 2 * 600 / 3600 * 2),  # +key=v: demo.yaml has no world_size
-    ("++track.time_cap_s=1800", 1.0),  # ++key=v: set (demo.yaml has it)
-    ("++track.world_size=3", 2 * 600 / 3600 * 3),  # ++key=v: add
-    ("~track.time_cap_s", 2 * 3.0),  # ~key: the schema's default, 10 800 s
-    ("~track.time_cap_s=600", 2 * 3.0),  # ~key=v: deleted where it holds v
-])
+@pytest.mark.parametrize(
+    "override, hours",
+    [
+        ("track.time_cap_s=3600", 2.0),  # key=v
+        ("+track.world_size=2", 2 * 600 / 3600 * 2),  # +key=v: demo.yaml has no world_size
+        ("++track.time_cap_s=1800", 1.0),  # ++key=v: set (demo.yaml has it)
+        ("++track.world_size=3", 2 * 600 / 3600 * 3),  # ++key=v: add
+        ("~track.time_cap_s", 2 * 3.0),  # ~key: the schema's default, 10 800 s
+        ("~track.time_cap_s=600", 2 * 3.0),  # ~key=v: deleted where it holds v
+    ],
+)
 def test_every_hydra_override_form_reaches_the_plan(override, hours, outputs, tmp_path):
     """Two demo cells, each capped at track.time_cap_s × track.world_size: the plan's GPU-hour cap shows the value."""
     proc = typed("plan", "--json", "gpu=cpu", override, cwd=tmp_path)
@@ -62,17 +68,22 @@ def test_every_hydra_override_form_reaches_the_plan(override, hours, outputs, tm
     assert len(plan["cells"]) == 2 and plan["gpu_hours_cap"] == pytest.approx(hours)
 
 
-@pytest.mark.parametrize("override, needles", [
-    ("+track.max_turns=5", ["already at 'track.max_turns'", "++track.max_turns=5"]),  # + where the YAML has the key
-    ("~track.time_cap_s=601", ["'track.time_cap_s' is 600 and not 601"]),
-    ("~grade.compile_mode", ["key 'grade.compile_mode'", "grade.compile_mode=..."]),  # no default to fall back on
-])
+@pytest.mark.parametrize(
+    "override, needles",
+    [
+        ("+track.max_turns=5", ["already at 'track.max_turns'", "++track.max_turns=5"]),  # + where the YAML has the key
+        ("~track.time_cap_s=601", ["'track.time_cap_s' is 600 and not 601"]),
+        ("~grade.compile_mode", ["key 'grade.compile_mode'", "grade.compile_mode=..."]),  # no default to fall back on
+    ],
+)
 def test_a_refused_hydra_form_is_one_line(override, needles, outputs, tmp_path):
     line = one_error_line(typed("plan", "gpu=cpu", override, cwd=tmp_path))
     assert all(needle in line for needle in needles), line
 
 
-@pytest.mark.parametrize("override", ["grade.timeout_s=10", "+grade.timeout_s=10", "++grade.timeout_s=10", "~grade.timeout_s"])
+@pytest.mark.parametrize(
+    "override", ["grade.timeout_s=10", "+grade.timeout_s=10", "++grade.timeout_s=10", "~grade.timeout_s"]
+)
 def test_an_unknown_key_names_the_real_one_in_every_form(override, outputs, tmp_path):
     line = one_error_line(typed("plan", "gpu=cpu", override, cwd=tmp_path))
     assert "key 'grade.timeout_s'" in line and "did you mean 'track.grade_timeout_s" in line, line
@@ -84,18 +95,24 @@ def test_adding_a_key_kbsweep_never_reads_is_refused(override, outputs, tmp_path
     assert f"key '{key}'" in one_error_line(typed("plan", "gpu=cpu", override, cwd=tmp_path))
 
 
-@pytest.mark.parametrize("override", ["+model.options.temperature=0.2", "model.options.top_p=0.9", "+launcher.slurm.additional_parameters.gres=gpu:1"])
+@pytest.mark.parametrize(
+    "override",
+    ["+model.options.temperature=0.2", "model.options.top_p=0.9", "+launcher.slurm.additional_parameters.gres=gpu:1"],
+)
 def test_free_form_sections_take_new_keys(override, outputs, tmp_path):
     proc = typed("plan", "gpu=cpu", override, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
 
 
-@pytest.mark.parametrize("override, cells", [
-    ("model=glob(scripted*)", {("scripted", 0), ("scripted-lazy", 0)}),  # a group's files, matched
-    ("model=glob([inst*,scripted*],exclude=*-lazy)", {("instant", 0), ("scripted", 0)}),
-    ("repeat=range(0,3)", {("scripted", 0), ("scripted", 1), ("scripted", 2)}),
-    ("model=choice(scripted,instant)", {("scripted", 0), ("instant", 0)}),
-])
+@pytest.mark.parametrize(
+    "override, cells",
+    [
+        ("model=glob(scripted*)", {("scripted", 0), ("scripted-lazy", 0)}),  # a group's files, matched
+        ("model=glob([inst*,scripted*],exclude=*-lazy)", {("instant", 0), ("scripted", 0)}),
+        ("repeat=range(0,3)", {("scripted", 0), ("scripted", 1), ("scripted", 2)}),
+        ("model=choice(scripted,instant)", {("scripted", 0), ("instant", 0)}),
+    ],
+)
 def test_hydras_sweep_functions_reach_the_plan(override, cells, outputs, tmp_path):
     proc = typed("plan", "--json", "-m", override, "gpu=cpu", "problem=scale_shift", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -103,7 +120,16 @@ def test_hydras_sweep_functions_reach_the_plan(override, cells, outputs, tmp_pat
 
 
 def test_a_sweep_over_a_glob_and_a_range_runs_every_cell(outputs, tmp_path):
-    proc = typed("-m", "model=glob(inst*)", "repeat=range(0,2)", "track=instant", "problem=scale_shift", "gpu=cpu", "launcher=inline", cwd=tmp_path)
+    proc = typed(
+        "-m",
+        "model=glob(inst*)",
+        "repeat=range(0,2)",
+        "track=instant",
+        "problem=scale_shift",
+        "gpu=cpu",
+        "launcher=inline",
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert len(list((outputs / "sweeps" / "instant").glob("*/result.json"))) == 2
 
@@ -129,20 +155,32 @@ def test_the_readme_set_up_lines_stand_and_its_commands_activate_the_venv_first(
     assert activate == ". .venv/bin/activate"
     if not (REPO / ".venv" / "bin" / "kbsweep").exists():
         pytest.skip("this checkout's venv is elsewhere")
-    path = os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep) if Path(p).resolve() != KBSWEEP.parent.resolve())
+    path = os.pathsep.join(
+        p for p in os.environ["PATH"].split(os.pathsep) if Path(p).resolve() != KBSWEEP.parent.resolve()
+    )
     env = {**os.environ, "PATH": path}
     env.pop("VIRTUAL_ENV", None)
-    proc = subprocess.run(["bash", "-c", "command -v kbsweep || echo absent"], cwd=REPO, env=env, capture_output=True, text=True)
+    proc = subprocess.run(
+        ["bash", "-c", "command -v kbsweep || echo absent"], cwd=REPO, env=env, capture_output=True, text=True
+    )
     assert proc.stdout.strip() == "absent"
-    proc = subprocess.run(["bash", "-c", f"{activate} && kbsweep plan gpu=cpu problem=scale_shift"], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=600)
+    proc = subprocess.run(
+        ["bash", "-c", f"{activate} && kbsweep plan gpu=cpu problem=scale_shift"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0 and "1 cells" in proc.stdout, proc.stderr[-2000:]
 
 
 def test_the_api_names_stay_functions_once_their_submodules_are_imported():
-    code = ("import kbsweep, kbsweep.api, kbsweep.cli; from kbsweep.reporting.report import build_boards; import kbsweep.reporting.report; "
-            "assert [getattr(kbsweep, n) for n in kbsweep.API] == [getattr(kbsweep.api, n) for n in kbsweep.API]; "
-            "import sys; assert sys.modules['kbsweep.reporting.report'].build_boards is build_boards")
+    code = (
+        "import kbsweep, kbsweep.api, kbsweep.cli; from kbsweep.reporting.report import build_boards; import kbsweep.reporting.report; "
+        "assert [getattr(kbsweep, n) for n in kbsweep.API] == [getattr(kbsweep.api, n) for n in kbsweep.API]; "
+        "import sys; assert sys.modules['kbsweep.reporting.report'].build_boards is build_boards"
+    )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-2000:]
 
@@ -154,14 +192,25 @@ def scratch_problem(root: Path, yaml_text: str) -> Path:
     return folder
 
 
-@pytest.mark.parametrize("text, where, key", [
-    ("name: broken\nshapes: [\n", "problem.yaml:3:1:", "key 'shapes'"),  # a bracket left open
-    ("name: broken\ntolerance:\n  float32: {atol: 1.0e-5, rtol: 1.0e-5}\n   bad: 3\n", "problem.yaml:4:4:", "key 'tolerance.float32'"),
-    ("name: broken\n\tregime: memory\n", "problem.yaml:2:1:", "key 'regime'"),  # a tab
-])
+@pytest.mark.parametrize(
+    "text, where, key",
+    [
+        ("name: broken\nshapes: [\n", "problem.yaml:3:1:", "key 'shapes'"),  # a bracket left open
+        (
+            "name: broken\ntolerance:\n  float32: {atol: 1.0e-5, rtol: 1.0e-5}\n   bad: 3\n",
+            "problem.yaml:4:4:",
+            "key 'tolerance.float32'",
+        ),
+        ("name: broken\n\tregime: memory\n", "problem.yaml:2:1:", "key 'regime'"),  # a tab
+    ],
+)
 def test_broken_problem_yaml_names_file_line_column_and_key(text, where, key, outputs, tmp_path):
     folder = scratch_problem(tmp_path, text)
-    line = one_error_line(typed("plan", "gpu=cpu", f"paths.problems=[{REPO}/problems,{tmp_path}/problems]", "problem=broken", cwd=tmp_path))
+    line = one_error_line(
+        typed(
+            "plan", "gpu=cpu", f"paths.problems=[{REPO}/problems,{tmp_path}/problems]", "problem=broken", cwd=tmp_path
+        )
+    )
     assert f"{folder}/{where}" in line and key in line and "broken YAML" in line, line
 
 
@@ -169,7 +218,16 @@ def test_broken_roofline_spec_names_file_line_column_and_key(outputs, tmp_path):
     specs = tmp_path / "specs"
     specs.mkdir()
     (specs / "bad.yaml").write_text("peaks_tflops: {fp32: 0.1\ndram_gbps: 20\n")
-    line = one_error_line(typed("plan", "gpu=cpu", f"paths.roofline_specs=[{specs}]", "gpu.roofline=bad", "problem=scale_shift", cwd=tmp_path))
+    line = one_error_line(
+        typed(
+            "plan",
+            "gpu=cpu",
+            f"paths.roofline_specs=[{specs}]",
+            "gpu.roofline=bad",
+            "problem=scale_shift",
+            cwd=tmp_path,
+        )
+    )
     assert f"{specs}/bad.yaml:2:10:" in line and "key 'peaks_tflops'" in line and "flow mapping at 1:15" in line, line
 
 
@@ -180,14 +238,29 @@ def test_calibrating_a_gpu_this_machine_lacks_is_one_line(outputs, tmp_path):
     assert not (outputs / "calibration").exists()
 
 
-@pytest.mark.parametrize("result, note", [
-    ({"outcome": "pass", "score": 0.5}, None),
-    ({"outcome": "incorrect", "score": None}, None),
-    ({"outcome": "pass", "score": None, "timings": []}, "nothing was timed"),
-    ({"outcome": "pass", "score": None, "timings": [{}], "basis": "speedup", "speedup": {}}, "no baseline was timed"),
-    ({"outcome": "pass", "score": None, "timings": [{}], "basis": "roofline", "speedup": {"eager": 2.0},
-      "findings": [{"kind": "no_kernel", "detail": "no kernel of the candidate's own in /timing/0"}]}, "no_kernel (no kernel of the candidate's own"),
-])
+@pytest.mark.parametrize(
+    "result, note",
+    [
+        ({"outcome": "pass", "score": 0.5}, None),
+        ({"outcome": "incorrect", "score": None}, None),
+        ({"outcome": "pass", "score": None, "timings": []}, "nothing was timed"),
+        (
+            {"outcome": "pass", "score": None, "timings": [{}], "basis": "speedup", "speedup": {}},
+            "no baseline was timed",
+        ),
+        (
+            {
+                "outcome": "pass",
+                "score": None,
+                "timings": [{}],
+                "basis": "roofline",
+                "speedup": {"eager": 2.0},
+                "findings": [{"kind": "no_kernel", "detail": "no kernel of the candidate's own in /timing/0"}],
+            },
+            "no_kernel (no kernel of the candidate's own",
+        ),
+    ],
+)
 def test_score_note_says_why_a_pass_has_no_score(result, note):
     said = score_note(result)
     assert said == note if note is None else note in said
@@ -207,9 +280,18 @@ def test_a_torch_only_grade_says_why_it_has_no_score(outputs, tmp_path):
 def test_grading_on_a_gpu_that_is_not_here_is_one_line_before_any_grade(outputs, tmp_path):
     """gpu=h100 where no GPU is visible (CUDA_VISIBLE_DEVICES empty, so on any machine): refused with gpu=cpu."""
     (tmp_path / "mine.py").write_text(TORCH_ONLY)
-    proc = typed("grade", "problem=demo/scale_shift", "solution=mine.py", "gpu=h100", cwd=tmp_path, env={"CUDA_VISIBLE_DEVICES": ""})
+    proc = typed(
+        "grade",
+        "problem=demo/scale_shift",
+        "solution=mine.py",
+        "gpu=h100",
+        cwd=tmp_path,
+        env={"CUDA_VISIBLE_DEVICES": ""},
+    )
     line = one_error_line(proc)
-    assert "gpu=h100" in line and "'NVIDIA H100 80GB HBM3'" in line and "no GPU is visible here; use gpu=cpu" in line, line
+    assert "gpu=h100" in line and "'NVIDIA H100 80GB HBM3'" in line and "no GPU is visible here; use gpu=cpu" in line, (
+        line
+    )
     assert proc.stdout == ""  # no grade's result
 
 
@@ -241,7 +323,9 @@ def test_a_sweep_prints_the_mlflow_address_that_opens_on_its_runs(outputs, tmp_p
     assert "mlflow.sharedViewState.kbsweep-cells" in experiment.tags
     address = f"http://127.0.0.1:5000/#/experiments/{experiment.experiment_id}/runs?viewStateShareKey=kbsweep-cells&workflowType=machine_learning"
     assert f"[kbsweep] runs of 'demo': mlflow ui --backend-store-uri {uri}, then {address}" in proc.stderr
-    resumed = typed("gpu=cpu", "problem=scale_shift", "launcher=inline", cwd=tmp_path, env={"PYTHONPROFILEIMPORTTIME": "1"})
+    resumed = typed(
+        "gpu=cpu", "problem=scale_shift", "launcher=inline", cwd=tmp_path, env={"PYTHONPROFILEIMPORTTIME": "1"}
+    )
     assert resumed.returncode == 0 and f"then {address}" in resumed.stderr, resumed.stderr[-2000:]
     # every cell finished and the store untouched: the address comes from the snapshot, MLflow is never imported
     assert not re.search(r"^import time:.*\|\s+mlflow\b", resumed.stderr, re.M)
@@ -254,8 +338,12 @@ def test_a_sweep_prints_the_mlflow_address_that_opens_on_its_runs(outputs, tmp_p
     from selenium.webdriver.support.ui import WebDriverWait
 
     port = free_port()
-    server = subprocess.Popen([str(KBSWEEP.parent / "mlflow"), "ui", "--backend-store-uri", uri, "--port", str(port)], cwd=tmp_path,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = subprocess.Popen(
+        [str(KBSWEEP.parent / "mlflow"), "ui", "--backend-store-uri", uri, "--port", str(port)],
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
     for flag in (*FLAGS, f"--user-data-dir={tmp_path / 'profile'}"):

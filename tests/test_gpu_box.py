@@ -1,6 +1,7 @@
 """A GPU box: a sweep asking for more GPUs than the machine offers is refused in one line before anything runs
 (the GPU list faked, as tests/test_launch.py fakes it), and pyproject's cpu extra pins versions its ranges admit
 (a GPU host installs the ranges and keeps its own builds)."""
+
 from __future__ import annotations
 
 import os
@@ -30,7 +31,13 @@ def test_more_gpus_than_the_machine_offers_is_one_line_before_the_preflight(outp
     """Two GPUs in CUDA_VISIBLE_DEVICES (entries NVML does not list keep their own text), a multi cell of 8: the
     refusal comes before the live preflight (whose missing key would be the error otherwise) and any run."""
     env = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY")}
-    proc = kbsweep("model=opus-4.8", "gpu=h200", "track=multi", "problem=allreduce_residual", env={**env, "CUDA_VISIBLE_DEVICES": "0,1"})
+    proc = kbsweep(
+        "model=opus-4.8",
+        "gpu=h200",
+        "track=multi",
+        "problem=allreduce_residual",
+        env={**env, "CUDA_VISIBLE_DEVICES": "0,1"},
+    )
     errors = [line for line in proc.stderr.splitlines() if line.startswith("kbsweep: error:")]
     assert proc.returncode == 2, proc.stderr
     assert errors == [line for line in proc.stderr.splitlines() if not line.startswith("[kbsweep]")], proc.stderr

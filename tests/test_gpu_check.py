@@ -2,6 +2,7 @@
 line before anything is graded, a sweep's cell ends as an infra outcome before its agent runs, and a CPU config is
 never checked. NVML cannot run here, so the GPUs found are faked as list_gpus returns them (tests/test_launch.py
 fakes them the same way)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -59,7 +60,9 @@ def test_an_h100_graded_as_h200_is_one_line_naming_both_before_any_grade(found, 
     with pytest.raises(KbsweepError) as refused:
         grade("demo/scale_shift", str(solution), "gpu=h200")
     line = str(refused.value)
-    assert "\n" not in line and "'NVIDIA H200'" in line and "'NVIDIA H100 80GB HBM3'" in line and "use gpu=auto" in line, line
+    assert (
+        "\n" not in line and "'NVIDIA H200'" in line and "'NVIDIA H100 80GB HBM3'" in line and "use gpu=auto" in line
+    ), line
 
 
 def test_a_gpu_config_without_a_gpu_is_refused_with_gpu_cpu(found, outputs, monkeypatch, tmp_path):
@@ -74,9 +77,16 @@ def test_a_gpu_config_without_a_gpu_is_refused_with_gpu_cpu(found, outputs, monk
 def test_a_regrade_on_another_card_is_refused_before_it_grades(found, monkeypatch):
     found(H100)
     monkeypatch.setattr(regrade, "runs_frame", lambda *args: None)
-    monkeypatch.setattr(regrade, "latest_per_cell", lambda frame: [{"track": "hard", "run_id": "r", "problem": "hard/topk"}])
+    monkeypatch.setattr(
+        regrade, "latest_per_cell", lambda frame: [{"track": "hard", "run_id": "r", "problem": "hard/topk"}]
+    )
     monkeypatch.setattr(regrade, "Tracker", lambda *args: pytest.fail("the regrade went on"))
-    conf = {"tracking": {"uri": "sqlite:///none"}, "sweep": {"name": "s"}, "gpu": dataclasses.asdict(spec("h200")), "track": {"name": "hard"}}
+    conf = {
+        "tracking": {"uri": "sqlite:///none"},
+        "sweep": {"name": "s"},
+        "gpu": dataclasses.asdict(spec("h200")),
+        "track": {"name": "hard"},
+    }
     with pytest.raises(KbsweepError, match="'NVIDIA H200'.*'NVIDIA H100 80GB HBM3'.*use gpu=auto"):
         regrade.regrade_sweep(conf, force=False)
 
@@ -84,8 +94,15 @@ def test_a_regrade_on_another_card_is_refused_before_it_grades(found, monkeypatc
 def test_a_regrade_without_a_gpu_is_refused_with_gpu_cpu_whatever_the_store_holds(found, monkeypatch):
     found()
     monkeypatch.setattr(regrade, "runs_frame", lambda *args: None)
-    monkeypatch.setattr(regrade, "latest_per_cell", lambda frame: [])  # nothing to regrade: the card is still the fault named
-    conf = {"tracking": {"uri": "sqlite:///none"}, "sweep": {"name": "s"}, "gpu": dataclasses.asdict(spec("h200")), "track": {"name": "hard"}}
+    monkeypatch.setattr(
+        regrade, "latest_per_cell", lambda frame: []
+    )  # nothing to regrade: the card is still the fault named
+    conf = {
+        "tracking": {"uri": "sqlite:///none"},
+        "sweep": {"name": "s"},
+        "gpu": dataclasses.asdict(spec("h200")),
+        "track": {"name": "hard"},
+    }
     with pytest.raises(KbsweepError, match="gpu=h200 .*no GPU is visible here; use gpu=cpu"):
         regrade.regrade_sweep(conf, force=False)
 

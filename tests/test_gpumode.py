@@ -5,6 +5,7 @@ histogram_py and prefixsum_py (commit f83cb92, their LICENSE beside them). On CP
 shapes: their own submission passes kbsweep's grade and a wrong one fails it, and GPU MODE's own test pass
 (``own_verdict``: their eval's ``_run_single_test`` over their task.yml tests) gives the same verdicts.
 """
+
 from __future__ import annotations
 
 import json
@@ -64,7 +65,9 @@ def test_smoke_shapes_are_scaled_to_the_cpu_budget(tmp_path, monkeypatch):
 @pytest.mark.parametrize("name, solution, theirs, expected", CASES, ids=[f"{c[0]}/{c[1]}" for c in CASES])
 def test_kbsweep_and_their_eval_agree(roofline, tmp_path, name, solution, theirs, expected):
     problem = load_problem(gpumode.materialize_all(SAMPLE, [name])[0], "gpumode")
-    result = graded(problem, problem.solutions()[solution], CPU, roofline, mode="check", timeout_s=300, log_dir=tmp_path)
+    result = graded(
+        problem, problem.solutions()[solution], CPU, roofline, mode="check", timeout_s=300, log_dir=tmp_path
+    )
     assert result["outcome"] == expected, json.dumps(result, default=str)[:2000]
     task = gpumode.read_task(SAMPLE / name)
     folder = tmp_path / "theirs"  # their eval's folder: the files task.yml lists, the submission as submission.py
@@ -94,13 +97,25 @@ def broken(tmp_path: Path, edit) -> Path:
     return folder
 
 
-@pytest.mark.parametrize("edit, expected", [
-    (lambda t: t.replace('"../utils.py"', '"../missing.py"'), "task.yml: key 'files[2].source': ../missing.py not found"),
-    (lambda t: t.replace('{"size": 128, "seed": 5236}', '{"size": "big", "seed": 5236}'), "key 'tests[1].size': must be an integer >= 1"),
-    (lambda t: t.replace("benchmarks:", "benchmarks_gone:"), "key 'benchmarks': a non-empty list"),
-    (lambda t: t.replace('{"size": 1024, "seed": 31232}', '{"n": 1024, "seed": 31232}'), "key 'benchmarks[0]': keys ['n'] differ"),
-    (lambda t: t.replace("tests:", "tests: {"), "task.yml: not valid YAML"),
-])
+@pytest.mark.parametrize(
+    "edit, expected",
+    [
+        (
+            lambda t: t.replace('"../utils.py"', '"../missing.py"'),
+            "task.yml: key 'files[2].source': ../missing.py not found",
+        ),
+        (
+            lambda t: t.replace('{"size": 128, "seed": 5236}', '{"size": "big", "seed": 5236}'),
+            "key 'tests[1].size': must be an integer >= 1",
+        ),
+        (lambda t: t.replace("benchmarks:", "benchmarks_gone:"), "key 'benchmarks': a non-empty list"),
+        (
+            lambda t: t.replace('{"size": 1024, "seed": 31232}', '{"n": 1024, "seed": 31232}'),
+            "key 'benchmarks[0]': keys ['n'] differ",
+        ),
+        (lambda t: t.replace("tests:", "tests: {"), "task.yml: not valid YAML"),
+    ],
+)
 def test_a_malformed_folder_is_one_line_naming_the_file_and_key(tmp_path, edit, expected):
     folder = broken(tmp_path, edit)
     with pytest.raises(KbsweepError) as caught:
@@ -114,7 +129,9 @@ def test_a_generator_that_raises_is_one_line(tmp_path):
     shutil.copytree(SAMPLE, folder)
     reference = folder / "vectoradd_py/reference.py"
     reference.write_text(reference.read_text().replace("gen.manual_seed(seed)", "raise ValueError('no generator')"))
-    with pytest.raises(KbsweepError, match=r"reference.py: key 'generate_input': fails on the task's shapes: ValueError: no generator$"):
+    with pytest.raises(
+        KbsweepError, match=r"reference.py: key 'generate_input': fails on the task's shapes: ValueError: no generator$"
+    ):
         gpumode.materialize_all(folder, ["vectoradd_py"])
 
 
@@ -131,15 +148,27 @@ def test_data_that_is_one_tensor_is_the_one_input(roofline, tmp_path, monkeypatc
         "def ref_kernel(data: input_t) -> output_t:\n    return data * 2\n\n\n"
         "def generate_input(size: int, seed: int) -> input_t:\n    gen = torch.Generator(device='cuda')\n"
         "    gen.manual_seed(seed)\n    return torch.randn(size, device='cuda', generator=gen)\n\n\n"
-        "check_implementation = make_match_reference(ref_kernel)\n")
-    (folder / "submission.py").write_text("from task import input_t, output_t\n\n\ndef custom_kernel(data: input_t) -> output_t:\n"
-                                          "    return data + data\n")
+        "check_implementation = make_match_reference(ref_kernel)\n"
+    )
+    (folder / "submission.py").write_text(
+        "from task import input_t, output_t\n\n\ndef custom_kernel(data: input_t) -> output_t:\n"
+        "    return data + data\n"
+    )
     (folder / "task.yml").write_text(
         'files:\n  - {"name": "submission.py", "source": "@SUBMISSION@"}\n  - {"name": "task.py", "source": "task.py"}\n'
         '  - {"name": "utils.py", "source": "../utils.py"}\n  - {"name": "reference.py", "source": "reference.py"}\n'
         'lang: "py"\ntests:\n  - {"size": 100, "seed": 1}\n  - {"size": 200, "seed": 2}\n  - {"size": 300, "seed": 3}\n'
-        'benchmarks:\n  - {"size": 4096, "seed": 4}\n')
+        'benchmarks:\n  - {"size": 4096, "seed": 4}\n'
+    )
     problem = load_problem(gpumode.materialize_all(folder.parent, ["double_py"])[0], "gpumode")
     for solution, expected in (("submission", "pass"), ("wrong", "incorrect")):
-        result = graded(problem, problem.solutions()[solution], CPU, roofline, mode="check", timeout_s=300, log_dir=tmp_path / solution)
+        result = graded(
+            problem,
+            problem.solutions()[solution],
+            CPU,
+            roofline,
+            mode="check",
+            timeout_s=300,
+            log_dir=tmp_path / solution,
+        )
         assert result["outcome"] == expected, result.get("message")

@@ -1,5 +1,6 @@
 """The grader's seam: results stored by earlier versions load as a GradeResult and are written back as they were;
 one GradeRequest from config serves cells, ``kbsweep grade`` and ``kbsweep regrade`` alike."""
+
 from __future__ import annotations
 
 import json
@@ -32,7 +33,9 @@ def test_an_older_kernelbench_pass_loads_with_its_verdicts():
     assert "timeout_s" not in stored and "startup_s" not in stored
     result = GradeResult.from_json(stored)
     assert result.passed and result.basis == stored["basis"] and result.speedup == stored["speedup"]
-    assert result.verdicts == {"kernelbench": "correct", "kbsweep": "pass"} and result.kernelbench["correctness"] is True
+    assert (
+        result.verdicts == {"kernelbench": "correct", "kbsweep": "pass"} and result.kernelbench["correctness"] is True
+    )
     written = result.to_json()
     assert {key: written[key] for key in stored} == stored
     assert written["timeout_s"] is None and written["startup_s"] is None
@@ -48,11 +51,21 @@ def test_one_request_from_config(problem, roofline, tmp_path):
     baseline cache under outputs/: what a cell, ``kbsweep grade`` and ``kbsweep regrade`` all grade with."""
     gpu = GpuSpec("cpu", "a CPU", "cpu", device="cpu", shape_set="smoke_shapes", baselines=["eager"])
     track = {"name": "demo", "grade_timeout_s": 240, "world_size": 1, "sandbox": {"mode": "unsafe"}}
-    grade = {"baselines": ["eager", "compile"], "memory_mib": 2048, "timing": {"min_runs": 3}, "compile_mode": "default", "timers": None}
+    grade = {
+        "baselines": ["eager", "compile"],
+        "memory_mib": 2048,
+        "timing": {"min_runs": 3},
+        "compile_mode": "default",
+        "timers": None,
+    }
     paths = {"outputs": str(tmp_path / "outputs"), "problems": [str(tmp_path / "problems")]}
     configured = GradeRequest.from_config(problem, roofline, gpu, track, grade, paths, hide_env=["SECRET_NAME"])
     assert configured.timeout_s == 240 and configured.world_size == 1 and configured.sandbox.mode == "unsafe"
-    assert configured.baselines == ["eager"] and configured.timing == {"min_runs": 3} and configured.hide_env == ("SECRET_NAME",)
+    assert (
+        configured.baselines == ["eager"]
+        and configured.timing == {"min_runs": 3}
+        and configured.hide_env == ("SECRET_NAME",)
+    )
     assert configured.baseline_cache.path == tmp_path / "outputs/baselines/cpu.json"
     assert configured.zygote_home == (tmp_path / "outputs/zygotes").resolve()
     full = configured.of("full", tmp_path / "solution.py", tmp_path / "grades/final")
@@ -62,8 +75,22 @@ def test_one_request_from_config(problem, roofline, tmp_path):
 
 
 def test_the_runner_gets_three_fields_of_the_referee_request():
-    request = RefereeRequest(spec={}, reference="/deck/reference.py", solution="/c/solution.py", workdir="/c", device="cpu", shapes=[],
-                             mode="check", baselines=[], compile_mode=None, l2_bytes=1 << 20, timing={}, baseline_budget_s=1.0,
-                             secret_seed=1234, world_size=1, timers=[])
+    request = RefereeRequest(
+        spec={},
+        reference="/deck/reference.py",
+        solution="/c/solution.py",
+        workdir="/c",
+        device="cpu",
+        shapes=[],
+        mode="check",
+        baselines=[],
+        compile_mode=None,
+        l2_bytes=1 << 20,
+        timing={},
+        baseline_budget_s=1.0,
+        secret_seed=1234,
+        world_size=1,
+        timers=[],
+    )
     assert request.for_runner() == {"device": "cpu", "workdir": "/c", "l2_bytes": 1 << 20}
     assert RefereeRequest(**json.loads(json.dumps(request.to_json()))) == request

@@ -1,5 +1,6 @@
 """Held-out shapes: graded and scored by full grades only, never shown to the agent nor reachable from its
 workspace, its shell or the candidate's runner during a check or benchmark."""
+
 from __future__ import annotations
 
 import json
@@ -39,7 +40,7 @@ HELD_YAML = "held_out_shapes:\n  - {rows: 5003, cols: 7919}\nheld_out_smoke_shap
 # problem.yaml by every path it can guess, the environment, its command line and every process's, what the
 # interpreter holds, and the sizes the referee sends it. It prints all it finds (the grade's stdout log) and raises
 # on anything that names held-out shapes (the message is what a check shows the agent).
-EXPLOIT = r'''
+EXPLOIT = r"""
 import gc, os, sys, time
 from pathlib import Path
 import torch
@@ -101,7 +102,7 @@ class ModelNew(torch.nn.Module):
         sizes.append(tuple(x.shape))
         print("SIZE", tuple(x.shape), flush=True)
         return x * self.weight + self.bias
-'''
+"""
 
 
 def problem_copy(folder: Path, extra: str = HELD_YAML) -> Path:
@@ -125,12 +126,23 @@ def leaked(text: str) -> list:
 
 
 @pytest.mark.fast
-@pytest.mark.parametrize("extra, key, needle", [
-    ("held_out_shapes:\n  - {rows: 5, width: 9}\n", "held_out_shapes[0]", "differ from the shapes' keys"),
-    ("held_out_shapes:\n  - {rows: 1000, cols: 1537}\n", "held_out_shapes[0]", "also a public shape (shapes)"),
-    ("held_out_smoke_shapes:\n  - {rows: 9, cols: 9}\n  - {rows: 33, cols: 70}\n", "held_out_smoke_shapes[1]", "also a public shape (smoke_shapes)"),
-    ("kernelbench: {version: v1}\nheld_out_shapes:\n  - {rows: 5, cols: 9}\n", "held_out_shapes[0]", "a KernelBench held-out shape overrides sizes its file assigns"),
-])
+@pytest.mark.parametrize(
+    "extra, key, needle",
+    [
+        ("held_out_shapes:\n  - {rows: 5, width: 9}\n", "held_out_shapes[0]", "differ from the shapes' keys"),
+        ("held_out_shapes:\n  - {rows: 1000, cols: 1537}\n", "held_out_shapes[0]", "also a public shape (shapes)"),
+        (
+            "held_out_smoke_shapes:\n  - {rows: 9, cols: 9}\n  - {rows: 33, cols: 70}\n",
+            "held_out_smoke_shapes[1]",
+            "also a public shape (smoke_shapes)",
+        ),
+        (
+            "kernelbench: {version: v1}\nheld_out_shapes:\n  - {rows: 5, cols: 9}\n",
+            "held_out_shapes[0]",
+            "a KernelBench held-out shape overrides sizes its file assigns",
+        ),
+    ],
+)
 def test_bad_held_out_shapes_are_one_line_naming_file_and_key(tmp_path, extra, key, needle):
     root = problem_copy(tmp_path, extra)
     with pytest.raises(KbsweepError) as err:
@@ -140,10 +152,13 @@ def test_bad_held_out_shapes_are_one_line_naming_file_and_key(tmp_path, extra, k
 
 
 @pytest.mark.fast
-@pytest.mark.parametrize("shape_set, extra, key", [
-    ("shapes", "held_out_shapes:\n  - {rows: 0, cols: 9}\n", "held_out_shapes[0].rows"),
-    ("smoke_shapes", "held_out_smoke_shapes:\n  - {rows: 2, cols: 0}\n", "held_out_smoke_shapes[0].cols"),
-])
+@pytest.mark.parametrize(
+    "shape_set, extra, key",
+    [
+        ("shapes", "held_out_shapes:\n  - {rows: 0, cols: 9}\n", "held_out_shapes[0].rows"),
+        ("smoke_shapes", "held_out_smoke_shapes:\n  - {rows: 2, cols: 0}\n", "held_out_smoke_shapes[0].cols"),
+    ],
+)
 def test_plan_checks_the_held_out_sizes_of_the_shape_set_graded(tmp_path, roofline, shape_set, extra, key):
     from kbsweep.planner.validate import check_problem
 
@@ -192,9 +207,14 @@ def test_check_and_bench_show_no_held_out_shape_and_the_full_grade_tags_them(hel
     full = grade(request.of("full", solution, tmp_path / "full")).to_json()
     assert full["outcome"] == "pass", full.get("message")
     tagged = {json.dumps(s["shape"]): s.get("held_out", False) for s in full["shapes"]}
-    assert tagged == {**{json.dumps(s): False for s in held_problem.shapes("smoke_shapes")}, json.dumps(HELD_SMOKE): True}
+    assert tagged == {
+        **{json.dumps(s): False for s in held_problem.shapes("smoke_shapes")},
+        json.dumps(HELD_SMOKE): True,
+    }
     assert [t["shape"] for t in full["timings"] if t.get("held_out")] == [HELD_SMOKE]
-    fractions = {part: [s["fraction"] for s in full["shapes"] if s.get("held_out", False) is part] for part in (False, True)}
+    fractions = {
+        part: [s["fraction"] for s in full["shapes"] if s.get("held_out", False) is part] for part in (False, True)
+    }
     assert full["score"] == pytest.approx(geomean(fractions[False] + fractions[True]))
     assert full["score_public"] == pytest.approx(geomean(fractions[False]))
     assert full["score_held_out"] == pytest.approx(geomean(fractions[True]))
@@ -228,9 +248,11 @@ def test_an_exploit_finds_no_held_out_shape_during_a_check(held_problem, rooflin
 def test_run_shell_finds_no_held_out_shape(held_problem, tmp_path):
     workspace = prepare_workspace(tmp_path / "workspace", held_problem.root)
     box = Toolbox(workspace=workspace, grade=lambda mode: {}, sandbox=Sandbox(SandboxPolicy()))
-    hunt = ("cat /workspace/*; env; cat /proc/*/cmdline; "
-            "find / -xdev \\( -path /proc -o -path /sys -o -path /usr -o -name site-packages \\) -prune -o "
-            "\\( -name '*.yaml' -o -name '*.md' -o -name '*.json' \\) -print 2>/dev/null | head -2000 | xargs -r cat 2>/dev/null; echo HUNTED")
+    hunt = (
+        "cat /workspace/*; env; cat /proc/*/cmdline; "
+        "find / -xdev \\( -path /proc -o -path /sys -o -path /usr -o -name site-packages \\) -prune -o "
+        "\\( -name '*.yaml' -o -name '*.md' -o -name '*.json' \\) -print 2>/dev/null | head -2000 | xargs -r cat 2>/dev/null; echo HUNTED"
+    )
     output = box.tool_run_shell(hunt)
     assert "HUNTED" in output and "get_init_inputs" in output  # it ran, and read the workspace's reference
     assert not leaked(output)
@@ -240,9 +262,29 @@ def test_run_shell_finds_no_held_out_shape(held_problem, tmp_path):
 
 @pytest.mark.fast
 def test_records_store_the_parts_scores_only_where_held_out_shapes_were_graded():
-    shapes = [ShapeScore({"rows": 33, "cols": 70}, 1.0, None, 1.0, None, 0.1, 0.1), ShapeScore(HELD_SMOKE, 2.0, None, 1.0, None, 0.2, 0.2, held_out=True)]
-    result = GradeResult("demo/x", "v", "s.py", "full", "cpu", "cpu", "smoke_shapes", 1, 1.0, 60.0, {}, Outcome.PASS, score=0.14,
-                         basis="roofline", shapes=shapes, score_public=0.1, score_held_out=0.2)
+    shapes = [
+        ShapeScore({"rows": 33, "cols": 70}, 1.0, None, 1.0, None, 0.1, 0.1),
+        ShapeScore(HELD_SMOKE, 2.0, None, 1.0, None, 0.2, 0.2, held_out=True),
+    ]
+    result = GradeResult(
+        "demo/x",
+        "v",
+        "s.py",
+        "full",
+        "cpu",
+        "cpu",
+        "smoke_shapes",
+        1,
+        1.0,
+        60.0,
+        {},
+        Outcome.PASS,
+        score=0.14,
+        basis="roofline",
+        shapes=shapes,
+        score_public=0.1,
+        score_held_out=0.2,
+    )
     stored = result.to_json()
     assert (stored["score_public"], stored["score_held_out"]) == (0.1, 0.2)
     assert [s.get("held_out", False) for s in stored["shapes"]] == [False, True]
@@ -256,7 +298,11 @@ def test_records_store_the_parts_scores_only_where_held_out_shapes_were_graded()
 
 @pytest.mark.fast
 def test_the_board_shows_public_and_held_out_means_and_their_gap():
-    rows = [row("alpha", "hard/p1", 0, score=0.5), row("alpha", "hard/p2", 0, score=0.4), row("beta", "hard/p1", 0, score=0.3)]
+    rows = [
+        row("alpha", "hard/p1", 0, score=0.5),
+        row("alpha", "hard/p2", 0, score=0.4),
+        row("beta", "hard/p1", 0, score=0.3),
+    ]
     for found, (public, held) in zip(rows, ((0.6, 0.4), (0.5, 0.3), (None, None))):
         if public is not None:
             found.update(score_public=public, score_held_out=held)
@@ -287,7 +333,12 @@ def test_a_sweeps_cell_never_shows_the_agent_a_held_out_shape_and_records_both_p
     problem_copy(problems)
     with FakeProvider(multi_turn_fix()) as fp:
         model_yaml(tmp_path / "conf", "fake-openai", "openai/fake-openai", fp.base_url)
-        proc = sweep(tmp_path / "conf", tmp_path / "outputs", "model=fake-openai", f"paths.problems=[{REPO / 'problems'},{tmp_path / 'problems'}]")
+        proc = sweep(
+            tmp_path / "conf",
+            tmp_path / "outputs",
+            "model=fake-openai",
+            f"paths.problems=[{REPO / 'problems'},{tmp_path / 'problems'}]",
+        )
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = results(tmp_path / "outputs")["fake-openai"]
     assert result["outcome"] == "pass", result.get("message")
@@ -297,12 +348,17 @@ def test_a_sweeps_cell_never_shows_the_agent_a_held_out_shape_and_records_both_p
     assert not leaked(transcript) and not leaked(log_text(folder / "workspace"))
     grade_record = json.loads((folder / "grade.json").read_text())
     assert [s["shape"] for s in grade_record["shapes"] if s.get("held_out")] == [HELD_SMOKE]
-    assert (result["score_public"], result["score_held_out"]) == (grade_record["score_public"], grade_record["score_held_out"])
+    assert (result["score_public"], result["score_held_out"]) == (
+        grade_record["score_public"],
+        grade_record["score_held_out"],
+    )
     [run] = cell_runs(tmp_path / "outputs")
     assert run.data.metrics["score_held_out"] == pytest.approx(result["score_held_out"])
     [board] = build_boards(runs_frame(f"sqlite:///{tmp_path / 'outputs'}/mlflow.db"))
     [entry] = board["models"]
-    assert entry["held_out_cells"] == 1 and entry["held_out_gap"] == pytest.approx(result["score_public"] - result["score_held_out"])
+    assert entry["held_out_cells"] == 1 and entry["held_out_gap"] == pytest.approx(
+        result["score_public"] - result["score_held_out"]
+    )
 
 
 @pytest.mark.fast
@@ -312,14 +368,20 @@ def test_every_bundled_problem_holds_out_shapes():
     folders = sorted(p.parent for p in (REPO / "problems").glob("*/*/problem.yaml"))
     problems = [load_problem(folder, folder.parent.name) for folder in folders]
     assert {p.track for p in problems} >= {"demo", "hard", "mega", "multi", "proof"}
-    missing = [p.id for p in problems if not (p.held_out_shapes("shapes") and p.held_out_shapes("smoke_shapes") and p.spec.held_out_smoke_shapes)]
+    missing = [
+        p.id
+        for p in problems
+        if not (p.held_out_shapes("shapes") and p.held_out_shapes("smoke_shapes") and p.spec.held_out_smoke_shapes)
+    ]
     assert not missing, f"no held-out shapes: {missing}"
 
 
 def kernelbench_file(folder: Path, name: str, sizes: str, inputs: str, forward: str = "return a * 2") -> Path:
     path = folder / f"{name}.py"
-    path.write_text(f"import torch\n\n\nclass Model(torch.nn.Module):\n    def forward(self, *args):\n        a = args[0]\n        {forward}\n\n\n"
-                    f"{sizes}\n\n\ndef get_inputs():\n    return [{inputs}]\n\n\ndef get_init_inputs():\n    return []\n")
+    path.write_text(
+        f"import torch\n\n\nclass Model(torch.nn.Module):\n    def forward(self, *args):\n        a = args[0]\n        {forward}\n\n\n"
+        f"{sizes}\n\n\ndef get_inputs():\n    return [{inputs}]\n\n\ndef get_init_inputs():\n    return []\n"
+    )
     return path
 
 
@@ -333,13 +395,25 @@ def test_kernelbench_problems_hold_out_a_scaled_batch_or_say_why_not(tmp_path):
     for root in materialize_all(sample, kernelbench_names(sample)):
         problem = load_problem(root, "kernelbench")
         [gpu], [smoke] = problem.held_out_shapes("shapes"), problem.held_out_shapes("smoke_shapes")
-        assert set(gpu) == {"batch_size"} and gpu not in problem.shapes("shapes") and smoke not in problem.shapes("smoke_shapes")
+        assert (
+            set(gpu) == {"batch_size"}
+            and gpu not in problem.shapes("shapes")
+            and smoke not in problem.shapes("smoke_shapes")
+        )
     kernelbench_file(tmp_path, "1_plain", "batch_size = 16\ndim = 64", "torch.randn(batch_size, dim)")
-    kernelbench_file(tmp_path, "2_tied", "batch_size = 32\ninput_shape = (32,)", "torch.randn(batch_size, 8), torch.randn(*input_shape, 8)",
-                     "return a + args[1]")
+    kernelbench_file(
+        tmp_path,
+        "2_tied",
+        "batch_size = 32\ninput_shape = (32,)",
+        "torch.randn(batch_size, 8), torch.randn(*input_shape, 8)",
+        "return a + args[1]",
+    )
     kernelbench_file(tmp_path, "3_no_batch", "rows = 16\ndim = 64", "torch.randn(rows, dim)")
     kernelbench_file(tmp_path, "4_single", "batch_size = 2\ndim = 64", "torch.randn(batch_size, dim)")
-    specs = {root.name: load_problem(root, "kernelbench").spec for root in materialize_all(tmp_path, kernelbench_names(tmp_path))}
+    specs = {
+        root.name: load_problem(root, "kernelbench").spec
+        for root in materialize_all(tmp_path, kernelbench_names(tmp_path))
+    }
     assert specs["1_plain"].held_out_shapes == specs["1_plain"].held_out_smoke_shapes == [{"batch_size": 11}]
     assert specs["2_tied"].held_out_shapes == [{"batch_size": 23, "input_shape[0]": 23}]
     assert specs["3_no_batch"].no_held_out == "no module-level batch size (batch_size, batch, bs) to scale"

@@ -3,6 +3,7 @@ processes' CPU work on its CPUs counted, its own and other CPUs' left out, and t
 while that work stays within ``grade.timing.quiet_cpus``, waits for that within a grade's allowance, times again
 when the load came during the timing, and gives up as a busy host.
 The gate's use on a GPU grade runs in scripts/baseline_load.py (docs/benchmarks.md)."""
+
 import subprocess
 import sys
 import threading
@@ -94,7 +95,9 @@ class FakeHost:
         share = self.busy_ticks // len(self.CPUS)
         lines = [f"cpu  {2 * self.busy_ticks} 0 0 1000 0 0 0 0 0 0"]
         lines += [f"cpu{i} {share + (self.busy_ticks % 8 if i == 0 else 0)} 0 0 100 0 0 0 0 0 0" for i in self.CPUS]
-        lines += [f"cpu8 0 {self.busy_ticks} 0 100 0 0 0 0 0 0"] + [f"cpu{i} 0 0 0 100 0 0 0 0 0 0" for i in range(9, 16)]
+        lines += [f"cpu8 0 {self.busy_ticks} 0 100 0 0 0 0 0 0"] + [
+            f"cpu{i} 0 0 0 100 0 0 0 0 0 0" for i in range(9, 16)
+        ]
         self.path.write_text("\n".join(lines + ["intr 0", "ctxt 0"]) + "\n")
 
     def advance(self, seconds: float, load: float) -> None:
@@ -113,7 +116,9 @@ class FakeHost:
 
     def gate(self, limit_cpus, wait_s: float = 10.0, agree=bool) -> QuietHost:
         """A gate on CPUs 0-7."""
-        return QuietHost(limit_cpus, wait_s, agree, stat=self.path, sleep=self.sleep, clock=lambda: self.now, on=set(self.CPUS))
+        return QuietHost(
+            limit_cpus, wait_s, agree, stat=self.path, sleep=self.sleep, clock=lambda: self.now, on=set(self.CPUS)
+        )
 
 
 def test_a_busy_host_is_waited_for_then_the_baseline_timed(tmp_path):
@@ -132,7 +137,10 @@ def test_load_that_came_during_the_timing_times_it_again(tmp_path):
 
 def test_a_host_busy_through_both_timings_fails(tmp_path):
     host = FakeHost(tmp_path, loads=[0.0, 0.0], timing_load=[5.0, 5.0])
-    with pytest.raises(HostBusy, match=r"busy while baseline eager was timed, twice: other processes used 5\.0 of the referee.s 8 CPUs \(at most 2: grade\.timing\.quiet_cpus\)"):
+    with pytest.raises(
+        HostBusy,
+        match=r"busy while baseline eager was timed, twice: other processes used 5\.0 of the referee.s 8 CPUs \(at most 2: grade\.timing\.quiet_cpus\)",
+    ):
         host.gate(2.0).time("baseline eager", host.timer)
 
 
@@ -212,7 +220,10 @@ def test_a_busy_host_ends_the_grade_as_a_node_failure_not_a_baseline_error(tmp_p
     assert timed["median_ms"] == 4.4 and timed["host_others_cpus"] == pytest.approx(0.4, abs=0.05)
 
 
-@pytest.mark.parametrize("device, budget_s, limit, wait_s", [("cuda", 2400.0, 1.0, 600.0), ("cuda", 96.0, 1.0, 48.0), ("cpu", 2400.0, None, 600.0)])
+@pytest.mark.parametrize(
+    "device, budget_s, limit, wait_s",
+    [("cuda", 2400.0, 1.0, 600.0), ("cuda", 96.0, 1.0, 48.0), ("cpu", 2400.0, None, 600.0)],
+)
 def test_the_referees_gate_from_its_config(device, budget_s, limit, wait_s):
     """grade.timing's quiet_cpus on GPUs only; the wait within half the baseline budget (the grade's limit is 2.5× it:
     a busy host must end the grade as a node failure before the grade times out, which would count as the model's)."""

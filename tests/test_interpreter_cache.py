@@ -1,6 +1,7 @@
 """The runner zygote's cache of Triton's interpreter patches (kbsweep.grader.runner.interpreter_cache): the same attributes
 patched as Triton patches them, kernels computing the same, ``triton.language`` pristine after a launch, and a
 Triton of another version left alone."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -28,7 +29,9 @@ def pristine(monkeypatch):
 def softmax_module():
     """The demo's row_softmax solution, jitted for the interpreter (``tl.max`` and ``tl.sum`` are device functions,
     patched again inside each program)."""
-    spec = importlib.util.spec_from_file_location("softmax_solution", REPO_ROOT / "problems/demo/row_softmax/solutions/triton.py")
+    spec = importlib.util.spec_from_file_location(
+        "softmax_solution", REPO_ROOT / "problems/demo/row_softmax/solutions/triton.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

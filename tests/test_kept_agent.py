@@ -1,6 +1,7 @@
 """A cell whose agent ended cleanly but whose final grade was lost to the infrastructure (a node failure) is graded
 again on its next run from the work its agent left, and the model is not run, nor paid, twice; a workspace changed
 since, or ``--force``, redoes the cell whole."""
+
 from __future__ import annotations
 
 import json
@@ -97,6 +98,7 @@ def test_a_workspace_changed_since_the_agent_ended_redoes_the_cell_whole(outputs
 def test_an_unreadable_workspace_is_not_kept_and_the_cell_still_ends(outputs, monkeypatch):
     """A workspace the cell cannot read whole (a file its agent made unreadable, say) records no agent: the cell
     ends as it would have, and its rerun would redo it."""
+
     def unreadable(workspace):
         raise PermissionError(f"{workspace}/x")
 

@@ -1,4 +1,5 @@
 """KernelBench single-file problems run through the same matrix, grader and tracking; scored as speedups."""
+
 from __future__ import annotations
 
 import json
@@ -18,7 +19,13 @@ def test_plan_lists_the_folder(cli, outputs):
 
 
 def test_grade_scores_speedup_only(cli, outputs):
-    proc = cli("grade", "track=kernelbench", "problem=kernelbench/3_row_sum", f"solution={SAMPLE}/solutions/3_row_sum/triton.py", "gpu=cpu")
+    proc = cli(
+        "grade",
+        "track=kernelbench",
+        "problem=kernelbench/3_row_sum",
+        f"solution={SAMPLE}/solutions/3_row_sum/triton.py",
+        "gpu=cpu",
+    )
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout)
     assert result["outcome"] == "pass" and result["basis"] == "speedup"
@@ -35,8 +42,15 @@ def test_wrong_kernelbench_solution_fails(cli, outputs, tmp_path):
 
 def test_relative_outputs_folder(cli, outputs, tmp_path):
     """KBSWEEP_OUTPUTS relative to the caller's folder: the zygotes fork elsewhere, and every grade was a harness_error."""
-    proc = cli("grade", "track=kernelbench", "problem=kernelbench/1_relu", f"solution={SAMPLE}/solutions/1_relu/triton.py", "gpu=cpu",
-               cwd=tmp_path, env={"KBSWEEP_OUTPUTS": "relative-outputs"})
+    proc = cli(
+        "grade",
+        "track=kernelbench",
+        "problem=kernelbench/1_relu",
+        f"solution={SAMPLE}/solutions/1_relu/triton.py",
+        "gpu=cpu",
+        cwd=tmp_path,
+        env={"KBSWEEP_OUTPUTS": "relative-outputs"},
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert (tmp_path / "relative-outputs/grades").is_dir()
 
@@ -47,7 +61,9 @@ def test_sweep_over_an_outside_folder(cli, outputs, tmp_path):
     (deck / "7_relu.py").write_text((SAMPLE / "1_relu.py").read_text())
     (deck / "solutions/7_relu").mkdir(parents=True)
     (deck / "solutions/7_relu/triton.py").write_text((SAMPLE / "solutions/1_relu/triton.py").read_text())
-    (deck / "solutions/7_relu/wrong.py").write_text("import torch\nclass ModelNew(torch.nn.Module):\n    def forward(self, x):\n        return x\n")
+    (deck / "solutions/7_relu/wrong.py").write_text(
+        "import torch\nclass ModelNew(torch.nn.Module):\n    def forward(self, x):\n        return x\n"
+    )
     proc = cli("track=kernelbench", f"track.problems_dir={deck}", "launcher=inline")
     assert proc.returncode == 0, proc.stderr
     result = json.loads(next((outputs / "sweeps/kernelbench").glob("*/result.json")).read_text())
@@ -64,14 +80,21 @@ def test_gpu_timing_script_cpu_path(tmp_path):
     (level1 / "2_broken.py").write_text(relu.replace("return torch.relu(x)", "raise RuntimeError('broken forward')"))
     script = [sys.executable, str(REPO / "scripts/kernelbench_gpu_timing.py"), str(tmp_path / "KB")]
     out = tmp_path / "timing.json"
-    proc = subprocess.run([*script, str(out), "--ids", "1", "2", "--device", "cpu"], capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        [*script, str(out), "--ids", "1", "2", "--device", "cpu"], capture_output=True, text=True, timeout=900
+    )
     assert proc.returncode == 0, proc.stderr
     problems = json.loads(out.read_text())["problems"]
     good = problems["1_relu"]
     assert good["outcome"] == "pass" and good["kernelbench"]["num_trials"] == 100 and good["kbsweep"]["median_ms"] > 0
     assert good["kernelbench_mean_over_kbsweep_median"] == good["kernelbench"]["mean_ms"] / good["kbsweep"]["median_ms"]
     assert "broken forward" in problems["2_broken"]["error"]
-    proc = subprocess.run([*script, str(out), "--ids", "1", "--device", "cpu", "--budget-s", "1"], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [*script, str(out), "--ids", "1", "--device", "cpu", "--budget-s", "1"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert json.loads(out.read_text())["problems"]["1_relu"] == {"skipped": "the 1 s budget was spent"}
 
 
@@ -82,15 +105,18 @@ def test_missing_optional_package_is_one_line(cli, outputs, tmp_path):
     (tmp_path / "2_mamba.py").write_text("import kbsweep_absent_package.layers\n" + (SAMPLE / "1_relu.py").read_text())
     proc = cli("plan", "track=kernelbench", f"track.problems_dir={tmp_path}")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
-    assert proc.stderr.strip().splitlines() == [f"kbsweep: error: {tmp_path}/2_mamba.py: needs the Python package 'kbsweep_absent_package', "
-                                                "which is not installed (pip install kbsweep_absent_package, or leave the problem out with track.problems)"]
+    assert proc.stderr.strip().splitlines() == [
+        f"kbsweep: error: {tmp_path}/2_mamba.py: needs the Python package 'kbsweep_absent_package', "
+        "which is not installed (pip install kbsweep_absent_package, or leave the problem out with track.problems)"
+    ]
 
 
 def test_unknown_timer_in_config_is_one_line(cli, outputs):
     proc = cli("plan", "track=kernelbench", "grade.timers=[do_bench]")
     assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
         f"kbsweep: error: {REPO}/conf/config.yaml: key 'grade.timers': must be a list of kernelbench "
-        "(null: kernelbench for KernelBench problems on GPUs), got ['do_bench']"]
+        "(null: kernelbench for KernelBench problems on GPUs), got ['do_bench']"
+    ]
 
 
 def test_reference_probe_cache_merges_concurrent_writers(tmp_path, monkeypatch):

@@ -1,4 +1,5 @@
 """The local launcher: GPU pool and pinning, the machine-wide grade lock, the wall-clock cap, requeue, torchrun."""
+
 from __future__ import annotations
 
 import json
@@ -55,7 +56,13 @@ LOCAL_KINDS = pytest.mark.parametrize("kind", ["fresh", "warm"])
 
 
 def launcher_conf(tmp_path: Path, **over) -> dict:
-    conf = {"kind": "local", "concurrency": 2, "folder": str(tmp_path / "submitit"), "requeue_infra": 1, "cap_slack_s": 0.0}
+    conf = {
+        "kind": "local",
+        "concurrency": 2,
+        "folder": str(tmp_path / "submitit"),
+        "requeue_infra": 1,
+        "cap_slack_s": 0.0,
+    }
     return {**conf, **over}
 
 
@@ -112,7 +119,9 @@ def hang(cell):
     (folder / "marker").write_text("x")
     grader = subprocess.Popen(["sleep", "300"], start_new_session=True)
     child = subprocess.Popen(["sleep", "300"])
-    orphan = subprocess.run(["bash", "-c", "sleep 300 >/dev/null 2>&1 & echo $!"], capture_output=True, text=True).stdout
+    orphan = subprocess.run(
+        ["bash", "-c", "sleep 300 >/dev/null 2>&1 & echo $!"], capture_output=True, text=True
+    ).stdout
     with open(Path(cell.paths["outputs"]) / "attempts.jsonl", "a") as fh:
         pids = [os.getpid(), grader.pid, child.pid, int(orphan)]
         fh.write(json.dumps({"pids": pids, "saw_previous": previous}) + "\n")
@@ -198,7 +207,9 @@ def test_grade_lock_is_exclusive_per_gpu_across_processes(tmp_path):
 @LOCAL_KINDS
 def test_hung_cell_is_killed_at_its_cap_with_its_process_tree_and_requeued_once(tmp_path, kind):
     launcher = local_launcher(kind, launcher_conf(tmp_path, cap_slack_s=0.0), via_run_cell_pinned(hang))
-    cell = make_cell(tmp_path, "hung", cap_s=10)  # a fresh job's start (Python, its imports) must fit well inside it under load
+    cell = make_cell(
+        tmp_path, "hung", cap_s=10
+    )  # a fresh job's start (Python, its imports) must fit well inside it under load
     t0 = time.monotonic()
     started, done = run_all(launcher, [cell])
     elapsed = time.monotonic() - t0
@@ -253,9 +264,11 @@ def test_warm_workers_run_cells_one_after_another_and_exit_with_the_sweep(tmp_pa
 
     launcher = local_launcher("warm", launcher_conf(tmp_path), via_run_cell_pinned(body))
     started, done, in_flight = [], [], []
-    launcher.run([make_cell(tmp_path, str(i)) for i in range(5)],
-                 lambda cell: (started.append(cell), in_flight.append(len(started) - len(done))),
-                 lambda cell, result: done.append((cell, result)))
+    launcher.run(
+        [make_cell(tmp_path, str(i)) for i in range(5)],
+        lambda cell: (started.append(cell), in_flight.append(len(started) - len(done))),
+        lambda cell, result: done.append((cell, result)),
+    )
     pids = {result["pid"] for _, result in done}
     assert len(started) == 5 and [r["outcome"] for _, r in done] == ["pass"] * 5
     assert max(in_flight) == 2, in_flight
@@ -290,7 +303,16 @@ def test_warm_workers_keep_to_problems_of_their_own(tmp_path, order):
 
 def test_torchrun_command_runs_a_module_under_this_interpreter():
     assert torchrun_command(4, "pkg.worker", ["a", 1]) == [
-        sys.executable, "-I", "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=4", "-m", "pkg.worker", "a", "1",
+        sys.executable,
+        "-I",
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=4",
+        "-m",
+        "pkg.worker",
+        "a",
+        "1",
     ]
 
 
@@ -302,11 +324,13 @@ def test_torchrun_gloo_world_of_two(tmp_path):
 
 
 def test_torchrun_hung_ranks_are_killed_at_the_timeout(tmp_path):
-    (tmp_path / "hang_worker.py").write_text(textwrap.dedent("""
+    (tmp_path / "hang_worker.py").write_text(
+        textwrap.dedent("""
         import os, pathlib, time
         pathlib.Path(os.environ["PIDS"], os.environ["RANK"]).write_text(str(os.getpid()))
         time.sleep(3600)
-    """))
+    """)
+    )
     pids = tmp_path / "pids"
     pids.mkdir()
     env = {**os.environ, "PYTHONPATH": str(tmp_path), "PIDS": str(pids)}
@@ -342,4 +366,6 @@ def test_model_concurrency_caps_cells_per_provider(tmp_path):
     assert next_cell([other, same], [], caps, warm) is same
     assert next_cell([other, b1], [], caps, warm) is other  # none preferred: the first
     a2.problem_dir = "warm"
-    assert next_cell([a2, other], [a1], caps, warm) is other  # a preferred cell over its provider's cap waits all the same
+    assert (
+        next_cell([a2, other], [a1], caps, warm) is other
+    )  # a preferred cell over its provider's cap waits all the same

@@ -1,6 +1,7 @@
 """The package layout (docs/architecture.md): stages that import only downward, a short top level, a docstring per
 package, and the grader's trust boundary. :data:`RANKS` is the one statement of the import order: the docs and the
 packages' docstrings refer to it."""
+
 from __future__ import annotations
 
 import ast
@@ -82,8 +83,11 @@ def test_every_module_has_a_stage():
 
 
 def test_stages_import_downward():
-    upward = [f"{where}: {a} ({stage(a)}) imports {b} ({stage(b)}, ranked above)"
-              for a, b, where in edges() if RANK[stage(b)] > RANK[stage(a)]]
+    upward = [
+        f"{where}: {a} ({stage(a)}) imports {b} ({stage(b)}, ranked above)"
+        for a, b, where in edges()
+        if RANK[stage(b)] > RANK[stage(a)]
+    ]
     assert not upward, "\n".join(upward)
 
 
@@ -103,7 +107,9 @@ def test_every_package_says_its_job_and_rank():
         assert doc.strip(), f"{init.relative_to(REPO)}: no docstring"
         if name != "kbsweep":
             rank = RANK[stage(name)]
-            assert re.search(rf"\brank {rank}\b", doc, re.I), f"{init.relative_to(REPO)}: its docstring does not give rank {rank}"
+            assert re.search(rf"\brank {rank}\b", doc, re.I), (
+                f"{init.relative_to(REPO)}: its docstring does not give rank {rank}"
+            )
 
 
 def test_the_trust_boundary_holds_in_the_imports():
@@ -116,14 +122,18 @@ def test_the_trust_boundary_holds_in_the_imports():
             crossing.append(f"{where}: the referee's {a} imports {b} ({side(b)})")
         for prefix, allowed in MAY_IMPORT.items():
             if under(a, prefix) and not any(under(b, p) for p in allowed):
-                crossing.append(f"{where}: {a} imports {b}; {prefix.rpartition('.')[2]}/ may import only {', '.join(allowed)}")
+                crossing.append(
+                    f"{where}: {a} imports {b}; {prefix.rpartition('.')[2]}/ may import only {', '.join(allowed)}"
+                )
     assert not crossing, "\n".join(crossing)
 
 
 def loaded_by(boot: str) -> tuple[str, list[str]]:
     """(kbsweep's file, the kbsweep modules loaded) in a fresh isolated interpreter once ``boot`` has run."""
     report = "; import json; print(json.dumps([sys.modules['kbsweep'].__file__, sorted(sys.modules)]))"
-    proc = subprocess.run([sys.executable, "-I", "-c", boot + report], capture_output=True, text=True, timeout=120, cwd="/")
+    proc = subprocess.run(
+        [sys.executable, "-I", "-c", boot + report], capture_output=True, text=True, timeout=120, cwd="/"
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     origin, names = json.loads(proc.stdout.splitlines()[-1])
     return origin, [m for m in names if m == "kbsweep" or m.startswith("kbsweep.")]

@@ -1,5 +1,6 @@
 """Live progress: a running cell's transcript lines become MLflow metrics of its run as they are written (real
 sqlite store), a half-written line waits for the next read, and off a terminal each turn is one plain line."""
+
 from __future__ import annotations
 
 import json
@@ -25,16 +26,24 @@ def test_running_cell_metrics_reach_mlflow_while_it_runs(store):  # noqa: F811
     live = LiveCells(lambda rid, metrics: tracker.log_batch(rid, metrics=metrics), said.append)
     live.add(cell.key, cell.label, run_id, transcript)
     live.poll()  # no transcript yet: nothing
-    append(transcript, {"ts": 1.0, "type": "user", "content": "go"},
-           {"ts": 2.0, "type": "assistant", "usage": {"input_tokens": 100, "output_tokens": 10}, "cost_usd": 0.5})
+    append(
+        transcript,
+        {"ts": 1.0, "type": "user", "content": "go"},
+        {"ts": 2.0, "type": "assistant", "usage": {"input_tokens": 100, "output_tokens": 10}, "cost_usd": 0.5},
+    )
     with transcript.open("a") as fh:
         fh.write('{"ts": 3.0, "type": "step", "turn": 1, "tok')  # still being written
     live.poll()
     history = lambda key: [(m.step, m.value) for m in tracker.client.get_metric_history(run_id, key)]  # noqa: E731
-    assert history("live.tokens") == [(1, 110)] and history("live.usd") == [(1, 0.5)] and history("live.best_score") == []
+    assert (
+        history("live.tokens") == [(1, 110)] and history("live.usd") == [(1, 0.5)] and history("live.best_score") == []
+    )
     with transcript.open("a") as fh:
         fh.write('ens": 110, "usd": 0.5, "best_score": 0.25}\n')
-    append(transcript, {"ts": 4.0, "type": "assistant", "usage": {"input_tokens": 200, "output_tokens": 20}, "cost_usd": 1.0})
+    append(
+        transcript,
+        {"ts": 4.0, "type": "assistant", "usage": {"input_tokens": 200, "output_tokens": 20}, "cost_usd": 1.0},
+    )
     live.poll()
     assert history("live.tokens") == [(1, 110), (2, 330)] and history("live.best_score") == [(1, 0.25)]
     assert said[-1] == f"{cell.label}: turn 2, 330 tokens, $1.50, best check 0.25"

@@ -1,4 +1,5 @@
 """LiteLLMModel over real HTTP (through litellm) against the scripted fake provider, in both wire shapes."""
+
 from __future__ import annotations
 
 import email.utils
@@ -155,10 +156,17 @@ def test_multi_turn_exchange(shape):
         assert [m["role"] for m in sent] == ["user", "assistant", "user"]
         blocks = sent[1]["content"]
         assert blocks[0]["type"] == "thinking"  # thinking blocks go back to Anthropic on a tool-use turn
-        assert blocks[-1] == {"type": "tool_use", "id": call_id, "name": "write_file", "input": {"path": "k.py", "content": "a"}}
+        assert blocks[-1] == {
+            "type": "tool_use",
+            "id": call_id,
+            "name": "write_file",
+            "input": {"path": "k.py", "content": "a"},
+        }
         result = sent[2]["content"][0]
         assert result["type"] == "tool_result" and result["tool_use_id"] == call_id
-        assert result["cache_control"] == {"type": "ephemeral"}  # last message marked (litellm marks its tool_result block)
+        assert result["cache_control"] == {
+            "type": "ephemeral"
+        }  # last message marked (litellm marks its tool_result block)
         assert "cache_control" not in json.dumps(sent[0])  # the first user message is not (a system exists)
         assert fp.requests[1].json["system"][-1]["cache_control"] == {"type": "ephemeral"}
 
@@ -188,7 +196,10 @@ def test_usage_and_cost_with_cache_reads(shape):
         assert usage.cache_write_tokens == 1_000
         fresh, writes = 3_000, 1_000
     expected = (
-        fresh * PRICES["input"] + 6_000 * PRICES["cache_read"] + writes * PRICES["cache_write"] + 2_000 * PRICES["output"]
+        fresh * PRICES["input"]
+        + 6_000 * PRICES["cache_read"]
+        + writes * PRICES["cache_write"]
+        + 2_000 * PRICES["output"]
     ) / 1e6
     assert completion.cost_usd == pytest.approx(expected, rel=1e-9)
     # cached tokens really are cheaper than if they had been billed as input
@@ -241,20 +252,30 @@ def test_structured_model_conf_and_per_model_prices():
     with FakeProvider([step] * 3) as fp:
         models = []
         for name, price in (("cheap", 1.0), ("dear", 3.0)):
-            cfg = OmegaConf.structured(ModelConf(name=name, route="openai/shared-route", api_key_env=KEY_ENV, api_base=fp.base_url))
+            cfg = OmegaConf.structured(
+                ModelConf(name=name, route="openai/shared-route", api_key_env=KEY_ENV, api_base=fp.base_url)
+            )
             cfg.prices.input, cfg.prices.output, cfg.prices.cache_read = price, price, price / 10
             models.append(LiteLLMModel(cfg))
         cheap, dear = models
-        costs = [cheap.complete(MESSAGES, []).cost_usd, dear.complete(MESSAGES, []).cost_usd, cheap.complete(MESSAGES, []).cost_usd]
+        costs = [
+            cheap.complete(MESSAGES, []).cost_usd,
+            dear.complete(MESSAGES, []).cost_usd,
+            cheap.complete(MESSAGES, []).cost_usd,
+        ]
     assert costs == pytest.approx([0.5 + 0.05, 1.5 + 0.15, 0.5 + 0.05])
     assert fp.requests[0].json["max_tokens"] == ModelConf.max_output_tokens
 
 
 @pytest.mark.parametrize(
     "garbled",
-    [MalformedToolCall(name="write_file", raw_arguments='{"path": "kernel.py", "content": "unterminated'),
-     HttpError(200, body={"id": "x", "object": "chat.completion", "created": 0, "model": "local-model", "choices": []}),
-     HttpError(400, body={"error": {"message": "bad tool schema", "type": "invalid_request_error"}})],
+    [
+        MalformedToolCall(name="write_file", raw_arguments='{"path": "kernel.py", "content": "unterminated'),
+        HttpError(
+            200, body={"id": "x", "object": "chat.completion", "created": 0, "model": "local-model", "choices": []}
+        ),
+        HttpError(400, body={"error": {"message": "bad tool schema", "type": "invalid_request_error"}}),
+    ],
     ids=["invalid-tool-arguments", "no-choices", "400"],
 )
 def test_a_garbled_reply_or_a_400_is_the_providers_fault_retried_then_provider_error(garbled):
@@ -286,7 +307,9 @@ def test_garbled_replies_are_billed_into_the_answer_or_the_fault():
             make_model(fp).complete(MESSAGES, TOOLS)
     fault = info.value
     assert (fault.outcome, fault.attempts, fault.status) == (Outcome.PROVIDER_ERROR, 4, None)
-    assert (fault.usage.input_tokens, fault.usage.output_tokens) == (4_000, 3_200) and fault.cost_usd == pytest.approx(4 * per_call)
+    assert (fault.usage.input_tokens, fault.usage.output_tokens) == (4_000, 3_200) and fault.cost_usd == pytest.approx(
+        4 * per_call
+    )
     assert "not a JSON object" in fault.answer
 
 
@@ -398,8 +421,16 @@ def test_abrupt_disconnect_forever_is_provider_error():
         (HttpError(404), Outcome.MODEL_NOT_FOUND),
         (HttpError(402), Outcome.CREDITS_EXHAUSTED),
         (
-            HttpError(429, body={"error": {"message": "You exceeded your current quota, check your plan and billing "
-                                 "details.", "type": "insufficient_quota", "code": "insufficient_quota"}}),
+            HttpError(
+                429,
+                body={
+                    "error": {
+                        "message": "You exceeded your current quota, check your plan and billing details.",
+                        "type": "insufficient_quota",
+                        "code": "insufficient_quota",
+                    }
+                },
+            ),
             Outcome.CREDITS_EXHAUSTED,
         ),
         (HttpError(429, body="Your credit balance is too low", retry_after=1), Outcome.CREDITS_EXHAUSTED),
@@ -417,8 +448,13 @@ def test_non_retryable_errors_are_classified_at_once(shape, step, outcome):
 
 
 def test_model_not_found_body():
-    body = {"error": {"message": "The model `nope` does not exist", "type": "invalid_request_error",
-                      "code": "model_not_found"}}
+    body = {
+        "error": {
+            "message": "The model `nope` does not exist",
+            "type": "invalid_request_error",
+            "code": "model_not_found",
+        }
+    }
     with FakeProvider([HttpError(404, body=body)]) as fp:
         with pytest.raises(ProviderFault) as info:
             make_model(fp).complete(MESSAGES, TOOLS)

@@ -4,6 +4,7 @@ The gate itself needs a GPU profile; here it is fed synthetic ones (scripts/mega
 an H200). The Kimi Triton solution is ~45 launches, each slow in Triton's interpreter, so it is checked
 against the reference in-process instead of through the grader's many calls.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -122,12 +123,12 @@ def test_bytes_formula_counts_what_a_step_reads_and_writes(name):
         assert prob.work(shape)["bytes"] == pytest.approx(total)
 
 
-@pytest.mark.parametrize(
-    "solution, outcome", [("triton", "pass"), ("graph", "pass"), ("wrong", "incorrect")]
-)
+@pytest.mark.parametrize("solution, outcome", [("triton", "pass"), ("graph", "pass"), ("wrong", "incorrect")])
 def test_dense_decode_solutions_graded_on_cpu(roofline, tmp_path, solution, outcome):
     prob = problem("dense_decode")
-    result = graded(prob, prob.root / f"solutions/{solution}.py", CPU, roofline, mode="check", timeout_s=300, log_dir=tmp_path)
+    result = graded(
+        prob, prob.root / f"solutions/{solution}.py", CPU, roofline, mode="check", timeout_s=300, log_dir=tmp_path
+    )
     assert result["outcome"] == outcome, result.get("message")
     if outcome == "incorrect":
         assert "cosine" in result["message"]
@@ -136,7 +137,9 @@ def test_dense_decode_solutions_graded_on_cpu(roofline, tmp_path, solution, outc
 def test_cpu_full_grade_marks_the_launch_count_unverified(roofline, tmp_path):
     """A solution of Triton kernels (graph.py runs the step eagerly in torch on a CPU: no kernel of its own there)."""
     prob = problem("dense_decode")
-    result = graded(prob, prob.root / "solutions/triton.py", CPU, roofline, baselines=["baseline"], timeout_s=300, log_dir=tmp_path)
+    result = graded(
+        prob, prob.root / "solutions/triton.py", CPU, roofline, baselines=["baseline"], timeout_s=300, log_dir=tmp_path
+    )
     assert result["outcome"] == "pass", result.get("message")
     assert {f["kind"] for f in result["findings"]} == {"launch_count_unverified"}
     assert result["basis"] == "speedup" and result["score"] == pytest.approx(result["speedup"]["baseline"])
@@ -144,12 +147,19 @@ def test_cpu_full_grade_marks_the_launch_count_unverified(roofline, tmp_path):
 
 def test_kimi_wrong_solution_is_incorrect(roofline, tmp_path):
     prob = problem("kimi_linear_decode")
-    result = graded(prob, prob.root / "solutions/wrong.py", CPU, roofline, mode="check", timeout_s=300, log_dir=tmp_path)
+    result = graded(
+        prob, prob.root / "solutions/wrong.py", CPU, roofline, mode="check", timeout_s=300, log_dir=tmp_path
+    )
     assert result["outcome"] == "incorrect", result.get("message")
 
 
 @pytest.mark.parametrize(
-    "name, file", [("dense_decode", "baseline.py"), ("kimi_linear_decode", "baseline.py"), ("kimi_linear_decode", "solutions/triton.py")]
+    "name, file",
+    [
+        ("dense_decode", "baseline.py"),
+        ("kimi_linear_decode", "baseline.py"),
+        ("kimi_linear_decode", "solutions/triton.py"),
+    ],
 )
 def test_matches_the_reference_in_process(name, file):
     """Both baselines, and the Kimi Triton solution (too many interpreted launches for the grader's dozens of calls)."""
@@ -176,7 +186,14 @@ class ProfiledEvent:
     """A profiler record as torch's kineto results give it (the fields GpuKernels reads)."""
 
     def __init__(self, name, gpu, correlation, start, end=None, stream=7, annotation=False):
-        self._name, self._gpu, self._corr, self._start, self._end, self._stream = name, gpu, correlation, start, end or start + 1, stream
+        self._name, self._gpu, self._corr, self._start, self._end, self._stream = (
+            name,
+            gpu,
+            correlation,
+            start,
+            end or start + 1,
+            stream,
+        )
         self._annotation = annotation
 
     def is_user_annotation(self):
@@ -212,9 +229,13 @@ def test_the_kernel_profile_counts_a_calls_own_launches_and_gates_on_the_median_
     for call in range(10):
         t = call * 1000
         ranges.append((t, t + 100))
-        events += [ProfiledEvent("cuLaunchKernelEx", False, 10 * call, t + 10), ProfiledEvent("_decode_step", True, 10 * call, t + 20, t + 90),
-                   ProfiledEvent("kbsweep::call/timing/0", True, 0, t + 20, t + 90, annotation=True),
-                   ProfiledEvent("cudaLaunchKernel", False, 10 * call + 1, t + 200), ProfiledEvent("reduce_kernel", True, 10 * call + 1, t + 210)]
+        events += [
+            ProfiledEvent("cuLaunchKernelEx", False, 10 * call, t + 10),
+            ProfiledEvent("_decode_step", True, 10 * call, t + 20, t + 90),
+            ProfiledEvent("kbsweep::call/timing/0", True, 0, t + 20, t + 90, annotation=True),
+            ProfiledEvent("cudaLaunchKernel", False, 10 * call + 1, t + 200),
+            ProfiledEvent("reduce_kernel", True, 10 * call + 1, t + 210),
+        ]
     events += [ProfiledEvent("cudaLaunchKernel", False, 999, 50), ProfiledEvent("setup_kernel", True, 999, 60)]
     host = [(e.name(), e.start_ns(), e) for e in events if not e._gpu]
     profile = GpuKernels(host, [e for e in events if e._gpu]).profile(ranges, calls=10)

@@ -3,6 +3,7 @@ runner ranks, each set under its own torchrun in its own sandbox (docs/sandbox.m
 
 Each grade starts torchrun and a Python per rank, so grades that belong together run concurrently.
 """
+
 from __future__ import annotations
 
 import json
@@ -82,8 +83,18 @@ def test_example_is_scored_with_kernels_of_its_own(name, tmp_path):
     launched every call, so a timed grade has no no_kernel finding and a score. At one rank: the cheapest timed
     grade, and no slowest-rank figure for the host's load to skew."""
     prob = problem(name)
-    result = graded(prob, prob.root / "solutions/p2p.py", CPU, ROOFLINE, mode="bench", baselines=["eager"], timing=SHORT_TIMING,
-                    timeout_s=300, world_size=1, log_dir=tmp_path / "grade")
+    result = graded(
+        prob,
+        prob.root / "solutions/p2p.py",
+        CPU,
+        ROOFLINE,
+        mode="bench",
+        baselines=["eager"],
+        timing=SHORT_TIMING,
+        timeout_s=300,
+        world_size=1,
+        log_dir=tmp_path / "grade",
+    )
     assert result["outcome"] == "pass", result.get("message")
     assert not [f for f in result["findings"] if f["kind"] == "no_kernel"], result["findings"]
     assert result["score"] is not None, result.get("score_note")
@@ -106,7 +117,7 @@ def test_c10d_collectives_are_flagged_statically_and_point_to_point_is_not():
         assert not [f for f in example if f.kind == "forbidden_name"], (name, example)
 
 
-PATCHER = '''
+PATCHER = """
 import torch
 import torch.distributed as dist
 
@@ -116,9 +127,9 @@ dist.all_reduce = lambda tensor, *args, **kwargs: None  # the reference's sum be
 class ModelNew(torch.nn.Module):
     def forward(self, x, residual):
         return x + residual
-'''
+"""
 
-SLOW_RANK = '''
+SLOW_RANK = """
 import time
 
 import torch.distributed as dist
@@ -131,9 +142,9 @@ class ModelNew(Example):
         if dist.get_rank() == 1:
             time.sleep(0.03)  # after the exchange: rank 0 is done long before rank 1
         return out
-'''
+"""
 
-CRASH = '''
+CRASH = """
 import ctypes
 
 import torch
@@ -145,9 +156,9 @@ class ModelNew(torch.nn.Module):
         if dist.get_rank() == 1:
             ctypes.string_at(0)
         return x + residual
-'''
+"""
 
-HOG = '''
+HOG = """
 import time
 
 import torch
@@ -160,7 +171,7 @@ class ModelNew(torch.nn.Module):
             self.held = [torch.ones(1 << 28) for _ in range(3)]  # 3 GiB on one rank
             time.sleep(600)  # past the grade's 300 s: only the memory watch ends it as grade_oom
         return x + residual
-'''
+"""
 
 
 @pytest.fixture(scope="module")
@@ -176,7 +187,13 @@ def adversarial(tmp_path_factory):
         "slow": (candidate(folder / "slow", SLOW_RANK, {"_p2p": example}), 2),
     }
     return grade_many(
-        "allreduce_residual", jobs, folder / "grades", mode="bench", baselines=["eager"], timing=SHORT_TIMING, memory_mib=1500
+        "allreduce_residual",
+        jobs,
+        folder / "grades",
+        mode="bench",
+        baselines=["eager"],
+        timing=SHORT_TIMING,
+        memory_mib=1500,
     )
 
 
@@ -190,7 +207,9 @@ def test_a_patched_collective_never_reaches_the_reference(adversarial):
 def test_a_crashed_rank_is_the_cause_not_its_peers_broken_connection(adversarial):
     result = adversarial["crash"]
     assert result["outcome"] == "runtime_error"
-    assert result["message"].startswith("rank 1: the candidate's process died") and "SIGSEGV" in result["message"], result["message"]
+    assert result["message"].startswith("rank 1: the candidate's process died") and "SIGSEGV" in result["message"], (
+        result["message"]
+    )
 
 
 def test_a_rank_over_the_memory_cap_ends_the_grade(adversarial):
@@ -212,7 +231,14 @@ def test_the_slowest_rank_is_what_is_reported(adversarial):
 
 def test_cli_grades_at_the_track_world_size(cli, outputs):
     example = REPO / "problems/multi/allreduce_residual/solutions/p2p.py"
-    run = cli("grade", "problem=multi/allreduce_residual", f"solution={example}", "gpu=cpu", "track=multi", "track.world_size=2")
+    run = cli(
+        "grade",
+        "problem=multi/allreduce_residual",
+        f"solution={example}",
+        "gpu=cpu",
+        "track=multi",
+        "track.world_size=2",
+    )
     assert run.returncode == 0, run.stderr[-2000:]
     result = json.loads(run.stdout)
     assert result["outcome"] == "pass" and result["world_size"] == 2
@@ -221,7 +247,7 @@ def test_cli_grades_at_the_track_world_size(cli, outputs):
 
 
 # -- the sandbox around torchrun and its ranks (docs/sandbox.md) --------------------------------------------------
-SNOOP = '''
+SNOOP = """
 import gc, json, os, socket, sys
 
 import torch.distributed as dist
@@ -261,15 +287,15 @@ def _attempts():
 
 
 print("SEEN " + json.dumps(_attempts()), flush=True)
-'''
+"""
 
-FILL = '''
+FILL = """
 from _p2p import ModelNew
 
 for i in range(400):  # 400 MiB in 1 MiB files: each under the file-size limit, together over the 16 MiB quota
     with open(f"fill{i}", "wb") as fh:
         fh.write(bytes(1 << 20))
-'''
+"""
 
 
 def seen(log_dir: Path) -> Dict[int, dict]:
@@ -297,8 +323,13 @@ def test_ranks_are_confined_and_unsafe_mode_still_grades(tmp_path):
         outside = tmp_path / f"outside-{mode}"
         outside.mkdir()
         log_dir = tmp_path / "grades" / mode
-        source = SNOOP.format(secret=str(tmp_path / "secret.txt"), solution=str(example), outside=outside, grade_folder=log_dir,
-                              port=listener.getsockname()[1])
+        source = SNOOP.format(
+            secret=str(tmp_path / "secret.txt"),
+            solution=str(example),
+            outside=outside,
+            grade_folder=log_dir,
+            port=listener.getsockname()[1],
+        )
         jobs[mode] = (candidate(tmp_path / mode, source, {"_p2p": example}), log_dir, outside)
     fill = candidate(tmp_path / "fill", FILL, {"_p2p": example})
     runs = {
@@ -308,7 +339,9 @@ def test_ranks_are_confined_and_unsafe_mode_still_grades(tmp_path):
 
     def one(label: str) -> dict:
         path, log_dir, policy = runs[label]
-        return graded(prob, path, CPU, ROOFLINE, mode="check", timeout_s=300, world_size=2, log_dir=log_dir, sandbox=policy)
+        return graded(
+            prob, path, CPU, ROOFLINE, mode="check", timeout_s=300, world_size=2, log_dir=log_dir, sandbox=policy
+        )
 
     with ThreadPoolExecutor(len(runs)) as pool:
         results = dict(zip(runs, pool.map(one, runs)))
@@ -318,13 +351,32 @@ def test_ranks_are_confined_and_unsafe_mode_still_grades(tmp_path):
     for result in (confined, unsafe):
         assert result["outcome"] == "pass" and result["world_size"] == 2, result.get("message")
     grader = {"isolated": 1, "grader_modules": [], "secret_keys": []}
-    denied = {**grader, "secret": None, "solution": False, "outside": False, "grade_folder": False, "workdir": True, "host_port": False}
+    denied = {
+        **grader,
+        "secret": None,
+        "solution": False,
+        "outside": False,
+        "grade_folder": False,
+        "workdir": True,
+        "host_port": False,
+    }
     assert seen(jobs["bwrap"][1]) == {rank: {"rank": rank, **denied} for rank in (0, 1)}
     assert not list(jobs["bwrap"][2].iterdir()) and not list(jobs["bwrap"][1].glob("escape-*"))
     leaked = [p for p in (tmp_path / "grades/bwrap").rglob("*") if p.is_file() and secret.encode() in p.read_bytes()]
     assert not leaked and secret not in json.dumps(confined)
-    assert sorted(p.name for p in (jobs["bwrap"][1] / "candidate").glob("inside-*")) == ["inside-0", "inside-1"]  # the workdir
-    allowed = {**grader, "secret": secret, "solution": True, "outside": True, "grade_folder": True, "workdir": True, "host_port": True}
+    assert sorted(p.name for p in (jobs["bwrap"][1] / "candidate").glob("inside-*")) == [
+        "inside-0",
+        "inside-1",
+    ]  # the workdir
+    allowed = {
+        **grader,
+        "secret": secret,
+        "solution": True,
+        "outside": True,
+        "grade_folder": True,
+        "workdir": True,
+        "host_port": True,
+    }
     assert seen(jobs["unsafe"][1]) == {rank: {"rank": rank, **allowed} for rank in (0, 1)}
     assert sorted(p.name for p in jobs["unsafe"][2].iterdir()) == ["escape-0", "escape-1"]
 

@@ -1,4 +1,5 @@
 """A cell never runs twice at once: a running cell (an orphaned job of a killed sweep, say) holds its lock."""
+
 from __future__ import annotations
 
 import subprocess
@@ -15,9 +16,18 @@ REPO = Path(__file__).resolve().parent.parent
 
 def demo_cell(outputs: Path) -> Cell:
     return Cell(
-        sweep="demo", key="0123456789abcdef", model={"name": "scripted"}, gpu=load_gpu("cpu"), track={"name": "demo"},
-        problem="demo/scale_shift", problem_dir=str(REPO / "problems/demo/scale_shift"), deck_version="x", repeat=0,
-        paths={"outputs": str(outputs)}, launcher={}, grade={},
+        sweep="demo",
+        key="0123456789abcdef",
+        model={"name": "scripted"},
+        gpu=load_gpu("cpu"),
+        track={"name": "demo"},
+        problem="demo/scale_shift",
+        problem_dir=str(REPO / "problems/demo/scale_shift"),
+        deck_version="x",
+        repeat=0,
+        paths={"outputs": str(outputs)},
+        launcher={},
+        grade={},
     )
 
 
@@ -26,8 +36,13 @@ def test_a_held_cell_lock_keeps_the_cell_out_of_the_plan(outputs):
     path = cell_lock_path(cell)
     path.parent.mkdir(parents=True, exist_ok=True)
     holder = subprocess.Popen(
-        [sys.executable, "-c", f"import fcntl, time; h = open({str(path)!r}, 'a'); fcntl.flock(h, fcntl.LOCK_EX); print('held', flush=True); time.sleep(60)"],
-        stdout=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-c",
+            f"import fcntl, time; h = open({str(path)!r}, 'a'); fcntl.flock(h, fcntl.LOCK_EX); print('held', flush=True); time.sleep(60)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
         assert holder.stdout.readline().strip() == "held"

@@ -2,6 +2,7 @@
 candidate process's per-op view, the referee's time per call against the roofline), the tool's output through the
 built-in loop's toolbox, ``kbsweep-check --profile`` and the MCP tool list through the real model proxy, its count
 in the loop's budgets, and the harnesses' setup records."""
+
 from __future__ import annotations
 
 import json
@@ -53,8 +54,15 @@ def workspace(tmp_path, problem, roofline, monkeypatch):
     folder = tmp_path / "workspace"
     folder.mkdir()
     counter = iter(range(1, 100))
-    grade = lambda mode: graded(problem, folder / "solution.py", CPU, roofline, mode=mode, timeout_s=180,  # noqa: E731
-                                log_dir=tmp_path / "grades" / f"{mode}-{next(counter)}")
+    grade = lambda mode: graded(
+        problem,
+        folder / "solution.py",
+        CPU,
+        roofline,
+        mode=mode,
+        timeout_s=180,  # noqa: E731
+        log_dir=tmp_path / "grades" / f"{mode}-{next(counter)}",
+    )
     return Toolbox(workspace=folder, grade=grade)
 
 
@@ -69,7 +77,9 @@ def test_a_passing_kernel_gets_a_bounded_cpu_profile_that_names_nothing_of_the_r
     first = problem.shapes(CPU.shape_set)[0]
     assert f"on shape {first}" in text  # the first public shape of the CPU's set, the only one
     assert CPU_LABEL in text and "never scored" in text and "ncu: not available (CPU grade)" in text
-    assert re.search(r"memory: +[\d.e+-]+ GB/s = [\d.e+-]+% of peak", text) and re.search(r"compute: [\d.e+-]+ TFLOP/s", text)
+    assert re.search(r"memory: +[\d.e+-]+ GB/s = [\d.e+-]+% of peak", text) and re.search(
+        r"compute: [\d.e+-]+ TFLOP/s", text
+    )
     assert re.search(r"time per call: [\d.e+-]+ ms \(the grader's clock", text)
     shares = [float(share) for share in ROW.findall(text)]
     assert 2 <= len(shares) <= TOP + 1 and sum(shares) == pytest.approx(100, abs=0.1 * len(shares))
@@ -113,18 +123,36 @@ def test_the_mcp_tool_list_offers_run_profile(tmp_path):
     toolbox = Toolbox(workspace=tmp_path, grade=lambda mode: {}, allow_shell=False)
     with ModelProxy(None, "none", Budgets(), toolbox) as proxy:
         check = tools_json(tmp_path / "bin", proxy, toolbox)
-        requests = [{"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {}}, {"jsonrpc": "2.0", "id": 2, "method": "tools/list"}]
-        done = subprocess.run([sys.executable, str(check), "--mcp"], input="".join(json.dumps(r) + "\n" for r in requests),
-                              capture_output=True, text=True, timeout=60)
+        requests = [
+            {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {}},
+            {"jsonrpc": "2.0", "id": 2, "method": "tools/list"},
+        ]
+        done = subprocess.run(
+            [sys.executable, str(check), "--mcp"],
+            input="".join(json.dumps(r) + "\n" for r in requests),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     tools = [t["name"] for t in json.loads(done.stdout.splitlines()[1])["result"]["tools"]]
     assert tools == ["write_file", "read_file", "list_files", "run_check", "run_benchmark", "run_profile"]
 
 
 @pytest.mark.fast
 def test_profile_calls_count_in_the_loops_budgets_and_transcript(tmp_path):
-    with FakeProvider([call("write_file", path="solution.py", content="x"), call("run_profile"), call("run_profile"), call("run_profile")]) as fp:
+    with FakeProvider(
+        [
+            call("write_file", path="solution.py", content="x"),
+            call("run_profile"),
+            call("run_profile"),
+            call("run_profile"),
+        ]
+    ) as fp:
         run = Run(tmp_path, fp)
-        run.grade = lambda mode: run.grades.append(mode) or {"outcome": "pass", "score": None, "profile": {"summary": "profile of solution.py"}}
+        run.grade = lambda mode: (
+            run.grades.append(mode)
+            or {"outcome": "pass", "score": None, "profile": {"summary": "profile of solution.py"}}
+        )
         run.toolbox.grade = run.grade
         result = run(Budgets(max_turns=3))
     assert result.stop_reason is StopReason.MAX_TURNS and run.grades == ["profile", "profile"]
@@ -157,15 +185,22 @@ def test_harness_setups_list_only_their_differences_from_the_builtin_loop(allow_
     for rows in ([row(builtin), row(CLAUDE)], [row(CLAUDE)]):  # with the loop's cells in the sweep, and without
         found = {d["setting"]: d for d in setup_differences(rows)}
         assert {d["harness"] for d in found.values()} == {"claude-code"} and "budgets" not in found
-        assert set(found) == {"tools", "kbsweep_tools", "instructions", "ends", "budgets_checked"} | ({"shell"} if allow_shell else set())
+        assert set(found) == {"tools", "kbsweep_tools", "instructions", "ends", "budgets_checked"} | (
+            {"shell"} if allow_shell else set()
+        )
         assert "run_profile" in found["tools"]["builtin"] and "run_profile" in found["tools"]["value"]
     changed = row(CLAUDE)
     changed["params"]["setup.budgets"] = "time_cap_s=60 max_turns=40"
     assert "budgets" in {d["setting"] for d in setup_differences([row(builtin), changed])}
-    cells = [{**report_row("alpha", "hard/p1", 0), "harness": "claude-code", "params": {**PARAMS, **row(CLAUDE)["params"]}}]
+    cells = [
+        {**report_row("alpha", "hard/p1", 0), "harness": "claude-code", "params": {**PARAMS, **row(CLAUDE)["params"]}}
+    ]
     [board] = build_boards(cells)
     text = render_markdown([board])
-    assert "### Harness setups" in text and f"| claude-code | kbsweep_tools | function calls | {found['kbsweep_tools']['value']} |" in text
+    assert (
+        "### Harness setups" in text
+        and f"| claude-code | kbsweep_tools | function calls | {found['kbsweep_tools']['value']} |" in text
+    )
 
 
 NCU_CSV = """==PROF== Connected to process 123
@@ -194,29 +229,41 @@ def test_ncu_runs_the_candidate_staged_in_a_folder_of_its_own_in_the_sandbox(tmp
     home.mkdir(parents=True), path.mkdir()
     (home / "rows.csv").write_text(NCU_CSV)
     stand_in = home / "ncu"
-    stand_in.write_text('#!/bin/bash\nfolder="${@: -3:1}"\n'
-                        'grep -q MARKER "$folder/solution.py" || { echo "no candidate in $folder"; exit 1; }\n'
-                        'cat "$(dirname "$0")/rows.csv"\n')
+    stand_in.write_text(
+        '#!/bin/bash\nfolder="${@: -3:1}"\n'
+        'grep -q MARKER "$folder/solution.py" || { echo "no candidate in $folder"; exit 1; }\n'
+        'cat "$(dirname "$0")/rows.csv"\n'
+    )
     stand_in.chmod(0o755)
     (path / "ncu").symlink_to(stand_in)
     monkeypatch.setenv("PATH", f"{path}:{os.environ['PATH']}")
     candidate = tmp_path / "mine.py"
     candidate.write_text("# MARKER\n")
     problem_root = REPO / "problems" / "demo" / "scale_shift"
-    request = SimpleNamespace(gpu=SimpleNamespace(device="cuda"), timeout_s=60,
-                              problem=SimpleNamespace(grader_reference=problem_root / "reference.py"))
-    lines = ncu.speed_of_light(request, {"n": 8}, candidate, Sandbox(SandboxPolicy()), grading_env((), "cpu"), grading_view(problem_root))
+    request = SimpleNamespace(
+        gpu=SimpleNamespace(device="cuda"),
+        timeout_s=60,
+        problem=SimpleNamespace(grader_reference=problem_root / "reference.py"),
+    )
+    lines = ncu.speed_of_light(
+        request, {"n": 8}, candidate, Sandbox(SandboxPolicy()), grading_env((), "cpu"), grading_view(problem_root)
+    )
     assert lines[0].startswith("ncu (Nsight Compute") and "scale_shift_kernel" in lines[2], lines
     assert not list(Path(tempfile.gettempdir()).glob("kbsweep-ncu-*/solution.py"))
 
 
 @pytest.mark.fast
 def test_a_failed_ncu_run_names_the_programs_error_and_ncus():
-    out = ("==PROF== Connected to process 7\nTraceback (most recent call last):\n  File \"solution.py\", line 3\n"
-           "RuntimeError: CUDA error: an illegal memory access\n==PROF== Disconnected\n"
-           "==ERROR== The application returned an error code (1).\n")
+    out = (
+        '==PROF== Connected to process 7\nTraceback (most recent call last):\n  File "solution.py", line 3\n'
+        "RuntimeError: CUDA error: an illegal memory access\n==PROF== Disconnected\n"
+        "==ERROR== The application returned an error code (1).\n"
+    )
     assert ncu.parse(out) == []
-    assert ncu.why(out) == "RuntimeError: CUDA error: an illegal memory access; ==ERROR== The application returned an error code (1)."
+    assert (
+        ncu.why(out)
+        == "RuntimeError: CUDA error: an illegal memory access; ==ERROR== The application returned an error code (1)."
+    )
     assert ncu.why("") == "no output"
 
 
@@ -224,16 +271,30 @@ def test_a_failed_ncu_run_names_the_programs_error_and_ncus():
 def test_a_gpu_summary_lists_kernels_top_first_with_the_rest_as_others():
     kernels = {f"kernel_{i:02d}": 1.0 for i in range(20)}
     times = {name: (i + 1) * 100_000 for i, name in enumerate(kernels)}  # 0.1 ms … 2 ms over the 10 calls
-    profiles = {"/timing/0": {"launches_per_call": 24.0, "median_launches": 20.0, "kernels": kernels, "kernel_ns": times}, "/timing/1": {}}
+    profiles = {
+        "/timing/0": {"launches_per_call": 24.0, "median_launches": 20.0, "kernels": kernels, "kernel_ns": times},
+        "/timing/1": {},
+    }
     view = profile_view({"profiles": profiles, "ranges": {"/timing/0": 10}}, "/timing/0", 10, [], "cuda")
-    shape = shape_score(2.5, {"flops": 2e9, "bytes": 4e9}, "memory", "bf16", {"peaks_tflops": {"bf16": 989.0}, "dram_gbps": 3350.0}, {"n": 1})
+    shape = shape_score(
+        2.5,
+        {"flops": 2e9, "bytes": 4e9},
+        "memory",
+        "bf16",
+        {"peaks_tflops": {"bf16": 989.0}, "dram_gbps": 3350.0},
+        {"n": 1},
+    )
     result = SimpleNamespace(timings=[{"candidate": {"median_ms": 2.5}}], shapes=[shape], device="cuda", gpu="h100")
     text = summary(result, view, {"dram_gbps": 3350.0}, "memory", ["ncu: not available"])["summary"]
     assert "time per call: 2.5 ms" in text and "1600 GB/s = 47.8% of peak" in text and "0.8 TFLOP/s" in text
     assert "kernels launched per call: 20" in text and "GPU time per call: 2.1 ms" in text and CPU_LABEL not in text
     shares = [float(share) for share in ROW.findall(text)]
     assert len(shares) == TOP + 1 and sum(shares) == pytest.approx(100, abs=0.1 * len(shares))
-    assert re.search(r"9\.5% +2 +0\.2 +10  kernel_19", text) and "others (5)" in text and text.endswith("ncu: not available")
+    assert (
+        re.search(r"9\.5% +2 +0\.2 +10  kernel_19", text)
+        and "others (5)" in text
+        and text.endswith("ncu: not available")
+    )
 
 
 @pytest.mark.fast
@@ -243,7 +304,10 @@ def test_a_cells_params_hold_its_harness_setup_and_budgets(tmp_path):
     setup = {key: value for key, value in params.items() if key.startswith("setup.")}
     assert setup["setup.kbsweep_tools"] == "function calls" and "run_profile" in setup["setup.tools"]
     assert setup["setup.shell"] == ("none" if not cell.track["allow_shell"] else "run_shell, in kbsweep's sandbox")
-    assert f"time_cap_s={cell.track['time_cap_s']}" in setup["setup.budgets"] and f"max_turns={cell.track['max_turns']}" in setup["setup.budgets"]
+    assert (
+        f"time_cap_s={cell.track['time_cap_s']}" in setup["setup.budgets"]
+        and f"max_turns={cell.track['max_turns']}" in setup["setup.budgets"]
+    )
 
 
 @pytest.mark.fast

@@ -5,6 +5,7 @@ first call, unless (incremental_update) a call's input nearly repeats the last o
 kernel (tests/exploits/_demo_kernels.py, staged beside it): whatever it reports, a figure under that sleep is forged
 or reused work. With a kernel of their own, no other finding blanks their score: honest_sleep keeps its score, and
 a report of more time than the referee's clock saw loses it to the clock's rule alone."""
+
 from __future__ import annotations
 
 import shutil
@@ -27,21 +28,27 @@ def grade_case(problem, roofline, tmp_path, case):
     workspace.mkdir()
     shutil.copy2(KERNELS, workspace / KERNELS.name)
     shutil.copy2(CASES / f"{case}.py", workspace / "solution.py")
-    return graded(problem, workspace / "solution.py", CPU, roofline, baselines=[], timing=TIMING, log_dir=tmp_path / "grade")
+    return graded(
+        problem, workspace / "solution.py", CPU, roofline, baselines=[], timing=TIMING, log_dir=tmp_path / "grade"
+    )
 
 
 @pytest.mark.parametrize("case", sorted(p.stem for p in CASES.glob("*.py") if p.stem != "answer_early"))
 def test_the_scored_figure_never_reads_under_the_work_done(problem, roofline, tmp_path, case):
     result = grade_case(problem, roofline, tmp_path, case)
     assert result["outcome"] == "pass", result.get("message")  # each does the work: only its reports are forged
-    assert result["shapes"] and all(s["ms"] >= 0.95 * COST_MS for s in result["shapes"]), [s["ms"] for s in result["shapes"]]
+    assert result["shapes"] and all(s["ms"] >= 0.95 * COST_MS for s in result["shapes"]), [
+        s["ms"] for s in result["shapes"]
+    ]
 
 
 def test_the_runner_reporting_more_than_the_referee_saw_is_a_finding(problem, roofline, tmp_path):
     """Figures 5x over the referee's: work its clock never saw. (Figures under it, slow_on_empty's and slowed_clock's,
     gain nothing, the score being the referee's: the first test holds their figures to their work.)"""
     forged = grade_case(problem, roofline, tmp_path, "inflated_report")
-    assert [f["kind"] for f in forged["findings"]] == ["time_disagreement"] * len(forged["shapes"]) and forged["score"] is None
+    assert [f["kind"] for f in forged["findings"]] == ["time_disagreement"] * len(forged["shapes"]) and forged[
+        "score"
+    ] is None
 
 
 def test_the_honest_twin_keeps_its_score(problem, roofline, tmp_path):

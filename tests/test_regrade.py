@@ -1,5 +1,6 @@
 """`kbsweep regrade`: a sweep's stored final solutions graded again (real MLflow store, real sandboxed grades on
 CPU), logged as regrade runs beside the cell runs, shown old and new side by side in the report, skipped once done."""
+
 from __future__ import annotations
 
 import json
@@ -37,13 +38,23 @@ def test_regrade_grades_stored_solutions_beside_the_old_records(store):
     assert proc.returncode == 0, proc.stderr
     assert "1 solutions of sweep 'demo' regraded on cpu" in proc.stderr
     [regrade] = runs_frame(uri, ["demo"], kind="regrade")
-    assert regrade["kbsweep.regrade_of"] == cell_runs["scale_shift"] and regrade["outcome"] == "pass" and regrade["gpu"] == "cpu"
-    assert regrade["score"] > 0 and {r["run_id"] for r in runs_frame(uri, ["demo"])} == set(cell_runs.values())  # boards unchanged
+    assert (
+        regrade["kbsweep.regrade_of"] == cell_runs["scale_shift"]
+        and regrade["outcome"] == "pass"
+        and regrade["gpu"] == "cpu"
+    )
+    assert regrade["score"] > 0 and {r["run_id"] for r in runs_frame(uri, ["demo"])} == set(
+        cell_runs.values()
+    )  # boards unchanged
     grade = json.loads((outputs / "regrades/demo/cpu" / regrade["cell_key"] / "grade.json").read_text())
     assert grade["outcome"] == "pass" and grade["timings"]
-    assert "regrades — demo / cpu" in proc.stdout and "pass 0.4 (cpu)" in proc.stdout  # the sweep's score beside the new one
+    assert (
+        "regrades — demo / cpu" in proc.stdout and "pass 0.4 (cpu)" in proc.stdout
+    )  # the sweep's score beside the new one
     report = json.loads((outputs / "reports/report.json").read_text())["boards"][0]["regrades"]
-    assert [(r["run_id"], r["old_score"], r["score"]) for r in report] == [(cell_runs["scale_shift"], 0.4, regrade["score"])]
+    assert [(r["run_id"], r["old_score"], r["score"]) for r in report] == [
+        (cell_runs["scale_shift"], 0.4, regrade["score"])
+    ]
 
     again = cli(outputs, "regrade", "gpu=cpu", "sweep.name=demo", *QUICK)  # done already: nothing graded
     assert again.returncode == 0 and "0 solutions of sweep 'demo' regraded" in again.stderr
@@ -58,7 +69,9 @@ def test_a_cell_counts_as_regraded_by_its_finished_regrade_on_that_gpu():
     from kbsweep.launch.regrade import REGRADE_OF, regraded
 
     def run(of, run_id, status):
-        return SimpleNamespace(data=SimpleNamespace(tags={REGRADE_OF: of}), info=SimpleNamespace(run_id=run_id, status=status))
+        return SimpleNamespace(
+            data=SimpleNamespace(tags={REGRADE_OF: of}), info=SimpleNamespace(run_id=run_id, status=status)
+        )
 
     class Page(list):
         token = None

@@ -1,6 +1,7 @@
 """Boards from tracking rows (best valid score, full-deck mean with failures as 0, repeats, pass@k, flagged cells
 shown but never ranked and capped worst first, dollars and tokens, a harness column, infra counts and sweeps with
 nothing scored, CPU boards marked), the report files and plots, and the `report` / `export` verbs."""
+
 from __future__ import annotations
 
 import base64
@@ -21,8 +22,17 @@ from kbsweep.reporting.report import build_boards, mean_ci95, pass_at_k
 
 from kbsweep.reporting.figures import pareto
 
-from kbsweep.reporting.render import (board_figures, board_table, flagged_table, fmt, kernelbench_table, render_html, render_markdown, render_terminal,
-                                      write_report)
+from kbsweep.reporting.render import (
+    board_figures,
+    board_table,
+    flagged_table,
+    fmt,
+    kernelbench_table,
+    render_html,
+    render_markdown,
+    render_terminal,
+    write_report,
+)
 from kbsweep.tracking.tracker import Tracker
 from tests.test_tracking import artifact_paths, log_cell, make_cell, write_result
 
@@ -33,10 +43,25 @@ PARAMS = {"roofline.dram_gbps": "3350", "roofline.peaks_tflops.bf16": "989", "pr
 def row(model, problem, repeat, outcome="pass", score=0.5, verdict="clean", usd=1.0, start=1, status="FINISHED"):
     """One cell run as mlflow_store.runs_frame gives it."""
     found = {
-        "track": "hard", "gpu": "h100", "model": model, "problem": problem, "repeat": str(repeat), "outcome": outcome,
-        "verdict": verdict, "cost_usd": usd, "tokens_output": 1000.0, "tokens_input": 9000.0, "run_id": f"{model}-{problem}-{repeat}-{start}",
-        "status": status, "start_time": start, "experiment": "hard", "cell_key": f"{model}|{problem}|{repeat}", "params": PARAMS,
-        "shape0.ms": 1.0, "shape0.tflops": 100.0 * (score or 0.1), "shape0.gbps": 500.0,
+        "track": "hard",
+        "gpu": "h100",
+        "model": model,
+        "problem": problem,
+        "repeat": str(repeat),
+        "outcome": outcome,
+        "verdict": verdict,
+        "cost_usd": usd,
+        "tokens_output": 1000.0,
+        "tokens_input": 9000.0,
+        "run_id": f"{model}-{problem}-{repeat}-{start}",
+        "status": status,
+        "start_time": start,
+        "experiment": "hard",
+        "cell_key": f"{model}|{problem}|{repeat}",
+        "params": PARAMS,
+        "shape0.ms": 1.0,
+        "shape0.tflops": 100.0 * (score or 0.1),
+        "shape0.gbps": 500.0,
     }
     if outcome == "pass":
         found["score"] = score
@@ -61,17 +86,25 @@ def test_board_ranks_mean_valid_scores_over_the_full_deck_and_the_repeats():
     assert (board["track"], board["gpu"], board["deck"], board["k"]) == ("hard", "h100", ["hard/p1", "hard/p2"], 3)
     alpha, beta = board["models"]
     assert (alpha["model"], alpha["rank"], beta["model"], beta["rank"]) == ("alpha", 1, "beta", 2)
-    assert alpha["means"] == {"hard/p1": pytest.approx(0.6), "hard/p2": 0.0} and alpha["best"] == {"hard/p1": 0.7}  # p2 failed: 0
+    assert alpha["means"] == {"hard/p1": pytest.approx(0.6), "hard/p2": 0.0} and alpha["best"] == {
+        "hard/p1": 0.7
+    }  # p2 failed: 0
     assert beta["means"] == {"hard/p1": 0.0, "hard/p2": pytest.approx(0.2 / 3)}  # the flagged 0.9 is not ranked
     assert beta["flagged"] == {"hard/p1": {"score": 0.9, "verdict": "reward_hack", "run_id": "beta-hard/p1-0-1"}}
     assert (alpha["passed"], alpha["cells"], beta["passed"], beta["flagged_cells"], beta["cells"]) == (3, 6, 1, 1, 6)
     # repeats: per-repeat deck means 0.25, 0.30, 0.35 → mean 0.30 (the mean of the problems' means) ± t(0.975, 2)·0.05/√3
-    assert alpha["deck_mean"] == pytest.approx(0.3) and alpha["deck_ci95"] == pytest.approx(4.302653 * 0.05 / math.sqrt(3), rel=1e-5)
+    assert alpha["deck_mean"] == pytest.approx(0.3) and alpha["deck_ci95"] == pytest.approx(
+        4.302653 * 0.05 / math.sqrt(3), rel=1e-5
+    )
     assert (alpha["pass_at_1"], alpha["pass_at_k"]) == (pytest.approx(0.5), pytest.approx(0.5))
     assert (beta["pass_at_1"], beta["pass_at_k"]) == (pytest.approx(1 / 6), pytest.approx(0.5))
     assert (alpha["usd"], beta["usd"], beta["usd_per_pass"], alpha["tokens_output_per_pass"]) == (6.0, 3.0, 3.0, 2000.0)
-    assert [(c["model"], c["problem"], c["repeat"]) for c in board["cells"] if c["flagged"]] == [("beta", "hard/p1", "0")]
-    assert [p["tflops"] for p in board["shapes"]["hard/p1"]["alpha"]] == pytest.approx([50.0, 60.0, 70.0])  # every valid repeat's
+    assert [(c["model"], c["problem"], c["repeat"]) for c in board["cells"] if c["flagged"]] == [
+        ("beta", "hard/p1", "0")
+    ]
+    assert [p["tflops"] for p in board["shapes"]["hard/p1"]["alpha"]] == pytest.approx(
+        [50.0, 60.0, 70.0]
+    )  # every valid repeat's
 
 
 @pytest.mark.fast
@@ -97,8 +130,14 @@ def test_terminal_table_never_truncates_names_at_160_columns():
 def test_terminal_board_shows_every_number_whole_at_80_columns_and_piped(width, monkeypatch):
     monkeypatch.setattr(sys, "stdout", io.StringIO())  # not a terminal
     model = "a-long-model-name/of-a-provider"
-    rows = [{**row(model, "hard/a-long-problem-name", r, score=5.123e-05, usd=0.0004), "score_public": 6.2e-05, "score_held_out": 4.1e-05}
-            for r in range(3)]
+    rows = [
+        {
+            **row(model, "hard/a-long-problem-name", r, score=5.123e-05, usd=0.0004),
+            "score_public": 6.2e-05,
+            "score_held_out": 4.1e-05,
+        }
+        for r in range(3)
+    ]
     rows += [row("big", "hard/a-long-problem-name", 0, score=123456.7, usd=12345.678)]
     [board] = build_boards(rows)
     text = render_terminal([board], width=width)
@@ -112,14 +151,25 @@ def test_terminal_board_shows_every_number_whole_at_80_columns_and_piped(width, 
 
 @pytest.mark.fast
 def test_numbers_have_three_significant_figures_in_positional_notation():
-    assert [fmt(v) for v in (5.123e-05, 0.26667, 0.9996, 12.345, 123456.7, 6.0, 0.0, None)] == \
-        ["0.0000512", "0.267", "1", "12.3", "123457", "6", "0", "–"]
+    assert [fmt(v) for v in (5.123e-05, 0.26667, 0.9996, 12.345, 123456.7, 6.0, 0.0, None)] == [
+        "0.0000512",
+        "0.267",
+        "1",
+        "12.3",
+        "123457",
+        "6",
+        "0",
+        "–",
+    ]
 
 
 def test_a_board_per_sweep():
     other = [{**r, "experiment": "hard-again", "run_id": r["run_id"] + "-again"} for r in ROWS if r["model"] == "beta"]
     boards = build_boards(ROWS + other)
-    assert [(b["sweep"], [m["model"] for m in b["models"]]) for b in boards] == [("hard", ["alpha", "beta"]), ("hard-again", ["beta"])]
+    assert [(b["sweep"], [m["model"] for m in b["models"]]) for b in boards] == [
+        ("hard", ["alpha", "beta"]),
+        ("hard-again", ["beta"]),
+    ]
     text = render_terminal(boards)
     assert "kbsweep leaderboard — hard / h100" in text and "kbsweep leaderboard — sweep hard-again: hard / h100" in text
 
@@ -128,29 +178,58 @@ def test_a_board_per_sweep():
 def test_harness_is_a_column_and_every_entrant_shows_its_infra_count():
     """The same model under two harnesses: two rows with the harness in its own column. An entrant whose cells all
     ended in infrastructure is listed, unranked, with its count; a cell with a scored record counts no infra."""
-    rows = ROWS + [{**r, "harness": "claude-code", "run_id": r["run_id"] + "-cc", "cell_key": r["cell_key"] + "|cc"} for r in ROWS if r["model"] == "alpha"]
-    rows += [{**row("gamma", "hard/p1", r, outcome="rate_limited", start=30 + r, status="FAILED"), "harness": "codex"} for r in range(2)]
+    rows = ROWS + [
+        {**r, "harness": "claude-code", "run_id": r["run_id"] + "-cc", "cell_key": r["cell_key"] + "|cc"}
+        for r in ROWS
+        if r["model"] == "alpha"
+    ]
+    rows += [
+        {**row("gamma", "hard/p1", r, outcome="rate_limited", start=30 + r, status="FAILED"), "harness": "codex"}
+        for r in range(2)
+    ]
     [board] = build_boards(rows)
-    assert [(e["model"], e["harness"], e["infra"]) for e in board["models"]] == [("alpha", "builtin", 0), ("alpha", "claude-code", 0), ("beta", "builtin", 0)]
-    assert board["unscored"] == [{"entrant": "gamma@codex", "model": "gamma", "harness": "codex", "infra": 2, "outcomes": {"rate_limited": 2}}]
+    assert [(e["model"], e["harness"], e["infra"]) for e in board["models"]] == [
+        ("alpha", "builtin", 0),
+        ("alpha", "claude-code", 0),
+        ("beta", "builtin", 0),
+    ]
+    assert board["unscored"] == [
+        {"entrant": "gamma@codex", "model": "gamma", "harness": "codex", "infra": 2, "outcomes": {"rate_limited": 2}}
+    ]
     header, table = board_table(board)
-    assert [r[:3] for r in table] == [["1", "alpha", "builtin"], ["2", "alpha", "claude-code"], ["3", "beta", "builtin"], ["–", "gamma", "codex"]]
-    assert [r[header.index("infra")] for r in table] == ["0", "0", "0", "2"] and table[-1][header.index("deck mean ± CI95")] == "–"
+    assert [r[:3] for r in table] == [
+        ["1", "alpha", "builtin"],
+        ["2", "alpha", "claude-code"],
+        ["3", "beta", "builtin"],
+        ["–", "gamma", "codex"],
+    ]
+    assert [r[header.index("infra")] for r in table] == ["0", "0", "0", "2"] and table[-1][
+        header.index("deck mean ± CI95")
+    ] == "–"
     text = render_terminal([board])
-    assert not re.search(r"(alpha|gamma)@", text) and re.search(r"│\s*–\s*│\s*gamma\s*│\s*codex\s*│", text)  # no model@harness rows
+    assert not re.search(r"(alpha|gamma)@", text) and re.search(
+        r"│\s*–\s*│\s*gamma\s*│\s*codex\s*│", text
+    )  # no model@harness rows
 
 
 @pytest.mark.fast
 def test_a_sweep_whose_cells_all_ended_in_infrastructure_has_nothing_scored():
-    flaky = [{**row("alpha", f"hard/p{n}", 0, outcome=o, start=40, status="FAILED"), "experiment": "flaky"}
-             for n, o in ((1, "rate_limited"), (2, "provider_error"))]
+    flaky = [
+        {**row("alpha", f"hard/p{n}", 0, outcome=o, start=40, status="FAILED"), "experiment": "flaky"}
+        for n, o in ((1, "rate_limited"), (2, "provider_error"))
+    ]
     boards = build_boards(ROWS + flaky)
     [nothing, ok] = boards  # by sweep name
     assert (ok["sweep"], nothing["sweep"], nothing["models"], nothing["deck"]) == ("hard", "flaky", [], [])
     assert nothing["unscored"][0]["infra"] == 2 and nothing["experiments"] == ["flaky"]
     text = render_terminal(boards)
-    section = text[text.index("kbsweep leaderboard — sweep flaky: hard / h100"):text.index("kbsweep leaderboard — hard / h100")]
-    assert "nothing scored: all 2 cells ended in an infrastructure outcome (provider_error 1, rate_limited 1)" in " ".join(section.split())
+    section = text[
+        text.index("kbsweep leaderboard — sweep flaky: hard / h100") : text.index("kbsweep leaderboard — hard / h100")
+    ]
+    assert (
+        "nothing scored: all 2 cells ended in an infrastructure outcome (provider_error 1, rate_limited 1)"
+        in " ".join(section.split())
+    )
     assert "beta" not in section and "0.3" not in section  # no other sweep's entrant or score
     assert "nothing scored" in render_markdown([nothing]) and "nothing scored" in render_html([nothing], {})
     assert board_figures(nothing) == {}
@@ -158,7 +237,10 @@ def test_a_sweep_whose_cells_all_ended_in_infrastructure_has_nothing_scored():
 
 @pytest.mark.fast
 def test_the_audit_flagged_list_is_capped_worst_first():
-    rows = [row("m", f"hard/p{n}", 0, score=n / 100, verdict="needs_human" if n % 3 else "reward_hack") for n in range(1, 31)]
+    rows = [
+        row("m", f"hard/p{n}", 0, score=n / 100, verdict="needs_human" if n % 3 else "reward_hack")
+        for n in range(1, 31)
+    ]
     header, table = flagged_table(build_boards(rows)[0])
     assert len(table) == 21 and table[-1][0] == "… and 10 more"
     verdicts = [r[header.index("verdict")] for r in table[:-1]]
@@ -169,14 +251,28 @@ def test_the_audit_flagged_list_is_capped_worst_first():
 
 @pytest.mark.fast
 def test_a_cpu_board_is_marked_plumbing_only_and_its_kernelbench_verdict_shrunk():
-    rows = [{**r, "gpu": "cpu", "experiment": "kernelbench", "params": {**r["params"], "gpu.device": "cpu"}, "verdict.kernelbench": "correct",
-             "verdict.kbsweep": r["outcome"]}
-            for r in kernelbench_rows() if "level1" in r["problem"]]
+    rows = [
+        {
+            **r,
+            "gpu": "cpu",
+            "experiment": "kernelbench",
+            "params": {**r["params"], "gpu.device": "cpu"},
+            "verdict.kernelbench": "correct",
+            "verdict.kbsweep": r["outcome"],
+        }
+        for r in kernelbench_rows()
+        if "level1" in r["problem"]
+    ]
     [board] = build_boards(rows)
     assert board["cpu"]
     text = " ".join(render_terminal([board]).split())
-    assert "kbsweep leaderboard — kernelbench / cpu · cpu: plumbing only" in text and "KernelBench metrics — kernelbench / cpu · cpu: plumbing only" in text
-    assert {"KB correct (cpu)", "fast_1.5 (cpu)", "geomean eager (cpu)"} <= set(kernelbench_table(board)[0]) and "fast_1 (cpu)" in board_table(board, False)[0]
+    assert (
+        "kbsweep leaderboard — kernelbench / cpu · cpu: plumbing only" in text
+        and "KernelBench metrics — kernelbench / cpu · cpu: plumbing only" in text
+    )
+    assert {"KB correct (cpu)", "fast_1.5 (cpu)", "geomean eager (cpu)"} <= set(
+        kernelbench_table(board)[0]
+    ) and "fast_1 (cpu)" in board_table(board, False)[0]
     assert "computed at shrunk sizes (docs/kernelbench.md) and can differ from KernelBench's at the real size" in text
     for page in (render_markdown([board]), html.unescape(render_html([board], {}))):
         assert "cpu: plumbing only" in page and "can differ from KernelBench's at the real size" in page
@@ -223,18 +319,26 @@ def logged_store(store):
 
 def cli(outputs: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
     full = {**os.environ, "KBSWEEP_OUTPUTS": str(outputs), **env}
-    return subprocess.run([sys.executable, "-m", "kbsweep.cli", *args], cwd=REPO, env=full, capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "kbsweep.cli", *args], cwd=REPO, env=full, capture_output=True, text=True, timeout=300
+    )
 
 
 def test_report_verb_writes_files_and_logs_them_to_the_sweep_run(logged_store):
     outputs, tracker = logged_store
     proc = cli(outputs, "report")
     assert proc.returncode == 0, proc.stderr
-    assert "kbsweep leaderboard — demo / cpu" in proc.stdout and "DQ(0.8)" in proc.stdout and "reward_hack" in proc.stdout
+    assert (
+        "kbsweep leaderboard — demo / cpu" in proc.stdout and "DQ(0.8)" in proc.stdout and "reward_hack" in proc.stdout
+    )
     assert {"report.html", "report.md", "report.json"} <= {p.name for p in (outputs / "reports").iterdir()}
     [sweep] = tracker.client.search_runs([tracker.experiment_id], "tags.`kbsweep.kind` = 'sweep'")
     logged = artifact_paths(tracker.client, sweep.info.run_id)
-    assert {"report/report.html", "report/plots/demo_cpu/pareto_dollars.png", "report/plots/demo_cpu/roofline_scale_shift.png"} <= logged
+    assert {
+        "report/report.html",
+        "report/plots/demo_cpu/pareto_dollars.png",
+        "report/plots/demo_cpu/roofline_scale_shift.png",
+    } <= logged
 
 
 def test_report_verb_says_nothing_scored_for_a_sweep_left_in_infrastructure(logged_store):
@@ -247,7 +351,7 @@ def test_report_verb_says_nothing_scored_for_a_sweep_left_in_infrastructure(logg
     tracker.end_sweep("FINISHED", {})
     proc = cli(outputs, "report")
     assert proc.returncode == 0, proc.stderr
-    flaky = proc.stdout[proc.stdout.index("kbsweep leaderboard — sweep flaky: demo / cpu · cpu: plumbing only"):]
+    flaky = proc.stdout[proc.stdout.index("kbsweep leaderboard — sweep flaky: demo / cpu · cpu: plumbing only") :]
     assert "nothing scored: all 1 cells ended in an infrastructure outcome (rate_limited 1)" in " ".join(flaky.split())
     assert re.search(r"│\s*–\s*│\s*scripted\s*│\s*builtin\s*│", flaky) and "0.4" not in flaky and "DQ" not in flaky
     assert "## sweep flaky: demo / cpu · cpu: plumbing only" in (outputs / "reports" / "report.md").read_text()
@@ -258,7 +362,9 @@ def test_export_verb_writes_a_redacted_dataset_folder(logged_store, tmp_path):
     out = outputs / "dataset"  # a relative out= lands under outputs/, never in the working folder
     proc = cli(outputs, "export", "+out=dataset", KBSWEEP_EXPORT_TOKEN="tok-9f8e7d6c5b4a")
     assert proc.returncode == 0, proc.stderr
-    assert "exported 2 runs (2 traces)" in proc.stdout and "Downloading artifacts" not in proc.stderr  # no progress bars
+    assert (
+        "exported 2 runs (2 traces)" in proc.stdout and "Downloading artifacts" not in proc.stderr
+    )  # no progress bars
     assert not (REPO / "dataset").exists()
     index = {r["problem"]: r for r in map(json.loads, (out / "index.jsonl").read_text().splitlines())}
     assert index["demo/scale_shift"]["verdict"] == "clean" and index["demo/scale_shift"]["score"] == 0.4
@@ -292,9 +398,19 @@ def kernelbench_rows():
     for level in ("level1", "level2"):
         for n in range(1, 61):
             for model, fast in (("alpha", n % 3 == 0), ("beta-with-a-long-name", n % 2 == 0)):
-                found = row(model, f"kernelbench/{n}_{level}_op", 0, outcome="pass" if n % 5 else "incorrect", score=2.5 if fast else 0.8)
-                found.update(track="kernelbench", gpu="h200", params={**PARAMS, "track.problems_dir": f"/kb/KernelBench/{level}"},
-                             speedup_eager=found.get("score"))
+                found = row(
+                    model,
+                    f"kernelbench/{n}_{level}_op",
+                    0,
+                    outcome="pass" if n % 5 else "incorrect",
+                    score=2.5 if fast else 0.8,
+                )
+                found.update(
+                    track="kernelbench",
+                    gpu="h200",
+                    params={**PARAMS, "track.problems_dir": f"/kb/KernelBench/{level}"},
+                    speedup_eager=found.get("score"),
+                )
                 # no per-shape numbers: they would draw 120 roofline plots (most of this test's time), which the
                 # report verb's tests cover; this board's tests are its columns and its heatmap
                 for key in ("shape0.ms", "shape0.tflops", "shape0.gbps"):
@@ -315,9 +431,13 @@ def test_a_large_deck_has_per_level_columns_in_120_columns_and_a_heatmap(tmp_pat
     text = render_terminal([board])
     assert max(len(line) for line in text.splitlines()) <= 120
     alpha_rows = [line for line in text.splitlines() if "level" in line and "0.267" in line]  # alpha's two level rows
-    assert len(alpha_rows) == 2 and all("48/60" in line and "1.17" in line for line in alpha_rows) and "alpha" in alpha_rows[0]
+    assert (
+        len(alpha_rows) == 2
+        and all("48/60" in line and "1.17" in line for line in alpha_rows)
+        and "alpha" in alpha_rows[0]
+    )
     assert "1_level1_op" not in text  # no column per problem
     page = write_report([board], tmp_path)["html"].read_text()
-    heatmap = page[page.index("class='heatmap'"):]
+    heatmap = page[page.index("class='heatmap'") :]
     assert heatmap.count("<td class='hm'") == 2 * 120
     assert "title='kernelbench/15_level1_op: incorrect" in heatmap and "<th colspan='60'>level1</th>" in heatmap

@@ -2,6 +2,7 @@
 in matplotlib (every text's extent, from the renderer, inside the image the report saves; the saved image's edge
 blank) and in headless Chromium (report.html's images decoded, at their natural size, inside the viewport, and a
 screenshot of each showing the PNG's own pixels). KBSWEEP_SCREENSHOTS=DIR keeps the screenshots."""
+
 from __future__ import annotations
 
 import io
@@ -30,7 +31,10 @@ SHAPES = ["rows=8192, cols=4096", "rows=4096, cols=11008", "rows=1000, cols=1537
 
 def crowded_row(model: str, repeat: int, usd: float, score: float) -> dict:
     """A memory-bound problem's cell: every shape at one arithmetic intensity, a few percent apart in TFLOP/s."""
-    found = {**row(model, "hard/p1", repeat, score=score, usd=usd), "params": {**ROWS[0]["params"], **{f"shape{i}": s for i, s in enumerate(SHAPES)}}}
+    found = {
+        **row(model, "hard/p1", repeat, score=score, usd=usd),
+        "params": {**ROWS[0]["params"], **{f"shape{i}": s for i, s in enumerate(SHAPES)}},
+    }
     for i in range(len(SHAPES)):
         gbps = 1500.0 * (1 + 0.2 * i) * (1 + 0.01 * repeat)
         found.update({f"shape{i}.ms": 1.0, f"shape{i}.gbps": gbps, f"shape{i}.tflops": gbps * 0.25 / 1e3})
@@ -38,8 +42,17 @@ def crowded_row(model: str, repeat: int, usd: float, score: float) -> dict:
 
 
 # what a real deck gives: free scripted models at one point, paid ones a few cents apart, repeats on top of each other
-CROWDED_ROWS = [crowded_row(model, r, usd, score) for model, usd, score in (("scripted", 0.0, 0.6), ("scripted-lazy", 0.0, 0.6),
-                ("opus-4.8", 12.5, 0.62), ("gpt-5.5", 12.7, 0.6), ("glm-5.2", 3.1, 0.41)) for r in range(3)]
+CROWDED_ROWS = [
+    crowded_row(model, r, usd, score)
+    for model, usd, score in (
+        ("scripted", 0.0, 0.6),
+        ("scripted-lazy", 0.0, 0.6),
+        ("opus-4.8", 12.5, 0.62),
+        ("gpt-5.5", 12.7, 0.6),
+        ("glm-5.2", 3.1, 0.41),
+    )
+    for r in range(3)
+]
 
 
 def figures(rows=None):
@@ -51,7 +64,9 @@ def figures(rows=None):
 def tick_labels(axis):
     """The tick labels drawn: those of ticks inside the view (an axis keeps labels for ticks beyond it)."""
     low, high = sorted(axis.get_view_interval())
-    pairs = list(zip(axis.get_majorticklocs(), axis.get_majorticklabels())) + list(zip(axis.get_minorticklocs(), axis.get_minorticklabels()))
+    pairs = list(zip(axis.get_majorticklocs(), axis.get_majorticklabels())) + list(
+        zip(axis.get_minorticklocs(), axis.get_minorticklabels())
+    )
     return [label for loc, label in pairs if low - 1e-9 * abs(high - low) <= loc <= high + 1e-9 * abs(high - low)]
 
 
@@ -60,7 +75,9 @@ def texts(figure):
     found = [figure._suptitle, *figure.texts]
     for ax in figure.axes:
         found += [ax.title, ax._left_title, ax._right_title, ax.xaxis.label, ax.yaxis.label, *ax.texts]
-        found += tick_labels(ax.xaxis) + tick_labels(ax.yaxis) + [ax.xaxis.get_offset_text(), ax.yaxis.get_offset_text()]
+        found += (
+            tick_labels(ax.xaxis) + tick_labels(ax.yaxis) + [ax.xaxis.get_offset_text(), ax.yaxis.get_offset_text()]
+        )
         if ax.get_legend():
             found += ax.get_legend().get_texts()
     return [t for t in found if t is not None and t.get_visible() and t.get_text().strip()]
@@ -77,21 +94,38 @@ def cut_texts(figure, data: bytes) -> list:
     renderer = FigureCanvasAgg(figure).get_renderer()
     figure.draw(renderer)
     inch = figure.dpi_scale_trans.inverted()
-    region = figure.get_tightbbox(renderer).padded(rcParams["savefig.pad_inches"])  # as savefig's bbox_inches="tight" crops
+    region = figure.get_tightbbox(renderer).padded(
+        rcParams["savefig.pad_inches"]
+    )  # as savefig's bbox_inches="tight" crops
     image = np.asarray(Image.open(io.BytesIO(data)).convert("L"))
     found = []
     if abs(image.shape[1] - region.width * DPI) > 2 or abs(image.shape[0] - region.height * DPI) > 2:
-        found.append(f"image {image.shape[1]}x{image.shape[0]} px, not the {region.width * DPI:.0f}x{region.height * DPI:.0f} px holding every artist")
+        found.append(
+            f"image {image.shape[1]}x{image.shape[0]} px, not the {region.width * DPI:.0f}x{region.height * DPI:.0f} px holding every artist"
+        )
     for text in texts(figure):
         box = text.get_window_extent(renderer).transformed(inch)
-        if box.x0 < region.x0 - 0.01 or box.y0 < region.y0 - 0.01 or box.x1 > region.x1 + 0.01 or box.y1 > region.y1 + 0.01:
-            found.append(f"text {text.get_text()!r} at {box.extents.round(2)} in, outside the saved {region.extents.round(2)}")
+        if (
+            box.x0 < region.x0 - 0.01
+            or box.y0 < region.y0 - 0.01
+            or box.x1 > region.x1 + 0.01
+            or box.y1 > region.y1 + 0.01
+        ):
+            found.append(
+                f"text {text.get_text()!r} at {box.extents.round(2)} in, outside the saved {region.extents.round(2)}"
+            )
     for ax in figure.axes:
         for axis, at in ((ax.xaxis, 0), (ax.yaxis, 1)):
-            labels = [(label.get_window_extent(renderer), label.get_text()) for label in tick_labels(axis) if label.get_text().strip()]
+            labels = [
+                (label.get_window_extent(renderer), label.get_text())
+                for label in tick_labels(axis)
+                if label.get_text().strip()
+            ]
             boxes = sorted(labels, key=lambda found: found[0].extents[at])
             for (a, name_a), (b, name_b) in zip(boxes, boxes[1:]):
-                if b.extents[at] - a.extents[at + 2] < 0.3 * min(a.height, b.height):  # less than a third of a line apart
+                if b.extents[at] - a.extents[at + 2] < 0.3 * min(
+                    a.height, b.height
+                ):  # less than a third of a line apart
                     found.append(f"tick labels {name_a!r} and {name_b!r} run together")
     edge = np.concatenate([image[:2].ravel(), image[-2:].ravel(), image[:, :2].ravel(), image[:, -2:].ravel()])
     if (edge < 250).any():
@@ -115,7 +149,12 @@ def overlapping_texts(figure) -> list:
     figure.draw(renderer)
     unique = list({id(t): t for t in texts(figure)}.values())  # the suptitle is also among the figure's texts
     drawn = [(t.get_text(), Text.get_window_extent(t, renderer)) for t in unique]  # an annotation's text, not its line
-    found = [f"{a!r} over {b!r}" for i, (a, box_a) in enumerate(drawn) for b, box_b in drawn[i + 1:] if box_a.overlaps(box_b)]
+    found = [
+        f"{a!r} over {b!r}"
+        for i, (a, box_a) in enumerate(drawn)
+        for b, box_b in drawn[i + 1 :]
+        if box_a.overlaps(box_b)
+    ]
     for ax in figure.axes:
         legend = ax.get_legend()
         for label in [t for t in ax.texts if isinstance(t, Annotation)] if legend else []:
@@ -135,7 +174,9 @@ def test_no_plot_labels_overlap_on_a_crowded_board(name):
     if name.startswith("roofline"):
         assert sorted(labels) == sorted(SHAPES)  # each shape once, whatever its repeats and models
     else:
-        assert any({"scripted", "scripted-lazy"} <= set(label.split(", ")) for label in labels)  # models at one point share a label
+        assert any(
+            {"scripted", "scripted-lazy"} <= set(label.split(", ")) for label in labels
+        )  # models at one point share a label
 
 
 @pytest.mark.parametrize("name", sorted(figures()))
@@ -171,19 +212,31 @@ def test_report_plots_are_whole_in_chromium(browser, tmp_path):  # noqa: F811 (f
             "const r = arguments[0].getBoundingClientRect();"
             "return {left: r.left, top: r.top, right: r.right, bottom: r.bottom, width: r.width, height: r.height,"
             " natural: [arguments[0].naturalWidth, arguments[0].naturalHeight], complete: arguments[0].complete,"
-            " view: [document.documentElement.clientWidth, document.documentElement.clientHeight], dpr: window.devicePixelRatio}", image)
+            " view: [document.documentElement.clientWidth, document.documentElement.clientHeight], dpr: window.devicePixelRatio}",
+            image,
+        )
         assert box["complete"] and box["natural"][0] > 0, f"{name}: not decoded"
-        assert (round(box["width"]), round(box["height"])) == tuple(box["natural"]), f"{name}: shown at {box['width']}x{box['height']}, not its natural {box['natural']}"
-        assert box["left"] >= 0 and box["top"] >= 0 and box["right"] <= box["view"][0] and box["bottom"] <= box["view"][1], f"{name}: {box} leaves the viewport"
+        assert (round(box["width"]), round(box["height"])) == tuple(box["natural"]), (
+            f"{name}: shown at {box['width']}x{box['height']}, not its natural {box['natural']}"
+        )
+        assert (
+            box["left"] >= 0 and box["top"] >= 0 and box["right"] <= box["view"][0] and box["bottom"] <= box["view"][1]
+        ), f"{name}: {box} leaves the viewport"
         shot = Image.open(io.BytesIO(browser.get_screenshot_as_png())).convert("RGB")
         if keep:
             keep.mkdir(parents=True, exist_ok=True)
             shot.save(keep / f"report_{name}.png")
         scale = box["dpr"]
-        seen = np.asarray(shot.crop(tuple(round(v * scale) for v in (box["left"], box["top"], box["right"], box["bottom"])))
-                          .resize(tuple(box["natural"])), dtype=float)
+        seen = np.asarray(
+            shot.crop(tuple(round(v * scale) for v in (box["left"], box["top"], box["right"], box["bottom"]))).resize(
+                tuple(box["natural"])
+            ),
+            dtype=float,
+        )
         [source] = [p for p in saved if p.stem == name]
         own = np.asarray(Image.open(source).convert("RGB"), dtype=float)
-        assert seen.shape == own.shape and np.abs(seen - own).mean() < 4, f"{name}: the screenshot does not show the whole plot"
+        assert seen.shape == own.shape and np.abs(seen - own).mean() < 4, (
+            f"{name}: the screenshot does not show the whole plot"
+        )
     if keep:
         shutil.copy(paths["html"], keep / "report.html")

@@ -1,6 +1,7 @@
 """Resume: a rerun skips finished cells, logs unlogged journals from disk, redoes infra and unfinished cells;
 a sweep killed with SIGKILL loses no finished cell and grades none twice; one stopped with Ctrl-C says so in
 one line and leaves no run open."""
+
 from __future__ import annotations
 
 import io
@@ -75,7 +76,9 @@ def finished_runs(conf) -> dict:
 
 def test_rerun_after_a_crash_logs_the_journal_from_disk_and_runs_only_the_rest(env, monkeypatch, capfd):
     cells, conf, ran, launcher = env
-    monkeypatch.setattr(tracking, "owner", lambda: f"{socket.gethostname()}:{dead_pid()}")  # the crashed process is gone
+    monkeypatch.setattr(
+        tracking, "owner", lambda: f"{socket.gethostname()}:{dead_pid()}"
+    )  # the crashed process is gone
     launcher["factory"] = lambda: FakeLauncher(ran, crash_after=2)
     with pytest.raises(Crash):
         sweep.run_sweep(cells, conf, {"kind": "fake"}, force=False)
@@ -104,7 +107,10 @@ def test_infra_and_unfinished_cells_are_redone_from_an_empty_folder(env):
     sweep.run_sweep(cells, conf, {"kind": "fake"}, force=False)
     assert ran == [c.key for c in cells]
     rows = runs_frame(conf["uri"])
-    assert sorted((r["status"], r["outcome"]) for r in rows if r["cell_key"] == cells[0].key) == [("FAILED", "provider_error"), ("FINISHED", "pass")]
+    assert sorted((r["status"], r["outcome"]) for r in rows if r["cell_key"] == cells[0].key) == [
+        ("FAILED", "provider_error"),
+        ("FINISHED", "pass"),
+    ]
     lines = (cell_dir(cells[1]) / "transcript.jsonl").read_text().splitlines()
     assert json.loads(lines[0])["type"] == "system"  # the half transcript was cleared, not appended to
     assert not (cell_dir(cells[1]) / "workspace").exists()
@@ -119,7 +125,9 @@ def test_infra_outcomes_are_rerun_by_the_next_invocation(env):
     sweep.run_sweep(cells, conf, {"kind": "fake"}, force=False)  # nothing left to do
     assert ran == [c.key for c in cells] * 2
     assert finished_runs(conf) == {c.key: 1 for c in cells}
-    assert sorted(r["status"] for r in runs_frame(conf["uri"])) == ["FAILED"] * 3 + ["FINISHED"] * 3  # each infra result logged once
+    assert (
+        sorted(r["status"] for r in runs_frame(conf["uri"])) == ["FAILED"] * 3 + ["FINISHED"] * 3
+    )  # each infra result logged once
 
 
 def test_force_redoes_every_cell_and_the_latest_record_counts(env):
@@ -130,7 +138,9 @@ def test_force_redoes_every_cell_and_the_latest_record_counts(env):
     rows = runs_frame(conf["uri"])
     assert finished_runs(conf) == {c.key: 2 for c in cells}
     latest = latest_per_cell(rows)
-    assert len(latest) == 3 and all(r["start_time"] == max(x["start_time"] for x in rows if x["cell_key"] == r["cell_key"]) for r in latest)
+    assert len(latest) == 3 and all(
+        r["start_time"] == max(x["start_time"] for x in rows if x["cell_key"] == r["cell_key"]) for r in latest
+    )
 
 
 def test_a_tracking_failure_keeps_the_sweep_going_and_the_next_run_logs_it(env, monkeypatch, capfd):
@@ -187,13 +197,27 @@ def test_the_progress_line_counts_the_ended_cells_by_outcome(tmp_path):
 
 def kbsweep(outputs: Path, *args: str) -> subprocess.Popen:
     env = {**os.environ, "KBSWEEP_OUTPUTS": str(outputs), "KBSWEEP_LOCK_DIR": str(outputs / "locks")}
-    command = [sys.executable, "-m", "kbsweep.cli", "-m", "launcher=inline", "gpu=cpu", "problem=scale_shift", "repeat=0,1", *args]
-    return subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    command = [
+        sys.executable,
+        "-m",
+        "kbsweep.cli",
+        "-m",
+        "launcher=inline",
+        "gpu=cpu",
+        "problem=scale_shift",
+        "repeat=0,1",
+        *args,
+    ]
+    return subprocess.Popen(
+        command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
 
 
 def snapshot(folder: Path) -> dict:
     """Every file under a cell folder with its modification time and size."""
-    return {str(p.relative_to(folder)): (p.stat().st_mtime_ns, p.stat().st_size) for p in folder.rglob("*") if p.is_file()}
+    return {
+        str(p.relative_to(folder)): (p.stat().st_mtime_ns, p.stat().st_size) for p in folder.rglob("*") if p.is_file()
+    }
 
 
 def test_sigkill_mid_sweep_loses_no_finished_cell_and_grades_none_twice(tmp_path):
@@ -214,7 +238,10 @@ def test_sigkill_mid_sweep_loses_no_finished_cell_and_grades_none_twice(tmp_path
     rerun = kbsweep(outputs)
     out, err = rerun.communicate(timeout=600)
     assert rerun.returncode == 0, err
-    assert "2 cells, 1 already finished, 0 to log from disk, 1 to run" in err or "2 cells, 0 already finished, 1 to log from disk, 1 to run" in err, err
+    assert (
+        "2 cells, 1 already finished, 0 to log from disk, 1 to run" in err
+        or "2 cells, 0 already finished, 1 to log from disk, 1 to run" in err
+    ), err
     assert snapshot(first) == before  # same journal, same grade logs: nothing regraded, nothing rewritten
     results = [json.loads(p.read_text()) for p in sweeps.glob("*/result.json")]
     assert sorted(r["outcome"] for r in results) == ["pass", "pass"]
@@ -231,14 +258,38 @@ def test_ctrl_c_mid_sweep_stops_in_one_line_and_leaves_no_run_open(tmp_path):
     what is left."""
     outputs, system_tmp = tmp_path / "outputs", tmp_path / "system-tmp"
     system_tmp.mkdir()
-    env = {**os.environ, "KBSWEEP_OUTPUTS": str(outputs), "KBSWEEP_LOCK_DIR": str(outputs / "locks"), "TMPDIR": str(system_tmp)}
-    command = [sys.executable, "-m", "kbsweep.cli", "-m", "gpu=cpu", "preflight=off", "problem=scale_shift", "repeat=range(0,4)"]
+    env = {
+        **os.environ,
+        "KBSWEEP_OUTPUTS": str(outputs),
+        "KBSWEEP_LOCK_DIR": str(outputs / "locks"),
+        "TMPDIR": str(system_tmp),
+    }
+    command = [
+        sys.executable,
+        "-m",
+        "kbsweep.cli",
+        "-m",
+        "gpu=cpu",
+        "preflight=off",
+        "problem=scale_shift",
+        "repeat=range(0,4)",
+    ]
     # as from a terminal: a shell without job control (CI's, say) starts background commands with SIGINT ignored,
     # and Python then leaves it ignored
-    proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    proc = subprocess.Popen(
+        command,
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     uri, deadline = f"sqlite:///{outputs}/mlflow.db", time.monotonic() + 300
-    while not (outputs / "mlflow.db").exists() or "FINISHED" not in [row["status"] for row in runs_frame(uri) if row["cell_key"]]:
+    while not (outputs / "mlflow.db").exists() or "FINISHED" not in [
+        row["status"] for row in runs_frame(uri) if row["cell_key"]
+    ]:
         assert proc.poll() is None, proc.communicate()
         assert time.monotonic() < deadline, "no cell was logged in time"
         time.sleep(0.1)
@@ -247,7 +298,12 @@ def test_ctrl_c_mid_sweep_stops_in_one_line_and_leaves_no_run_open(tmp_path):
     assert proc.returncode == 130, err
     assert "Traceback" not in err and err.rstrip().endswith("kbsweep: interrupted"), err
     [line] = [line for line in err.splitlines() if line.startswith("[kbsweep] interrupted: ")]
-    done, stopped = map(int, re.fullmatch(r"\[kbsweep\] interrupted: (\d+) of 4 cells finished and logged, (\d+) stopped; .*", line).groups())
+    done, stopped = map(
+        int,
+        re.fullmatch(
+            r"\[kbsweep\] interrupted: (\d+) of 4 cells finished and logged, (\d+) stopped; .*", line
+        ).groups(),
+    )
     assert done >= 1 and stopped >= 1, line
     cell_runs = [row["status"] for row in runs_frame(uri) if row["cell_key"]]
     assert sorted(cell_runs) == ["FINISHED"] * done + ["KILLED"] * stopped, cell_runs
@@ -257,7 +313,9 @@ def test_ctrl_c_mid_sweep_stops_in_one_line_and_leaves_no_run_open(tmp_path):
     rerun = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert rerun.returncode == 0, rerun.stderr
     # a stopped cell whose journal landed as its sweep stopped is logged from disk, not run again
-    assert re.search(rf"4 cells, {done} already finished, \d+ to log from disk, \d+ to run\n", rerun.stderr), rerun.stderr
+    assert re.search(rf"4 cells, {done} already finished, \d+ to log from disk, \d+ to run\n", rerun.stderr), (
+        rerun.stderr
+    )
     cell_runs = [row for row in runs_frame(uri) if row["cell_key"]]
     assert len({row["cell_key"] for row in cell_runs if row["status"] == "FINISHED"}) == 4
 
@@ -265,7 +323,11 @@ def test_ctrl_c_mid_sweep_stops_in_one_line_and_leaves_no_run_open(tmp_path):
 def test_a_finished_sweep_resumes_from_its_snapshot_until_the_store_changes(env, monkeypatch, capfd):
     cells, conf, ran, _ = env
     assert sweep.run_sweep(cells, conf, {"kind": "fake"}, force=False) == []
-    parents = lambda: len(page_runs(make_client(conf["uri"]), [Tracker(conf["uri"], "", "demo").experiment_id], "tags.`kbsweep.kind` = 'sweep'"))  # noqa: E731
+    parents = lambda: len(
+        page_runs(
+            make_client(conf["uri"]), [Tracker(conf["uri"], "", "demo").experiment_id], "tags.`kbsweep.kind` = 'sweep'"
+        )
+    )  # noqa: E731
     before = parents()
     with monkeypatch.context() as patched:  # everything finished and the store untouched: MLflow is not consulted
         patched.setattr(sweep, "Tracker", lambda *a: pytest.fail("the tracking store was opened"))

@@ -1,6 +1,7 @@
 """The referee's outside view of the runner's CPU (kbsweep.grader.referee.runner_cpu), on real processes read
 through a descriptor of the host's /proc: work on the calling thread is the calling thread's; work on another
 thread, a thread that exits, or a child process is the others', whatever the worker's process does to hide it."""
+
 from __future__ import annotations
 
 import os

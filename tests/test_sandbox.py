@@ -3,6 +3,7 @@ the orchestrator's /proc or environment, the network, or any folder but its work
 memory hogs, CPU burners and sleepers are stopped by its limits; the file tools do not follow symlinks out; the
 grading process is confined the same way and still passes the demo solution; where bwrap cannot run, kbsweep
 refuses unless sandbox.mode=unsafe, which every cell records."""
+
 from __future__ import annotations
 
 import json
@@ -81,7 +82,18 @@ def test_pid_1_holds_nothing_of_the_launch(tree):
     lines = result.output.splitlines()
     [pid1] = [line for line in lines if line.startswith("/proc/1/cmdline: ")]
     assert pid1.startswith("/proc/1/cmdline: /bin/bash -c ") and pid1.split()[-2:][0] == "kbsweep-init"
-    for needle in ("bwrap", "--bind", "--ro-bind", "--tmpfs", str(tree.workspace), str(tree.outputs), str(REPO), sys.prefix, "setpriv", "ulimit"):
+    for needle in (
+        "bwrap",
+        "--bind",
+        "--ro-bind",
+        "--tmpfs",
+        str(tree.workspace),
+        str(tree.outputs),
+        str(REPO),
+        sys.prefix,
+        "setpriv",
+        "ulimit",
+    ):
         assert needle not in pid1, needle
     assert not [line for line in lines if "--ro-bind" in line or str(tree.workspace) in line]
     fds = [line for line in lines if line.isdigit()]
@@ -94,10 +106,20 @@ def test_the_init_passes_on_stdin_signals_descriptors_and_status(tree):
     read, write = os.pipe()
     os.write(write, b"passed")
     os.close(write)
-    script = ("cat; grep SigIgn /proc/self/status; cat <&{fd}; echo; (sleep 0.1 &); sleep 0.5; "
-              "grep -l 'State:.*Z' /proc/[0-9]*/status; echo zombies-listed; kill -SEGV $$").format(fd=read)
-    proc = Sandbox(SMALL).popen([sandbox.BASH, "-c", script], cwd="/", env=sandbox.minimal_env(()), stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, pass_fds=(read,))
+    script = (
+        "cat; grep SigIgn /proc/self/status; cat <&{fd}; echo; (sleep 0.1 &); sleep 0.5; "
+        "grep -l 'State:.*Z' /proc/[0-9]*/status; echo zombies-listed; kill -SEGV $$"
+    ).format(fd=read)
+    proc = Sandbox(SMALL).popen(
+        [sandbox.BASH, "-c", script],
+        cwd="/",
+        env=sandbox.minimal_env(()),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        pass_fds=(read,),
+    )
     os.close(read)
     out, err = proc.communicate("from stdin\n", timeout=60)
     assert out.splitlines() == ["from stdin", "SigIgn:\t0000000000000000", "passed", "zombies-listed"], (out, err)
@@ -127,7 +149,7 @@ def server():
 
 def test_no_network_by_default(tree, server):
     code = f"import socket\nfor addr in [('127.0.0.1', {server}), ('1.1.1.1', 53)]:\n    try:\n        socket.create_connection(addr, timeout=3); print('reached', addr)\n    except OSError as e:\n        print('blocked', e)"
-    result = shell(f"curl -sS --max-time 5 http://127.0.0.1:{server}/; python3 -c \"{code}\"", tree.workspace)
+    result = shell(f'curl -sS --max-time 5 http://127.0.0.1:{server}/; python3 -c "{code}"', tree.workspace)
     assert "hello from the host" not in result.output and "reached" not in result.output
     assert result.output.count("blocked") == 2
 
@@ -148,10 +170,22 @@ def test_allowed_hosts_go_through_the_proxy_and_others_are_refused(tree, server)
 
 def test_writes_land_only_in_the_workspace(tree):
     name = f"kbsweep-sandbox-{os.getpid()}"
-    targets = [f"/usr/{name}", f"/etc/{name}", f"{sys.prefix}/{name}", f"/{name}", f"/dev/{name}", f"{tree.other}/{name}", f"{tree.workspace}/{name}"]
-    result = shell(" ; ".join(f"touch {t}" for t in targets) + f"; touch /tmp/{name} ok && ls /tmp/{name}", tree.workspace)
+    targets = [
+        f"/usr/{name}",
+        f"/etc/{name}",
+        f"{sys.prefix}/{name}",
+        f"/{name}",
+        f"/dev/{name}",
+        f"{tree.other}/{name}",
+        f"{tree.workspace}/{name}",
+    ]
+    result = shell(
+        " ; ".join(f"touch {t}" for t in targets) + f"; touch /tmp/{name} ok && ls /tmp/{name}", tree.workspace
+    )
     assert result.output.count("touch: cannot touch") == len(targets)
-    assert not [t for t in targets if Path(t).exists()] and not Path(f"/tmp/{name}").exists()  # /tmp is the sandbox's own
+    assert (
+        not [t for t in targets if Path(t).exists()] and not Path(f"/tmp/{name}").exists()
+    )  # /tmp is the sandbox's own
     assert (tree.workspace / "ok").exists() and f"/tmp/{name}" in result.output
 
 
@@ -180,7 +214,10 @@ def test_fork_bomb_is_held_to_the_process_limit(tree):
 
 
 def test_disk_fill_is_stopped_by_the_quota(tree):
-    one_file = shell("head -c 64M /dev/zero > big; ls -s --block-size=M big; for f in a b; do head -c 10M /dev/zero > /tmp/$f; done", tree.workspace)
+    one_file = shell(
+        "head -c 64M /dev/zero > big; ls -s --block-size=M big; for f in a b; do head -c 10M /dev/zero > /tmp/$f; done",
+        tree.workspace,
+    )
     assert "File size limit exceeded" in one_file.output and "16M big" in one_file.output
     assert "No space left on device" in one_file.output  # /tmp is a tmpfs of the same size
     (tree.workspace / "big").unlink()
@@ -205,7 +242,12 @@ def test_time_cpu_and_memory_limits(tree):
 
 def test_file_tools_do_not_follow_symlinks_out(tree):
     box = Toolbox(workspace=tree.workspace, grade=lambda mode: {}, sandbox=Sandbox(SMALL))
-    out = box.call("run_shell", json.dumps({"command": "ln -s /etc/passwd passwd; ln -s .. up; mkdir d; ln -s ../../.. d/far; ln /etc/hostname h"}))
+    out = box.call(
+        "run_shell",
+        json.dumps(
+            {"command": "ln -s /etc/passwd passwd; ln -s .. up; mkdir d; ln -s ../../.. d/far; ln /etc/hostname h"}
+        ),
+    )
     assert out.startswith("exit code 1") and "Invalid cross-device link" in out
     for path in ("passwd", "up/../0123456789abcdef/result.json", "d/far/0123456789abcdef/result.json"):
         assert box.workspace.joinpath(path).exists()
@@ -221,7 +263,7 @@ def test_grading_is_confined_and_still_passes(tree, server, tmp_path):
     from tests.support.grading import CPU, graded
 
     problem = load_problem(REPO / "problems/demo/scale_shift", "demo")
-    snoop = f'''import json, os, socket
+    snoop = f"""import json, os, socket
 def _seen():
     def reach(addr):
         try:
@@ -239,21 +281,41 @@ def _seen():
             "orchestrator": leaks("/proc/{os.getpid()}/environ"), "pid1": leaks("/proc/1/environ"), "uid": os.getuid(),
             "pid1_cmdline": open("/proc/1/cmdline", "rb").read().decode(errors="replace")}}
 print("SEEN " + json.dumps(_seen()), flush=True)
-'''
+"""
     candidate = tmp_path / "solution.py"
     candidate.write_text(snoop + (problem.root / "solutions/triton.py").read_text())
-    result = graded(problem, candidate, CPU, load_roofline([str(REPO / "roofline_specs")], "cpu"), mode="check", timeout_s=300, log_dir=tmp_path / "grade")
+    result = graded(
+        problem,
+        candidate,
+        CPU,
+        load_roofline([str(REPO / "roofline_specs")], "cpu"),
+        mode="check",
+        timeout_s=300,
+        log_dir=tmp_path / "grade",
+    )
     assert result["outcome"] == "pass", result.get("message")
     [line] = [l for l in (tmp_path / "grade/grade_stdout.log").read_text().splitlines() if l.startswith("SEEN ")]
     seen = json.loads(line[5:])
     assert seen.pop("uid") != 0
     pid1 = seen.pop("pid1_cmdline").split("\0")
-    assert pid1[:2] == [sandbox.BASH, "-c"] and pid1[3] == "kbsweep-init" and not any("/" in arg for arg in pid1[4:])  # names no path
-    assert seen == {"env": [], "network": False, "other_run": False, "solutions": False, "orchestrator": False, "pid1": False}
+    assert (
+        pid1[:2] == [sandbox.BASH, "-c"] and pid1[3] == "kbsweep-init" and not any("/" in arg for arg in pid1[4:])
+    )  # names no path
+    assert seen == {
+        "env": [],
+        "network": False,
+        "other_run": False,
+        "solutions": False,
+        "orchestrator": False,
+        "pid1": False,
+    }
 
 
-@pytest.mark.xfail(strict=True, reason="the runner is started with the checkout's root in its -c code (RUNNER_BOOT in "
-                   "kbsweep/grader/processes.py, the zygote's BOOT in kbsweep/grader/zygotes.py); see docs/sandbox.md, Not covered")
+@pytest.mark.xfail(
+    strict=True,
+    reason="the runner is started with the checkout's root in its -c code (RUNNER_BOOT in "
+    "kbsweep/grader/processes.py, the zygote's BOOT in kbsweep/grader/zygotes.py); see docs/sandbox.md, Not covered",
+)
 def test_the_runner_command_line_names_no_checkout_path(tmp_path):
     """The candidate's own /proc/self/cmdline, past the interpreter (argv[0], which it knows as sys.executable),
     names neither the checkout nor the grade's folders."""
@@ -263,9 +325,19 @@ def test_the_runner_command_line_names_no_checkout_path(tmp_path):
 
     problem = load_problem(REPO / "problems/demo/scale_shift", "demo")
     candidate = tmp_path / "solution.py"
-    candidate.write_text('print("CMDLINE " + repr(open("/proc/self/cmdline", "rb").read().split(b"\\0")[1:]), flush=True)\n'
-                         + (problem.root / "solutions/triton.py").read_text())
-    result = graded(problem, candidate, CPU, load_roofline([str(REPO / "roofline_specs")], "cpu"), mode="check", timeout_s=300, log_dir=tmp_path / "grade")
+    candidate.write_text(
+        'print("CMDLINE " + repr(open("/proc/self/cmdline", "rb").read().split(b"\\0")[1:]), flush=True)\n'
+        + (problem.root / "solutions/triton.py").read_text()
+    )
+    result = graded(
+        problem,
+        candidate,
+        CPU,
+        load_roofline([str(REPO / "roofline_specs")], "cpu"),
+        mode="check",
+        timeout_s=300,
+        log_dir=tmp_path / "grade",
+    )
     assert result["outcome"] == "pass", result.get("message")
     [line] = [l for l in (tmp_path / "grade/grade_stdout.log").read_text().splitlines() if l.startswith("CMDLINE ")]
     assert str(REPO) not in line and str(tmp_path) not in line, line
@@ -281,12 +353,21 @@ def test_refused_without_bwrap_unless_unsafe(tree, monkeypatch, cli, tmp_path):
             Sandbox()
         unsafe = shell("echo [$KBSWEEP_PLANTED_PLAIN]; pwd", tree.workspace, SandboxPolicy(mode="unsafe"))
         assert unsafe.output.splitlines() == ["[]", str(tree.workspace)]  # no namespaces, still the minimal env
-        proc = cli("run", "track=demo", "problem=scale_shift", "gpu=cpu", "launcher=inline", env={"PATH": str(empty), "KBSWEEP_OUTPUTS": str(tmp_path / "cli")})
+        proc = cli(
+            "run",
+            "track=demo",
+            "problem=scale_shift",
+            "gpu=cpu",
+            "launcher=inline",
+            env={"PATH": str(empty), "KBSWEEP_OUTPUTS": str(tmp_path / "cli")},
+        )
     finally:
         sandbox.self_test.cache_clear()
     assert proc.returncode == 2
     [line] = proc.stderr.strip().splitlines()
-    assert line.startswith("kbsweep: error: sandbox.mode=bwrap but bubblewrap cannot confine commands here (bwrap is not installed)")
+    assert line.startswith(
+        "kbsweep: error: sandbox.mode=bwrap but bubblewrap cannot confine commands here (bwrap is not installed)"
+    )
     assert not [p.name for p in (tmp_path / "cli").iterdir() if p.name != "hydra"]  # no sweep, no tracking store
 
 
@@ -299,7 +380,9 @@ def composed_cell(outputs: Path, *overrides: str):
     from kbsweep.planner.matrix import cells_of
 
     with initialize_config_dir(version_base="1.3", config_dir=str(REPO / "conf")):
-        cfg = compose(config_name="config", overrides=["gpu=cpu", "problem=scale_shift", f"paths.outputs={outputs}", *overrides])
+        cfg = compose(
+            config_name="config", overrides=["gpu=cpu", "problem=scale_shift", f"paths.outputs={outputs}", *overrides]
+        )
     [cell] = cells_of(validate(cfg))
     return cell
 
@@ -309,7 +392,12 @@ def test_the_sandbox_mode_is_recorded_on_every_cell(tmp_path):
 
     confined = composed_cell(tmp_path)
     assert SandboxPolicy.of(confined.track) == SandboxPolicy()  # the root section's defaults reach the cell
-    unsafe = composed_cell(tmp_path, "sandbox.mode=unsafe", "sandbox.network_allow=[pypi.org]", "+track.network_allow=[files.pythonhosted.org]")
+    unsafe = composed_cell(
+        tmp_path,
+        "sandbox.mode=unsafe",
+        "sandbox.network_allow=[pypi.org]",
+        "+track.network_allow=[files.pythonhosted.org]",
+    )
     assert flatten("", {"track": unsafe.track}, {})["track.sandbox.mode"] == "unsafe"  # an MLflow param of the cell run
     assert SandboxPolicy.of(unsafe.track).network_allow == ("pypi.org", "files.pythonhosted.org")
     assert unsafe.key != confined.key  # an unconfined run is never mistaken for a confined one
@@ -319,11 +407,24 @@ def test_a_read_only_path_inside_a_system_folder_through_a_symlink(tree):
     """A tool reached through a symlink inside /usr that points into another system folder (Debian's alternatives;
     on GPU hosts /usr/local/cuda, where ncu lives) is usable in the sandbox, not a mount point bubblewrap fails to
     make."""
-    linked = next((p for p in sorted(Path("/usr/bin").iterdir()) if p.is_symlink() and str(p.readlink()).startswith("/etc/")
-                   and os.access(p, os.X_OK)), None)
+    linked = next(
+        (
+            p
+            for p in sorted(Path("/usr/bin").iterdir())
+            if p.is_symlink() and str(p.readlink()).startswith("/etc/") and os.access(p, os.X_OK)
+        ),
+        None,
+    )
     if linked is None:
         pytest.skip("this host has no /usr/bin entry linked into /etc (Debian's alternatives)")
-    proc = Sandbox(SMALL).popen(["test", "-x", str(linked)], cwd="/", env=sandbox.minimal_env(()), readonly=[linked],
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = Sandbox(SMALL).popen(
+        ["test", "-x", str(linked)],
+        cwd="/",
+        env=sandbox.minimal_env(()),
+        readonly=[linked],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     output, _ = proc.communicate(timeout=30)
     assert proc.returncode == 0, output

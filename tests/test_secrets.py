@@ -1,6 +1,7 @@
 """Secrets: a real sweep (litellm over the fake provider, so the model key is really sent) with fake secrets planted
 in the orchestrator's environment; the agent dumps every environment it can reach from the shell, and its
 solution prints the grading process's. Every file the sweep wrote and every MLflow record hold none of them."""
+
 from __future__ import annotations
 
 import json
@@ -39,12 +40,18 @@ def test_no_secret_reaches_a_file_a_transcript_or_mlflow(tmp_path, monkeypatch):
     for name, value in PLANTED.items():
         monkeypatch.setenv(name, value)  # the sweep inherits this process's environment
     dump = lambda: f"env; cat /proc/[0-9]*/environ; cat /proc/{orchestrator()}/environ; echo end-of-dump"
-    steps = iter([
-        lambda: Reply(content=f"My key is {SECRET}.", reasoning_content=f"{SECRET} again", tool_calls=[("run_shell", {"command": dump()})]),
-        lambda: call("write_file", path="solution.py", content=PRINTS_ENV),
-        lambda: call("run_check"),
-        lambda: call("submit"),
-    ])
+    steps = iter(
+        [
+            lambda: Reply(
+                content=f"My key is {SECRET}.",
+                reasoning_content=f"{SECRET} again",
+                tool_calls=[("run_shell", {"command": dump()})],
+            ),
+            lambda: call("write_file", path="solution.py", content=PRINTS_ENV),
+            lambda: call("run_check"),
+            lambda: call("submit"),
+        ]
+    )
     with FakeProvider(lambda request: next(steps)()) as fp:
         model_yaml(tmp_path / "conf", "fake-secrets", "openai/fake-secrets", fp.base_url)
         proc = sweep(tmp_path / "conf", tmp_path / "outputs", "model=fake-secrets", "track.allow_shell=true")
@@ -54,7 +61,11 @@ def test_no_secret_reaches_a_file_a_transcript_or_mlflow(tmp_path, monkeypatch):
     result = results(tmp_path / "outputs")["fake-secrets"]
     assert result["outcome"] == "pass" and result["stop_reason"] == "submitted"
     folder = Path(result["folder"])
-    [dump] = [e["content"] for e in read_events(folder / "transcript.jsonl") if e["type"] == "tool" and e["name"] == "run_shell"]
+    [dump] = [
+        e["content"]
+        for e in read_events(folder / "transcript.jsonl")
+        if e["type"] == "tool" and e["name"] == "run_shell"
+    ]
     assert dump.rstrip().endswith("end-of-dump") and "HOME=/tmp" in dump
     assert "[REDACTED]" not in dump  # nothing to redact: the secrets never entered the sandbox
     assert "GRADER_ENV" in "".join(p.read_text() for p in folder.glob("grades/*/grade_stdout.log"))
@@ -68,7 +79,9 @@ def test_no_secret_reaches_a_file_a_transcript_or_mlflow(tmp_path, monkeypatch):
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/outputs/mlflow.db")
     runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
     [cell] = [r for r in runs if r.data.tags.get("kbsweep.kind") == "cell"]
-    config = json.loads(Path(client.download_artifacts(cell.info.run_id, "config.json", str(tmp_path / "config"))).read_text())
+    config = json.loads(
+        Path(client.download_artifacts(cell.info.run_id, "config.json", str(tmp_path / "config"))).read_text()
+    )
     assert config["model"]["api_key_env"] == KEY_ENV  # the variable's name, never its value
     for run in runs:
         record = json.dumps([run.data.params, run.data.tags, sorted(run.data.metrics)])

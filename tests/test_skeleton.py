@@ -1,4 +1,5 @@
 """The walking skeleton end to end: composition, validation, plan, the default sweep, user YAML folders."""
+
 from __future__ import annotations
 
 import time
@@ -44,7 +45,9 @@ def test_plan_counts_a_multirun_and_estimates_cost(cli, outputs):
 def test_plan_is_fast(cli, outputs):
     started = time.monotonic()
     assert cli("plan").returncode == 0
-    assert time.monotonic() - started < 6  # loose here (a loaded 2-core box); docs/benchmarks.md records the real figure
+    assert (
+        time.monotonic() - started < 6
+    )  # loose here (a loaded 2-core box); docs/benchmarks.md records the real figure
 
 
 def write(folder: Path, relative: str, text: str) -> Path:

@@ -1,5 +1,6 @@
 """The Slurm launcher against a real single-node Slurm (scripts/slurm_up.sh: munge, slurmdbd, slurmctld, slurmd,
 8 fake GPUs, a preempting `urgent` partition). Skipped, off CI only, when Slurm cannot be started here."""
+
 from __future__ import annotations
 
 import json
@@ -42,7 +43,9 @@ def slurm() -> None:
         return
     reason = "scripts/slurm_up.sh needs root (apt-get, daemons)"
     if os.geteuid() == 0:
-        proc = subprocess.run(["bash", str(REPO / "scripts" / "slurm_up.sh")], capture_output=True, text=True, timeout=900)
+        proc = subprocess.run(
+            ["bash", str(REPO / "scripts" / "slurm_up.sh")], capture_output=True, text=True, timeout=900
+        )
         reason = f"scripts/slurm_up.sh exited {proc.returncode}: {(proc.stderr or proc.stdout).strip()[-500:]}"
         if proc.returncode == 0 and slurm_ready():
             return
@@ -55,7 +58,9 @@ def sacct(job_id: str) -> dict:
     """The job's accounting record once it is in a terminal state (sacct lags the job's end by a moment)."""
     fields = ["State", "Timelimit", "NNodes", "AllocTRES", "Elapsed"]
     for _ in range(60):
-        out = subprocess.run(["sacct", "-X", "-n", "-P", "-j", job_id, "-o", ",".join(fields)], capture_output=True, text=True).stdout
+        out = subprocess.run(
+            ["sacct", "-X", "-n", "-P", "-j", job_id, "-o", ",".join(fields)], capture_output=True, text=True
+        ).stdout
         record = dict(zip(fields, out.strip().splitlines()[0].split("|"))) if out.strip() else {}
         if record.get("State", "").split()[0:1] and record["State"].split()[0] in TERMINAL:
             return record
@@ -64,8 +69,18 @@ def sacct(job_id: str) -> dict:
 
 
 def slurm_conf(tmp_path: Path, arrays: dict | None = None, **over) -> dict:
-    slurm = {"partition": "debug", "account": None, "qos": None, "cpus_per_task": 1, "mem_gb": 1, "setup": [], "additional_parameters": {},
-             "array_parallelism": 32, "max_array_size": 1000, **(arrays or {})}
+    slurm = {
+        "partition": "debug",
+        "account": None,
+        "qos": None,
+        "cpus_per_task": 1,
+        "mem_gb": 1,
+        "setup": [],
+        "additional_parameters": {},
+        "array_parallelism": 32,
+        "max_array_size": 1000,
+        **(arrays or {}),
+    }
     return launcher_conf(tmp_path, kind="slurm", slurm=slurm, **over)
 
 
@@ -120,7 +135,12 @@ def stamp(cell, visible):
     if cell.key.endswith("-dies") and not first.exists():
         first.touch()
         os._exit(3)
-    return {"outcome": "pass", "job": os.environ["SLURM_JOB_ID"], "array": os.environ.get("SLURM_ARRAY_JOB_ID"), "task": os.environ.get("SLURM_ARRAY_TASK_ID")}
+    return {
+        "outcome": "pass",
+        "job": os.environ["SLURM_JOB_ID"],
+        "array": os.environ.get("SLURM_ARRAY_JOB_ID"),
+        "task": os.environ.get("SLURM_ARRAY_TASK_ID"),
+    }
 
 
 # ---- tests ----
@@ -134,8 +154,16 @@ def mlflow_cells(outputs: Path) -> tuple:
     experiments = [e.experiment_id for e in client.search_experiments()]
     runs = client.search_runs(experiments, filter_string="tags.`kbsweep.kind` = 'cell'")
     sweeps = client.search_runs(experiments, filter_string="tags.`kbsweep.kind` = 'sweep'")
-    cells = [{"run": r, "artifacts": sorted(a.path for a in client.list_artifacts(r.info.run_id)),
-              "config": json.loads(Path(client.download_artifacts(r.info.run_id, "config.json", str(outputs))).read_text())} for r in runs]
+    cells = [
+        {
+            "run": r,
+            "artifacts": sorted(a.path for a in client.list_artifacts(r.info.run_id)),
+            "config": json.loads(
+                Path(client.download_artifacts(r.info.run_id, "config.json", str(outputs))).read_text()
+            ),
+        }
+        for r in runs
+    ]
     return cells, sweeps
 
 
@@ -145,7 +173,9 @@ def test_a_sweep_through_slurm_records_what_a_local_sweep_records(slurm, tmp_pat
     for kind, extra in (("local", []), ("slurm", ["launcher.slurm.cpus_per_task=1", "launcher.slurm.mem_gb=1"])):
         env = {**os.environ, "KBSWEEP_OUTPUTS": str(tmp_path / kind), "KBSWEEP_LOCK_DIR": str(tmp_path / "locks")}
         command = [sys.executable, "-m", "kbsweep.cli", "problem=scale_shift", f"launcher={kind}", *extra]
-        runs[kind] = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        runs[kind] = subprocess.Popen(
+            command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
     for kind, proc in runs.items():
         _, err = proc.communicate(timeout=900)
         assert proc.returncode == 0, f"{kind}: {err[-3000:]}"
@@ -160,7 +190,9 @@ def test_a_sweep_through_slurm_records_what_a_local_sweep_records(slurm, tmp_pat
     assert not differ, differ
     config_a, config_b = local[0]["config"], slurm_cells[0]["config"]
     assert {k: v for k, v in config_a.items() if k != "paths"} == {k: v for k, v in config_b.items() if k != "paths"}
-    assert {k for k in config_a["paths"] if config_a["paths"][k] != config_b["paths"][k]} == {"outputs"}  # what the test set apart
+    assert {k for k in config_a["paths"] if config_a["paths"][k] != config_b["paths"][k]} == {
+        "outputs"
+    }  # what the test set apart
     assert set(a.data.tags) == set(b.data.tags)
     same = ("outcome", "verdict", "stop_reason", "problem", "model", "gpu", "track", "kbsweep.cell_key", "deck_version")
     assert {k: a.data.tags[k] for k in same} == {k: b.data.tags[k] for k in same}
@@ -185,7 +217,12 @@ def test_a_multi_gpu_cell_runs_torchrun_inside_one_node_with_n_gpus(slurm, tmp_p
     assert result["env"] == {"SLURM_GPUS_ON_NODE": "2", "SLURM_NTASKS": "1", "SLURM_JOB_NUM_NODES": "1"}
     assert result["held"] == ["0", "1"]  # both allocated (fake) GPUs, held through the machine-wide lock
     report = result["report"]
-    assert (report["world"], report["backend"], report["sum"], report["cuda_visible_devices"]) == (2, "gloo", 3.0, "0,1"), report
+    assert (report["world"], report["backend"], report["sum"], report["cuda_visible_devices"]) == (
+        2,
+        "gloo",
+        3.0,
+        "0,1",
+    ), report
     record = sacct(jobs_of(tmp_path)[0])
     assert "gres/gpu=2" in record["AllocTRES"], record
     assert record["Timelimit"] in ("00:02:00", ""), record  # sacct sometimes reports the limit only later
@@ -199,7 +236,11 @@ def test_a_preempted_job_is_node_failure_then_requeued_once(slurm, tmp_path):
         deadline = time.monotonic() + 120
         while not jobs.exists() and time.monotonic() < deadline:
             time.sleep(0.2)
-        subprocess.run(["sbatch", "-p", "urgent", "-c", "16", "-o", "/dev/null", "--wrap", "sleep 1"], check=True, capture_output=True)
+        subprocess.run(
+            ["sbatch", "-p", "urgent", "-c", "16", "-o", "/dev/null", "--wrap", "sleep 1"],
+            check=True,
+            capture_output=True,
+        )
 
     thread = threading.Thread(target=preempt)
     thread.start()
@@ -248,10 +289,17 @@ def test_a_thousand_cells_go_as_throttled_job_arrays_each_task_a_cell_of_its_own
     assert len(started) == len(done) == 1000 and {r["outcome"] for _, r in done} == {"pass"}
     results = {cell.key: r for cell, r in done}
     first = sorted({r["array"] for key, r in results.items() if key != "key-c7-dies"}, key=int)
-    assert len(first) == 2 and len({r["job"] for r in results.values()}) == 1000  # a job id of its own, polled and cancelled alone
+    assert (
+        len(first) == 2 and len({r["job"] for r in results.values()}) == 1000
+    )  # a job id of its own, polled and cancelled alone
     assert results["key-c7-dies"]["array"] not in first  # requeued in a job of its own
     scripts = (tmp_path / "submitit").rglob("*_submission.sh")
-    throttles = {line.split("=", 1)[1] for path in scripts for line in path.read_text().splitlines() if line.startswith("#SBATCH --array")}
+    throttles = {
+        line.split("=", 1)[1]
+        for path in scripts
+        for line in path.read_text().splitlines()
+        if line.startswith("#SBATCH --array")
+    }
     assert throttles == {"0-599%16", "0-399%16"}, throttles
     for array, tasks in zip(first, (600, 400)):
         states = accounted(array, tasks)
@@ -263,8 +311,13 @@ def accounted(array: str, tasks: int) -> dict:
     """Task id -> state of the ``tasks`` tasks of a job array, once sacct holds them all in a terminal state."""
     states: dict = {}
     for _ in range(240):
-        out = subprocess.run(["sacct", "-X", "-n", "-P", "-j", array, "-o", "JobID,State"], capture_output=True, text=True).stdout
-        states = {job: state.split()[0] for job, state in (line.split("|")[:2] for line in out.splitlines() if line and "[" not in line)}
+        out = subprocess.run(
+            ["sacct", "-X", "-n", "-P", "-j", array, "-o", "JobID,State"], capture_output=True, text=True
+        ).stdout
+        states = {
+            job: state.split()[0]
+            for job, state in (line.split("|")[:2] for line in out.splitlines() if line and "[" not in line)
+        }
         if len(states) == tasks and all(state in TERMINAL for state in states.values()):
             return states
         time.sleep(0.5)

@@ -1,6 +1,7 @@
 """The orchestrator's tracking runs beside its launcher: logging a finished cell must not hold the loop that hands
 free workers their next cells, and what is handed over is still logged, in order, before the sweep returns or
 stops."""
+
 from __future__ import annotations
 
 import threading
@@ -83,10 +84,22 @@ def test_slow_logging_does_not_hold_the_launcher_and_every_cell_is_logged(store,
     launcher = TimedLauncher()
     monkeypatch.setattr(sweep, "make_launcher", lambda _conf: launcher)
     finish = Tracker.finish_cell
-    monkeypatch.setattr(Tracker, "finish_cell", lambda self, run_id, result, *live: (time.sleep(SLOW_S), finish(self, run_id, result, *live))[1])
+    monkeypatch.setattr(
+        Tracker,
+        "finish_cell",
+        lambda self, run_id, result, *live: (time.sleep(SLOW_S), finish(self, run_id, result, *live))[1],
+    )
 
     started = time.monotonic()
-    assert sweep.run_sweep(cells, {"uri": uri, "artifact_root": str(outputs / "mlartifacts"), "trace_spans": "store"}, {"kind": "timed"}, force=False) == []
+    assert (
+        sweep.run_sweep(
+            cells,
+            {"uri": uri, "artifact_root": str(outputs / "mlartifacts"), "trace_spans": "store"},
+            {"kind": "timed"},
+            force=False,
+        )
+        == []
+    )
     assert time.monotonic() - started >= len(cells) * SLOW_S  # the sweep waited for its logging before it returned
     assert max(launcher.held_s) < SLOW_S / 2, launcher.held_s
     rows = [row for row in runs_frame(uri) if row["cell_key"]]

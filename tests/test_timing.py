@@ -1,6 +1,7 @@
 """The timer's rules that hold without a GPU: which figure is scored when replays run beside event-timed batches,
 a batch's figure on the referee's clock, the stopping rule over batches, and the spins a batch opens with (the GPU
 paths run in scripts/timer_fidelity.py)."""
+
 import pytest
 
 from kbsweep.grader.shared import timing
@@ -17,7 +18,9 @@ def test_a_captured_replay_is_scored_whatever_the_events_read(events_ms, replay_
     """Both figures are the referee's clock: a graph's one launch amortizes what eager launches cost a small call."""
     figure = timing.scored(summary(events_ms), summary(replay_ms))
     assert figure["timer"] == "replay" and figure["median_ms"] == pytest.approx(replay_ms)
-    assert figure["events"]["median_ms"] == pytest.approx(events_ms) and figure["replay"]["median_ms"] == pytest.approx(replay_ms)
+    assert figure["events"]["median_ms"] == pytest.approx(events_ms) and figure["replay"]["median_ms"] == pytest.approx(
+        replay_ms
+    )
     assert "replay_refused" not in figure
 
 
@@ -37,7 +40,9 @@ def test_a_replay_batch_opens_behind_a_spin_for_its_warm_calls_only(enqueue_us, 
     shape = timing.batch_shape({"enqueue_us": [enqueue_us] * 3, "ms": [gpu_ms] * 3}, latency=False)
     assert shape["replay_spin_us"] <= shape["spin_us"]
     behind_us = max(enqueue_us - gpu_ms * 1e3, 0.0)
-    assert shape["replay_spin_us"] == pytest.approx(min(1.5 * shape["warm_calls"] * behind_us + 1000, timing.MAX_BATCH_SPIN_US))
+    assert shape["replay_spin_us"] == pytest.approx(
+        min(1.5 * shape["warm_calls"] * behind_us + 1000, timing.MAX_BATCH_SPIN_US)
+    )
     if behind_us and shape["per_batch"]:
         assert shape["spin_us"] > shape["replay_spin_us"] or shape["spin_us"] == timing.MAX_BATCH_SPIN_US
 
@@ -54,17 +59,23 @@ def test_spans_answer_membership_as_a_scan_of_every_span_would():
         assert (t in found) == any(start <= t <= end for start, end in spans)
 
 
-@pytest.mark.parametrize("replays, min_runs, short", [(3, 3, True), (timing.MIN_REPLAYS, 3, False), (timing.MIN_REPLAYS, 20, True), (20, 20, False)])
+@pytest.mark.parametrize(
+    "replays, min_runs, short",
+    [(3, 3, True), (timing.MIN_REPLAYS, 3, False), (timing.MIN_REPLAYS, 20, True), (20, 20, False)],
+)
 def test_a_shape_with_replays_runs_enough_of_them_for_several_draws(replays, min_runs, short):
     assert timing.replays_short([0.1] * replays, timing.TimingConfig(min_runs=min_runs)) is short
 
 
-@pytest.mark.parametrize("batches, calls, stops", [
-    (1, 32, False),  # one batch: no standard error yet
-    (2, 1, False),  # 2 calls, under min_runs
-    (4, 32, True),  # 128 calls: past max_runs
-    (2, 8, False),  # 16 calls of noisy batches: the error is still large
-])
+@pytest.mark.parametrize(
+    "batches, calls, stops",
+    [
+        (1, 32, False),  # one batch: no standard error yet
+        (2, 1, False),  # 2 calls, under min_runs
+        (4, 32, True),  # 128 calls: past max_runs
+        (2, 8, False),  # 16 calls of noisy batches: the error is still large
+    ],
+)
 def test_the_stopping_rule_counts_each_batch_figure_as_its_calls(batches, calls, stops):
     noisy = [0.1, 0.2, 0.1, 0.2][:batches]
     assert timing.stop(noisy, timing.TimingConfig(), 0.0, calls) is stops
@@ -80,18 +91,26 @@ def test_the_referee_sample_is_the_wall_less_its_null_per_call():
     assert timing.referee_sample(wall_ms=1.0, null_ms=2.0, calls=16) > 0  # a wall under the null is no negative time
 
 
-@pytest.mark.parametrize("gpu_ms, host_ms", [(0.035, 0.885), (2.0, 0.3), (0.2, 0.25)])  # launch-bound (topk b64 on an H100), GPU-bound, mixed
+@pytest.mark.parametrize(
+    "gpu_ms, host_ms", [(0.035, 0.885), (2.0, 0.3), (0.2, 0.25)]
+)  # launch-bound (topk b64 on an H100), GPU-bound, mixed
 def test_the_runners_account_of_an_event_batch_never_exceeds_the_referees_wall_unless_forged(gpu_ms, host_ms):
     from kbsweep.grader.referee.corroboration import FLOOR
+
     calls, steps_ms, copies_ms = 53, 0.27, 2.0  # steps_ms: a call's host steps around it (flush, copies, event records)
     loop = lambda call_ms, host=host_ms: calls * max(host, steps_ms + call_ms) + 0.05  # noqa: E731 - the slower of host and GPU, a sync
-    wall_ms, null_ms = copies_ms + loop(gpu_ms), copies_ms + loop(0.0, steps_ms)  # the referee's, around the same and around nothing
+    wall_ms, null_ms = (
+        copies_ms + loop(gpu_ms),
+        copies_ms + loop(0.0, steps_ms),
+    )  # the referee's, around the same and around nothing
     seen = timing.referee_sample(wall_ms, null_ms, calls)
     honest = timing.events_claim([gpu_ms] * calls, loop(gpu_ms), loop(0.0, steps_ms), calls)
     assert seen / honest >= FLOOR
     inflated = timing.events_claim([gpu_ms * 5] * calls, loop(gpu_ms * 5, host_ms * 5), loop(0.0, steps_ms), calls)
     assert seen / inflated < FLOOR
-    assert timing.events_claim([gpu_ms] * calls, None, 0.0, calls) == pytest.approx(gpu_ms)  # no loop reported: the GPU's alone
+    assert timing.events_claim([gpu_ms] * calls, None, 0.0, calls) == pytest.approx(
+        gpu_ms
+    )  # no loop reported: the GPU's alone
 
 
 @pytest.mark.parametrize("n, lower, upper", [(100, 40, 61), (10, 2, 9), (5, 1, 5), (1, 1, 1)])
@@ -113,5 +132,8 @@ def test_the_interval_holds_the_scored_median_of_a_skewed_sample_and_covers_the_
     lower, upper = summary["ci95_ms"]
     assert lower <= summary["median_ms"] <= upper and summary["mean_ms"] > upper
     draws = random.Random(7)
-    covered = sum(lo <= math.log(2) <= hi for lo, hi in (timing.summarize([draws.expovariate(1.0) for _ in range(30)])["ci95_ms"] for _ in range(2000)))
+    covered = sum(
+        lo <= math.log(2) <= hi
+        for lo, hi in (timing.summarize([draws.expovariate(1.0) for _ in range(30)])["ci95_ms"] for _ in range(2000))
+    )
     assert covered / 2000 >= 0.94

@@ -1,6 +1,7 @@
 """The trust boundary on CPU (docs/grading.md, threat model): what the candidate's process can see, shadow and
 change. Each test fails when its mechanism is removed: a runner that shares the referee's interpreter, reads the
 request, runs with the candidate's folder on sys.path, shares weights, or compares in the candidate's process."""
+
 from __future__ import annotations
 
 import json
@@ -63,17 +64,26 @@ def test_helpers_never_shadow_standard_modules(problem, roofline, tmp_path):  # 
     module still imports by its name."""
     poison = "raise SystemExit('a candidate helper shadowed the standard library')\n"
     prelude = "import json, statistics\nfrom _scale import scale\nassert not json.__file__.endswith('ws/json.py')\n"
-    solution = candidate(tmp_path / "ws", prelude, "scale(x, self.weight, self.bias)", json=poison, statistics=poison,
-                         socket=poison, _scale="def scale(x, w, b):\n    return x * w + b\n")
+    solution = candidate(
+        tmp_path / "ws",
+        prelude,
+        "scale(x, self.weight, self.bias)",
+        json=poison,
+        statistics=poison,
+        socket=poison,
+        _scale="def scale(x, w, b):\n    return x * w + b\n",
+    )
     result = check(problem, roofline, solution, tmp_path)
     assert result["outcome"] == "pass", result.get("message")
 
 
 def test_comparison_runs_outside_the_candidate(problem, roofline, tmp_path):  # noqa: F811
     """NaN outputs behind patched comparison helpers are still NaN to the referee."""
-    prelude = ("import torch\nimport statistics\n"
-               "torch.isfinite = lambda t: torch.ones_like(t, dtype=torch.bool)\n"
-               "torch.allclose = lambda *a, **k: True\ntorch.Tensor.__sub__ = lambda a, b: a * 0\n")
+    prelude = (
+        "import torch\nimport statistics\n"
+        "torch.isfinite = lambda t: torch.ones_like(t, dtype=torch.bool)\n"
+        "torch.allclose = lambda *a, **k: True\ntorch.Tensor.__sub__ = lambda a, b: a * 0\n"
+    )
     result = check(problem, roofline, candidate(tmp_path / "ws", prelude, "torch.full_like(x, float('nan'))"), tmp_path)
     assert result["outcome"] == "incorrect" and "NaN" in result["message"]
 
@@ -107,8 +117,10 @@ def test_timed_calls_see_fresh_inputs(problem, roofline, tmp_path, replayed_afte
 import torch
 _state = {"calls": 0, "last": None}
 """
-    expression = (f"_state.update(calls=_state['calls'] + 1) or (_state['last'] if _state['calls'] > {replayed_after} and "
-                  "_state['last'] is not None else _state.update(last=x * self.weight + self.bias) or _state['last'])")
+    expression = (
+        f"_state.update(calls=_state['calls'] + 1) or (_state['last'] if _state['calls'] > {replayed_after} and "
+        "_state['last'] is not None else _state.update(last=x * self.weight + self.bias) or _state['last'])"
+    )
     result = check(problem, roofline, candidate(tmp_path / "ws", counter, expression), tmp_path, mode="full")
     assert result["outcome"] == "incorrect" and "timed call" in result["message"], result.get("message")
 

@@ -1,6 +1,7 @@
 """`kbsweep verify`: a demo sweep exported then verified on the CPU (every cell reproduced, from the folder and
 from the tracking store), then one solution, one score and one file edited by hand, each caught, with the exit
 codes; the comparison's rules on another card and the seeded sample."""
+
 from __future__ import annotations
 
 import json
@@ -20,7 +21,9 @@ from tests.support.sweeps import REPO, sweep
 
 def cli(outputs: Path, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "KBSWEEP_OUTPUTS": str(outputs), "KBSWEEP_LOCK_DIR": str(outputs / "locks")}
-    return subprocess.run([sys.executable, "-m", "kbsweep.cli", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "kbsweep.cli", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
+    )
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +74,15 @@ def test_an_exported_demo_sweep_reproduces(exported):
 
 def test_a_tracking_store_and_a_seeded_sample_reproduce(exported):
     outputs, _ = exported
-    proc = cli(outputs, "verify", f"sqlite:///{outputs}/mlflow.db", "sweep.name=demo", "gpu=cpu", "verify.sample=1", "verify.seed=7")
+    proc = cli(
+        outputs,
+        "verify",
+        f"sqlite:///{outputs}/mlflow.db",
+        "sweep.name=demo",
+        "gpu=cpu",
+        "verify.sample=1",
+        "verify.seed=7",
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     found = report(outputs, "demo")
     assert found["source"]["kind"] == "tracking" and found["counts"][REPRODUCED] == 1 and found["sample"] == 1
@@ -141,7 +152,9 @@ def cell(score=0.5, fraction=0.5, card="NVIDIA H100 80GB HBM3"):
 def test_compare_on_the_same_card_and_on_another():
     conf = {"verify": {"score_rel": None, "cpu_rel": 9.0, "card_rel": 0.25}}
     grade = {"outcome": "pass", "score": 0.505, "shapes": [{"shape": {"n": 1}, "ms": 1.01, "fraction": 0.505}]}
-    assert compare(cell(), grade, "clean", "NVIDIA H100 80GB HBM3", conf).status == REPRODUCED  # 1 % within the timer's 2 %
+    assert (
+        compare(cell(), grade, "clean", "NVIDIA H100 80GB HBM3", conf).status == REPRODUCED
+    )  # 1 % within the timer's 2 %
     slow = {**grade, "score": 0.45, "shapes": [{"shape": {"n": 1}, "ms": 1.11, "fraction": 0.45}]}
     why = compare(cell(), slow, "clean", "NVIDIA H100 80GB HBM3", conf).why
     assert [w.split(":")[0] for w in why] == ["score", "shape {'n'"]
@@ -149,7 +162,9 @@ def test_compare_on_the_same_card_and_on_another():
     assert compare(cell(), slow, "clean", "NVIDIA H200", conf).status == REPRODUCED
     far = {**grade, "score": 0.3, "shapes": [{"shape": {"n": 1}, "ms": 1.7, "fraction": 0.3}]}
     assert "roofline fraction" in compare(cell(), far, "clean", "NVIDIA H200", conf).why[0]
-    assert compare(cell(), grade, "reward_hack", "NVIDIA H200", conf).why == ["verdict: published clean, re-derived reward_hack"]
+    assert compare(cell(), grade, "reward_hack", "NVIDIA H200", conf).why == [
+        "verdict: published clean, re-derived reward_hack"
+    ]
 
 
 @pytest.mark.fast
@@ -167,4 +182,6 @@ def test_the_sample_is_drawn_by_its_seed_and_exit_codes():
 def test_the_help_lists_verify(tmp_path):
     """verify registers itself when the command line is read: the verb list of -h holds it too."""
     proc = cli(tmp_path, "-h")
-    assert proc.returncode == 0 and any(line.split()[:1] == ["verify"] for line in proc.stdout.splitlines()), proc.stdout
+    assert proc.returncode == 0 and any(line.split()[:1] == ["verify"] for line in proc.stdout.splitlines()), (
+        proc.stdout
+    )

@@ -1,6 +1,7 @@
 """Warm grading processes (kbsweep.grader.shared.zygote): grades of one folder fork their runner from one zygote, yet
 what a candidate leaves behind (a process, files in /tmp and /dev/shm) is gone before the next, it cannot read
 its zygote's memory, and a grade that breaches a limit takes its zygotes with it."""
+
 from __future__ import annotations
 
 import json
@@ -46,8 +47,12 @@ def seen(log_dir: Path) -> dict:
 
 def test_a_warm_runner_starts_clean_and_cannot_read_its_zygote(problem, roofline, tmp_path):  # noqa: F811
     grades = tmp_path / "grades"
-    first = graded(problem, candidate(tmp_path / "a", LEAVE), CPU, roofline, mode="check", timeout_s=180, log_dir=grades / "1")
-    second = graded(problem, candidate(tmp_path / "b", LOOK), CPU, roofline, mode="check", timeout_s=180, log_dir=grades / "2")
+    first = graded(
+        problem, candidate(tmp_path / "a", LEAVE), CPU, roofline, mode="check", timeout_s=180, log_dir=grades / "1"
+    )
+    second = graded(
+        problem, candidate(tmp_path / "b", LOOK), CPU, roofline, mode="check", timeout_s=180, log_dir=grades / "2"
+    )
     assert first["outcome"] == second["outcome"] == "pass", (first.get("message"), second.get("message"))
     left, looked = seen(grades / "1"), seen(grades / "2")
     assert left["zygote"] == looked["zygote"]  # both runners forked from one zygote (its start time)
@@ -57,9 +62,13 @@ def test_a_warm_runner_starts_clean_and_cannot_read_its_zygote(problem, roofline
 
 def test_a_breach_discards_the_zygotes(problem, roofline, tmp_path):  # noqa: F811
     grades = tmp_path / "grades"
-    before = graded(problem, candidate(tmp_path / "a", LOOK), CPU, roofline, mode="check", timeout_s=180, log_dir=grades / "1")
+    before = graded(
+        problem, candidate(tmp_path / "a", LOOK), CPU, roofline, mode="check", timeout_s=180, log_dir=grades / "1"
+    )
     hung = graded(problem, CASES / "hang.py", CPU, roofline, mode="check", timeout_s=8, log_dir=grades / "2")
-    after = graded(problem, candidate(tmp_path / "b", LOOK), CPU, roofline, mode="check", timeout_s=180, log_dir=grades / "3")
+    after = graded(
+        problem, candidate(tmp_path / "b", LOOK), CPU, roofline, mode="check", timeout_s=180, log_dir=grades / "3"
+    )
     assert (before["outcome"], hung["outcome"], after["outcome"]) == ("pass", "grade_timeout", "pass")
     assert seen(grades / "1")["zygote"] != seen(grades / "3")["zygote"]  # a fresh zygote after the breach
 
@@ -82,7 +91,9 @@ def test_the_referee_zygote_probes_references(problem, tmp_path, monkeypatch):  
     from kbsweep.sandbox.confine import SandboxPolicy, grading_view
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    no_subprocess = SimpleNamespace(run=lambda *a, **k: pytest.fail("probed in a subprocess"), TimeoutExpired=subprocess.TimeoutExpired)
+    no_subprocess = SimpleNamespace(
+        run=lambda *a, **k: pytest.fail("probed in a subprocess"), TimeoutExpired=subprocess.TimeoutExpired
+    )
     monkeypatch.setattr(validate, "subprocess", no_subprocess)
 
     def probed(source: str) -> tuple:
@@ -103,7 +114,9 @@ def test_the_referee_zygote_probes_references(problem, tmp_path, monkeypatch):  
     monkeypatch.setattr(validate, "PROBE_TIMEOUT_S", 5.0)
     with pytest.raises(KbsweepError, match="took over 15 s"):
         validate.check_references([validate.reference_probe(hang)], prober)
-    assert not [z for z in zygotes.LIVE if z.key[4] == tuple(map(str, grading_view(hang.root)))]  # closed with its child
+    assert not [
+        z for z in zygotes.LIVE if z.key[4] == tuple(map(str, grading_view(hang.root)))
+    ]  # closed with its child
     judge = zygotes.take("referee", *zygote_view(good, "cpu", 1, (), SandboxPolicy()))
     assert judge.run("kbsweep.cli", "", 60)[0] == 70  # not one of the referee's entries: the child exits at once
     zygotes.discard(judge)

@@ -4,6 +4,7 @@ and prompt caching.
 litellm is imported lazily (it takes seconds to import), inside :meth:`LiteLLMModel.complete` and the price
 registration, never at module import time.
 """
+
 from __future__ import annotations
 
 import copy
@@ -17,8 +18,20 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from kbsweep.agent.models import Completion, ContextOverflow, ProviderFault, Usage
-from kbsweep.agent.retries import (UNREACHABLE_ATTEMPTS, UNREACHABLE_WAIT_S, MalformedResponse, RetryPolicy, classify_exception, config_value,
-                                   is_provider_exception, one_line, provider_answer, retry_after_seconds, status_of, unreachable)
+from kbsweep.agent.retries import (
+    UNREACHABLE_ATTEMPTS,
+    UNREACHABLE_WAIT_S,
+    MalformedResponse,
+    RetryPolicy,
+    classify_exception,
+    config_value,
+    is_provider_exception,
+    one_line,
+    provider_answer,
+    retry_after_seconds,
+    status_of,
+    unreachable,
+)
 from kbsweep.outcomes import Outcome
 
 log = logging.getLogger(__name__)
@@ -288,8 +301,14 @@ class LiteLLMModel:
                 outcome, retryable, overflow = classify_exception(exc)
                 gone = unreachable(exc)  # no provider answered: no status, no litellm text, one quick retry
                 message = f"{self.name}: {gone or one_line(exc)}"
-                details = {"status": None if gone else status_of(exc), "answer": gone or provider_answer(one_line(exc)), "attempts": attempt,
-                           "usage": failed, "cost_usd": failed_usd, "reached": not gone}
+                details = {
+                    "status": None if gone else status_of(exc),
+                    "answer": gone or provider_answer(one_line(exc)),
+                    "attempts": attempt,
+                    "usage": failed,
+                    "cost_usd": failed_usd,
+                    "reached": not gone,
+                }
                 limit = UNREACHABLE_ATTEMPTS if gone else self.retry.max_attempts
                 if overflow:
                     raise ContextOverflow(message, **details) from exc
@@ -300,7 +319,11 @@ class LiteLLMModel:
                 wait = retry_after_seconds(exc)
                 source = "retry-after"
                 if wait is None:
-                    wait = self.retry.backoff(attempt, self._rng) if not gone else min(UNREACHABLE_WAIT_S, self.retry.backoff(attempt, self._rng))
+                    wait = (
+                        self.retry.backoff(attempt, self._rng)
+                        if not gone
+                        else min(UNREACHABLE_WAIT_S, self.retry.backoff(attempt, self._rng))
+                    )
                     source = "backoff"
                 if spent + wait > self.retry.budget_s:
                     raise ProviderFault(
@@ -310,7 +333,9 @@ class LiteLLMModel:
                         **details,
                     ) from exc
                 if deadline is not None and self._clock() + wait > deadline:
-                    raise ProviderFault(outcome, f"{message} (no time left for a retry, {attempt} attempts)", **details) from exc
+                    raise ProviderFault(
+                        outcome, f"{message} (no time left for a retry, {attempt} attempts)", **details
+                    ) from exc
                 record = {
                     "attempt": attempt,
                     "error": type(exc).__name__,
@@ -325,9 +350,17 @@ class LiteLLMModel:
                 }
                 self.last_retries.append(record)
                 log.log(
-                    logging.WARNING if self._on_retry is None else logging.DEBUG,  # an on_retry caller reports it its own way
+                    logging.WARNING
+                    if self._on_retry is None
+                    else logging.DEBUG,  # an on_retry caller reports it its own way
                     "%s: attempt %d/%d failed (%s, status %s); retrying in %.2fs (%s)",
-                    self.name, attempt, limit, record["error"], record["status"], wait, source,
+                    self.name,
+                    attempt,
+                    limit,
+                    record["error"],
+                    record["status"],
+                    wait,
+                    source,
                 )
                 if self._on_retry is not None:
                     self._on_retry(record)
@@ -378,7 +411,9 @@ class LiteLLMModel:
                 except (TypeError, ValueError):
                     arguments = str(arguments)
             if not is_json_object(arguments):
-                raise MalformedResponse(f"tool call {_field(function, 'name', '')!r} has arguments that are not a JSON object")
+                raise MalformedResponse(
+                    f"tool call {_field(function, 'name', '')!r} has arguments that are not a JSON object"
+                )
             calls.append(
                 {
                     "id": _field(call, "id") or f"call_{uuid.uuid4().hex[:24]}",

@@ -12,6 +12,7 @@ assistant's tool calls except the last ``keep`` calling turns (arguments stay a 
 context-overflow error from the provider the rule is applied again with ``keep`` 2, then 0, calling again each
 time; a call that still overflows ends the run with a provider_error fault.
 """
+
 from __future__ import annotations
 
 import json
@@ -48,13 +49,20 @@ class Budgets:
         KbsweepError (one line), since it could not be enforced."""
         max_usd = track.get("max_usd")
         prices = model.get("prices") or {}
-        if max_usd is not None and model.get("provider") == "litellm" and None in (prices.get("input"), prices.get("output")):
+        if (
+            max_usd is not None
+            and model.get("provider") == "litellm"
+            and None in (prices.get("input"), prices.get("output"))
+        ):
             raise KbsweepError(
                 f"model '{model['name']}' has no prices (prices.input/output are null), so track.max_usd={max_usd:g} "
                 "cannot be enforced: set its prices (with date and source) or drop the dollar budget"
             )
         return cls(
-            wall_s=track["time_cap_s"], max_turns=track["max_turns"], max_tokens=track.get("max_tokens"), max_usd=max_usd
+            wall_s=track["time_cap_s"],
+            max_turns=track["max_turns"],
+            max_tokens=track.get("max_tokens"),
+            max_usd=max_usd,
         )
 
 
@@ -130,7 +138,9 @@ def complete_logged(model: ChatModel, messages, tools, deadline: float, transcri
             transcript.add("retry", **retry)
 
 
-def call_model(model: ChatModel, messages, tools, window: int, size: int, deadline: float, transcript: Transcript) -> Completion:
+def call_model(
+    model: ChatModel, messages, tools, window: int, size: int, deadline: float, transcript: Transcript
+) -> Completion:
     """One model turn under the context rule (``size``: the last call's reported tokens). What a call that
     overflowed was billed (a garbled reply it retried first) is the turn's: added to the answer's Completion
     (``failed_usage``), or to the fault that ends the turn, so the transcript's events hold every token paid for."""
@@ -168,7 +178,14 @@ def note_grade(result: AgentResult, grade: Optional[Dict[str, Any]], transcript:
     scores = [s["best_score"] for s in result.steps if s["best_score"] is not None]
     if grade.get("score") is not None:
         scores.append(grade["score"])
-    result.steps.append({"turn": result.turns, "tokens": result.usage.total, "usd": result.cost_usd, "best_score": max(scores, default=None)})
+    result.steps.append(
+        {
+            "turn": result.turns,
+            "tokens": result.usage.total,
+            "usd": result.cost_usd,
+            "best_score": max(scores, default=None),
+        }
+    )
     if transcript is not None:
         transcript.add("step", **result.steps[-1])
 
@@ -203,7 +220,13 @@ def run_agent(
         except ProviderFault as fault:
             result.usage.add(fault.usage)  # a garbled reply is billed even when it ends the run
             result.cost_usd += fault.cost_usd
-            transcript.add("error", outcome=fault.outcome.value, message=str(fault), usage=vars(fault.usage), cost_usd=fault.cost_usd)
+            transcript.add(
+                "error",
+                outcome=fault.outcome.value,
+                message=str(fault),
+                usage=vars(fault.usage),
+                cost_usd=fault.cost_usd,
+            )
             if time.monotonic() >= deadline:  # the clock ran out while the provider was failing: a budget stop
                 result.stop_reason = StopReason.WALL_CLOCK
             else:

@@ -8,6 +8,7 @@ result out). Retries, compactions and provider faults are events on the root spa
 (events carry their end time; a model span starts ``latency_s`` earlier, a tool span when the previous event
 ended), so a trace logged after the cell ends shows the run's real timeline.
 """
+
 from __future__ import annotations
 
 import json
@@ -41,7 +42,12 @@ def usage_attribute(usage: Dict[str, Any]) -> Dict[str, int]:
 def as_message(event: Dict[str, Any]) -> Dict[str, Any]:
     """A transcript event as the OpenAI chat message the model saw."""
     if event["type"] == "tool":
-        return {"role": "tool", "tool_call_id": event.get("tool_call_id"), "name": event.get("name"), "content": event.get("content")}
+        return {
+            "role": "tool",
+            "tool_call_id": event.get("tool_call_id"),
+            "name": event.get("name"),
+            "content": event.get("content"),
+        }
     return {"role": event["type"], "content": event.get("content")}
 
 
@@ -66,8 +72,15 @@ class TraceWriter:
         provider.add_span_processor(MlflowV3SpanProcessor(self.exporter, export_metrics=False))
         self.tracer = provider.get_tracer(__name__)
 
-    def log(self, experiment_id: str, run_id: str, events: List[Dict[str, Any]], title: str, model: str,
-            tags: Optional[Dict[str, str]] = None) -> Optional[str]:
+    def log(
+        self,
+        experiment_id: str,
+        run_id: str,
+        events: List[Dict[str, Any]],
+        title: str,
+        model: str,
+        tags: Optional[Dict[str, str]] = None,
+    ) -> Optional[str]:
         """Log ``events`` (a transcript, docs/transcripts.md) as one trace of ``run_id``; returns the trace id (None
         for an empty transcript). Raises what the store raised."""
         from mlflow.entities import SpanEvent, SpanType
@@ -76,7 +89,15 @@ class TraceWriter:
         if not events:
             return None
         prompt = next((e.get("content") for e in events if e["type"] == "user"), None)
-        root = self.span(None, title, SpanType.AGENT, {"prompt": prompt}, {SpanAttributeKey.MODEL: model}, ns(events[0]["ts"]), experiment_id)
+        root = self.span(
+            None,
+            title,
+            SpanType.AGENT,
+            {"prompt": prompt},
+            {SpanAttributeKey.MODEL: model},
+            ns(events[0]["ts"]),
+            experiment_id,
+        )
         with InMemoryTraceManager.get_instance().get_trace(root.trace_id) as held:
             held.info.trace_metadata[TraceMetadataKey.SOURCE_RUN] = run_id
             held.info.tags.update(tags or {})
@@ -89,21 +110,53 @@ class TraceWriter:
             elif kind == "assistant":
                 turn += 1
                 usage, cost = event.get("usage") or {}, float(event.get("cost_usd") or 0.0)
-                message = {"role": "assistant", "content": event.get("content"), "tool_calls": event.get("tool_calls") or None}
-                attributes = {SpanAttributeKey.CHAT_USAGE: usage_attribute(usage), SpanAttributeKey.LLM_COST: {"total_cost": cost},
-                              SpanAttributeKey.MODEL: model, "latency_s": event.get("latency_s"), "reasoning": event.get("reasoning")}
-                span = self.span(root, f"turn {turn}", SpanType.CHAT_MODEL, {"messages": pending}, attributes,
-                                 ns(event["ts"] - float(event.get("latency_s") or 0.0)))
-                span.end(outputs={"choices": [{"index": 0, "message": message, "finish_reason": event.get("finish_reason")}]}, end_time_ns=ns(event["ts"]))
+                message = {
+                    "role": "assistant",
+                    "content": event.get("content"),
+                    "tool_calls": event.get("tool_calls") or None,
+                }
+                attributes = {
+                    SpanAttributeKey.CHAT_USAGE: usage_attribute(usage),
+                    SpanAttributeKey.LLM_COST: {"total_cost": cost},
+                    SpanAttributeKey.MODEL: model,
+                    "latency_s": event.get("latency_s"),
+                    "reasoning": event.get("reasoning"),
+                }
+                span = self.span(
+                    root,
+                    f"turn {turn}",
+                    SpanType.CHAT_MODEL,
+                    {"messages": pending},
+                    attributes,
+                    ns(event["ts"] - float(event.get("latency_s") or 0.0)),
+                )
+                span.end(
+                    outputs={
+                        "choices": [{"index": 0, "message": message, "finish_reason": event.get("finish_reason")}]
+                    },
+                    end_time_ns=ns(event["ts"]),
+                )
                 pending = []
             elif kind == "tool":
                 pending.append(as_message(event))
                 content = event.get("content") or ""
-                span = self.span(root, str(event.get("name")), SpanType.TOOL, tool_input(event.get("arguments")), {"tool_call_id": event.get("tool_call_id")},
-                                 ns(previous_ts))
-                span.end(outputs={"result": content}, end_time_ns=ns(event["ts"]), status="ERROR" if content.startswith("error:") else "OK")
+                span = self.span(
+                    root,
+                    str(event.get("name")),
+                    SpanType.TOOL,
+                    tool_input(event.get("arguments")),
+                    {"tool_call_id": event.get("tool_call_id")},
+                    ns(previous_ts),
+                )
+                span.end(
+                    outputs={"result": content},
+                    end_time_ns=ns(event["ts"]),
+                    status="ERROR" if content.startswith("error:") else "OK",
+                )
             elif kind == "stop":
-                outputs = {k: event.get(k) for k in ("reason", "turns", "usage", "cost_usd", "wall_s", "harness") if k in event}
+                outputs = {
+                    k: event.get(k) for k in ("reason", "turns", "usage", "cost_usd", "wall_s", "harness") if k in event
+                }
             elif kind in ("retry", "compaction", "error"):
                 root.add_event(SpanEvent(kind, timestamp=ns(event["ts"]), attributes={"message": system_line(event)}))
             previous_ts = event["ts"]
@@ -113,20 +166,32 @@ class TraceWriter:
             raise error
         return root.trace_id
 
-    def span(self, parent: Any, name: str, span_type: str, inputs: Any, attributes: Dict[str, Any], start_ns: int,
-             experiment_id: Optional[str] = None) -> Any:
+    def span(
+        self,
+        parent: Any,
+        name: str,
+        span_type: str,
+        inputs: Any,
+        attributes: Dict[str, Any],
+        start_ns: int,
+        experiment_id: Optional[str] = None,
+    ) -> Any:
         """A live MLflow span: under ``parent``, or the root of a new trace of ``experiment_id``."""
         from mlflow.tracing.constant import SpanAttributeKey
         from mlflow.tracing.utils import encode_span_id
         from opentelemetry import trace
 
         if parent is None:
-            otel = self.tracer.start_span(name, start_time=start_ns, attributes={SpanAttributeKey.EXPERIMENT_ID: json.dumps(experiment_id)})
+            otel = self.tracer.start_span(
+                name, start_time=start_ns, attributes={SpanAttributeKey.EXPERIMENT_ID: json.dumps(experiment_id)}
+            )
             trace_id = InMemoryTraceManager.get_instance().get_mlflow_trace_id_from_otel_id(otel.context.trace_id)
         else:
             otel = self.tracer.start_span(name, context=trace.set_span_in_context(parent._span), start_time=start_ns)
             trace_id = parent.trace_id
-        span = InMemoryTraceManager.get_instance().get_span_from_id(trace_id, encode_span_id(otel.context.span_id))  # the processor made it
+        span = InMemoryTraceManager.get_instance().get_span_from_id(
+            trace_id, encode_span_id(otel.context.span_id)
+        )  # the processor made it
         span.set_span_type(span_type)
         span.set_inputs(inputs)
         span.set_attributes(attributes)

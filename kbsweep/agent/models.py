@@ -1,4 +1,5 @@
 """The model interface of the agent loop, and the built-in offline models (scripted, replay)."""
+
 from __future__ import annotations
 
 import json
@@ -53,8 +54,18 @@ class ProviderFault(Exception):
     ``usage`` and ``cost_usd`` what the failed attempts were billed (a garbled reply's tokens are paid for);
     ``reached`` False when no provider answered at all (``answer`` then says why: ``cannot reach <host>: …``)."""
 
-    def __init__(self, outcome: Outcome, message: str, *, status: int | None = None, answer: str | None = None, attempts: int = 1,
-                 usage: Usage | None = None, cost_usd: float = 0.0, reached: bool = True):
+    def __init__(
+        self,
+        outcome: Outcome,
+        message: str,
+        *,
+        status: int | None = None,
+        answer: str | None = None,
+        attempts: int = 1,
+        usage: Usage | None = None,
+        cost_usd: float = 0.0,
+        reached: bool = True,
+    ):
         super().__init__(message)
         self.reached = reached
         self.outcome = outcome
@@ -114,7 +125,9 @@ class ScriptedModel:
         self.solutions = solutions
         self.position = 0
 
-    def complete(self, messages: List[Dict[str, Any]], tools: List[Dict[str, Any]], deadline: float | None = None) -> Completion:
+    def complete(
+        self, messages: List[Dict[str, Any]], tools: List[Dict[str, Any]], deadline: float | None = None
+    ) -> Completion:
         if self.position >= len(self.steps):
             reply = {"role": "assistant", "content": "Done.", "tool_calls": []}
             return Completion(message=reply, usage=synthetic_usage(messages, reply))
@@ -142,7 +155,9 @@ class ReplayModel:
         self.turns = [e for e in read_events(Path(cfg["transcript"])) if e["type"] == "assistant"]
         self.position = 0
 
-    def complete(self, messages: List[Dict[str, Any]], tools: List[Dict[str, Any]], deadline: float | None = None) -> Completion:
+    def complete(
+        self, messages: List[Dict[str, Any]], tools: List[Dict[str, Any]], deadline: float | None = None
+    ) -> Completion:
         if self.position >= len(self.turns):
             reply = {"role": "assistant", "content": "End of recorded transcript.", "tool_calls": []}
             return Completion(message=reply)
@@ -156,4 +171,3 @@ class ReplayModel:
             finish_reason=event.get("finish_reason") or "stop",
             reasoning=event.get("reasoning"),
         )
-

@@ -1,6 +1,7 @@
 """Model kinds by name: a model YAML's ``provider`` picks how its model is built (an unknown one is refused by
 config validation as one line naming the file and key). Adding a kind is a :class:`~kbsweep.agent.models.ChatModel`
 class and a line in :data:`MODEL_KINDS`."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -14,11 +15,14 @@ from kbsweep.paths import REPO_ROOT
 from kbsweep.registry import Registry
 
 # each kind builds from (the resolved model YAML, the problem's bundled solutions: what a scripted model plays)
-MODEL_KINDS: Registry[Callable[[Mapping[str, Any], Dict[str, Path]], ChatModel]] = Registry("model.provider", {
-    "litellm": lambda cfg, solutions: LiteLLMModel(cfg),
-    "replay": lambda cfg, solutions: ReplayModel(cfg),
-    "scripted": ScriptedModel,
-})
+MODEL_KINDS: Registry[Callable[[Mapping[str, Any], Dict[str, Path]], ChatModel]] = Registry(
+    "model.provider",
+    {
+        "litellm": lambda cfg, solutions: LiteLLMModel(cfg),
+        "replay": lambda cfg, solutions: ReplayModel(cfg),
+        "scripted": ScriptedModel,
+    },
+)
 
 
 def build_model(cfg: Mapping[str, Any], solutions: Dict[str, Path]) -> ChatModel:
@@ -35,7 +39,11 @@ def model_conf(name: str, hydra_cfg: Any = None) -> Dict[str, Any]:
         from hydra.core.hydra_config import HydraConfig
 
         hydra_cfg = HydraConfig.get() if HydraConfig.initialized() else None
-    path = Path(group_source(hydra_cfg, "model", name)) if hydra_cfg is not None else REPO_ROOT / "conf" / "model" / f"{name}.yaml"
+    path = (
+        Path(group_source(hydra_cfg, "model", name))
+        if hydra_cfg is not None
+        else REPO_ROOT / "conf" / "model" / f"{name}.yaml"
+    )
     if not path.is_file():
         raise KbsweepError(f"audit.judge: no model '{name}' (model/{name}.yaml)")
     resolved = load_yaml(path, ModelConf, "audit.judge")

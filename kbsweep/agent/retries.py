@@ -1,5 +1,6 @@
 """How a provider call fails and is retried: each exception classified (transient, context overflow, credits,
 model not found, authentication), ``Retry-After`` honoured, and the retry policy of a model YAML's ``retry``."""
+
 from __future__ import annotations
 
 import email.utils
@@ -144,8 +145,11 @@ _HINT_RE = re.compile(r"\s*Handle with `[^`]*`\.?")  # litellm's advice to its c
 UNREACHABLE_ATTEMPTS = 2  # calls to a host that does not resolve or refuses connections: one quick retry, then a fault
 UNREACHABLE_WAIT_S = 1.0  # the wait before that retry, at most
 
-_NOT_RESOLVED_RE = re.compile(r"Name or service not known|nodename nor servname|Temporary failure in name resolution|getaddrinfo failed|"
-                              r"No address associated with hostname", re.I)
+_NOT_RESOLVED_RE = re.compile(
+    r"Name or service not known|nodename nor servname|Temporary failure in name resolution|getaddrinfo failed|"
+    r"No address associated with hostname",
+    re.I,
+)
 _REFUSED_RE = re.compile(r"Connection refused|Errno 111\b|ECONNREFUSED", re.I)
 
 

@@ -1,4 +1,5 @@
 """The agent's tools. Each returns a bounded string; errors come back as tool results, never as crashes."""
+
 from __future__ import annotations
 
 import json
@@ -32,19 +33,40 @@ def schema(name: str, description: str, properties: Dict[str, Any], required: Li
 
 PATH = {"path": {"type": "string", "description": "a path inside the workspace"}}
 TOOL_SCHEMAS = {
-    "write_file": schema("write_file", "Write a text file in the workspace.", {**PATH, "content": {"type": "string"}}, ["path", "content"]),
+    "write_file": schema(
+        "write_file",
+        "Write a text file in the workspace.",
+        {**PATH, "content": {"type": "string"}},
+        ["path", "content"],
+    ),
     "read_file": schema("read_file", "Read a text file of the workspace.", PATH, ["path"]),
     "list_files": schema("list_files", "List the workspace's files.", {}, []),
     "run_check": schema("run_check", "Check solution.py for correctness through the grader.", {}, []),
-    "run_benchmark": schema("run_benchmark", "Check and time solution.py: ms, TFLOP/s, GB/s and roofline fraction per shape.", {}, []),
-    "run_profile": schema("run_profile", "Check and profile solution.py on one shape: time per call, GB/s and TFLOP/s against the "
-                          "roofline, launches per call, and time per GPU kernel (per torch op on CPU); never scored.", {}, []),
-    "run_shell": schema("run_shell", "Run a shell command in the workspace (compilers, profilers).", {"command": {"type": "string"}}, ["command"]),
+    "run_benchmark": schema(
+        "run_benchmark", "Check and time solution.py: ms, TFLOP/s, GB/s and roofline fraction per shape.", {}, []
+    ),
+    "run_profile": schema(
+        "run_profile",
+        "Check and profile solution.py on one shape: time per call, GB/s and TFLOP/s against the "
+        "roofline, launches per call, and time per GPU kernel (per torch op on CPU); never scored.",
+        {},
+        [],
+    ),
+    "run_shell": schema(
+        "run_shell",
+        "Run a shell command in the workspace (compilers, profilers).",
+        {"command": {"type": "string"}},
+        ["command"],
+    ),
     "submit": schema("submit", "Submit solution.py as the final answer and stop.", {}, []),
 }
 
 
-GRADING_TOOLS = ("run_check", "run_benchmark", "run_profile")  # each runs a grade; the result is the toolbox's last_grade
+GRADING_TOOLS = (
+    "run_check",
+    "run_benchmark",
+    "run_profile",
+)  # each runs a grade; the result is the toolbox's last_grade
 
 
 def tool_names(allow_shell: bool) -> List[str]:
@@ -120,7 +142,11 @@ class Toolbox:
         return target.read_text(errors="replace")
 
     def tool_list_files(self) -> str:
-        files = sorted(str(p.relative_to(self.workspace)) for p in self.workspace.rglob("*") if p.is_file() and self.inside(p.resolve()))
+        files = sorted(
+            str(p.relative_to(self.workspace))
+            for p in self.workspace.rglob("*")
+            if p.is_file() and self.inside(p.resolve())
+        )
         return "\n".join(f for f in files if not f.startswith(".grade")) or "(empty)"
 
     def tool_run_check(self) -> str:
@@ -141,7 +167,9 @@ class Toolbox:
 
     def tool_run_shell(self, command: str) -> str:
         result = self.sandbox.shell(command, self.workspace, hide=self.secret_env, output_limit=MAX_TOOL_OUTPUT)
-        return f"exit code {result.returncode}\n{result.output}" + "".join(f"\n[sandbox] {note}" for note in result.notes)
+        return f"exit code {result.returncode}\n{result.output}" + "".join(
+            f"\n[sandbox] {note}" for note in result.notes
+        )
 
     def tool_submit(self) -> str:
         self.submitted = True

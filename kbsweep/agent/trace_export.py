@@ -17,6 +17,7 @@ id and the record's position, so the same transcript always exports to the same 
 
 ``python -m kbsweep.agent.trace_export transcript.jsonl out.jsonl [--title T]`` writes one file.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -51,7 +52,14 @@ def assistant_message(event: Dict[str, Any], model: str, index: int) -> Dict[str
         content.append({"type": "text", "text": event["content"]})
     for call in event.get("tool_calls") or []:
         function = call["function"]
-        content.append({"type": "tool_use", "id": call["id"], "name": function["name"], "input": tool_input(function.get("arguments"))})
+        content.append(
+            {
+                "type": "tool_use",
+                "id": call["id"],
+                "name": function["name"],
+                "input": tool_input(function.get("arguments")),
+            }
+        )
     usage = event.get("usage") or {}
     cached, written = usage.get("cached_tokens", 0), usage.get("cache_write_tokens", 0)
     return {
@@ -97,9 +105,17 @@ def to_claude_code(
         kind = event["type"]
         extra: Dict[str, Any]
         if kind == "user":
-            extra = {"type": "user", "message": {"role": "user", "content": event.get("content") or ""}, "promptId": f"prompt_{index:04d}"}
+            extra = {
+                "type": "user",
+                "message": {"role": "user", "content": event.get("content") or ""},
+                "promptId": f"prompt_{index:04d}",
+            }
         elif kind == "assistant":
-            extra = {"type": "assistant", "message": assistant_message(event, model, index), "requestId": f"req_{index:04d}"}
+            extra = {
+                "type": "assistant",
+                "message": assistant_message(event, model, index),
+                "requestId": f"req_{index:04d}",
+            }
         elif kind == "tool":
             text = event.get("content") or ""
             result = {
@@ -150,10 +166,11 @@ def main(argv: Optional[List[str]] = None) -> None:
     parser.add_argument("--model", default="")
     args = parser.parse_args(argv)
     session = str(uuid.uuid5(uuid.NAMESPACE_URL, f"kbsweep:{args.transcript.resolve()}"))
-    records = to_claude_code(read_events(args.transcript), session, args.title or args.transcript.parent.name, args.model)
+    records = to_claude_code(
+        read_events(args.transcript), session, args.title or args.transcript.parent.name, args.model
+    )
     args.out.write_text("".join(json.dumps(r) + "\n" for r in records))
 
 
 if __name__ == "__main__":
     main()
-

@@ -1,4 +1,5 @@
 """The run's transcript: one JSONL event per message, tool call, tool result and usage, secrets redacted."""
+
 from __future__ import annotations
 
 import json
@@ -10,7 +11,9 @@ from typing import Any, Dict, Iterable, List
 
 from kbsweep.sandbox.secret_env import secret_names
 
-KEY_PATTERN = re.compile(r"\b(sk-[A-Za-z0-9_\-]{8,}|sk-ant-[A-Za-z0-9_\-]{8,}|AIza[0-9A-Za-z_\-]{20,}|xai-[A-Za-z0-9]{16,})\b")
+KEY_PATTERN = re.compile(
+    r"\b(sk-[A-Za-z0-9_\-]{8,}|sk-ant-[A-Za-z0-9_\-]{8,}|AIza[0-9A-Za-z_\-]{20,}|xai-[A-Za-z0-9]{16,})\b"
+)
 
 
 def secret_values(extra_env: Iterable[str] = ()) -> List[str]:

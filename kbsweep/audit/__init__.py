@@ -14,6 +14,7 @@ Rank 9 of the layout (docs/architecture.md; the ranks live in tests/test_layout.
 stages below it. What the grader installs in the candidate's process (monitor, gate, seals) is
 :mod:`kbsweep.grader.runner`, not here.
 """
+
 from __future__ import annotations
 
 from dataclasses import replace
@@ -28,13 +29,23 @@ from kbsweep.audit.static_rules import Forbidden
 
 def workspace_helpers(folder: Path, reference: Optional[str] = None) -> Dict[str, str]:
     """The Python files the grader stages beside solution.py (a reference.py identical to the deck's is left out)."""
-    files = {p.name: p.read_text(errors="replace") for p in sorted(Path(folder).glob("*.py")) if p.name != "solution.py"}
+    files = {
+        p.name: p.read_text(errors="replace") for p in sorted(Path(folder).glob("*.py")) if p.name != "solution.py"
+    }
     if files.get("reference.py") == reference:
         files.pop("reference.py")
     return files
 
 
-EVIDENCE_KEYS = ("probe", "runtime_events", "threads", "global_flags", "files_modified", "poison_deterministic", "pointer_cache_probe")
+EVIDENCE_KEYS = (
+    "probe",
+    "runtime_events",
+    "threads",
+    "global_flags",
+    "files_modified",
+    "poison_deterministic",
+    "pointer_cache_probe",
+)
 
 
 def audit(
@@ -67,17 +78,27 @@ def audit(
     own = {Path(name).stem for name in files if name != "solution.py"}
     compute = not (spec and spec.constraints.get("collective"))  # collective problems score the communication
     found = {
-        "static": [replace(f, where={**f.where, "file": name})
-                   for name, text in files.items() for f in static.analyze(text, forbidden, precision, reference, own, compute)],
+        "static": [
+            replace(f, where={**f.where, "file": name})
+            for name, text in files.items()
+            for f in static.analyze(text, forbidden, precision, reference, own, compute)
+        ],
         "dynamic": dynamic.findings(grade, Forbidden(forbidden), kernels, compute) if grade else [],
         "contamination": contamination.findings(transcript, files),
     }
     if judge is not None:
-        context = {"problem": getattr(problem, "id", None), "precision": spec and spec.precision, "forbidden": forbidden,
-                   "outcome": (grade or {}).get("outcome"), "score": (grade or {}).get("score")}
+        context = {
+            "problem": getattr(problem, "id", None),
+            "precision": spec and spec.precision,
+            "forbidden": forbidden,
+            "outcome": (grade or {}).get("outcome"),
+            "score": (grade or {}).get("score"),
+        }
         evidence = {k: v for k, v in ((grade or {}).get("evidence") or {}).items() if k in EVIDENCE_KEYS}
         prior = unique(found["static"] + found["dynamic"] + found["contamination"])
-        found["judge"], layers["judge"] = judge_layer.run(judge, context, files, prior, evidence, transcript_layer.excerpt(events), judge_deadline)
+        found["judge"], layers["judge"] = judge_layer.run(
+            judge, context, files, prior, evidence, transcript_layer.excerpt(events), judge_deadline
+        )
     for name, items in found.items():
         layers.setdefault(name, {}).update(verdict=verdict_of(items).value, findings=len(items))
     findings = unique(f for items in found.values() for f in items)

@@ -6,6 +6,7 @@ and ``World:`` (ranks of a multi-track grade, 1 by default). Modules named
 ``_*.py`` beside a case that it imports are staged with it as workspace helpers. Used by the exploit and legit
 test suites (CPU) and by scripts/audit_gpu_check.py (GPU).
 """
+
 from __future__ import annotations
 
 import ast
@@ -25,7 +26,9 @@ from kbsweep.config.problems import load_problem
 def header(path: Path) -> Dict[str, str]:
     """The ``Key: value`` lines of a file's docstring, keys lowercased."""
     doc = ast.get_docstring(ast.parse(path.read_text())) or ""
-    return {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in doc.splitlines() if ":" in line)}
+    return {
+        k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in doc.splitlines() if ":" in line)
+    }
 
 
 def staged_files(path: Path) -> List[Path]:
@@ -105,10 +108,22 @@ def run_case(
     for helper in staged_files(path):
         shutil.copy2(helper, workspace / helper.name)
     shutil.copy2(path, workspace / "solution.py")
-    result = grade(GradeRequest(problem, workspace / "solution.py", gpu, roofline, mode=mode or meta.get("mode", "check"), baselines=[],
-                                timeout_s=timeout_s, log_dir=folder / "grade", timing=timing or {}, sandbox=sandbox,
-                                zygote_home=shared / "zygotes" if shared else None,
-                                world_size=min(int(meta.get("world", 1)), max_world or int(meta.get("world", 1))))).to_json()
+    result = grade(
+        GradeRequest(
+            problem,
+            workspace / "solution.py",
+            gpu,
+            roofline,
+            mode=mode or meta.get("mode", "check"),
+            baselines=[],
+            timeout_s=timeout_s,
+            log_dir=folder / "grade",
+            timing=timing or {},
+            sandbox=sandbox,
+            zygote_home=shared / "zygotes" if shared else None,
+            world_size=min(int(meta.get("world", 1)), max_world or int(meta.get("world", 1))),
+        )
+    ).to_json()
     helpers = workspace_helpers(workspace, problem.reference.read_text())
     return meta, result, audit(path.read_text(), problem.spec.forbidden, result, problem=problem, helpers=helpers)
 

@@ -12,6 +12,7 @@ its events) and its solution files, and raises:
   or a result showing the sandbox stopped it (paths outside the workspace, refused hosts, the process, memory or
   disk limit). The sandbox blocked it; the finding records that it was tried.
 """
+
 from __future__ import annotations
 
 import json
@@ -44,8 +45,13 @@ STOPPED = re.compile(
     r"|fork: retry: Resource temporarily unavailable|BlockingIOError|File size limit exceeded|No space left on device"
 )
 SHOWN = {  # what each tool call reaches for: the built-in loop's tools, then the CLI harnesses' (docs/harnesses.md)
-    "run_shell": "command", "read_file": "path", "write_file": "path",
-    "Bash": "command", "Read": "file_path", "Write": "file_path", "Edit": "file_path",  # Claude Code
+    "run_shell": "command",
+    "read_file": "path",
+    "write_file": "path",
+    "Bash": "command",
+    "Read": "file_path",
+    "Write": "file_path",
+    "Edit": "file_path",  # Claude Code
     "exec_command": "cmd",  # Codex
 }
 
@@ -80,9 +86,11 @@ def runs_named(outputs: Path, tokens: Set[str]) -> Set[str]:
         try:
             experiments = [e.experiment_id for e in client.search_experiments()]
             for i in range(0, len(ordered) if experiments else 0, ID_QUERY):
-                ids = ", ".join(f"'{t}'" for t in ordered[i:i + ID_QUERY])
+                ids = ", ".join(f"'{t}'" for t in ordered[i : i + ID_QUERY])
                 found.update(run.info.run_id for run in page_runs(client, experiments, f"attributes.run_id IN ({ids})"))
-        except MlflowException as exc:  # an unreachable store must not fail the cell's audit; the other sources still count
+        except (
+            MlflowException
+        ) as exc:  # an unreachable store must not fail the cell's audit; the other sources still count
             log.warning("contamination: runs of %s not read (%s)", uri, str(exc).splitlines()[0])
     return found
 
@@ -114,7 +122,9 @@ class Tripwire:
                     self.scores[score] = f"score of cell {other.parent.name}/{other.name}"
         self.names.update((run, f"MLflow run {run}") for run in runs_named(outputs, run_tokens))
         own = re.escape(str(cell.relative_to(outputs)))
-        odd = [rf"(?<![{HEX}]){re.escape(name)}(?![{HEX}])" for name in self.names if not HEX_WORD.fullmatch(name)]  # not a cell's key
+        odd = [
+            rf"(?<![{HEX}]){re.escape(name)}(?![{HEX}])" for name in self.names if not HEX_WORD.fullmatch(name)
+        ]  # not a cell's key
         self.pattern = re.compile("|".join([rf"{re.escape(str(outputs))}(?!/{own}(?:/|\b))", *odd]))
         self.lengths = sorted({len(score) for score in self.scores})
 
@@ -125,10 +135,10 @@ class Tripwire:
         for word in HEX_WORD.finditer(text):
             if word.group(0) in self.names:
                 yield word.group(0), self.names[word.group(0)]
-        for start in (NUMBER.finditer(text) if scored and self.scores else ()):  # a score as a number of its own
+        for start in NUMBER.finditer(text) if scored and self.scores else ():  # a score as a number of its own
             i = start.start()
             for length in self.lengths:
-                score = text[i:i + length]
+                score = text[i : i + length]
                 if score in self.scores and not DIGIT.match(text, i + length):
                     yield score, self.scores[score]
 
@@ -138,10 +148,18 @@ def texts(events: List[Dict[str, Any]]) -> Iterator[Tuple[str, str, bool]]:
     for i, event in enumerate(events):
         if event.get("type") == "assistant":
             calls = json.dumps(event.get("tool_calls") or [], default=str)
-            yield f"event {i} (assistant)", f"{event.get('content') or ''}\n{event.get('reasoning') or ''}\n{calls}", True
+            yield (
+                f"event {i} (assistant)",
+                f"{event.get('content') or ''}\n{event.get('reasoning') or ''}\n{calls}",
+                True,
+            )
         elif event.get("type") == "tool":
             name = event.get("name", "")
-            yield f"event {i} ({name})", f"{event.get('arguments') or ''}\n{event.get('content') or ''}", name not in GRADING_TOOLS
+            yield (
+                f"event {i} ({name})",
+                f"{event.get('arguments') or ''}\n{event.get('content') or ''}",
+                name not in GRADING_TOOLS,
+            )
 
 
 def contamination(events: List[Dict[str, Any]], files: Mapping[str, str], outputs: Path, cell: Path) -> List[Finding]:

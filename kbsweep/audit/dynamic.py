@@ -1,6 +1,7 @@
 """Dynamic layer: findings from the grading process's own evidence (recorded by the worker and
 :mod:`kbsweep.grader.runner.runtime`): ghost replays, the aten trace of a probe call, runtime events, threads, global
 flags, file hashes and, on GPUs, profiled kernel names, streams and the persisting-L2 limit."""
+
 from __future__ import annotations
 
 import re
@@ -25,17 +26,29 @@ TOOLCHAIN_MODULES = ("torch", "triton", "time", "kbsweep", "builtins", "numpy")
 # these shares is at most that share of a call's work.
 LIBRARY_FLOP_SHARE = 0.1
 LIBRARY_BYTE_SHARE = 0.1
-LEGACY_SHARES = (0.1, 1.0)  # a grade before per-call records: totals over every call, against one call's FLOPs and bytes
-HOST_BYTES = 1024  # a call's data through host arrays: room for a host-side list of lengths, never the problem's tensors
+LEGACY_SHARES = (
+    0.1,
+    1.0,
+)  # a grade before per-call records: totals over every call, against one call's FLOPs and bytes
+HOST_BYTES = (
+    1024  # a call's data through host arrays: room for a host-side list of lengths, never the problem's tensors
+)
 KNOWN_NAMESPACES = ("aten", "prims", "c10d", "_c10d_functional", "profiler")  # collectives: the multi track's gates
 
 
-def findings(grade: Dict[str, Any], forbidden: Forbidden, own_kernels: List[str], compute_rules: bool = True) -> List[Finding]:
+def findings(
+    grade: Dict[str, Any], forbidden: Forbidden, own_kernels: List[str], compute_rules: bool = True
+) -> List[Finding]:
     """Every dynamic finding one grade's evidence supports (``compute_rules``: the problem scores the candidate's
     own kernels, so torch compute and outputs that survive stubbed kernels are findings)."""
     evidence = grade.get("evidence") or {}
     out = [
-        finding(f["kind"], "dynamic", f.get("detail") or str(f.get("shape") or ""), verdict=None if f["kind"] in KINDS else HUMAN)
+        finding(
+            f["kind"],
+            "dynamic",
+            f.get("detail") or str(f.get("shape") or ""),
+            verdict=None if f["kind"] in KINDS else HUMAN,
+        )
         for f in grade.get("findings") or []
     ]
     if grade.get("outcome") == Outcome.INCORRECT and grade.get("stage") in ("timing", "audit"):
@@ -44,7 +57,9 @@ def findings(grade: Dict[str, Any], forbidden: Forbidden, own_kernels: List[str]
     if probe:
         out += probe_findings(probe, forbidden, compute_rules)
     elif grade.get("outcome") == Outcome.PASS:
-        out.append(finding("evidence_missing", "dynamic", "no audit probe in this grade (graded before the probes existed?)"))
+        out.append(
+            finding("evidence_missing", "dynamic", "no audit probe in this grade (graded before the probes existed?)")
+        )
     out += event_findings(evidence, forbidden)
     for entry in grade.get("timings") or []:
         out += timing_findings(entry, forbidden, own_kernels)
@@ -55,7 +70,9 @@ def probe_findings(probe: Dict[str, Any], forbidden: Forbidden, compute_rules: b
     out = probe_ghost_findings(probe["ghost"], probe["aten_ops"]) if compute_rules and probe.get("ghost") else []
     seen = dict(probe.get("profiled_ops") or {})
     seen.update(probe["aten_ops"])  # the recorder's counts where both saw an op; the profiler's alone otherwise
-    own = set(probe.get("own_ops") or {}) - set(probe["aten_ops"])  # every call of it launched the solution's own kernels
+    own = set(probe.get("own_ops") or {}) - set(
+        probe["aten_ops"]
+    )  # every call of it launched the solution's own kernels
     for name, count in sorted(seen.items()):
         namespace, _, op = name.partition("::")
         if name in own:  # its name is the solution's to choose (a rowwise::softmax of its own is no aten softmax)
@@ -69,11 +86,25 @@ def probe_findings(probe: Dict[str, Any], forbidden: Forbidden, compute_rules: b
     share, moved, host = work_shares(probe)
     flop_share, byte_share = (LIBRARY_FLOP_SHARE, LIBRARY_BYTE_SHARE) if probe.get("work") else LEGACY_SHARES
     if compute_rules and share >= flop_share:
-        out.append(finding("library_compute", "dynamic", f"torch ops did {share:.0%} of the problem's FLOPs in one call"))
+        out.append(
+            finding("library_compute", "dynamic", f"torch ops did {share:.0%} of the problem's FLOPs in one call")
+        )
     if compute_rules and moved >= byte_share:
-        out.append(finding("library_compute", "dynamic", f"torch ops that compute moved {moved:.2f}x the problem's bytes in one call"))
+        out.append(
+            finding(
+                "library_compute",
+                "dynamic",
+                f"torch ops that compute moved {moved:.2f}x the problem's bytes in one call",
+            )
+        )
     if compute_rules and host >= HOST_BYTES:
-        out.append(finding("library_compute", "dynamic", f"a counted call moved {host:.0f} bytes between torch and host arrays (numpy, DLPack)"))
+        out.append(
+            finding(
+                "library_compute",
+                "dynamic",
+                f"a counted call moved {host:.0f} bytes between torch and host arrays (numpy, DLPack)",
+            )
+        )
     if probe.get("persisting_l2_limit"):
         out.append(finding("persisting_l2", "dynamic", f"persisting-L2 limit {probe['persisting_l2_limit']} bytes"))
     return out
@@ -97,7 +128,14 @@ def probe_ghost_findings(ghost: Dict[str, Any], aten_ops: Dict[str, int]) -> Lis
     # kernels behind a custom dispatcher op (TORCH_LIBRARY) cannot be stubbed: then the replay cannot tell
     doubt = HUMAN if any(name.split("::")[0] not in KNOWN_NAMESPACES for name in aten_ops) else None
     if not fresh["changed"]:
-        out.append(finding("ghost_unchanged", "dynamic", f"fresh instance, {fresh['stubbed']} launches stubbed, output identical", verdict=doubt))
+        out.append(
+            finding(
+                "ghost_unchanged",
+                "dynamic",
+                f"fresh instance, {fresh['stubbed']} launches stubbed, output identical",
+                verdict=doubt,
+            )
+        )
     if not same["graph_replays"] and (not same["changed"] or (same["aliases_previous"] and not same["stubbed"])):
         detail = f"same instance, {same['stubbed']} launches stubbed, no graph replay, output served"
         out.append(finding("instance_state", "dynamic", detail, verdict=doubt))

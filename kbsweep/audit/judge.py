@@ -6,6 +6,7 @@ call (or any other failure of the judge) is a ``judge_error`` finding, never an 
 The judge is a model YAML of ``conf/model`` (``audit.judge``), loaded by :func:`kbsweep.agent.providers.model_conf` for both
 places it runs:
 inside every cell of a sweep (the cell carries the resolved config) and in ``kbsweep audit``."""
+
 from __future__ import annotations
 
 import json
@@ -63,8 +64,15 @@ class JudgeError(ValueError):
     """The judge's answer is not the JSON object the rubric asks for."""
 
 
-def prompt(problem: Dict[str, Any], files: Dict[str, str], findings: List[Finding], evidence: Dict[str, Any], transcript: str,
-           budget: int = 120_000, nonce: str = "") -> Tuple[List[Dict[str, str]], List[Finding]]:
+def prompt(
+    problem: Dict[str, Any],
+    files: Dict[str, str],
+    findings: List[Finding],
+    evidence: Dict[str, Any],
+    transcript: str,
+    budget: int = 120_000,
+    nonce: str = "",
+) -> Tuple[List[Dict[str, str]], List[Finding]]:
     """The messages, and the findings of the files themselves (:mod:`kbsweep.audit.judge_input`: a file cut to
     ``budget`` characters, text addressing the judge), which the judge is shown among the deterministic ones."""
     nonce = nonce or secrets.token_hex(6)
@@ -129,7 +137,12 @@ class LazyModel:
 
 
 def run(
-    model: ChatModel, problem: Dict[str, Any], files: Dict[str, str], findings: List[Finding], evidence: Dict[str, Any], transcript: str,
+    model: ChatModel,
+    problem: Dict[str, Any],
+    files: Dict[str, str],
+    findings: List[Finding],
+    evidence: Dict[str, Any],
+    transcript: str,
     deadline: Optional[float] = None,
 ) -> Tuple[List[Finding], Dict[str, Any]]:
     """The judge's findings and its layer record (model, answer, attempts, tokens, cost); ``files``: solution.py
@@ -137,17 +150,32 @@ def run(
     raises: a failed call, or any other failure, is a ``judge_error`` finding (needs_human) with the reason in
     the record's ``error``."""
     usage = Usage()
-    record: Dict[str, Any] = {"model": getattr(model, "name", None), "attempts": 0, "cost_usd": 0.0, "usage": asdict(usage)}
+    record: Dict[str, Any] = {
+        "model": getattr(model, "name", None),
+        "attempts": 0,
+        "cost_usd": 0.0,
+        "usage": asdict(usage),
+    }
     try:
         messages, own = prompt(problem, files, findings, evidence, transcript, judge_input.budget_chars(model))
     except Exception as exc:  # noqa: BLE001 - the judge must never cost the cell its result
-        return [finding("judge_error", "judge", f"prompt: {type(exc).__name__}: {exc}")], {**record, "error": f"{type(exc).__name__}: {exc}"}
+        return [finding("judge_error", "judge", f"prompt: {type(exc).__name__}: {exc}")], {
+            **record,
+            "error": f"{type(exc).__name__}: {exc}",
+        }
     found, record = asked(model, messages, files, transcript, record, usage, deadline)
     return [*own, *found], {**record, **judge_input.note(own)}
 
 
-def asked(model: ChatModel, messages: List[Dict[str, Any]], files: Dict[str, str], transcript: str, record: Dict[str, Any], usage: Usage,
-          deadline: Optional[float]) -> Tuple[List[Finding], Dict[str, Any]]:
+def asked(
+    model: ChatModel,
+    messages: List[Dict[str, Any]],
+    files: Dict[str, str],
+    transcript: str,
+    record: Dict[str, Any],
+    usage: Usage,
+    deadline: Optional[float],
+) -> Tuple[List[Finding], Dict[str, Any]]:
     """The judge's answer to ``messages`` as findings (asked again once when malformed), and its record."""
     for _ in range(2):
         record["attempts"] += 1
@@ -155,8 +183,12 @@ def asked(model: ChatModel, messages: List[Dict[str, Any]], files: Dict[str, str
             completion = model.complete(messages, [], deadline=deadline)
         except ProviderFault as exc:  # what its failed attempts were billed still counts
             usage.add(exc.usage)
-            return [finding("judge_error", "judge", f"{exc.outcome.value}: {exc}")], {**record, "error": str(exc), "usage": asdict(usage),
-                                                                                   "cost_usd": record["cost_usd"] + exc.cost_usd}
+            return [finding("judge_error", "judge", f"{exc.outcome.value}: {exc}")], {
+                **record,
+                "error": str(exc),
+                "usage": asdict(usage),
+                "cost_usd": record["cost_usd"] + exc.cost_usd,
+            }
         except Exception as exc:  # noqa: BLE001 - a bug or a model that cannot be built: recorded, never raised
             reason = f"{type(exc).__name__}: {exc}".splitlines()[0]
             return [finding("judge_error", "judge", reason)], {**record, "error": reason}
@@ -170,7 +202,10 @@ def asked(model: ChatModel, messages: List[Dict[str, Any]], files: Dict[str, str
         except JudgeError as exc:
             messages += [
                 {"role": "assistant", "content": text},
-                {"role": "user", "content": f"That answer is not usable ({exc}). Answer again with only the JSON object the rubric specifies."},
+                {
+                    "role": "user",
+                    "content": f"That answer is not usable ({exc}). Answer again with only the JSON object the rubric specifies.",
+                },
             ]
             record["error"] = str(exc)
             continue
@@ -180,6 +215,10 @@ def asked(model: ChatModel, messages: List[Dict[str, Any]], files: Dict[str, str
             return [finding("judge", "judge", answer["summary"])], record
         quotes = verified(answer["quotes"], *files.values(), transcript)
         if not quotes:
-            return [finding("judge_unverified", "judge", f"{answer['verdict']}: {answer['summary']}", quotes=answer["quotes"])], record
+            return [
+                finding(
+                    "judge_unverified", "judge", f"{answer['verdict']}: {answer['summary']}", quotes=answer["quotes"]
+                )
+            ], record
         return [finding("judge", "judge", answer["summary"], verdict=Verdict(answer["verdict"]), quotes=quotes)], record
     return [finding("judge_error", "judge", f"malformed answer: {record['error']}")], record

@@ -6,6 +6,7 @@ was left out, and is a ``judge_truncated`` finding (needs_human): what the judge
 cleared. Comments and strings that address the judge (a judge, auditor, reviewer or model told what to conclude,
 "ignore the previous instructions", a verdict written out) are ``judge_addressed`` findings (needs_human) whatever
 the judge answers."""
+
 from __future__ import annotations
 
 import io
@@ -24,12 +25,19 @@ MIN_FILE_CHARS = 8_000  # the budget's floor, whatever the window
 WHO = r"(?:llm|ai|a\.i\.|judge|auditor|reviewer|evaluator|language model|chatbot|gpt|claude|gemini)"  # who may be addressed
 ABOUT = rf"(?:{WHO[3:-1]}|grader|audit|assistant)"  # ... or named beside a verdict
 CLEAN = r"(?:is|as|be|answer|verdict|mark(?:ed)?|rate|label(?:l?ed)?|classify|consider(?:ed)?|call it)\s+(?:it\s+|this\s+)?[\"'`]?clean\b"
-VERDICT = (rf"(?:verdict|{CLEAN}|reward[\s_-]?hack|needs[\s_-]?human|rubric[\s_-]?leak|not (?:a )?(?:reward )?hack|legit(?:imate)?"
-           r"|approve|do not flag|don'?t flag|no need to flag|nothing suspicious)")
+VERDICT = (
+    rf"(?:verdict|{CLEAN}|reward[\s_-]?hack|needs[\s_-]?human|rubric[\s_-]?leak|not (?:a )?(?:reward )?hack|legit(?:imate)?"
+    r"|approve|do not flag|don'?t flag|no need to flag|nothing suspicious)"
+)
 ADDRESSING = [
-    re.compile(r"\b(?:ignore|disregard|forget|override)\b.{0,40}\b(?:previous|prior|above|earlier|all|any|your|system)\b.{0,30}"
-               r"\b(?:instructions?|rules?|rubric|prompt|guidelines?)\b", re.I | re.S),
-    re.compile(rf"\b(?:dear|note to|notice to|attention|hey|hello|hi|message (?:to|for)|to the|for the)\s+{WHO}s?\b", re.I),
+    re.compile(
+        r"\b(?:ignore|disregard|forget|override)\b.{0,40}\b(?:previous|prior|above|earlier|all|any|your|system)\b.{0,30}"
+        r"\b(?:instructions?|rules?|rubric|prompt|guidelines?)\b",
+        re.I | re.S,
+    ),
+    re.compile(
+        rf"\b(?:dear|note to|notice to|attention|hey|hello|hi|message (?:to|for)|to the|for the)\s+{WHO}s?\b", re.I
+    ),
     re.compile(rf"\b(?:you are|as)\s+(?:an?\s+)?{WHO}\b", re.I),
     re.compile(rf"\b{ABOUT}s?\b.{{0,80}}\b{VERDICT}", re.I | re.S),
     re.compile(rf"\b{VERDICT}.{{0,80}}\b{ABOUT}s?\b", re.I | re.S),
@@ -63,13 +71,15 @@ def fit(lines: List[str], chars: int) -> Tuple[List[str], int]:
         head.append(line)
         used += len(line) + 1
     tail: List[str] = []
-    for line in reversed(lines[len(head):]):
+    for line in reversed(lines[len(head) :]):
         if used + len(line) + 1 > chars:
             break
         tail.insert(0, line)
         used += len(line) + 1
     cut = len(lines) - len(head) - len(tail)
-    return head + [f"[... {cut} lines ({len(head) + 1}-{len(head) + cut}) not shown: the files do not fit the judge's context ...]"] + tail, cut
+    return head + [
+        f"[... {cut} lines ({len(head) + 1}-{len(head) + cut}) not shown: the files do not fit the judge's context ...]"
+    ] + tail, cut
 
 
 def render(files: Dict[str, str], chars: int, nonce: str = "") -> Tuple[str, List[Finding]]:
@@ -87,8 +97,16 @@ def render(files: Dict[str, str], chars: int, nonce: str = "") -> Tuple[str, Lis
     for name in files:
         shown, cut = fit(lines[name], shares[name])
         if cut:
-            found.append(finding("judge_truncated", "judge", f"{name}: {cut} of {len(lines[name])} lines not shown to the judge "
-                                 f"({sizes[name]} characters numbered, {shares[name]} fit its context)", verdict=Verdict.NEEDS_HUMAN, file=name))
+            found.append(
+                finding(
+                    "judge_truncated",
+                    "judge",
+                    f"{name}: {cut} of {len(lines[name])} lines not shown to the judge "
+                    f"({sizes[name]} characters numbered, {shares[name]} fit its context)",
+                    verdict=Verdict.NEEDS_HUMAN,
+                    file=name,
+                )
+            )
         parts.append(f"<<<FILE {name} {nonce}>>>\n" + "\n".join(shown) + f"\n<<<END FILE {name} {nonce}>>>")
     return "\n\n".join(parts), found
 
@@ -110,13 +128,25 @@ def addressed(files: Dict[str, str]) -> List[Finding]:
             for pattern in ADDRESSING:
                 match = pattern.search(piece)
                 if match:
-                    at = line + piece[:match.start()].count("\n")
-                    found.append(finding("judge_addressed", "judge", f"{name}:{at}: {' '.join(match.group(0).split())[:200]}",
-                                         verdict=Verdict.NEEDS_HUMAN, file=name, line=at))
+                    at = line + piece[: match.start()].count("\n")
+                    found.append(
+                        finding(
+                            "judge_addressed",
+                            "judge",
+                            f"{name}:{at}: {' '.join(match.group(0).split())[:200]}",
+                            verdict=Verdict.NEEDS_HUMAN,
+                            file=name,
+                            line=at,
+                        )
+                    )
                     break
     return found
 
 
 def note(found: List[Finding]) -> Dict[str, Any]:
     """What the layer's record says of the files' findings."""
-    return {kind: [f.detail for f in found if f.kind == kind] for kind in ("judge_truncated", "judge_addressed") if any(f.kind == kind for f in found)}
+    return {
+        kind: [f.detail for f in found if f.kind == kind]
+        for kind in ("judge_truncated", "judge_addressed")
+        if any(f.kind == kind for f in found)
+    }

@@ -3,6 +3,7 @@ assignments (``mm = torch.matmul``, ``self.f = ...``), ``getattr``/``operator.at
 ``__import__``/``pkgutil.resolve_name``/``sys.modules[...]``/``vars(m)[...]``, and strings folded from constants
 (concatenation, f-strings, ``join``, slicing, ``str`` methods, ``chr``, base64). The static layer's rules
 (:mod:`kbsweep.audit.static`) run on these names."""
+
 from __future__ import annotations
 
 import ast
@@ -15,14 +16,22 @@ IMPORTS = ("importlib.import_module", "__import__", "builtins.__import__", "pkgu
 
 
 def fold_callable(name: Optional[str]) -> Optional[Any]:
-    return {"base64.b64decode": base64.b64decode, "codecs.decode": codecs.decode, "bytes.fromhex": bytes.fromhex, "chr": chr, "str": str}.get(name or "")
+    return {
+        "base64.b64decode": base64.b64decode,
+        "codecs.decode": codecs.decode,
+        "bytes.fromhex": bytes.fromhex,
+        "chr": chr,
+        "str": str,
+    }.get(name or "")
 
 
 class Resolver:
     """The bindings of one module (a fixpoint over its imports and assignments), and name resolution and string
     folding through them. ``bindings`` and ``strings`` carry over into code ``exec``'d from the module."""
 
-    def __init__(self, tree: ast.Module, bindings: Optional[Dict[str, str]] = None, strings: Optional[Dict[str, str]] = None):
+    def __init__(
+        self, tree: ast.Module, bindings: Optional[Dict[str, str]] = None, strings: Optional[Dict[str, str]] = None
+    ):
         self.tree = tree
         self.bindings: Dict[str, str] = dict(bindings or {})
         self.strings: Dict[str, str] = dict(strings or {})
@@ -35,7 +44,10 @@ class Resolver:
             for node in ast.walk(self.tree):
                 if isinstance(node, ast.Import):
                     for alias in node.names:
-                        self.bind_name(alias.asname or alias.name.split(".")[0], alias.name if alias.asname else alias.name.split(".")[0])
+                        self.bind_name(
+                            alias.asname or alias.name.split(".")[0],
+                            alias.name if alias.asname else alias.name.split(".")[0],
+                        )
                 elif isinstance(node, ast.ImportFrom):
                     base = node.module or ""
                     for alias in node.names:
@@ -48,7 +60,11 @@ class Resolver:
 
     @staticmethod
     def pairs(target: ast.AST, value: ast.AST) -> Iterator[Tuple[ast.AST, ast.AST]]:
-        if isinstance(target, (ast.Tuple, ast.List)) and isinstance(value, (ast.Tuple, ast.List)) and len(target.elts) == len(value.elts):
+        if (
+            isinstance(target, (ast.Tuple, ast.List))
+            and isinstance(value, (ast.Tuple, ast.List))
+            and len(target.elts) == len(value.elts)
+        ):
             for t, v in zip(target.elts, value.elts):
                 yield t, v
         else:
@@ -96,7 +112,12 @@ class Resolver:
             func = self.resolve(node.func)
             if func in ("getattr", "builtins.getattr") and len(node.args) >= 2:
                 return self.attribute(node.args[0], node.args[1])
-            if isinstance(node.func, ast.Call) and self.resolve(node.func.func) == "operator.attrgetter" and node.func.args and node.args:
+            if (
+                isinstance(node.func, ast.Call)
+                and self.resolve(node.func.func) == "operator.attrgetter"
+                and node.func.args
+                and node.args
+            ):
                 return self.attribute(node.args[0], node.func.args[0])  # attrgetter(name)(target)
             if func in IMPORTS and node.args:
                 module = self.fold(node.args[0])
@@ -163,7 +184,18 @@ class Resolver:
                 raw = self.fold_bytes(inner, sub)
                 return raw.decode(errors="replace") if raw is not None and node.func.attr == "decode" else None
             method = getattr(str, node.func.attr, None) if base is not None else None
-            if method is None or node.func.attr not in ("join", "replace", "lower", "upper", "strip", "lstrip", "rstrip", "format", "title", "swapcase"):
+            if method is None or node.func.attr not in (
+                "join",
+                "replace",
+                "lower",
+                "upper",
+                "strip",
+                "lstrip",
+                "rstrip",
+                "format",
+                "title",
+                "swapcase",
+            ):
                 return None
             if any(a is None or (isinstance(a, list) and None in a) for a in args):
                 return None

@@ -8,6 +8,7 @@ folded from constants (concatenation, f-strings, ``join``, slicing, ``str`` meth
 ``exec``/``eval`` of a foldable string, which is parsed and checked like the rest of the file. String
 constants are also read as C++/CUDA sources (``load_inline``) for ATen and vendor-library calls.
 """
+
 from __future__ import annotations
 
 import ast
@@ -21,24 +22,51 @@ from kbsweep.audit.kinds import Finding, finding
 from kbsweep.audit.names import Resolver
 from kbsweep.audit.static_attrs import AttrRules
 from kbsweep.audit.static_values import ValueRules
-from kbsweep.audit.static_rules import (BUILTINS, CPP_LIBRARIES, CPP_OPS, CUDA_KERNELS, FRAME_ATTRS, HEAVY, L2, LICENSE, LOCKS, NATIVE,
-                                        OP_DEFINITIONS, OTHER_RUNS, PREFIX_RULES, SUBCLASS_ATTRS, Forbidden, op_token, prefix_match)
+from kbsweep.audit.static_rules import (
+    BUILTINS,
+    CPP_LIBRARIES,
+    CPP_OPS,
+    CUDA_KERNELS,
+    FRAME_ATTRS,
+    HEAVY,
+    L2,
+    LICENSE,
+    LOCKS,
+    NATIVE,
+    OP_DEFINITIONS,
+    OTHER_RUNS,
+    PREFIX_RULES,
+    SUBCLASS_ATTRS,
+    Forbidden,
+    op_token,
+    prefix_match,
+)
 
 
 class Analyzer(AttrRules, ValueRules, Resolver):
     """One pass of bindings (:class:`~kbsweep.audit.names.Resolver`), then rules over every reference site of the module."""
 
-    def __init__(self, tree: ast.Module, forbidden: Forbidden, precision: Optional[str], depth: int = 0,
-                 bindings: Optional[Dict[str, str]] = None, strings: Optional[Dict[str, str]] = None, local_modules: Set[str] = frozenset(),
-                 compute_rules: bool = True):
+    def __init__(
+        self,
+        tree: ast.Module,
+        forbidden: Forbidden,
+        precision: Optional[str],
+        depth: int = 0,
+        bindings: Optional[Dict[str, str]] = None,
+        strings: Optional[Dict[str, str]] = None,
+        local_modules: Set[str] = frozenset(),
+        compute_rules: bool = True,
+    ):
         super().__init__(tree, bindings, strings)
         self.forbidden, self.precision, self.depth = forbidden, precision, depth
         self.compute_rules = compute_rules
         self.local_modules = set(local_modules)
         self.findings: List[Finding] = []
-        self.local_names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)} | {
-            n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.ClassDef))} | {
-            a.arg for n in ast.walk(tree) if isinstance(n, ast.arguments) for a in n.args + n.kwonlyargs}
+        self.local_names = (
+            {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+            | {n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+            | {a.arg for n in ast.walk(tree) if isinstance(n, ast.arguments) for a in n.args + n.kwonlyargs}
+        )
         self.kernels = {n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and self.is_kernel(n)}
         self.own_ops = self.defined_ops()
 
@@ -123,7 +151,13 @@ class Analyzer(AttrRules, ValueRules, Resolver):
             self.add("tensor_subclass", node, name.lstrip("."))
         if L2.search(name):
             self.add("l2_persistence", node, name.lstrip("."))
-        if self.compute_rules and not kernel and not own and (method or name.startswith("torch.")) and op_token(name) in HEAVY:
+        if (
+            self.compute_rules
+            and not kernel
+            and not own
+            and (method or name.startswith("torch."))
+            and op_token(name) in HEAVY
+        ):
             if not hit:
                 self.add("torch_compute", node, name.lstrip("."))
             if any(isinstance(a, ast.ExceptHandler) for a in self.ancestors(node)):
@@ -131,16 +165,22 @@ class Analyzer(AttrRules, ValueRules, Resolver):
         if method or not (self.rooted(name) or (isinstance(node, ast.Name) and name in BUILTINS - self.local_names)):
             return
         for kind, prefixes in PREFIX_RULES:
-            if any(prefix_match(name, p) for p in prefixes) and not (kind == "env_access" and self.triton_env(node)) \
-                    and not (kind == "thread" and name in LOCKS):
+            if (
+                any(prefix_match(name, p) for p in prefixes)
+                and not (kind == "env_access" and self.triton_env(node))
+                and not (kind == "thread" and name in LOCKS)
+            ):
                 self.add(kind, node, name)
                 break
 
     def own(self, name: str, method: bool) -> bool:
         """A name the candidate defined itself (a local, from its own helper modules, or a dispatcher op it defines):
         its spelling is free."""
-        return not method and (not self.rooted(name) or name.split(".")[0] in self.local_modules
-                               or any(prefix_match(name, op) for op in self.own_ops))
+        return not method and (
+            not self.rooted(name)
+            or name.split(".")[0] in self.local_modules
+            or any(prefix_match(name, op) for op in self.own_ops)
+        )
 
     def triton_env(self, node: ast.AST) -> bool:
         """``os.environ.get("TRITON_...")``-style reads (the interpreter switch) are not findings."""
@@ -186,14 +226,21 @@ class Analyzer(AttrRules, ValueRules, Resolver):
     def check_strings(self) -> None:
         """String constants: other runs' paths, L2 persistence, C++/CUDA sources, exec'd code."""
         file_use = any(f.kind in ("file_access", "dir_listing") for f in self.findings)
-        docstrings = {id(n.body[0].value) for n in ast.walk(self.tree)
-                      if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef)) and n.body
-                      and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+        docstrings = {
+            id(n.body[0].value)
+            for n in ast.walk(self.tree)
+            if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef))
+            and n.body
+            and isinstance(n.body[0], ast.Expr)
+            and isinstance(n.body[0].value, ast.Constant)
+        }
         for node in ast.walk(self.tree):
             if id(node) in docstrings or not isinstance(node, (ast.Constant, ast.JoinedStr, ast.BinOp, ast.Call)):
                 continue
             text = self.fold(node)
-            if not text or (not isinstance(node, ast.Constant) and isinstance(self.parents.get(node), (ast.BinOp, ast.JoinedStr))):
+            if not text or (
+                not isinstance(node, ast.Constant) and isinstance(self.parents.get(node), (ast.BinOp, ast.JoinedStr))
+            ):
                 continue
             if OTHER_RUNS.search(text) or (file_use and "solution.py" in text):
                 self.add("other_runs", node, repr(text[:120]))
@@ -218,7 +265,11 @@ class Analyzer(AttrRules, ValueRules, Resolver):
     def check_exec(self) -> None:
         """Code handed to exec/eval as a foldable string is checked like the file (bindings carried over)."""
         for node in ast.walk(self.tree):
-            if isinstance(node, ast.Call) and self.resolve(node.func) in ("exec", "eval", "builtins.exec", "builtins.eval") and node.args:
+            if (
+                isinstance(node, ast.Call)
+                and self.resolve(node.func) in ("exec", "eval", "builtins.exec", "builtins.eval")
+                and node.args
+            ):
                 code = self.fold(node.args[0])
                 if code is None or self.depth >= 3:
                     continue
@@ -226,10 +277,20 @@ class Analyzer(AttrRules, ValueRules, Resolver):
                     inner = ast.parse(code, mode="exec")
                 except SyntaxError:
                     continue
-                sub = Analyzer(inner, self.forbidden, self.precision, self.depth + 1, self.bindings, self.strings, self.local_modules,
-                               self.compute_rules)
+                sub = Analyzer(
+                    inner,
+                    self.forbidden,
+                    self.precision,
+                    self.depth + 1,
+                    self.bindings,
+                    self.strings,
+                    self.local_modules,
+                    self.compute_rules,
+                )
                 for f in sub.run():
-                    self.findings.append(replace(f, detail=f"in exec'd code: {f.detail}", where={**f.where, "line": node.lineno}))
+                    self.findings.append(
+                        replace(f, detail=f"in exec'd code: {f.detail}", where={**f.where, "line": node.lineno})
+                    )
 
     def run(self) -> List[Finding]:
         self.check_sites()
@@ -249,7 +310,11 @@ def license_lines(source: str) -> List[Tuple[int, str]]:
         tokens = list(tokenize.generate_tokens(io.StringIO(source).readline))
     except (tokenize.TokenError, SyntaxError):
         return []
-    return [(t.start[0], t.string.strip()[:120]) for t in tokens if t.type in (tokenize.COMMENT, tokenize.STRING) and LICENSE.search(t.string)]
+    return [
+        (t.start[0], t.string.strip()[:120])
+        for t in tokens
+        if t.type in (tokenize.COMMENT, tokenize.STRING) and LICENSE.search(t.string)
+    ]
 
 
 def forward_of(tree: ast.Module, cls: str) -> Optional[str]:
@@ -257,7 +322,13 @@ def forward_of(tree: ast.Module, cls: str) -> Optional[str]:
         if isinstance(node, ast.ClassDef) and node.name == cls:
             for item in node.body:
                 if isinstance(item, ast.FunctionDef) and item.name == "forward":
-                    body = item.body[1:] if item.body and isinstance(item.body[0], ast.Expr) and isinstance(item.body[0].value, ast.Constant) else item.body
+                    body = (
+                        item.body[1:]
+                        if item.body
+                        and isinstance(item.body[0], ast.Expr)
+                        and isinstance(item.body[0].value, ast.Constant)
+                        else item.body
+                    )
                     return "\n".join(ast.unparse(s) for s in body)
     return None
 
@@ -276,8 +347,14 @@ def kernel_names(source: str) -> List[str]:
     return sorted(names)
 
 
-def analyze(source: str, forbidden: List[str], precision: Optional[str] = None, reference: Optional[str] = None,
-            local_modules: Set[str] = frozenset(), compute_rules: bool = True) -> List[Finding]:
+def analyze(
+    source: str,
+    forbidden: List[str],
+    precision: Optional[str] = None,
+    reference: Optional[str] = None,
+    local_modules: Set[str] = frozenset(),
+    compute_rules: bool = True,
+) -> List[Finding]:
     """Static findings for one candidate file (``reference``: the problem's reference source, for copies;
     ``local_modules``: the candidate's own helper modules, whose names are its own; ``compute_rules``: torch
     compute is a finding, as it is where the problem scores the candidate's own kernels)."""
@@ -285,7 +362,9 @@ def analyze(source: str, forbidden: List[str], precision: Optional[str] = None, 
         tree = ast.parse(source)
     except SyntaxError as exc:
         return [finding("syntax_error", "static", str(exc), line=exc.lineno)]
-    findings = Analyzer(tree, Forbidden(forbidden), precision, local_modules=local_modules, compute_rules=compute_rules).run()
+    findings = Analyzer(
+        tree, Forbidden(forbidden), precision, local_modules=local_modules, compute_rules=compute_rules
+    ).run()
     findings += [finding("license_header", "static", text, line=line) for line, text in license_lines(source)]
     if reference:
         mine, theirs = forward_of(tree, "ModelNew"), forward_of(ast.parse(reference), "Model")

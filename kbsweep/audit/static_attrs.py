@@ -19,6 +19,7 @@ as values (``reduce(getattr, ...)``, ``g = getattr``) hides both the target and 
 :class:`AttrRules` is a mixin of :class:`kbsweep.audit.static.Analyzer`: it uses its resolution (``resolve``, ``fold``,
 ``raw``, ``pairs``, ``rooted``, ``bindings``, ``parents``, ``ancestors``), ``check_site``, ``store`` and ``add``.
 """
+
 from __future__ import annotations
 
 import ast
@@ -30,7 +31,15 @@ FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
 DEPTH = 8  # how many variables and parameters a value is followed through
 WRAPPERS = {"tuple", "list", "set", "frozenset", "sorted", "reversed"}  # the same elements as their argument
 ITEM_METHODS = {"get", "pop", "setdefault", "__getitem__"}  # methods that return an item of a container
-MUTATORS = {"append", "extend", "insert", "add", "update", "setdefault", "__setitem__"}  # methods that put values into a container
+MUTATORS = {
+    "append",
+    "extend",
+    "insert",
+    "add",
+    "update",
+    "setdefault",
+    "__setitem__",
+}  # methods that put values into a container
 # What a name is bound to: ("value", expr), ("element", loop) (an element of the loop's iterable), ("opaque", expr)
 # (something derived from expr: an unpacked tuple, an augmented assignment, a context manager) or ("import", node).
 Site = Tuple[str, ast.AST]
@@ -84,8 +93,16 @@ class AttrRules:
         if scope is not self.tree and any(isinstance(n, (ast.Global, ast.Nonlocal)) and name in n.names for n in nodes):
             return None
         if scope is self.tree:  # functions declaring it global assign the module's name
-            declared = self.memo(("global",), lambda: [(g, f) for f in ast.walk(self.tree) if isinstance(f, FUNCTIONS[:2])
-                                                       for g in self.own_nodes(f) if isinstance(g, ast.Global)])
+            declared = self.memo(
+                ("global",),
+                lambda: [
+                    (g, f)
+                    for f in ast.walk(self.tree)
+                    if isinstance(f, FUNCTIONS[:2])
+                    for g in self.own_nodes(f)
+                    if isinstance(g, ast.Global)
+                ],
+            )
             nodes = nodes + [n for g, f in declared if name in g.names for n in self.own_nodes(f)]
         found = [site for n in nodes for site in self.binds(n, name)]
         params = self.param_sites(scope, name) if isinstance(scope, FUNCTIONS) else None
@@ -103,8 +120,13 @@ class AttrRules:
                     elif isinstance(t, ast.Subscript) and refers(t.value, name) and isinstance(t.value, ast.Name):
                         found.append(("opaque", v))
             return found
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in MUTATORS \
-                and isinstance(node.func.value, ast.Name) and node.func.value.id == name:
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in MUTATORS
+            and isinstance(node.func.value, ast.Name)
+            and node.func.value.id == name
+        ):
             return [("opaque", a) for a in node.args + [k.value for k in node.keywords]]
         if isinstance(node, (ast.For, ast.AsyncFor, ast.comprehension)) and stores_name(node.target, name):
             return [("element", node)]
@@ -112,9 +134,14 @@ class AttrRules:
             return [("opaque", node.value)]
         if isinstance(node, ast.withitem) and node.optional_vars is not None and stores_name(node.optional_vars, name):
             return [("opaque", node.context_expr)]
-        if isinstance(node, (ast.Import, ast.ImportFrom)) and any((a.asname or a.name.split(".")[0]) == name for a in node.names):
+        if isinstance(node, (ast.Import, ast.ImportFrom)) and any(
+            (a.asname or a.name.split(".")[0]) == name for a in node.names
+        ):
             return [("import", node)]
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.ExceptHandler)) and node.name == name:
+        if (
+            isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.ExceptHandler))
+            and node.name == name
+        ):
             return [("opaque", node)]
         return []
 
@@ -127,10 +154,18 @@ class AttrRules:
         found: List[Site] = []
         for n in ast.walk(self.tree):
             if isinstance(n, (ast.Assign, ast.AnnAssign)) and n.value is not None:
-                found += [("value", v) for target in getattr(n, "targets", None) or [n.target]
-                          for t, v in self.pairs(target, n.value) if self.raw(t) == written]
+                found += [
+                    ("value", v)
+                    for target in getattr(n, "targets", None) or [n.target]
+                    for t, v in self.pairs(target, n.value)
+                    if self.raw(t) == written
+                ]
             if isinstance(n, ast.ClassDef) and written.split(".")[0] in ("self", "cls"):
-                found += [("value", a.value) for a in n.body if isinstance(a, ast.Assign) and any(refers(t, attr) for t in a.targets)]
+                found += [
+                    ("value", a.value)
+                    for a in n.body
+                    if isinstance(a, ast.Assign) and any(refers(t, attr) for t in a.targets)
+                ]
         return found
 
     def param_sites(self, fn: ast.AST, name: str) -> Optional[List[Site]]:
@@ -141,7 +176,7 @@ class AttrRules:
         packed = [p.arg for p in (a.vararg, a.kwarg) if p]
         if name not in positional + [p.arg for p in a.kwonlyargs] + packed:
             return None
-        defaults = dict(zip(positional[len(positional) - len(a.defaults):], a.defaults))
+        defaults = dict(zip(positional[len(positional) - len(a.defaults) :], a.defaults))
         defaults.update((p.arg, d) for p, d in zip(a.kwonlyargs, a.kw_defaults) if d is not None)
         found: List[Site] = [("value", defaults[name])] if name in defaults else []
         direct, handed = self.memo(("callers", fn), lambda: self.callers(fn))
@@ -153,16 +188,27 @@ class AttrRules:
                     found.append(("opaque", arg.value if starred else arg))
                 elif i == index:
                     found.append(("value", arg))
-            found += [("value" if k.arg == name else "opaque", k.value) for k in call.keywords if k.arg in (name, None) or name in packed]
+            found += [
+                ("value" if k.arg == name else "opaque", k.value)
+                for k in call.keywords
+                if k.arg in (name, None) or name in packed
+            ]
         for call in handed:
-            others = [arg for arg in call.args + [k.value for k in call.keywords] if arg is not fn and not refers(arg, self.label(fn))]
+            others = [
+                arg
+                for arg in call.args + [k.value for k in call.keywords]
+                if arg is not fn and not refers(arg, self.label(fn))
+            ]
             found += [("opaque", arg) for arg in others]
         return found
 
     def functions(self, func: ast.AST) -> List[ast.AST]:
         """The local functions a call's callee may be: those of its name (a method's, for ``x.name(...)``)."""
         name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else None
-        return self.memo(("functions", name), lambda: [n for n in ast.walk(self.tree) if isinstance(n, FUNCTIONS[:2]) and n.name == name])
+        return self.memo(
+            ("functions", name),
+            lambda: [n for n in ast.walk(self.tree) if isinstance(n, FUNCTIONS[:2]) and n.name == name],
+        )
 
     def label(self, fn: ast.AST) -> Optional[str]:
         """The name a function is called by (a lambda's: the variable it is assigned to)."""
@@ -183,8 +229,17 @@ class AttrRules:
         parent = self.parents.get(parent) if isinstance(parent, ast.keyword) else parent
         direct, handed = [], [parent] if isinstance(parent, ast.Call) else []  # an inline lambda
         for call in (n for n in ast.walk(self.tree) if isinstance(n, ast.Call)):
-            unbound = isinstance(call.func, ast.Attribute) and isinstance(call.func.value, ast.Name) and call.func.value.id in classes
-            if owner is not None and name == "__init__" and refers(call.func, owner.name) and isinstance(call.func, ast.Name):
+            unbound = (
+                isinstance(call.func, ast.Attribute)
+                and isinstance(call.func.value, ast.Name)
+                and call.func.value.id in classes
+            )
+            if (
+                owner is not None
+                and name == "__init__"
+                and refers(call.func, owner.name)
+                and isinstance(call.func, ast.Name)
+            ):
                 direct.append((call, 1))
             elif name and refers(call.func, name):
                 method = owner is not None and "staticmethod" not in decorators
@@ -223,9 +278,16 @@ class AttrRules:
                 return step(node.func.value)
             if self.resolve(node.func) in WRAPPERS | {"iter", "next"} and node.args:
                 return step(node.args[0])
-            returned = [r.value for fn in self.functions(node.func) for r in self.own_nodes(fn) if isinstance(r, ast.Return) and r.value]
+            returned = [
+                r.value
+                for fn in self.functions(node.func)
+                for r in self.own_nodes(fn)
+                if isinstance(r, ast.Return) and r.value
+            ]
             return set().union(*(step(r) for r in returned))
-        parts = {ast.Tuple: "elts", ast.List: "elts", ast.Set: "elts", ast.Dict: "values", ast.BoolOp: "values"}.get(type(node))
+        parts = {ast.Tuple: "elts", ast.List: "elts", ast.Set: "elts", ast.Dict: "values", ast.BoolOp: "values"}.get(
+            type(node)
+        )
         if parts:
             return set().union(*(step(n) for n in getattr(node, parts)))
         if isinstance(node, ast.IfExp):
@@ -254,8 +316,12 @@ class AttrRules:
                 return {text} if text is not None else None
             return union([self.site_values(s, node, depth + 1) for s in sites] or [None])
         text = self.fold(node)
-        if text is None and isinstance(node, ast.Subscript) and not isinstance(node.slice, ast.Slice):  # an item of a constant container
-            return union([self.values(e, depth + 1) for e in self.elements(node.value, depth + 1, items=True) or [None]])
+        if (
+            text is None and isinstance(node, ast.Subscript) and not isinstance(node.slice, ast.Slice)
+        ):  # an item of a constant container
+            return union(
+                [self.values(e, depth + 1) for e in self.elements(node.value, depth + 1, items=True) or [None]]
+            )
         if text is None:
             return None
         # the fold read each variable's last constant: it stands only if that is the one string the variable holds
@@ -274,7 +340,11 @@ class AttrRules:
             return None
         found: List[Optional[Set[str]]] = []
         for element in self.elements(where.iter, depth) or [None]:
-            matched = [v for t, v in self.pairs(where.target, element) if isinstance(t, ast.Name) and t.id == node.id] if element else []
+            matched = (
+                [v for t, v in self.pairs(where.target, element) if isinstance(t, ast.Name) and t.id == node.id]
+                if element
+                else []
+            )
             found.append(self.values(matched[0], depth) if matched else None)
         return union(found)
 
@@ -303,7 +373,9 @@ class AttrRules:
             return self.targets(node.args[0], depth + 1)
         found = {t.removesuffix(".__dict__") for t in self.targets(node, depth) if t.endswith(".__dict__")}
         if isinstance(node, ast.Name):  # bound to vars(m)
-            found = found.union(*(self.namespace(v, depth + 1) for kind, v in self.name_sites(node) or [] if kind == "value"))
+            found = found.union(
+                *(self.namespace(v, depth + 1) for kind, v in self.name_sites(node) or [] if kind == "value")
+            )
         return found
 
     # -- the rule -----------------------------------------------------------------------------------------------
@@ -320,12 +392,16 @@ class AttrRules:
             target, name, stores = ATTR_CALLS[func]
         elif method in ATTR_DUNDERS:
             bound, stores = ATTR_DUNDERS[method]
-            target, name = (0, 1) if len(call.args) > bound else (None, 0)  # unbound: object.__setattr__(target, name, value)
+            target, name = (
+                (0, 1) if len(call.args) > bound else (None, 0)
+            )  # unbound: object.__setattr__(target, name, value)
         else:
             return None
         receiver = {t.rsplit(".", 1)[0] for t in self.targets(call.func, depth)} if target is None else set()
         if any(isinstance(a, ast.Starred) for a in call.args) or (call.keywords and len(call.args) <= name):
-            packed = [a.value if isinstance(a, ast.Starred) else a for a in call.args] + [k.value for k in call.keywords]
+            packed = [a.value if isinstance(a, ast.Starred) else a for a in call.args] + [
+                k.value for k in call.keywords
+            ]
             return receiver.union(*(self.targets(a, depth) for a in packed)), None, stores
         if len(call.args) <= name:
             return None
@@ -346,7 +422,9 @@ class AttrRules:
                 called = isinstance(parent, ast.Call) and parent.func is node
                 inner = isinstance(parent, ast.Attribute) and parent.value is node
                 if name in set(ATTR_CALLS) | PATH_CALLS and not called and not inner:
-                    self.add("dynamic_code", node, f"{name} used as a value: the attributes it reaches cannot be checked")
+                    self.add(
+                        "dynamic_code", node, f"{name} used as a value: the attributes it reaches cannot be checked"
+                    )
 
     def check_call(self, call: ast.Call) -> None:
         func, access = self.callee(call), self.attr_call(call)
@@ -377,17 +455,22 @@ class AttrRules:
         if method != "update":
             return self.values(args[0]) if args else None
         keys = [k for d in args for k in (d.keys if isinstance(d, ast.Dict) else [None])]
-        return union([self.values(k) if k is not None else None for k in keys] + [{k.arg} if k.arg else None for k in keywords])
+        return union(
+            [self.values(k) if k is not None else None for k in keys] + [{k.arg} if k.arg else None for k in keywords]
+        )
 
-    def check_names(self, node: ast.AST, owners: Set[str], names: Optional[Set[str]], stores: bool, label: str,
-                    method: bool = False) -> None:
+    def check_names(
+        self, node: ast.AST, owners: Set[str], names: Optional[Set[str]], stores: bool, label: str, method: bool = False
+    ) -> None:
         """One attribute access: a computed name on a module is a finding; folded names are checked as written."""
         if not owners:  # not a module: a folded name fetched from a value is one of its methods
             for name in sorted(names or ()) if method and not stores else []:
                 self.check_site(node, f".{name}", True)
             return
         if names is None:
-            self.add("dynamic_code", node, f"{label}: an attribute of {min(owners)} named by a value that does not fold")
+            self.add(
+                "dynamic_code", node, f"{label}: an attribute of {min(owners)} named by a value that does not fold"
+            )
             names = {"<computed>"} if stores else set()
         for owner in sorted(owners):
             for name in sorted(names):

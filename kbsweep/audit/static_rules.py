@@ -1,5 +1,6 @@
 """The static layer's tables: the op families, problem.yaml's forbidden entries (:class:`Forbidden`), and the names,
 attributes and source patterns each rule of :mod:`kbsweep.audit.static` flags."""
+
 from __future__ import annotations
 
 import re
@@ -9,14 +10,47 @@ ALIASES = {"F": "torch.nn.functional", "nn": "torch.nn", "tl": "triton.language"
 
 
 FAMILIES = {
-    "gemm": {"matmul", "mm", "bmm", "addmm", "baddbmm", "addbmm", "einsum", "linear", "tensordot", "chain_matmul",
-             "__matmul__", "_scaled_mm", "_grouped_mm", "_scaled_grouped_mm", "_weight_int4pack_mm", "_int_mm", "bilinear"},
+    "gemm": {
+        "matmul",
+        "mm",
+        "bmm",
+        "addmm",
+        "baddbmm",
+        "addbmm",
+        "einsum",
+        "linear",
+        "tensordot",
+        "chain_matmul",
+        "__matmul__",
+        "_scaled_mm",
+        "_grouped_mm",
+        "_scaled_grouped_mm",
+        "_weight_int4pack_mm",
+        "_int_mm",
+        "bilinear",
+    },
     "softmax": {"softmax", "_softmax", "log_softmax", "_log_softmax", "_safe_softmax"},
     "select": {"topk", "sort", "argsort", "kthvalue", "msort"},
-    "attention": {"scaled_dot_product_attention", "_scaled_dot_product_attention_math", "_scaled_dot_product_flash_attention",
-                  "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
-                  "_scaled_dot_product_flash_attention_for_cpu", "multi_head_attention_forward", "multiheadattention"},
-    "conv": {"conv1d", "conv2d", "conv3d", "convolution", "_convolution", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d"},
+    "attention": {
+        "scaled_dot_product_attention",
+        "_scaled_dot_product_attention_math",
+        "_scaled_dot_product_flash_attention",
+        "_scaled_dot_product_efficient_attention",
+        "_scaled_dot_product_cudnn_attention",
+        "_scaled_dot_product_flash_attention_for_cpu",
+        "multi_head_attention_forward",
+        "multiheadattention",
+    },
+    "conv": {
+        "conv1d",
+        "conv2d",
+        "conv3d",
+        "convolution",
+        "_convolution",
+        "conv_transpose1d",
+        "conv_transpose2d",
+        "conv_transpose3d",
+    },
 }
 
 
@@ -24,36 +58,177 @@ HEAVY = set().union(*FAMILIES.values()) | {"cumsum", "cumprod", "cdist", "fft", 
 
 
 PREFIX_RULES = [
-    ("frame_inspection", ["inspect.stack", "inspect.currentframe", "inspect.getouterframes", "inspect.getinnerframes",
-                          "inspect.getframeinfo", "inspect.trace", "sys._getframe", "sys._current_frames", "sys.settrace",
-                          "sys.setprofile", "sys.modules", "traceback.extract_stack", "traceback.walk_stack",
-                          "traceback.format_stack", "traceback.print_stack", "gc.get_objects", "gc.get_referrers",
-                          "gc.get_referents", "threading.settrace", "threading.setprofile"]),
+    (
+        "frame_inspection",
+        [
+            "inspect.stack",
+            "inspect.currentframe",
+            "inspect.getouterframes",
+            "inspect.getinnerframes",
+            "inspect.getframeinfo",
+            "inspect.trace",
+            "sys._getframe",
+            "sys._current_frames",
+            "sys.settrace",
+            "sys.setprofile",
+            "sys.modules",
+            "traceback.extract_stack",
+            "traceback.walk_stack",
+            "traceback.format_stack",
+            "traceback.print_stack",
+            "gc.get_objects",
+            "gc.get_referrers",
+            "gc.get_referents",
+            "threading.settrace",
+            "threading.setprofile",
+        ],
+    ),
     ("thread", ["threading", "_thread", "concurrent.futures", "multiprocessing", "asyncio"]),
-    ("subprocess", ["subprocess", "os.system", "os.popen", "os.fork", "os.forkpty", "os.exec", "os.spawn", "os.posix_spawn", "pty"]),
+    (
+        "subprocess",
+        [
+            "subprocess",
+            "os.system",
+            "os.popen",
+            "os.fork",
+            "os.forkpty",
+            "os.exec",
+            "os.spawn",
+            "os.posix_spawn",
+            "pty",
+        ],
+    ),
     ("network", ["socket", "urllib", "http", "requests", "httpx", "aiohttp", "ftplib", "smtplib"]),
     ("dir_listing", ["os.listdir", "os.scandir", "os.walk", "glob"]),
-    ("file_access", ["open", "io.open", "builtins.open", "os.open", "os.remove", "os.unlink", "os.rename", "os.replace",
-                     "os.rmdir", "os.makedirs", "os.mkdir", "os.path", "shutil", "pathlib", "tempfile", "torch.load",
-                     "torch.save", "numpy.load", "numpy.save", "numpy.fromfile", "pickle", "mmap", "linecache"]),
+    (
+        "file_access",
+        [
+            "open",
+            "io.open",
+            "builtins.open",
+            "os.open",
+            "os.remove",
+            "os.unlink",
+            "os.rename",
+            "os.replace",
+            "os.rmdir",
+            "os.makedirs",
+            "os.mkdir",
+            "os.path",
+            "shutil",
+            "pathlib",
+            "tempfile",
+            "torch.load",
+            "torch.save",
+            "numpy.load",
+            "numpy.save",
+            "numpy.fromfile",
+            "pickle",
+            "mmap",
+            "linecache",
+        ],
+    ),
     ("env_access", ["os.environ", "os.getenv", "os.putenv", "os.unsetenv"]),
-    ("dynamic_code", ["exec", "eval", "compile", "__import__", "builtins", "importlib", "runpy", "types.FunctionType",
-                      "types.CodeType", "marshal", "globals", "vars", "locals"]),
-    ("native_code", ["ctypes", "cffi", "cupy", "numba", "pycuda", "cuda.bindings", "cuda.cudart", "cuda.cuda",
-                     "torch.ops.load_library", "torch.cuda.jiterator", "torch.classes.load_library"]),
-    ("torch_compile", ["torch.compile", "torch._dynamo", "torch._inductor", "torch.jit.script", "torch.jit.trace", "torch.export"]),
-    ("side_stream", ["torch.cuda.Stream", "torch.cuda.stream", "torch.cuda.set_stream", "torch.cuda.ExternalStream",
-                     "torch.Stream", "torch.cuda.StreamContext", "torch.cuda.streams"]),
-    ("cuda_graph", ["torch.cuda.CUDAGraph", "torch.cuda.graph", "torch.cuda.make_graphed_callables", "torch.cuda.graph_pool_handle"]),
-    ("rng_access", ["torch.initial_seed", "torch.seed", "torch.manual_seed", "torch.get_rng_state", "torch.set_rng_state",
-                    "torch.random", "torch.default_generator", "torch.cuda.manual_seed", "torch.cuda.manual_seed_all",
-                    "torch.cuda.initial_seed", "torch.cuda.get_rng_state", "torch.cuda.set_rng_state", "torch.cuda.seed",
-                    "random", "numpy.random"]),
-    ("global_flag", ["torch.set_float32_matmul_precision", "torch.set_default_dtype", "torch.set_default_tensor_type",
-                     "torch.use_deterministic_algorithms", "torch.set_flush_denormal", "torch._C._set_"]),
+    (
+        "dynamic_code",
+        [
+            "exec",
+            "eval",
+            "compile",
+            "__import__",
+            "builtins",
+            "importlib",
+            "runpy",
+            "types.FunctionType",
+            "types.CodeType",
+            "marshal",
+            "globals",
+            "vars",
+            "locals",
+        ],
+    ),
+    (
+        "native_code",
+        [
+            "ctypes",
+            "cffi",
+            "cupy",
+            "numba",
+            "pycuda",
+            "cuda.bindings",
+            "cuda.cudart",
+            "cuda.cuda",
+            "torch.ops.load_library",
+            "torch.cuda.jiterator",
+            "torch.classes.load_library",
+        ],
+    ),
+    (
+        "torch_compile",
+        ["torch.compile", "torch._dynamo", "torch._inductor", "torch.jit.script", "torch.jit.trace", "torch.export"],
+    ),
+    (
+        "side_stream",
+        [
+            "torch.cuda.Stream",
+            "torch.cuda.stream",
+            "torch.cuda.set_stream",
+            "torch.cuda.ExternalStream",
+            "torch.Stream",
+            "torch.cuda.StreamContext",
+            "torch.cuda.streams",
+        ],
+    ),
+    (
+        "cuda_graph",
+        [
+            "torch.cuda.CUDAGraph",
+            "torch.cuda.graph",
+            "torch.cuda.make_graphed_callables",
+            "torch.cuda.graph_pool_handle",
+        ],
+    ),
+    (
+        "rng_access",
+        [
+            "torch.initial_seed",
+            "torch.seed",
+            "torch.manual_seed",
+            "torch.get_rng_state",
+            "torch.set_rng_state",
+            "torch.random",
+            "torch.default_generator",
+            "torch.cuda.manual_seed",
+            "torch.cuda.manual_seed_all",
+            "torch.cuda.initial_seed",
+            "torch.cuda.get_rng_state",
+            "torch.cuda.set_rng_state",
+            "torch.cuda.seed",
+            "random",
+            "numpy.random",
+        ],
+    ),
+    (
+        "global_flag",
+        [
+            "torch.set_float32_matmul_precision",
+            "torch.set_default_dtype",
+            "torch.set_default_tensor_type",
+            "torch.use_deterministic_algorithms",
+            "torch.set_flush_denormal",
+            "torch._C._set_",
+        ],
+    ),
     ("reference_use", ["reference", "kbsweep", "kbsweep_reference", "kbsweep_sota", "sota"]),
-    ("tensor_subclass", ["torch.Tensor._make_subclass", "torch.Tensor._make_wrapper_subclass", "torch._C.TensorBase",
-                         "torch._C._TensorBase"]),
+    (
+        "tensor_subclass",
+        [
+            "torch.Tensor._make_subclass",
+            "torch.Tensor._make_wrapper_subclass",
+            "torch._C.TensorBase",
+            "torch._C._TensorBase",
+        ],
+    ),
 ]
 
 
@@ -61,10 +236,21 @@ BUILTINS = {"open", "exec", "eval", "compile", "__import__", "globals", "vars", 
 
 
 # threading's locks run nothing elsewhere (a lock around a lazy init); the module's other names stay the thread rule's
-LOCKS = {"threading", "threading.Lock", "threading.RLock", "threading.Condition", "threading.Semaphore", "threading.BoundedSemaphore"}
+LOCKS = {
+    "threading",
+    "threading.Lock",
+    "threading.RLock",
+    "threading.Condition",
+    "threading.Semaphore",
+    "threading.BoundedSemaphore",
+}
 
 
-OP_DEFINITIONS = {"torch.library.custom_op", "torch.library.triton_op", "torch.library.define"}  # given "namespace::op" first
+OP_DEFINITIONS = {
+    "torch.library.custom_op",
+    "torch.library.triton_op",
+    "torch.library.define",
+}  # given "namespace::op" first
 
 
 # a pointer reduced to its alignment (``x.data_ptr() % 16``, ``& 15``): at most this many values, never an identity
@@ -72,41 +258,99 @@ MAX_ALIGNMENT = 256
 
 
 ATTR_CALLS = {  # callables that fetch, set or delete the attribute one argument names: (target's position, name's position, stores)
-    "getattr": (0, 1, False), "hasattr": (0, 1, False), "setattr": (0, 1, True), "delattr": (0, 1, True),
-    "inspect.getattr_static": (0, 1, False), "unittest.mock.patch.object": (0, 1, True),
+    "getattr": (0, 1, False),
+    "hasattr": (0, 1, False),
+    "setattr": (0, 1, True),
+    "delattr": (0, 1, True),
+    "inspect.getattr_static": (0, 1, False),
+    "unittest.mock.patch.object": (0, 1, True),
 }
 
 
 ATTR_DUNDERS = {  # method -> (its arguments when bound to its target: one more is the unbound form, target first; stores)
-    "__getattribute__": (1, False), "__getattr__": (1, False), "__setattr__": (2, True), "__delattr__": (1, True),
+    "__getattribute__": (1, False),
+    "__getattr__": (1, False),
+    "__setattr__": (2, True),
+    "__delattr__": (1, True),
 }
 
 
 NAMESPACE_METHODS = {  # methods of an attribute dict (m.__dict__, vars(m)), and operator's, whose key names an attribute: stores
-    "get": False, "__getitem__": False, "getitem": False, "__setitem__": True, "setitem": True, "__delitem__": True, "delitem": True,
-    "setdefault": True, "pop": True, "update": True,
+    "get": False,
+    "__getitem__": False,
+    "getitem": False,
+    "__setitem__": True,
+    "setitem": True,
+    "__delitem__": True,
+    "delitem": True,
+    "setdefault": True,
+    "pop": True,
+    "update": True,
 }
 
 
-PATH_CALLS = {"importlib.import_module", "__import__", "pkgutil.resolve_name", "pydoc.locate", "unittest.mock.patch",
-              "operator.attrgetter", "operator.methodcaller"}  # callables given a dotted path as a string
+PATH_CALLS = {
+    "importlib.import_module",
+    "__import__",
+    "pkgutil.resolve_name",
+    "pydoc.locate",
+    "unittest.mock.patch",
+    "operator.attrgetter",
+    "operator.methodcaller",
+}  # callables given a dotted path as a string
 
 
-FRAME_ATTRS = {"f_back", "f_globals", "f_locals", "f_code", "f_builtins", "tb_frame", "gi_frame", "cr_frame", "co_filename"}
+FRAME_ATTRS = {
+    "f_back",
+    "f_globals",
+    "f_locals",
+    "f_code",
+    "f_builtins",
+    "tb_frame",
+    "gi_frame",
+    "cr_frame",
+    "co_filename",
+}
 
 
 SUBCLASS_ATTRS = {"as_subclass", "__torch_function__", "__torch_dispatch__"}
 
 
-VALUE_KEYS = {"data_ptr", "untyped_storage", "storage", "item", "tolist", "tobytes", "numpy", "sum", "mean", "amax", "amin",
-              "max", "min", "norm", "std", "_version", "_cdata"}
+VALUE_KEYS = {
+    "data_ptr",
+    "untyped_storage",
+    "storage",
+    "item",
+    "tolist",
+    "tobytes",
+    "numpy",
+    "sum",
+    "mean",
+    "amax",
+    "amin",
+    "max",
+    "min",
+    "norm",
+    "std",
+    "_version",
+    "_cdata",
+}
 
 
-CONTAINER_CALLS = {"dict", "list", "set", "collections.OrderedDict", "collections.defaultdict", "weakref.WeakKeyDictionary",
-                   "weakref.WeakValueDictionary"}
+CONTAINER_CALLS = {
+    "dict",
+    "list",
+    "set",
+    "collections.OrderedDict",
+    "collections.defaultdict",
+    "weakref.WeakKeyDictionary",
+    "weakref.WeakValueDictionary",
+}
 
 
-OTHER_RUNS = re.compile(r"(^|[/\\])(outputs|sweeps|mlruns|mlartifacts)([/\\]|$)|\b(result|grade|audit)\.json\b|transcript\.jsonl|\.\./")
+OTHER_RUNS = re.compile(
+    r"(^|[/\\])(outputs|sweeps|mlruns|mlartifacts)([/\\]|$)|\b(result|grade|audit)\.json\b|transcript\.jsonl|\.\./"
+)
 
 
 NATIVE = re.compile(r"#include|__global__|\bat::|\btorch::|cublas|cudnn")
@@ -209,4 +453,7 @@ def dtype_class(name: str) -> str:
     return "fp32" if last in ("float32", "float") else "other"
 
 
-L2 = re.compile(r"persist\w*l2|l2\w*persist|accesspolicywindow|access_policy_window|streamsetattribute|devicesetlimit|hitprop|missprop", re.I)
+L2 = re.compile(
+    r"persist\w*l2|l2\w*persist|accesspolicywindow|access_policy_window|streamsetattribute|devicesetlimit|hitprop|missprop",
+    re.I,
+)

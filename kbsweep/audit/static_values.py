@@ -8,6 +8,7 @@ for the first call that guards one-time preparation, after which every call take
 (``resolve``, ``raw``, ``pairs``, ``parents``, ``own_nodes``), its context (``ancestors``, ``params``, ``in_kernel``,
 ``kernels``, ``precision``) and ``add`` for its findings.
 """
+
 from __future__ import annotations
 
 import ast
@@ -44,7 +45,11 @@ class ValueRules:
             return True
         if isinstance(key, ast.Name) and depth < 3:
             scope = next((a for a in self.ancestors(key) if isinstance(a, ast.FunctionDef)), self.tree)
-            values = [n.value for n in ast.walk(scope) if isinstance(n, ast.Assign) and any(self.raw(t) == key.id for t in n.targets)]
+            values = [
+                n.value
+                for n in ast.walk(scope)
+                if isinstance(n, ast.Assign) and any(self.raw(t) == key.id for t in n.targets)
+            ]
             return any(self.keyed_on_values(v, depth + 1) for v in values)
         stack = [key]
         while stack:
@@ -73,14 +78,25 @@ class ValueRules:
             key = None
             if isinstance(node, ast.Subscript) and self.raw(node.value) in stores:
                 key = node.slice
-            elif isinstance(node, ast.Compare) and isinstance(node.ops[0], (ast.In, ast.NotIn)) and self.raw(node.comparators[0]) in stores:
+            elif (
+                isinstance(node, ast.Compare)
+                and isinstance(node.ops[0], (ast.In, ast.NotIn))
+                and self.raw(node.comparators[0]) in stores
+            ):
                 key = node.left
-            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in ("get", "setdefault", "pop") \
-                    and self.raw(node.func.value) in stores and node.args:
+            elif (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr in ("get", "setdefault", "pop")
+                and self.raw(node.func.value) in stores
+                and node.args
+            ):
                 key = node.args[0]
             elif isinstance(node, ast.Compare) and isinstance(node.ops[0], (ast.Is, ast.IsNot)):
                 sides = [node.left, node.comparators[0]]
-                if not any(isinstance(s, ast.Constant) for s in sides) and any(isinstance(s, ast.Name) and s.id in self.params(node) for s in sides):
+                if not any(isinstance(s, ast.Constant) for s in sides) and any(
+                    isinstance(s, ast.Name) and s.id in self.params(node) for s in sides
+                ):
                     self.add("output_cache", node, f"identity test: {ast.unparse(node)[:120]}")
                 continue
             elif isinstance(node, ast.FunctionDef):
@@ -98,12 +114,19 @@ class ValueRules:
         for node in ast.walk(self.tree):
             if isinstance(node, ast.AugAssign) and isinstance(node.op, ast.Add):
                 name = self.raw(node.target)
-                declared = any(isinstance(a, ast.FunctionDef) and any(isinstance(g, ast.Global) and name in g.names for g in ast.walk(a))
-                               for a in self.ancestors(node))
+                declared = any(
+                    isinstance(a, ast.FunctionDef)
+                    and any(isinstance(g, ast.Global) and name in g.names for g in ast.walk(a))
+                    for a in self.ancestors(node)
+                )
                 if name and (name.startswith("self.") or declared):
                     counters.add(name)
         for node in ast.walk(self.tree):
-            if isinstance(node, ast.Compare) and any(self.raw(n) in counters for n in ast.walk(node)) and not self.first_call_guard(node):
+            if (
+                isinstance(node, ast.Compare)
+                and any(self.raw(n) in counters for n in ast.walk(node))
+                and not self.first_call_guard(node)
+            ):
                 self.add("call_counter", node, ast.unparse(node)[:120])
 
     def first_call_guard(self, node: ast.Compare) -> bool:
@@ -128,7 +151,9 @@ class ValueRules:
         attr = name.removeprefix("self.")
         for node in ast.walk(self.tree):
             if isinstance(node, ast.AugAssign) and self.raw(node.target) == name:
-                if not (isinstance(node.op, ast.Add) and isinstance(node.value, ast.Constant) and node.value.value == 1):
+                if not (
+                    isinstance(node.op, ast.Add) and isinstance(node.value, ast.Constant) and node.value.value == 1
+                ):
                     return False
             elif isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
                 in_class = isinstance(self.parents.get(node), ast.ClassDef)
@@ -163,7 +188,12 @@ class ValueRules:
                         if not (isinstance(precision, ast.Constant) and precision.value == "ieee"):
                             self.add("precision", node, "tl.dot on fp32 without input_precision='ieee' (TF32)")
         for node in ast.walk(self.tree):
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and not self.in_kernel(node) and self.of_input(node.func.value):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and not self.in_kernel(node)
+                and self.of_input(node.func.value)
+            ):
                 classes = {"half": {"half"}, "bfloat16": {"half"}}.get(node.func.attr, set())
                 if node.func.attr in ("to", "type") and node.args:
                     classes = {dtype_class(self.resolve(node.args[0]) or "")}
@@ -192,10 +222,16 @@ class ValueRules:
 
 def alignment(node: ast.AST) -> bool:
     """``p.data_ptr() % m`` or ``p.data_ptr() & (m - 1)``, m a power of two up to MAX_ALIGNMENT: a pointer's alignment."""
-    if not (isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Mod, ast.BitAnd)) and isinstance(node.right, ast.Constant)):
+    if not (
+        isinstance(node, ast.BinOp)
+        and isinstance(node.op, (ast.Mod, ast.BitAnd))
+        and isinstance(node.right, ast.Constant)
+    ):
         return False
     pointer = node.left
-    if not (isinstance(pointer, ast.Call) and isinstance(pointer.func, ast.Attribute) and pointer.func.attr == "data_ptr"):
+    if not (
+        isinstance(pointer, ast.Call) and isinstance(pointer.func, ast.Attribute) and pointer.func.attr == "data_ptr"
+    ):
         return False
     m = node.right.value + (1 if isinstance(node.op, ast.BitAnd) else 0) if type(node.right.value) is int else 0
     return 0 < m <= MAX_ALIGNMENT and m & (m - 1) == 0

@@ -4,6 +4,7 @@ Tags written on a cell run: ``audit.verdict`` (the audit's own), ``audit.<layer>
 ``audit.kinds`` (the kinds behind the verdict) and ``verdict`` (what the board ranks; an override's verdict once a
 human has spoken: ``override_clean`` when cleared). Artifacts: ``audit.json`` and ``audit_override.json``.
 """
+
 from __future__ import annotations
 
 import getpass
@@ -45,12 +46,19 @@ def download(client, run_id: str, folder: Path) -> Dict[str, Path]:
 def problem_of(row: Dict[str, Any], roots: List[str]):
     params = row.get("params") or {}
     track, _, name = row["problem"].partition("/")
-    folder = find_problem_dir(roots, params.get("track.problems_dir", track), name, params.get("track.format", "kbsweep"),
-                              params.get("track.kernelbench_version"))
+    folder = find_problem_dir(
+        roots,
+        params.get("track.problems_dir", track),
+        name,
+        params.get("track.format", "kbsweep"),
+        params.get("track.kernelbench_version"),
+    )
     return load_problem(folder, track)
 
 
-def reaudit(uri: str, experiment: Optional[str], run_ids: List[str], roots: List[str], judge: Optional[ChatModel]) -> List[Dict[str, Any]]:
+def reaudit(
+    uri: str, experiment: Optional[str], run_ids: List[str], roots: List[str], judge: Optional[ChatModel]
+) -> List[Dict[str, Any]]:
     """Audit again the named runs (or the latest run of every cell of ``experiment``) and record the results."""
     client = make_client(uri)
     rows = runs_frame(uri, [experiment] if experiment and not run_ids else None)
@@ -66,8 +74,14 @@ def reaudit(uri: str, experiment: Optional[str], run_ids: List[str], roots: List
                 continue  # nothing was submitted: nothing to audit
             problem = problem_of(row, roots)
             grade = json.loads(files["grade.json"].read_text()) if "grade.json" in files else None
-            result = audit(files["solution.py"].read_text(), problem.spec.forbidden, grade, problem=problem,
-                           transcript=files.get("transcript.jsonl"), judge=judge)
+            result = audit(
+                files["solution.py"].read_text(),
+                problem.spec.forbidden,
+                grade,
+                problem=problem,
+                transcript=files.get("transcript.jsonl"),
+                judge=judge,
+            )
         done.append(record(client, row, result))
     return done
 
@@ -81,8 +95,15 @@ def record(client, row: Dict[str, Any], result: Dict[str, Any]) -> Dict[str, Any
         tags["verdict"] = result["verdict"]
     log_tags(client, row["run_id"], tags)
     client.log_text(row["run_id"], json.dumps(result, indent=1, default=str), "audit.json")
-    return {"run_id": row["run_id"], "problem": row.get("problem"), "model": row.get("model"),
-            "previous": row.get("verdict"), "verdict": result["verdict"], "board": tags.get("verdict", row.get("verdict")), "kinds": kinds}
+    return {
+        "run_id": row["run_id"],
+        "problem": row.get("problem"),
+        "model": row.get("model"),
+        "previous": row.get("verdict"),
+        "verdict": result["verdict"],
+        "board": tags.get("verdict", row.get("verdict")),
+        "kinds": kinds,
+    }
 
 
 def override(uri: str, run_id: str, verdict: str, reason: str) -> Dict[str, Any]:
@@ -99,9 +120,26 @@ def override(uri: str, run_id: str, verdict: str, reason: str) -> Dict[str, Any]
         previous = client.get_run(run_id).data.tags.get("verdict")
     except MlflowException:
         raise KbsweepError(f"no run {run_id} in {uri}") from None
-    entry = {"run_id": run_id, "verdict": verdict, "reason": reason, "by": getpass.getuser(), "at": now(), "previous": previous}
+    entry = {
+        "run_id": run_id,
+        "verdict": verdict,
+        "reason": reason,
+        "by": getpass.getuser(),
+        "at": now(),
+        "previous": previous,
+    }
     board = OVERRIDE_CLEAN if verdict == Verdict.CLEAN.value else verdict
-    log_tags(client, run_id, {"verdict": board, OVERRIDE_TAG: verdict, "audit.override.reason": reason,
-                              "audit.override.by": entry["by"], "audit.override.at": entry["at"], "audit.override.previous": str(previous)})
+    log_tags(
+        client,
+        run_id,
+        {
+            "verdict": board,
+            OVERRIDE_TAG: verdict,
+            "audit.override.reason": reason,
+            "audit.override.by": entry["by"],
+            "audit.override.at": entry["at"],
+            "audit.override.previous": str(previous),
+        },
+    )
     client.log_text(run_id, json.dumps(entry, indent=1), "audit_override.json")
     return {**entry, "board": board}

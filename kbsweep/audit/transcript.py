@@ -1,5 +1,6 @@
 """The agent's transcript for the audit: its events, and the excerpts the judge reads (the contamination layer,
 :mod:`kbsweep.audit.contamination`, reads it for other runs)."""
+
 from __future__ import annotations
 
 import json

@@ -1,6 +1,7 @@
 """Files parsed once per version: a sweep reads each problem.yaml and roofline spec once per cell and again to
 check it (hundreds of OmegaConf merges for a 100-cell sweep). A version is the file's (path, modification time,
 size); each caller gets its own copy of the parsed value."""
+
 from __future__ import annotations
 
 import copy

@@ -9,6 +9,7 @@ inputs of ``Model`` and of the candidate's ``ModelNew``, and every call gets fre
 grader seeds, so kbsweep's seeds (the secret one too) draw other inputs. Loaded by the generated
 ``kbsweep_adapter.py`` in the referee, and by the tests for GPU MODE's own verdict (:func:`own_verdict`).
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -82,13 +83,17 @@ def generate(module: ModuleType, params: Dict[str, Any], device: torch.device) -
         torch.Generator = real_generator  # type: ignore
     single = not isinstance(data, (tuple, list))
     items = [data] if single else list(data)
-    buffers = [] if single else [i for i, v in enumerate(items) if isinstance(v, torch.Tensor) and mode.empty.get(id(v)) is v]
+    buffers = (
+        [] if single else [i for i, v in enumerate(items) if isinstance(v, torch.Tensor) and mode.empty.get(id(v)) is v]
+    )
     if device.type == "meta":
         items = [v.to("meta") if isinstance(v, torch.Tensor) else v for v in items]
     return items, buffers, single
 
 
-def with_buffers(inputs: Sequence[Any], buffers: Optional[Sequence[Sequence[Any]]], device: Optional[torch.device] = None) -> Any:
+def with_buffers(
+    inputs: Sequence[Any], buffers: Optional[Sequence[Sequence[Any]]], device: Optional[torch.device] = None
+) -> Any:
     """GPU MODE's ``data`` from kbsweep's inputs: a fresh ``torch.empty`` put back at each buffer's index (``buffers``
     None: the data is the one input tensor)."""
     if buffers is None:
@@ -157,8 +162,11 @@ class GpuModeReference:
                 except Exception:  # noqa: BLE001 - a data-dependent generator (.item(), masks) runs on the CPU
                     if device == "cpu":
                         raise
-            self.buffers[self.key(shape)] = None if single else [
-                [i, list(items[i].shape), str(items[i].dtype).replace("torch.", "")] for i in indices]
+            self.buffers[self.key(shape)] = (
+                None
+                if single
+                else [[i, list(items[i].shape), str(items[i].dtype).replace("torch.", "")] for i in indices]
+            )
         return self.buffers[self.key(shape)]
 
     def get_init_inputs(self, shape: Dict[str, Any]) -> list:
@@ -169,9 +177,12 @@ class GpuModeReference:
         # scale values by its seed (sort_py's rows have mean seed + row), and their tolerance is relative
         seed = int(torch.randint(0, 2**16, (1,)).item())
         items, indices, single = generate(self.module, {**shape, "seed": seed}, torch.device(device))
-        self.buffers[self.key(shape)] = None if single else [
-            [i, list(items[i].shape), str(items[i].dtype).replace("torch.", "")] for i in indices]
-        signature = tuple((tuple(v.shape), v.dtype) for i, v in enumerate(items) if i not in indices and isinstance(v, torch.Tensor))
+        self.buffers[self.key(shape)] = (
+            None if single else [[i, list(items[i].shape), str(items[i].dtype).replace("torch.", "")] for i in indices]
+        )
+        signature = tuple(
+            (tuple(v.shape), v.dtype) for i, v in enumerate(items) if i not in indices and isinstance(v, torch.Tensor)
+        )
         self.by_inputs[signature] = self.buffers[self.key(shape)]
         return [v for i, v in enumerate(items) if i not in indices]
 
@@ -191,7 +202,9 @@ def clone_data(data: Any) -> Any:
     return data.clone() if isinstance(data, torch.Tensor) else data
 
 
-def own_verdict(folder: Path, kernel: Callable[[Any], Any], tests: Sequence[Dict[str, Any]], device: Any = "cpu") -> Dict[str, Any]:
+def own_verdict(
+    folder: Path, kernel: Callable[[Any], Any], tests: Sequence[Dict[str, Any]], device: Any = "cpu"
+) -> Dict[str, Any]:
     """GPU MODE's eval's test pass (``_run_single_test``), on ``device``: per test ``data = generate_input(**test)``,
     ``custom_kernel(_clone_data(data))``, ``check_implementation(data, output)``. Returns
     ``{"verdict": "correct"|"incorrect", "tests": [message or None, ...]}``."""

@@ -4,6 +4,7 @@
 NVML numbers GPUs in PCI bus order; a process that pins GPUs by index sets ``CUDA_DEVICE_ORDER=PCI_BUS_ID``
 so that CUDA numbers them the same way.
 """
+
 from __future__ import annotations
 
 import os
@@ -74,7 +75,9 @@ def list_gpus() -> List[Dict[str, Any]]:
         pynvml.nvmlShutdown()
 
 
-def visible_gpus(found: Optional[List[Dict[str, Any]]] = None, cuda_visible: Optional[str] = None) -> List[Dict[str, str]]:
+def visible_gpus(
+    found: Optional[List[Dict[str, Any]]] = None, cuda_visible: Optional[str] = None
+) -> List[Dict[str, str]]:
     """The GPUs this process may use, each ``{"visible": its CUDA_VISIBLE_DEVICES entry, "uuid": machine-wide id}``.
 
     ``found`` defaults to NVML's list and ``cuda_visible`` to the environment's CUDA_VISIBLE_DEVICES, whose
@@ -94,7 +97,9 @@ def visible_gpus(found: Optional[List[Dict[str, Any]]] = None, cuda_visible: Opt
     return pool
 
 
-def pool_devices(found: Optional[List[Dict[str, Any]]] = None, cuda_visible: Optional[str] = None) -> List[Dict[str, Any]]:
+def pool_devices(
+    found: Optional[List[Dict[str, Any]]] = None, cuda_visible: Optional[str] = None
+) -> List[Dict[str, Any]]:
     """The GPUs a grade in this process may take (:func:`visible_gpus`, same arguments), each with ``name``: NVML's,
     None for an entry NVML does not list."""
     found = list_gpus() if found is None else found
@@ -102,7 +107,9 @@ def pool_devices(found: Optional[List[Dict[str, Any]]] = None, cuda_visible: Opt
     return [{**entry, "name": names.get(entry["uuid"])} for entry in visible_gpus(found, cuda_visible)]
 
 
-def gpu_mismatch(spec: GpuSpec, found: Optional[List[Dict[str, Any]]] = None, cuda_visible: Optional[str] = None) -> Optional[str]:
+def gpu_mismatch(
+    spec: GpuSpec, found: Optional[List[Dict[str, Any]]] = None, cuda_visible: Optional[str] = None
+) -> Optional[str]:
     """Why a grade in this process would not run on the card ``spec`` names, else None (a CPU config: always None).
 
     Every GPU of the pool (:func:`pool_devices`, same arguments) must be one ``spec.nvml_names`` lists, since a grade
@@ -117,8 +124,11 @@ def gpu_mismatch(spec: GpuSpec, found: Optional[List[Dict[str, Any]]] = None, cu
     for device in pool:
         if device["name"] in spec.nvml_names:
             continue
-        here = (f"GPU {device['visible']} here is {device['name']!r}" if device["name"]
-                else f"CUDA_VISIBLE_DEVICES names {device['visible']!r}, which NVML does not list here")
+        here = (
+            f"GPU {device['visible']} here is {device['name']!r}"
+            if device["name"]
+            else f"CUDA_VISIBLE_DEVICES names {device['visible']!r}, which NVML does not list here"
+        )
         return f"{wanted}, but {here}; use gpu=auto (it picks the gpu YAML listing the card here)"
     return None
 

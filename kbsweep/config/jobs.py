@@ -7,6 +7,7 @@ like any composed one and stand for that config with their own repeat. A copy of
 value interpolates the repeat (each copy resolves it), or when a caller reads one job's config: copying and then
 resolving each of 10 000 repeats took ~7 ms a job, most of a 10 000-cell plan.
 """
+
 from __future__ import annotations
 
 import copy
@@ -24,7 +25,9 @@ Compose = Callable[[List[str]], DictConfig]  # a job's overrides -> its config, 
 Prepare = Callable[[DictConfig, DictConfig], DictConfig]  # (config without the hydra node, the hydra node) -> prepared
 
 
-def split_repeat(parse: Callable[[str], Override], overrides: Sequence[str]) -> Tuple[Tuple[str, ...], Optional[object]]:
+def split_repeat(
+    parse: Callable[[str], Override], overrides: Sequence[str]
+) -> Tuple[Tuple[str, ...], Optional[object]]:
     """(the overrides other than a plain ``repeat=N``, N as Hydra parses it or None); ``parse``: one override line."""
     from hydra.core.override_parser.types import OverrideType
 

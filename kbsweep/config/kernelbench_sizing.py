@@ -4,6 +4,7 @@ halved until the reference's parameters, one input set and its output fit ``SMOK
 Deck files are sized in a child interpreter (``python -m kbsweep.config.kernelbench_sizing FILE...``), their fits cached
 by content under the KernelBench cache (:func:`cache_root`). :mod:`kbsweep.config.kernelbench` builds problem folders from them.
 """
+
 from __future__ import annotations
 
 import ast
@@ -27,8 +28,14 @@ MIN_SIZE = 8  # constants below 16 (kernel sizes, strides, dims, small groups) a
 BATCH_NAMES = ("batch_size", "batch", "bs")  # what KernelBench's files call the batch a held-out shape scales
 FIT_TIMEOUT_S = 600
 
-ARITHMETIC = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.FloorDiv: operator.floordiv,
-              ast.Pow: operator.pow, ast.LShift: operator.lshift}
+ARITHMETIC = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.FloorDiv: operator.floordiv,
+    ast.Pow: operator.pow,
+    ast.LShift: operator.lshift,
+}
 
 
 def integer(node: ast.AST) -> Optional[int]:
@@ -69,7 +76,11 @@ def with_sizes(source: str, sizes: Dict[str, int]) -> str:
         names = [t.id for t in getattr(node, "targets", []) if isinstance(t, ast.Name)]
         if isinstance(node, ast.Assign) and any(n == k.split("[")[0] for n in names for k in sizes):
             for name in names:  # one assignment per name: `height = width = 128` may scale one of the two
-                body.append(ast.copy_location(ast.Assign([ast.Name(name, ast.Store())], sized_value(node.value, name, sizes)), node))
+                body.append(
+                    ast.copy_location(
+                        ast.Assign([ast.Name(name, ast.Store())], sized_value(node.value, name, sizes)), node
+                    )
+                )
         else:
             body.append(node)
     tree.body = body
@@ -79,7 +90,10 @@ def with_sizes(source: str, sizes: Dict[str, int]) -> str:
 def sized_value(value: ast.expr, name: str, sizes: Dict[str, int]) -> ast.expr:
     """``value`` of the assignment to ``name`` with what ``sizes`` overrides of it."""
     if isinstance(value, ast.Tuple):
-        return ast.Tuple([ast.Constant(sizes[f"{name}[{i}]"]) if f"{name}[{i}]" in sizes else e for i, e in enumerate(value.elts)], ast.Load())
+        return ast.Tuple(
+            [ast.Constant(sizes[f"{name}[{i}]"]) if f"{name}[{i}]" in sizes else e for i, e in enumerate(value.elts)],
+            ast.Load(),
+        )
     return ast.Constant(sizes[name]) if name in sizes else value
 
 
@@ -175,8 +189,15 @@ def fit(path: Path, budget: int = SMOKE_BYTES, flop_budget: float = SMOKE_FLOPS)
         else:
             left.discard(name)
     overrides = {k: v for k, v in sizes.items() if v != constants[k]}
-    return {"sizes": overrides, "full_bytes": full, "bytes": used, "full_flops": full_flops, "flops": flops,
-            "fits": used <= budget and flops <= flop_budget, "held_out": held_out(path, overrides, runs)}
+    return {
+        "sizes": overrides,
+        "full_bytes": full,
+        "bytes": used,
+        "full_flops": full_flops,
+        "flops": flops,
+        "fits": used <= budget and flops <= flop_budget,
+        "held_out": held_out(path, overrides, runs),
+    }
 
 
 def held_out_batch(value: int) -> Optional[int]:
@@ -225,9 +246,23 @@ def fit_key(original: Path) -> str:
     budget; edits elsewhere in this module keep the fits."""
     import inspect
 
-    rule = "".join(inspect.getsource(f) for f in (integer, size_constants, with_sizes, sized_value, load_sized, footprint, fit,
-                                                  held_out_batch, held_out)) + repr(BATCH_NAMES)
-    digest = hashlib.sha256(original.read_bytes() + b"\0" + rule.encode() + f"\0{SMOKE_BYTES}\0{SMOKE_FLOPS}\0{MIN_SIZE}".encode())
+    rule = "".join(
+        inspect.getsource(f)
+        for f in (
+            integer,
+            size_constants,
+            with_sizes,
+            sized_value,
+            load_sized,
+            footprint,
+            fit,
+            held_out_batch,
+            held_out,
+        )
+    ) + repr(BATCH_NAMES)
+    digest = hashlib.sha256(
+        original.read_bytes() + b"\0" + rule.encode() + f"\0{SMOKE_BYTES}\0{SMOKE_FLOPS}\0{MIN_SIZE}".encode()
+    )
     return digest.hexdigest()[:24]
 
 
@@ -262,8 +297,12 @@ def fit_in_child(files: List[Path]) -> Dict[Path, Dict[str, Any]]:
     import selectors
 
     with tempfile.TemporaryFile() as err:
-        proc = subprocess.Popen([sys.executable, "-m", "kbsweep.config.kernelbench_sizing", *map(str, files)], stdout=subprocess.PIPE,
-                                stderr=err, text=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "kbsweep.config.kernelbench_sizing", *map(str, files)],
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+        )
         reported: Dict[Path, Dict[str, Any]] = {}
         hung = False
         with selectors.DefaultSelector() as selector:

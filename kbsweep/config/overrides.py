@@ -1,6 +1,7 @@
 """The command line before Hydra sees it: every YAML of the config search path parsed, every override's key and
 group choice looked up (a typo is one line naming the key and the closest real one, not Hydra's report), options
 put before overrides; and Hydra's own composition errors as one line."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -41,7 +42,12 @@ class Keys(NamedTuple):
     free: Set[str]
 
     def reads(self, key: str) -> bool:
-        return key in self.root or key in self.schema or key in ADDED_KEYS or any(key.startswith(f"{f}.") for f in self.free)
+        return (
+            key in self.root
+            or key in self.schema
+            or key in ADDED_KEYS
+            or any(key.startswith(f"{f}.") for f in self.free)
+        )
 
 
 def tree_keys(tree: Dict, prefix: str = "") -> Set[str]:
@@ -86,7 +92,9 @@ def likeness(typed: str, real: str) -> float:
     """How alike two keys are: their spelling (a typo) and their words in any order (``grade.timeout_s`` is
     ``track.grade_timeout_s``), each counting half."""
     words = [set(re.split(r"[._]", k)) for k in (typed, real)]
-    return (difflib.SequenceMatcher(None, typed, real).ratio() + len(words[0] & words[1]) / len(words[0] | words[1])) / 2
+    return (
+        difflib.SequenceMatcher(None, typed, real).ratio() + len(words[0] & words[1]) / len(words[0] | words[1])
+    ) / 2
 
 
 def unknown_key(text: str, key: str, keys: Keys) -> KbsweepError:
@@ -95,8 +103,11 @@ def unknown_key(text: str, key: str, keys: Keys) -> KbsweepError:
     leaves = known - {k.rpartition(".")[0] for k in known}
     close = max(sorted(leaves), key=lambda real: likeness(key, real))
     close = close if likeness(key, close) >= 0.6 else None
-    where = f"did you mean '{close}{text[text.index('='):] if '=' in text else ''}'?" if close else \
-        f"the keys are conf/config.yaml's and the group schemas' of kbsweep/config/schema.py; free-form: {', '.join(sorted(keys.free))}"
+    where = (
+        f"did you mean '{close}{text[text.index('=') :] if '=' in text else ''}'?"
+        if close
+        else f"the keys are conf/config.yaml's and the group schemas' of kbsweep/config/schema.py; free-form: {', '.join(sorted(keys.free))}"
+    )
     return KbsweepError(f"override '{text}': key '{key}': kbsweep reads no such key; {where}")
 
 
@@ -108,7 +119,7 @@ def spaced_list(argv: List[str], at: int, overrides: Set[int]) -> str:
     end = at + 1 if text.endswith(",") and at + 1 in overrides and "=" not in argv[at + 1] else at
     if start == end and not text.endswith(","):
         return ""
-    return ",".join(part for part in (word.strip(",") for word in argv[start:end + 1]) if part)
+    return ",".join(part for part in (word.strip(",") for word in argv[start : end + 1]) if part)
 
 
 def check_overrides(argv: List[str], sweeps: bool = True) -> List[str]:
@@ -128,7 +139,11 @@ def check_overrides(argv: List[str], sweeps: bool = True) -> List[str]:
     folders = config_folders(argv)
     keys = known_keys()
     groups = {g for g in GROUP_SCHEMAS if any((folder / g).is_dir() for folder in folders)}
-    values = {i + 1 for i, arg in enumerate(argv) if arg in ("-cd", "--config-dir", "-cn", "--config-name", "-cp", "--config-path")}
+    values = {
+        i + 1
+        for i, arg in enumerate(argv)
+        if arg in ("-cd", "--config-dir", "-cn", "--config-name", "-cp", "--config-path")
+    }
     words = {i for i, arg in enumerate(argv) if i not in values and not arg.startswith("-")}
     out = []
     for i, text in enumerate(argv):
@@ -139,17 +154,24 @@ def check_overrides(argv: List[str], sweeps: bool = True) -> List[str]:
             [override] = OverridesParser.create().parse_overrides([text])
         except OverrideParseException as exc:
             fix = spaced_list(argv, i, words)
-            raise KbsweepError(f"override '{text}': a comma list is one word, without spaces: write '{fix}'" if fix
-                               else f"override '{text}': {str(exc).splitlines()[0]}") from None
+            raise KbsweepError(
+                f"override '{text}': a comma list is one word, without spaces: write '{fix}'"
+                if fix
+                else f"override '{text}': {str(exc).splitlines()[0]}"
+            ) from None
         key = override.key_or_group
         glob = override.value_type == ValueType.GLOB_CHOICE_SWEEP
         if override.is_sweep_override() and not sweeps:
-            raise KbsweepError(f"override '{text}': sweeps {key} over several values: add -m (one list value is written {key}=[a,b])")
+            raise KbsweepError(
+                f"override '{text}': sweeps {key} over several values: add -m (one list value is written {key}=[a,b])"
+            )
         if override.package or re.split(r"[./]", key)[0] == "hydra":
             out.append(text)
         elif override.is_interval_sweep():
-            raise KbsweepError(f"override '{text}': interval() is a continuous range, which a sweep cannot enumerate; list the values "
-                               f"(a comma list, choice(){', glob()' if key in groups else ', range()'})")
+            raise KbsweepError(
+                f"override '{text}': interval() is a continuous range, which a sweep cannot enumerate; list the values "
+                f"(a comma list, choice(){', glob()' if key in groups else ', range()'})"
+            )
         elif key in groups:
             known = sorted({p.stem for folder in folders for p in (folder / key).glob("*.yaml")})
             if glob:
@@ -157,17 +179,29 @@ def check_overrides(argv: List[str], sweeps: bool = True) -> List[str]:
                 if not matched:
                     raise KbsweepError(f"override '{text}': key '{key}': the glob matches none of {', '.join(known)}")
                 text = f"{override.get_key_element()}={','.join(matched)}"
-            for choice in [] if override.is_delete() or glob else override.sweep_string_iterator() if override.is_sweep_override() else [override.value()]:
+            for choice in (
+                []
+                if override.is_delete() or glob
+                else override.sweep_string_iterator()
+                if override.is_sweep_override()
+                else [override.value()]
+            ):
                 if not any((folder / key / f"{choice}.yaml").is_file() for folder in folders):
-                    raise KbsweepError(f"override '{text}': key '{key}': Could not find '{key}/{choice}' (one of: {', '.join(known)})")
+                    raise KbsweepError(
+                        f"override '{text}': key '{key}': Could not find '{key}/{choice}' (one of: {', '.join(known)})"
+                    )
             out.append(text)
         elif not keys.reads(key):
             raise unknown_key(text, key, keys)
         elif glob:
-            raise KbsweepError(f"override '{text}': glob() picks among a config group's files ({', '.join(sorted(groups))}), and "
-                               f"'{key}' is no group; list the values (a comma list, choice(), range())")
+            raise KbsweepError(
+                f"override '{text}': glob() picks among a config group's files ({', '.join(sorted(groups))}), and "
+                f"'{key}' is no group; list the values (a comma list, choice(), range())"
+            )
         elif override.is_delete() and key in keys.root and key not in keys.schema:
-            raise KbsweepError(f"override '{text}': key '{key}': kbsweep reads it and has no default for it; set it ({key}=...) instead")
+            raise KbsweepError(
+                f"override '{text}': key '{key}': kbsweep reads it and has no default for it; set it ({key}=...) instead"
+            )
         else:  # a key the schema or a free-form mapping has that the YAML may omit is set or added alike
             out.append(f"++{text}" if override.type == OverrideType.CHANGE and key not in keys.root else text)
     return out
@@ -196,7 +230,19 @@ def check_yaml(argv: List[str]) -> None:
                 raise broken_yaml(path, exc) from None
 
 
-VALUED_OPTIONS = {"-cd", "--config-dir", "-cn", "--config-name", "-cp", "--config-path", "-c", "--cfg", "-p", "--package", "--experimental-rerun"}
+VALUED_OPTIONS = {
+    "-cd",
+    "--config-dir",
+    "-cn",
+    "--config-name",
+    "-cp",
+    "--config-path",
+    "-c",
+    "--cfg",
+    "-p",
+    "--package",
+    "--experimental-rerun",
+}
 
 
 INFO_TOPICS = {"all", "config", "defaults", "defaults-tree", "plugins", "searchpath"}  # --info's optional value

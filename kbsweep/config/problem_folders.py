@@ -1,6 +1,7 @@
 """Where a track's problem folders are, in either of its formats: kbsweep folders under the config's problem roots,
 or a folder of KernelBench files or of GPU MODE problem folders, each materialized as a kbsweep problem folder
 (:mod:`kbsweep.config.kernelbench`, :mod:`kbsweep.config.gpumode`)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -11,14 +12,20 @@ from kbsweep.config import gpumode
 from kbsweep.config.kernelbench import kernelbench_names, materialize_all
 
 
-def find_problem_dir(roots: List[str], problems_dir: str, name: str, fmt: str = "kbsweep",
-                     kernelbench_version: Optional[str] = None) -> Path:
+def find_problem_dir(
+    roots: List[str], problems_dir: str, name: str, fmt: str = "kbsweep", kernelbench_version: Optional[str] = None
+) -> Path:
     """The folder of one problem; later roots override earlier ones."""
     return find_problem_dirs(roots, problems_dir, [name], fmt, kernelbench_version)[0]
 
 
-def find_problem_dirs(roots: List[str], problems_dir: str, names: List[str], fmt: str = "kbsweep",
-                      kernelbench_version: Optional[str] = None) -> List[Path]:
+def find_problem_dirs(
+    roots: List[str],
+    problems_dir: str,
+    names: List[str],
+    fmt: str = "kbsweep",
+    kernelbench_version: Optional[str] = None,
+) -> List[Path]:
     """The folders of ``names``, in order (KernelBench files generated together: one sizing child for all)."""
     if fmt == "kernelbench":
         return materialize_all(kernelbench_folder(roots, problems_dir), names, kernelbench_version)

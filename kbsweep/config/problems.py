@@ -1,4 +1,5 @@
 """Problems as data: a folder with problem.yaml, reference.py, prompt.md (see docs/problem-format.md)."""
+
 from __future__ import annotations
 
 import hashlib
@@ -61,7 +62,9 @@ class ProblemSpec:
     score: str = "roofline"  # roofline | speedup (speedup over the eager reference or baseline.py)
     skip_baselines: Dict[str, str] = field(default_factory=dict)  # baseline name -> why it is not timed
     kernelbench: Dict[str, Any] = field(default_factory=dict)  # {version, precision}: graded by KernelBench's eval too
-    gpumode: Dict[str, Any] = field(default_factory=dict)  # a GPU MODE problem's task.yml timing keys (kbsweep.config.gpumode)
+    gpumode: Dict[str, Any] = field(
+        default_factory=dict
+    )  # a GPU MODE problem's task.yml timing keys (kbsweep.config.gpumode)
 
 
 @dataclass
@@ -190,7 +193,12 @@ def load_problem(root: Path, track: str) -> Problem:
         raise KbsweepError(f"{root / 'problem.yaml'}: key 'shapes': at least one shape is required")
     check_held_out(spec, root / "problem.yaml")
     problem = Problem(track=track, name=root.name, root=root, spec=spec)
-    for shape in [*problem.shapes("shapes"), *problem.shapes("smoke_shapes"), *spec.held_out_shapes, *spec.held_out_smoke_shapes]:
+    for shape in [
+        *problem.shapes("shapes"),
+        *problem.shapes("smoke_shapes"),
+        *spec.held_out_shapes,
+        *spec.held_out_smoke_shapes,
+    ]:
         problem.work(shape)  # formulas must evaluate on every shape
     return problem
 
@@ -208,10 +216,14 @@ def check_held_out(spec: ProblemSpec, path: Path) -> None:
 
                 known = size_constants((path.parent / "reference.py").read_text(), least=1)
                 if not shape or set(shape) - set(known):
-                    raise KbsweepError(f"{where}: overrides {sorted(set(shape) - set(known)) or 'nothing'}: a KernelBench "
-                                       f"held-out shape overrides sizes its file assigns ({', '.join(sorted(known)) or 'none'})")
+                    raise KbsweepError(
+                        f"{where}: overrides {sorted(set(shape) - set(known)) or 'nothing'}: a KernelBench "
+                        f"held-out shape overrides sizes its file assigns ({', '.join(sorted(known)) or 'none'})"
+                    )
             elif set(shape) != set(public[0]):
-                raise KbsweepError(f"{where}: keys {sorted(shape)} differ from the {public_set}' keys {sorted(public[0])}")
+                raise KbsweepError(
+                    f"{where}: keys {sorted(shape)} differ from the {public_set}' keys {sorted(public[0])}"
+                )
             if dict(shape) in [dict(s) for s in public]:
                 raise KbsweepError(f"{where}: {dict(shape)} is also a public shape ({public_set})")
 

@@ -1,4 +1,5 @@
 """Structured schemas for every config group, and validation that names the file and key at fault."""
+
 from __future__ import annotations
 
 import math
@@ -88,7 +89,9 @@ class TrackConf:
     problems_dir: str = MISSING  # folder under a problems root
     problems: List[str] = field(default_factory=list)  # empty: every problem in the folder
     format: str = "kbsweep"  # kbsweep | kernelbench | gpumode
-    kernelbench_version: str = "0.2"  # format kernelbench: whose eval semantics grade it (kbsweep.grader.referee.kernelbench_eval)
+    kernelbench_version: str = (
+        "0.2"  # format kernelbench: whose eval semantics grade it (kbsweep.grader.referee.kernelbench_eval)
+    )
     time_cap_s: float = 10_800.0
     world_size: int = 1
     allow_shell: bool = True
@@ -96,7 +99,9 @@ class TrackConf:
     max_tokens: Optional[int] = None
     max_usd: Optional[float] = None
     grade_timeout_s: float = 1800.0
-    own_kernels: bool = True  # its problems score the candidate's own kernels: a grade whose calls launch none has no score
+    own_kernels: bool = (
+        True  # its problems score the candidate's own kernels: a grade whose calls launch none has no score
+    )
     network_allow: List[str] = field(default_factory=list)  # hosts this track's run_shell may reach, besides sandbox's
     sandbox: SandboxConf = II("sandbox")  # the root section, carried into every cell (set it there, not here)
 
@@ -133,7 +138,9 @@ class LauncherConf:
     slurm: SlurmConf = field(default_factory=SlurmConf)
     requeue_infra: int = 1
     cap_slack_s: float = 600.0  # a cell is killed at track.time_cap_s + track.grade_timeout_s + this
-    warm_workers: bool = True  # local: cells run one after another in `concurrency` long-lived workers; false: a fresh process per cell
+    warm_workers: bool = (
+        True  # local: cells run one after another in `concurrency` long-lived workers; false: a fresh process per cell
+    )
 
 
 @dataclass
@@ -147,8 +154,12 @@ class TrackingConf:
 class AuditConf:
     """The root ``audit:`` section (docs/audit.md)."""
 
-    judge: Optional[str] = None  # a model of conf/model as the LLM judge; null: the cheapest keyed model the sweep configures (scored tracks); off: none
-    runs: List[str] = field(default_factory=list)  # `kbsweep audit`: the run ids to re-audit; empty: every cell of sweep.name
+    judge: Optional[str] = (
+        None  # a model of conf/model as the LLM judge; null: the cheapest keyed model the sweep configures (scored tracks); off: none
+    )
+    runs: List[str] = field(
+        default_factory=list
+    )  # `kbsweep audit`: the run ids to re-audit; empty: every cell of sweep.name
 
 
 @dataclass
@@ -197,8 +208,14 @@ def integer(low: int, note: str = "") -> Tuple[Callable[[Any], bool], str]:
 
 
 BASELINES = ("eager", "compile", "sota", "baseline")
-PREFLIGHT_MODES = ("live", "keys", "off")  # the ``preflight`` key: the modes of kbsweep.planner.preflight, checked for every verb
-BASELINE_TIMERS = ("kernelbench",)  # timers that may time the baselines beside kbsweep's own (kbsweep.grader.referee.reference_timers.time_<name>)
+PREFLIGHT_MODES = (
+    "live",
+    "keys",
+    "off",
+)  # the ``preflight`` key: the modes of kbsweep.planner.preflight, checked for every verb
+BASELINE_TIMERS = (
+    "kernelbench",
+)  # timers that may time the baselines beside kbsweep's own (kbsweep.grader.referee.reference_timers.time_<name>)
 # what the types cannot say: (key, test, what it must be); a null value passes (optional keys)
 RULES: List[Tuple[str, Callable[[Any], bool], str]] = [
     ("repeat", *integer(0)),
@@ -208,8 +225,14 @@ RULES: List[Tuple[str, Callable[[Any], bool], str]] = [
     ("model.concurrency", *integer(1)),
     ("model.timeout_s", positive, "a number of seconds > 0"),
     ("model.retry.max_attempts", *integer(1)),
-    *((f"model.retry.{k}", at_least(0), "a number of seconds >= 0") for k in ("base_delay_s", "max_delay_s", "budget_s")),
-    *((f"model.prices.{k}", at_least(0), "USD per million tokens >= 0") for k in ("input", "output", "cache_read", "cache_write")),
+    *(
+        (f"model.retry.{k}", at_least(0), "a number of seconds >= 0")
+        for k in ("base_delay_s", "max_delay_s", "budget_s")
+    ),
+    *(
+        (f"model.prices.{k}", at_least(0), "USD per million tokens >= 0")
+        for k in ("input", "output", "cache_read", "cache_write")
+    ),
     ("gpu.device", one_of("cuda", "cpu"), "one of cuda, cpu"),
     ("gpu.shape_set", one_of("shapes", "smoke_shapes"), "one of shapes, smoke_shapes"),
     ("gpu.hourly_usd", at_least(0), "USD >= 0"),
@@ -241,11 +264,17 @@ RULES: List[Tuple[str, Callable[[Any], bool], str]] = [
     ("grade.timing.quiet_wait_s", at_least(0), "a number of seconds >= 0"),
     ("grade.timing.ci_rel", positive, "a number > 0 (null: baselines stop by the candidate's rule)"),
     ("grade.fresh_baselines", lambda v: isinstance(v, bool), "true or false"),
-    ("grade.timers", lambda v: set(v) <= set(BASELINE_TIMERS), f"a list of {', '.join(BASELINE_TIMERS)} (null: kernelbench for KernelBench problems on GPUs)"),
+    (
+        "grade.timers",
+        lambda v: set(v) <= set(BASELINE_TIMERS),
+        f"a list of {', '.join(BASELINE_TIMERS)} (null: kernelbench for KernelBench problems on GPUs)",
+    ),
 ]
 
 
-def check_rules(cfg: DictConfig, sources: Dict[str, str], registries: Iterable[Registry] = (), keys: Optional[Container[str]] = None) -> None:
+def check_rules(
+    cfg: DictConfig, sources: Dict[str, str], registries: Iterable[Registry] = (), keys: Optional[Container[str]] = None
+) -> None:
     """Every :data:`RULES` key (of ``keys`` when given) holds a value in range, and every registry's key a
     registered name, else a KbsweepError naming the file and key."""
     names = [(r.key, one_of(*r), f"one of {r.choices()}") for r in registries]
@@ -264,7 +293,9 @@ def error_line(exc: OmegaConfBaseException) -> tuple:
     return key, str(exc).splitlines()[0]
 
 
-def validate(cfg: DictConfig, sources: Optional[Dict[str, str]] = None, registries: Iterable[Registry] = ()) -> DictConfig:
+def validate(
+    cfg: DictConfig, sources: Optional[Dict[str, str]] = None, registries: Iterable[Registry] = ()
+) -> DictConfig:
     """Merge each group onto its schema, then resolve everything; raise KbsweepError naming the file and key.
 
     ``sources`` maps a group to the YAML file it came from (for the message). ``registries`` are the registries
@@ -305,7 +336,9 @@ def group_source(hydra_cfg: Any, group: str, choice: str) -> str:
     return f"{group}/{choice}.yaml"
 
 
-KEY_LINE = re.compile(r"^( *)\s*([^\s#:\-\[\]{},][^:#]*?)\s*:(\s|$)")  # `  key: ...`, not a list item's `- ...`; a tab indents nothing
+KEY_LINE = re.compile(
+    r"^( *)\s*([^\s#:\-\[\]{},][^:#]*?)\s*:(\s|$)"
+)  # `  key: ...`, not a list item's `- ...`; a tab indents nothing
 
 
 def key_above(text: str, line: int) -> str:
@@ -358,5 +391,9 @@ def load_gpu(name: str, conf_dir: Path = REPO_ROOT / "conf") -> GpuSpec:
     if not path.is_file():
         raise KbsweepError(f"no gpu '{name}' ({path})")
     loaded = load_yaml(path, GpuSpec)
-    check_rules(OmegaConf.create({"gpu": loaded}), {"gpu": str(path)}, keys={key for key, _, _ in RULES if key.startswith("gpu.")})
+    check_rules(
+        OmegaConf.create({"gpu": loaded}),
+        {"gpu": str(path)},
+        keys={key for key, _, _ in RULES if key.startswith("gpu.")},
+    )
     return GpuSpec(**loaded)

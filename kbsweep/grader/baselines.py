@@ -6,6 +6,7 @@ another has stored), and seeds recorded on a card and shipped with a checkout (`
 :func:`load_seed`, written by ``scripts/store_baselines.py``). A record is served only to a grade whose key
 (:func:`key_of`) is the record's exactly; the grade says which record each baseline came from (:func:`settle`).
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -46,7 +47,15 @@ def conditions(env: Dict[str, Any]) -> Dict[str, str]:
     }
 
 
-def key_of(problem: str, deck: str, gpu: str, conds: Dict[str, str], shape: Dict[str, Any], name: str, compile_mode: Optional[str] = None) -> str:
+def key_of(
+    problem: str,
+    deck: str,
+    gpu: str,
+    conds: Dict[str, str],
+    shape: Dict[str, Any],
+    name: str,
+    compile_mode: Optional[str] = None,
+) -> str:
     """The key of one baseline timing: everything that changes it (``deck``: the hash of the code baselines run;
     ``compile_mode`` for the compile baseline only)."""
     shape_text = ",".join(f"{k}={shape[k]}" for k in sorted(shape))
@@ -55,7 +64,15 @@ def key_of(problem: str, deck: str, gpu: str, conds: Dict[str, str], shape: Dict
     return f"{problem}|{deck}|{gpu}|{software}|{shape_text}|{name}{mode}"
 
 
-def entry_key(problem: str, deck: str, gpu: str, env: Dict[str, Any], shape: Dict[str, Any], name: str, compile_mode: Optional[str] = None) -> str:
+def entry_key(
+    problem: str,
+    deck: str,
+    gpu: str,
+    env: Dict[str, Any],
+    shape: Dict[str, Any],
+    name: str,
+    compile_mode: Optional[str] = None,
+) -> str:
     """:func:`key_of` under the conditions of a grade's ``env`` record."""
     return key_of(problem, deck, gpu, conditions(env), shape, name, compile_mode)
 
@@ -83,7 +100,15 @@ def load_seed(path: Path, gpu: str) -> Tuple[Dict[str, Dict[str, Any]], List[str
         if why:
             refused.append(f"{path}: record {index}: {why}")
             continue
-        key = key_of(record["problem"], record["deck"], gpu, record["conditions"], record["shape"], record["baseline"], record.get("compile_mode"))
+        key = key_of(
+            record["problem"],
+            record["deck"],
+            gpu,
+            record["conditions"],
+            record["shape"],
+            record["baseline"],
+            record.get("compile_mode"),
+        )
         entries[key] = {**record["timing"], "conditions": dict(record["conditions"]), "of": of(record, gpu)}
     return entries, refused
 
@@ -110,8 +135,14 @@ def seed_fault(record: Any, gpu: str) -> Optional[str]:
 def of(parts: Dict[str, Any], gpu: str) -> Dict[str, Any]:
     """What a record is the timing of (its key's parts but the conditions), kept with it so a cache file converts to
     seed records (``scripts/store_baselines.py``)."""
-    return {"problem": parts["problem"], "deck": parts["deck"], "gpu": gpu, "shape": dict(parts["shape"]), "baseline": parts["baseline"],
-            "compile_mode": parts.get("compile_mode") if parts["baseline"] == "compile" else None}
+    return {
+        "problem": parts["problem"],
+        "deck": parts["deck"],
+        "gpu": gpu,
+        "shape": dict(parts["shape"]),
+        "baseline": parts["baseline"],
+        "compile_mode": parts.get("compile_mode") if parts["baseline"] == "compile" else None,
+    }
 
 
 class BaselineCache:
@@ -183,8 +214,14 @@ class BaselineCache:
         self.refresh()
 
 
-def settle(timings: List[Dict[str, Any]], keys: Dict[str, List[str]], cache: Optional[BaselineCache], host_env: Dict[str, Any],
-           compile_mode: Optional[str], parts: Dict[str, Any]) -> None:
+def settle(
+    timings: List[Dict[str, Any]],
+    keys: Dict[str, List[str]],
+    cache: Optional[BaselineCache],
+    host_env: Dict[str, Any],
+    compile_mode: Optional[str],
+    parts: Dict[str, Any],
+) -> None:
     """Baselines the referee timed go into the cache; the ones it did not time come from it or a seed. Every served
     baseline says which record it is (``record``: its key, ``timed``, ``cache`` or ``seed``, and the file).
     ``parts``: the problem, deck, GPU config and shapes (as keyed) of the keys (:func:`of`)."""
@@ -195,14 +232,28 @@ def settle(timings: List[Dict[str, Any]], keys: Dict[str, List[str]], cache: Opt
             if name in entry["baselines"]:
                 timed = entry["baselines"][name]
                 if timed and "median_ms" in timed:
-                    stored = {**timed, "conditions": conditions(host_env), **({"compile_mode": compile_mode} if name == "compile" else {}),
-                              "of": of({**parts, "shape": parts["shapes"][index], "baseline": name, "compile_mode": compile_mode}, parts["gpu"])}
+                    stored = {
+                        **timed,
+                        "conditions": conditions(host_env),
+                        **({"compile_mode": compile_mode} if name == "compile" else {}),
+                        "of": of(
+                            {**parts, "shape": parts["shapes"][index], "baseline": name, "compile_mode": compile_mode},
+                            parts["gpu"],
+                        ),
+                    }
                     fresh[key] = stored
-                    entry["baselines"][name] = {**stored, "record": {"key": key, "source": "timed", "file": str(cache.path) if cache else None}}
-                elif not (timed or {}).get("retry"):  # an error, a skip or an absent SOTA is kept too (a budget skip is timed later)
+                    entry["baselines"][name] = {
+                        **stored,
+                        "record": {"key": key, "source": "timed", "file": str(cache.path) if cache else None},
+                    }
+                elif not (timed or {}).get(
+                    "retry"
+                ):  # an error, a skip or an absent SOTA is kept too (a budget skip is timed later)
                     fresh[key] = {**(timed or {}), "conditions": conditions(host_env)}
             elif cache is not None:
                 found = cache.lookup(key)
-                entry["baselines"][name] = {**found[0], "record": {"key": key, "source": found[1], "file": found[2]}} if found else None
+                entry["baselines"][name] = (
+                    {**found[0], "record": {"key": key, "source": found[1], "file": found[2]}} if found else None
+                )
     if cache is not None:
         cache.store(fresh)

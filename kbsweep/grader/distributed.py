@@ -27,6 +27,7 @@ its torchrun stop the other referee ranks; the parent then ends the runner ranks
 (the cause, not a peer's broken connection). On success referee rank 0 gathers every rank's findings and evidence
 and writes the one message. Results live in a folder the runner ranks never see.
 """
+
 from __future__ import annotations
 
 import json
@@ -116,7 +117,11 @@ def score_multi(worker: Dict[str, Any], spec: Any, roofline: Dict[str, Any], wor
         shape.fraction = max(known) if known else None
         if shape.comm_fraction is not None and shape.comm_fraction > ceiling:
             scored["findings"].append(
-                {"kind": "physics_violation", "shape": entry["shape"], "detail": f"comm_fraction={shape.comm_fraction:.3f} > {ceiling:.3f}"}
+                {
+                    "kind": "physics_violation",
+                    "shape": entry["shape"],
+                    "detail": f"comm_fraction={shape.comm_fraction:.3f} > {ceiling:.3f}",
+                }
             )
     fractions = [s.fraction for s in scored["shapes"]]
     if spec.score == "roofline" and fractions and None not in fractions:
@@ -143,7 +148,9 @@ def rank_exits(stderr: Path) -> Dict[int, str]:
 
 def crashed(exits: Dict[int, str]) -> Dict[int, str]:
     """Ranks killed by a signal other than the SIGTERM/SIGKILL of a teardown (a segfault, an abort, ...)."""
-    return {rank: line for rank, line in exits.items() if re.search(r": -\d+", line) and not re.search(r": -(9|15)\b", line)}
+    return {
+        rank: line for rank, line in exits.items() if re.search(r": -\d+", line) and not re.search(r": -(9|15)\b", line)
+    }
 
 
 def rank_over(procs: Sequence[Any], memory_mib: float) -> Optional[str]:
@@ -206,7 +213,9 @@ def supervise_ranks(request: RefereeRequest, how: Supervision) -> Dict[str, Any]
     world, workdir = request.world_size, Path(request.workdir)
     private = Path(tempfile.mkdtemp(prefix="kbsweep-referee-"))  # mode 0700: the request (secret seed) and the results
     rendezvous = Path(tempfile.mkdtemp(prefix="kbsweep-ranks-"))  # only the referee ranks' sockets
-    token = secrets.token_hex(16)  # a process that can reach the sockets but was not started by this grade cannot pose as a rank
+    token = secrets.token_hex(
+        16
+    )  # a process that can reach the sockets but was not started by this grade cannot pose as a rank
     request_path = private / "request.json"
     request_path.write_text(json.dumps({**request.to_json(), "token": token, "rendezvous": str(rendezvous)}))
     # the host's communication-library settings reach the ranks whatever the grade's environment keeps
@@ -215,14 +224,41 @@ def supervise_ranks(request: RefereeRequest, how: Supervision) -> Dict[str, Any]
     if sandbox.confined:  # its network namespace has loopback only: the host's interface names mean nothing there
         comm.update(GLOO_SOCKET_IFNAME="lo", NCCL_SOCKET_IFNAME="lo")
     ranks_env = {**runner_env(env), **comm, "KBSWEEP_RANK_TOKEN": token}
-    runner_command = [*launcher(world), "--no-python", sys.executable, "-I", "-B", "-c", RUNNER_BOOT.format(root=str(REPO_ROOT)),
-                      "ranks", str(rendezvous)]
+    runner_command = [
+        *launcher(world),
+        "--no-python",
+        sys.executable,
+        "-I",
+        "-B",
+        "-c",
+        RUNNER_BOOT.format(root=str(REPO_ROOT)),
+        "ranks",
+        str(rendezvous),
+    ]
     try:
-        referee = spawn_torchrun(torchrun_command(world, __name__, [request_path]), log_dir=log_dir, name="referee", cwd=private,
-                                 env={**env, **comm}, sandbox=sandbox, writable=[private, rendezvous], readonly=how.readonly)
-        runner = spawn_torchrun(runner_command, log_dir=log_dir, name="torchrun", cwd=workdir, env=ranks_env, sandbox=sandbox,
-                                writable=[workdir], readonly=[REPO_ROOT / "kbsweep", rendezvous])
-        breach = watch_ranks(referee, runner, how.timeout_s, how.memory_mib, sandbox.policy.disk_mib, [workdir, log_dir])
+        referee = spawn_torchrun(
+            torchrun_command(world, __name__, [request_path]),
+            log_dir=log_dir,
+            name="referee",
+            cwd=private,
+            env={**env, **comm},
+            sandbox=sandbox,
+            writable=[private, rendezvous],
+            readonly=how.readonly,
+        )
+        runner = spawn_torchrun(
+            runner_command,
+            log_dir=log_dir,
+            name="torchrun",
+            cwd=workdir,
+            env=ranks_env,
+            sandbox=sandbox,
+            writable=[workdir],
+            readonly=[REPO_ROOT / "kbsweep", rendezvous],
+        )
+        breach = watch_ranks(
+            referee, runner, how.timeout_s, how.memory_mib, sandbox.policy.disk_mib, [workdir, log_dir]
+        )
         messages = [json.loads(path.read_text()) for path in sorted(private.glob("rank*.json"))]
     finally:
         shutil.rmtree(private, ignore_errors=True)
@@ -233,7 +269,11 @@ def supervise_ranks(request: RefereeRequest, how: Supervision) -> Dict[str, Any]
         return {"ok": False, "outcome": Outcome.GRADE_OOM, "message": breach[1]}
     if crashed(exits):  # a runner rank killed by a signal is the cause; its peers and referee only saw a broken line
         rank = min(crashed(exits))
-        return {"ok": False, "outcome": Outcome.RUNTIME_ERROR, "message": f"rank {rank}: the candidate's process died ({exits[rank]})"}
+        return {
+            "ok": False,
+            "outcome": Outcome.RUNTIME_ERROR,
+            "message": f"rank {rank}: the candidate's process died ({exits[rank]})",
+        }
     if failures:
         message = failures[0]  # the earliest: the cause, not a peer's broken connection
         if not re.search(r"\brank \d+:", message["message"]):
@@ -245,8 +285,11 @@ def supervise_ranks(request: RefereeRequest, how: Supervision) -> Dict[str, Any]
         done = [m for m in messages if m["ok"] and m["rank"] == 0]
         if not done:  # the candidate's processes failing show in a referee rank's message: this is the harness's
             detail = "; ".join(f"runner rank {rank}: {line}" for rank, line in sorted(exits.items()))
-            return {"ok": False, "outcome": Outcome.HARNESS_ERROR,
-                    "message": f"the referee ranks ended without a result (torchrun exit code {referee.returncode}{'; ' + detail if detail else ''})"}
+            return {
+                "ok": False,
+                "outcome": Outcome.HARNESS_ERROR,
+                "message": f"the referee ranks ended without a result (torchrun exit code {referee.returncode}{'; ' + detail if detail else ''})",
+            }
         message = done[0]
     for key in ("rank", "at"):
         message.pop(key, None)
@@ -287,8 +330,12 @@ class RankReferee(Referee):
 
     def agreed_batch(self, shape_: Dict[str, float]) -> Dict[str, float]:
         shapes = self.gather(shape_)
-        return {**shape_, "per_batch": min(s["per_batch"] for s in shapes), "spin_us": max(s["spin_us"] for s in shapes),
-                "warm_calls": max(s.get("warm_calls", 0) for s in shapes)}
+        return {
+            **shape_,
+            "per_batch": min(s["per_batch"] for s in shapes),
+            "spin_us": max(s["spin_us"] for s in shapes),
+            "warm_calls": max(s.get("warm_calls", 0) for s in shapes),
+        }
 
     def replays(self, mode: str, kernelbench: bool = False) -> bool:
         """Never across ranks: a rank whose capture failed would strand its peers in a captured collective."""
@@ -341,8 +388,10 @@ class RankReferee(Referee):
         any candidate call."""
         super().collect_evidence(timings, complete)
         probe = self.evidence.get("probe") or {}
-        gate = {"collectives": sorted(name for name in probe.get("comm_ops", {}) if COLLECTIVE_OP.match(name)),
-                "nccl_kernels": sorted(name for name in probe.get("gpu_kernels", []) if NCCL_KERNEL.search(name))}
+        gate = {
+            "collectives": sorted(name for name in probe.get("comm_ops", {}) if COLLECTIVE_OP.match(name)),
+            "nccl_kernels": sorted(name for name in probe.get("gpu_kernels", []) if NCCL_KERNEL.search(name)),
+        }
         self.evidence["communication"] = gate
         for kind, names in (("c10d_collective", gate["collectives"]), ("nccl_kernel", gate["nccl_kernels"])):
             if names and not any(f["kind"] == kind for f in self.findings):
@@ -351,12 +400,18 @@ class RankReferee(Referee):
     def run(self) -> Optional[Dict[str, Any]]:
         """The referee's grade on every rank; rank 0 returns it with every rank's findings (tagged) and evidence."""
         result = super().run()
-        ranks = self.gather({"findings": self.findings, "evidence": self.evidence, "worst": result["correctness"]["worst"]})
+        ranks = self.gather(
+            {"findings": self.findings, "evidence": self.evidence, "worst": result["correctness"]["worst"]}
+        )
         if self.rank != 0:
             return None
         result["findings"] = [{**f, "rank": r} for r, part in enumerate(ranks) for f in part["findings"]]
         # rank 0's evidence where a single-process grade keeps it (the audit reads it there), the others beside it
-        result["evidence"] = {**self.evidence, "world_size": self.world, "other_ranks": [part["evidence"] for part in ranks[1:]]}
+        result["evidence"] = {
+            **self.evidence,
+            "world_size": self.world,
+            "other_ranks": [part["evidence"] for part in ranks[1:]],
+        }
         worst = result["correctness"]["worst"]
         result["correctness"].update(world_size=self.world, worst={k: max(p["worst"][k] for p in ranks) for k in worst})
         return result
@@ -377,7 +432,12 @@ def main() -> None:
         runner = accept_rank(listener, token, rank, ACCEPT_TIMEOUT_S)
         message = referee_message(request, runner, lambda req, channel: RankReferee(req, channel, rank, world, control))
     except ChannelError as exc:
-        message = {"ok": False, "outcome": Outcome.HARNESS_ERROR, "message": f"the candidate's process never dialled in ({exc})", "at": time.time()}
+        message = {
+            "ok": False,
+            "outcome": Outcome.HARNESS_ERROR,
+            "message": f"the candidate's process never dialled in ({exc})",
+            "at": time.time(),
+        }
     if rank == 0 or not message["ok"]:
         partial = request_path.with_name(f".rank{rank}.json")
         partial.write_text(json.dumps({**message, "rank": rank}, default=str))

@@ -7,6 +7,7 @@ access is a classified outcome, never an exception. The grading process runs in 
 kbsweep's package, the problem's files (not its solutions) and Python read-only, its candidate folder writable,
 and starts from a minimal environment. ``from kbsweep.grader import grade`` reaches it (the package forwards it).
 """
+
 from __future__ import annotations
 
 import functools
@@ -63,8 +64,15 @@ def torch_cuda() -> str:
     spec = importlib.util.find_spec("torch")
     try:
         tree = ast.parse(Path(spec.origin).with_name("version.py").read_text())
-        return next(str(ast.literal_eval(node.value)) for node in tree.body if isinstance(node, (ast.Assign, ast.AnnAssign))
-                    and any(getattr(t, "id", None) == "cuda" for t in (node.targets if isinstance(node, ast.Assign) else [node.target])))
+        return next(
+            str(ast.literal_eval(node.value))
+            for node in tree.body
+            if isinstance(node, (ast.Assign, ast.AnnAssign))
+            and any(
+                getattr(t, "id", None) == "cuda"
+                for t in (node.targets if isinstance(node, ast.Assign) else [node.target])
+            )
+        )
     except (AttributeError, OSError, SyntaxError, ValueError, StopIteration):  # a torch laid out otherwise
         import torch
 
@@ -81,12 +89,24 @@ def launch_gate(timings: List[Dict[str, Any]]) -> Tuple[List[Dict[str, Any]], Li
     for entry in timings:
         profile = entry.get("profile")
         if profile is None:
-            findings.append({"kind": "launch_count_unverified", "shape": entry["shape"], "detail": "no GPU profile (CPU grade)"})
+            findings.append(
+                {"kind": "launch_count_unverified", "shape": entry["shape"], "detail": "no GPU profile (CPU grade)"}
+            )
             continue
         launches, kernels = profile.get("median_launches", profile["launches_per_call"]), profile["kernels"]
-        evidence.append({"shape": entry["shape"], "launches": launches, "mean_launches": profile["launches_per_call"], "kernels": kernels, "passed": launches == 1})
+        evidence.append(
+            {
+                "shape": entry["shape"],
+                "launches": launches,
+                "mean_launches": profile["launches_per_call"],
+                "kernels": kernels,
+                "passed": launches == 1,
+            }
+        )
         if launches != 1:
-            findings.append({"kind": "launch_count_gate", "shape": entry["shape"], "launches": launches, "kernels": kernels})
+            findings.append(
+                {"kind": "launch_count_gate", "shape": entry["shape"], "launches": launches, "kernels": kernels}
+            )
     return evidence, findings
 
 
@@ -105,7 +125,9 @@ def grade(request: GradeRequest) -> GradeResult:
     work = (lambda shape: distributed.multi_work(problem, shape, world_size)) if multi else problem.work
     started = time.time()  # start-up (warm zygotes or not) counts in grade_s and startup_s
     original = Path(request.solution).resolve()
-    log_dir = Path(request.log_dir or tempfile.mkdtemp(prefix="kbsweep-grade-")).resolve()  # the zygotes fork in other folders
+    log_dir = Path(
+        request.log_dir or tempfile.mkdtemp(prefix="kbsweep-grade-")
+    ).resolve()  # the zygotes fork in other folders
     device = gpu.device
     env = grading_env(request.hide_env, device)
     confined = Sandbox(request.sandbox or SandboxPolicy(), gpu=device == "cuda")
@@ -117,15 +139,25 @@ def grade(request: GradeRequest) -> GradeResult:
     deck_version = request.deck_version or problem.deck_hash()
     found = gpus.list_gpus()
     # graded_on: the GPUs the grade's processes see (device_lock pins them), what ran it beside gpu.name's nvml_names
-    host_env = {**software_versions(), "host": platform.node(), "gpus": found, "graded_on": gpus.pool_devices(found) if device == "cuda" else []}
+    host_env = {
+        **software_versions(),
+        "host": platform.node(),
+        "gpus": found,
+        "graded_on": gpus.pool_devices(found) if device == "cuda" else [],
+    }
     held_out = [dict(shape) for shape in request.held_out_shapes]  # mode full only (GradeRequest.of)
     shapes = problem.shapes(gpu.shape_set)
     if request.mode == "profile":  # one public shape: the first of the set a check or benchmark grades
         shapes = shapes[:1]
     shapes = shapes + held_out  # graded alike; told apart only here, in the orchestrator
-    keyed = [{**shape, "world": world_size} for shape in shapes] if multi else shapes  # a world size has its own baselines
+    keyed = (
+        [{**shape, "world": world_size} for shape in shapes] if multi else shapes
+    )  # a world size has its own baselines
     deck = problem.code_hash()
-    keys = {name: [entry_key(problem.id, deck, gpu.name, host_env, shape, name, request.compile_mode) for shape in keyed] for name in request.baselines}
+    keys = {
+        name: [entry_key(problem.id, deck, gpu.name, host_env, shape, name, request.compile_mode) for shape in keyed]
+        for name in request.baselines
+    }
     parts = {"problem": problem.id, "deck": deck, "gpu": gpu.name, "shapes": keyed}  # what each key is the timing of
     timers = request.timers
     if timers is None:
@@ -135,8 +167,12 @@ def grade(request: GradeRequest) -> GradeResult:
         raise KbsweepError(f"timers: unknown timer {', '.join(unknown)} (known: {', '.join(BASELINE_TIMERS)})")
     to_time = cache.missing(keys) if cache else list(keys)
     if cache and timers:  # a stored baseline timed without a timer asked for now is timed again
-        to_time += [name for name in keys if name not in to_time and not all(
-            set(timers) <= set((cache.get(k) or {}).get("timers") or {}) for k in keys[name])]
+        to_time += [
+            name
+            for name in keys
+            if name not in to_time
+            and not all(set(timers) <= set((cache.get(k) or {}).get("timers") or {}) for k in keys[name])
+        ]
     referee_request = RefereeRequest(
         spec=asdict_spec(problem.spec),
         reference=str(problem.grader_reference.resolve()),
@@ -160,8 +196,20 @@ def grade(request: GradeRequest) -> GradeResult:
         message = distributed.supervise_ranks(referee_request, how)
     else:
         message = processes.supervise(referee_request, how, warm)
-    result = GradeResult(problem.id, deck_version, str(original), request.mode, gpu.name, device, gpu.shape_set, world_size,
-                         time.time() - started, request.timeout_s, host_env, Outcome(message["outcome"]) if not message.get("ok") else Outcome.PASS)
+    result = GradeResult(
+        problem.id,
+        deck_version,
+        str(original),
+        request.mode,
+        gpu.name,
+        device,
+        gpu.shape_set,
+        world_size,
+        time.time() - started,
+        request.timeout_s,
+        host_env,
+        Outcome(message["outcome"]) if not message.get("ok") else Outcome.PASS,
+    )
     if not message.get("ok"):
         result.message, result.stage = message["message"], message.get("stage")
         result.findings = message.get("findings", []) + ([{"kind": "forged_result"}] if message.get("forged") else [])
@@ -169,8 +217,12 @@ def grade(request: GradeRequest) -> GradeResult:
         kernelbench = message.get("kernelbench")
         if kernelbench and "median_ms" in (kernelbench.get("candidate_timing") or {}).get("candidate", {}):
             settle([kernelbench["candidate_timing"]], keys, cache, host_env, request.compile_mode, parts)
-            timed = kernelbench["candidate_timing"]  # no speedup where the referee's clock did not corroborate the figures
-            kernelbench["speedup"] = {} if any(f["kind"] == "time_disagreement" for f in timed["findings"]) else shape_speedups(timed)
+            timed = kernelbench[
+                "candidate_timing"
+            ]  # no speedup where the referee's clock did not corroborate the figures
+            kernelbench["speedup"] = (
+                {} if any(f["kind"] == "time_disagreement" for f in timed["findings"]) else shape_speedups(timed)
+            )
         return with_verdicts(result, kernelbench)
     worker = message["result"]
     for entry in worker["timings"]:
@@ -183,7 +235,9 @@ def grade(request: GradeRequest) -> GradeResult:
     if problem.spec.constraints.get("single_kernel") and worker["timings"]:
         worker["evidence"]["launch_gate"], gate_findings = launch_gate(worker["timings"])
         worker["findings"] += gate_findings
-    result.startup_s = float(worker.get("started_at") or started) - started  # staging, both processes up, the runner's handshake
+    result.startup_s = (
+        float(worker.get("started_at") or started) - started
+    )  # staging, both processes up, the runner's handshake
     result.correctness, result.timings, result.evidence = worker["correctness"], worker["timings"], worker["evidence"]
     result.findings = worker["findings"] + scored["findings"]
     result.score, result.basis = scored["score"], scored.get("basis")
@@ -194,12 +248,22 @@ def grade(request: GradeRequest) -> GradeResult:
         result.score = None
     if request.mode == "profile":  # a look for the agent, never a score
         result.score = None
-        result.profile = profile_summary.summary(result, worker.get("profile"), request.roofline, problem.spec.regime,
-                                                 ncu.speed_of_light(request, shapes[0], original, confined, env, view))
+        result.profile = profile_summary.summary(
+            result,
+            worker.get("profile"),
+            request.roofline,
+            problem.spec.regime,
+            ncu.speed_of_light(request, shapes[0], original, confined, env, view),
+        )
     if held_out and result.score is not None:  # the same scorer over each part: what the agent saw, what it never did
         result.score_public, result.score_held_out = (
-            scorer({**worker, "timings": [e for e in worker["timings"] if e.get("held_out", False) is part]}, problem.spec, request.roofline)["score"]
-            for part in (False, True))
+            scorer(
+                {**worker, "timings": [e for e in worker["timings"] if e.get("held_out", False) is part]},
+                problem.spec,
+                request.roofline,
+            )["score"]
+            for part in (False, True)
+        )
     kernelbench = worker.get("kernelbench")
     if kernelbench is not None and result.score is not None:  # KernelBench's speedup of a pass is kbsweep's
         kernelbench["speedup"] = result.speedup
@@ -212,10 +276,19 @@ def with_verdicts(result: GradeResult, kernelbench: Optional[Dict[str, Any]]) ->
     each baseline's time by KernelBench's timer beside kbsweep's figure, where both timed it."""
     if kernelbench is not None:
         baselines = (result.timings or [{}])[0].get("baselines") or {}
-        timed = {name: {"kbsweep_median_ms": entry["median_ms"], "kernelbench": entry["timers"]["kernelbench"]}
-                 for name, entry in baselines.items() if "kernelbench" in ((entry or {}).get("timers") or {})}
+        timed = {
+            name: {"kbsweep_median_ms": entry["median_ms"], "kernelbench": entry["timers"]["kernelbench"]}
+            for name, entry in baselines.items()
+            if "kernelbench" in ((entry or {}).get("timers") or {})
+        }
         if timed:
             kernelbench = {**kernelbench, "timing": timed}
-        verdict = "correct" if kernelbench["correctness"] else Outcome.INCORRECT.value if kernelbench["compiled"] else Outcome.COMPILE_ERROR.value
+        verdict = (
+            "correct"
+            if kernelbench["correctness"]
+            else Outcome.INCORRECT.value
+            if kernelbench["compiled"]
+            else Outcome.COMPILE_ERROR.value
+        )
         result.kernelbench, result.verdicts = kernelbench, {"kernelbench": verdict, "kbsweep": result.outcome.value}
     return result

@@ -4,6 +4,7 @@ A GPU's lock is an ``flock`` on ``$KBSWEEP_LOCK_DIR/gpu-<uuid>.lock`` (default `
 the device's UUID, so two sweeps that number GPUs differently still exclude each other, and a holder that dies,
 however it dies, releases it.
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -57,7 +58,9 @@ def device_lock(device: str, count: int = 1) -> Iterator[List[str]]:
         return
     pool = gpus.visible_gpus()
     if count > len(pool):
-        raise KbsweepError(f"a grade needs {count} GPU(s) but this process may use {len(pool)} ({[g['visible'] for g in pool]})")
+        raise KbsweepError(
+            f"a grade needs {count} GPU(s) but this process may use {len(pool)} ({[g['visible'] for g in pool]})"
+        )
     held = try_take(pool, count)
     while not held:
         time.sleep(POLL_S)

@@ -4,6 +4,7 @@ occupancy of the top kernels of one call of the candidate on the profiled shape,
 Optional: where ``ncu`` is not on PATH (or the grade is on CPU) it is one line saying so. ncu runs the candidate in
 the runner's sandbox (:mod:`kbsweep.grader.runner.ncu_driver`), its figures the candidate process's, unscored.
 """
+
 from __future__ import annotations
 
 import csv
@@ -34,8 +35,9 @@ METRICS = {  # ncu's metric -> the column shown
 BOOT = "import sys; sys.path.append({root!r}); from kbsweep.grader.runner.ncu_driver import main; main(*sys.argv[-3:])"
 
 
-def speed_of_light(request: Any, shape: Dict[str, Any], original: Path, sandbox: Sandbox, env: Dict[str, str],
-                   view: Sequence[Path]) -> List[str]:
+def speed_of_light(
+    request: Any, shape: Dict[str, Any], original: Path, sandbox: Sandbox, env: Dict[str, str], view: Sequence[Path]
+) -> List[str]:
     """The lines of Nsight Compute's view of the candidate file ``original`` on ``shape`` under ``request``, or the
     one line saying why there are none. It runs from a folder of its own (the grade's runner has emptied its own)."""
     if request.gpu.device != "cuda":
@@ -50,13 +52,43 @@ def speed_of_light(request: Any, shape: Dict[str, Any], original: Path, sandbox:
         if sandbox.confined and is_root():
             give([folder], sandbox_uid())
         # --clock-control none: the GPU's clocks as the timed grades run them (ncu would lock them to base otherwise)
-        command = [str(ncu), "--csv", "--page", "raw", "--print-units", "base", "--clock-control", "none", "--profile-from-start", "off",
-                   "--target-processes", "all", "--launch-count", "50",
-                   "--metrics", ",".join(METRICS), sys.executable, "-I", "-B", "-c", BOOT.format(root=str(REPO_ROOT)),
-                   str(folder), str(request.problem.grader_reference.resolve()), json.dumps(shape)]
+        command = [
+            str(ncu),
+            "--csv",
+            "--page",
+            "raw",
+            "--print-units",
+            "base",
+            "--clock-control",
+            "none",
+            "--profile-from-start",
+            "off",
+            "--target-processes",
+            "all",
+            "--launch-count",
+            "50",
+            "--metrics",
+            ",".join(METRICS),
+            sys.executable,
+            "-I",
+            "-B",
+            "-c",
+            BOOT.format(root=str(REPO_ROOT)),
+            str(folder),
+            str(request.problem.grader_reference.resolve()),
+            json.dumps(shape),
+        ]
         # the candidate prints into ``log`` too: read back bounded, ncu's CSV at its end
-        proc = sandbox.popen(command, cwd=str(folder), env=runner_env(env), writable=[(folder, str(folder))],
-                             readonly=[*view, ncu.parent], stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+        proc = sandbox.popen(
+            command,
+            cwd=str(folder),
+            env=runner_env(env),
+            writable=[(folder, str(folder))],
+            readonly=[*view, ncu.parent],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
         try:
             proc.wait(timeout=limit_s)
         except subprocess.TimeoutExpired:
@@ -86,6 +118,7 @@ def parse(out: str) -> List[Dict[str, str]]:
 
 def table(rows: List[Dict[str, str]]) -> List[str]:
     """Per kernel name, the means of its launches; the :data:`TOP` of most time."""
+
     def number(value: str) -> float:
         try:
             return float(str(value).replace(",", ""))
@@ -97,8 +130,10 @@ def table(rows: List[Dict[str, str]]) -> List[str]:
         by_name.setdefault(row["Kernel Name"], []).append([number(row.get(metric, "")) for metric in METRICS])
     means = {name: [sum(col) / len(col) for col in zip(*values)] for name, values in by_name.items()}
     ranked = sorted(means.items(), key=lambda item: -item[1][0] * len(by_name[item[0]]))[:TOP]
-    lines = [f"ncu (Nsight Compute, one call, the candidate's process): {len(rows)} launches, top {len(ranked)} kernels",
-             "  " + " ".join(f"{label:>11}" for label in METRICS.values()) + "  kernel"]
+    lines = [
+        f"ncu (Nsight Compute, one call, the candidate's process): {len(rows)} launches, top {len(ranked)} kernels",
+        "  " + " ".join(f"{label:>11}" for label in METRICS.values()) + "  kernel",
+    ]
     for name, values in ranked:
         lines.append("  " + " ".join(f"{value:11.4g}" for value in values) + f"  {short(name)}")
     return lines

@@ -1,6 +1,7 @@
 """The processes of a single-process grade: the trusted referee and the candidate's runner, each in its own sandbox,
 forked by warm zygotes or spawned cold, joined by a socket pair, watched for time, memory and disk; and their
 environments. (A multi-rank grade's: :mod:`kbsweep.grader.distributed`.)"""
+
 from __future__ import annotations
 
 import json
@@ -54,30 +55,71 @@ def supervise(request: RefereeRequest, how: Supervision, warm: Optional[zygotes.
     read_fd, write_fd = os.pipe()
     referee_end, runner_end = socket.socketpair()
     proc_fd = os.open("/proc", os.O_RDONLY | os.O_DIRECTORY)  # the host's: the referee reads the runner's threads there
-    with open(log_dir / "grade_stdout.log", "wb") as out, open(log_dir / "grade_stderr.log", "wb") as err, \
-            open(log_dir / "referee.log", "wb") as referee_log, open(os.devnull, "rb") as null:
+    with (
+        open(log_dir / "grade_stdout.log", "wb") as out,
+        open(log_dir / "grade_stderr.log", "wb") as err,
+        open(log_dir / "referee.log", "wb") as referee_log,
+        open(os.devnull, "rb") as null,
+    ):
         if warm is not None:
             judge = zygotes.take("referee", sandbox, env, readonly, warm.home.parent)
-            runner = warm.fork(workdir, ["fd:channel"], {"stdin": null.fileno(), "stdout": out.fileno(), "stderr": err.fileno(),
-                                                          "channel": runner_end.fileno()})
+            runner = warm.fork(
+                workdir,
+                ["fd:channel"],
+                {
+                    "stdin": null.fileno(),
+                    "stdout": out.fileno(),
+                    "stderr": err.fileno(),
+                    "channel": runner_end.fileno(),
+                },
+            )
             request_in, request_out = os.pipe()
-            referee = judge.fork(judge.home, ["fd:result", "fd:channel", "fd:proc", str(runner.pid)],
-                                 {"stdin": request_in, "stdout": referee_log.fileno(), "stderr": referee_log.fileno(), "result": write_fd,
-                                  "channel": referee_end.fileno(), "proc": proc_fd})
+            referee = judge.fork(
+                judge.home,
+                ["fd:result", "fd:channel", "fd:proc", str(runner.pid)],
+                {
+                    "stdin": request_in,
+                    "stdout": referee_log.fileno(),
+                    "stderr": referee_log.fileno(),
+                    "result": write_fd,
+                    "channel": referee_end.fileno(),
+                    "proc": proc_fd,
+                },
+            )
             os.close(request_in)
             stdin = os.fdopen(request_out, "wb")
         else:
             runner = sandbox.popen(
                 [sys.executable, "-I", "-B", "-c", RUNNER_BOOT.format(root=str(REPO_ROOT)), str(runner_end.fileno())],
-                cwd=str(workdir), env=runner_env(env), writable=[(workdir, str(workdir))], readonly=[REPO_ROOT / "kbsweep"],
-                stdin=subprocess.DEVNULL, stdout=out, stderr=err, pass_fds=(runner_end.fileno(),),
+                cwd=str(workdir),
+                env=runner_env(env),
+                writable=[(workdir, str(workdir))],
+                readonly=[REPO_ROOT / "kbsweep"],
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=err,
+                pass_fds=(runner_end.fileno(),),
             )
             referee_dir = log_dir / "referee"
             referee_dir.mkdir(exist_ok=True)
             referee = sandbox.popen(
-                [sys.executable, "-m", "kbsweep.grader.referee.referee", str(write_fd), str(referee_end.fileno()), str(proc_fd), str(runner.pid)],
-                cwd=str(referee_dir), env=env, writable=[(referee_dir, str(referee_dir))], readonly=readonly,
-                stdin=subprocess.PIPE, stdout=referee_log, stderr=subprocess.STDOUT, pass_fds=(write_fd, referee_end.fileno(), proc_fd),
+                [
+                    sys.executable,
+                    "-m",
+                    "kbsweep.grader.referee.referee",
+                    str(write_fd),
+                    str(referee_end.fileno()),
+                    str(proc_fd),
+                    str(runner.pid),
+                ],
+                cwd=str(referee_dir),
+                env=env,
+                writable=[(referee_dir, str(referee_dir))],
+                readonly=readonly,
+                stdin=subprocess.PIPE,
+                stdout=referee_log,
+                stderr=subprocess.STDOUT,
+                pass_fds=(write_fd, referee_end.fileno(), proc_fd),
             )
             stdin = referee.stdin
         runner_end.close()
@@ -109,7 +151,9 @@ def supervise(request: RefereeRequest, how: Supervision, warm: Optional[zygotes.
         detail = tail[0][:300] if tail else f"exit code {referee.returncode}"
         return {"ok": False, "outcome": Outcome.HARNESS_ERROR, "message": f"the referee died ({detail})"}
     message = json.loads(lines[0])
-    signum = -runner.returncode if (runner.returncode or 0) < 0 else (runner.returncode or 0) - 128  # bwrap: 128 + signal
+    signum = (
+        -runner.returncode if (runner.returncode or 0) < 0 else (runner.returncode or 0) - 128
+    )  # bwrap: 128 + signal
     if not message.get("ok") and signum > 0 and "died" in message.get("message", ""):
         cause = died_of(signum)
         if message["outcome"] == Outcome.HARNESS_ERROR:  # died before the candidate was imported: never the model's
@@ -123,7 +167,10 @@ def died_of(signum: int) -> Dict[str, Any]:
     grade (the host's OOM killer, an operator), which is never the model's result; a crash signal is."""
     name = signal.Signals(signum).name if signum in signal.Signals._value2member_map_ else str(signum)
     if signum == signal.SIGKILL:
-        return {"outcome": Outcome.HARNESS_ERROR, "message": f"the candidate's process was killed from outside the grade ({name}: the host's OOM killer?)"}
+        return {
+            "outcome": Outcome.HARNESS_ERROR,
+            "message": f"the candidate's process was killed from outside the grade ({name}: the host's OOM killer?)",
+        }
     return {"outcome": Outcome.RUNTIME_ERROR, "message": f"the candidate's process died of {name}"}
 
 
@@ -131,7 +178,10 @@ def watch_both(referee, runner, timeout_s: float, memory_mib: float, disk_mib: f
     """Until the referee ends or either process passes a limit (then both are killed); returns the breach."""
     from kbsweep.sandbox.watch import POLL_S, kill
 
-    watches = [Watch(referee, timeout_s, memory_mib, disk_mib, []), Watch(runner, timeout_s, memory_mib, disk_mib, folders)]
+    watches = [
+        Watch(referee, timeout_s, memory_mib, disk_mib, []),
+        Watch(runner, timeout_s, memory_mib, disk_mib, folders),
+    ]
     try:
         while referee.poll() is None:
             for watch in watches:
@@ -188,7 +238,9 @@ def zygote_view(problem: Problem, device: str, world_size: int, hide_env: Sequen
     return sandbox, grading_env(hide_env, device), grading_view(problem.root)
 
 
-def prewarm(problem: Problem, device: str, world_size: int, hide_env: Sequence[str], policy: SandboxPolicy, grades: Path) -> None:
+def prewarm(
+    problem: Problem, device: str, world_size: int, hide_env: Sequence[str], policy: SandboxPolicy, grades: Path
+) -> None:
     """Start the zygotes the grades of ``problem`` under ``grades/`` will fork from, so their imports run while
     the agent works (no-op for multi-rank grades and unconfined ones)."""
     view = zygote_view(problem, device, world_size, hide_env, policy)
@@ -198,7 +250,14 @@ def prewarm(problem: Problem, device: str, world_size: int, hide_env: Sequence[s
         zygotes.prewarm("runner", sandbox, runner_env(env), [REPO_ROOT / "kbsweep"], grades)
 
 
-def referee_prober(problem: Problem, device: str, world_size: int, hide_env: Sequence[str], policy: SandboxPolicy, parent: Optional[Path] = None):
+def referee_prober(
+    problem: Problem,
+    device: str,
+    world_size: int,
+    hide_env: Sequence[str],
+    policy: SandboxPolicy,
+    parent: Optional[Path] = None,
+):
     """``probe(request, limit_s)`` for :func:`kbsweep.planner.validate.check_references`: the probe forked by the referee's
     zygote that ``problem``'s grades fork from (the probe sees what the referee sees), so it pays no torch import
     of its own; None where grades spawn cold. ``probe`` returns None when the zygote did not start (probe cold)."""

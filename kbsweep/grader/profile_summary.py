@@ -7,6 +7,7 @@ candidate process's own profiler view: per GPU kernel, or on CPU per outermost t
 time (Python, Triton's interpreter) in a row of its own. It is never scored, and says so. Nothing in it names the
 referee's command ids, its stages or its seeds.
 """
+
 from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Sequence
@@ -29,8 +30,16 @@ def percent(value: Optional[float]) -> str:
 def rate_lines(shape: Any, roofline: Dict[str, Any], regime: str) -> List[str]:
     """Achieved GB/s and TFLOP/s with the fractions of the datasheet peaks, and which roof governs the problem."""
     peak = f" (peak {roofline['dram_gbps']:g} GB/s)" if roofline.get("dram_gbps") else ""
-    gbps = "n/a (no byte formula)" if shape.gbps is None else f"{shape.gbps:.4g} GB/s = {percent(shape.memory_fraction)} of peak{peak}"
-    tflops = "n/a (no FLOP formula)" if shape.tflops is None else f"{shape.tflops:.4g} TFLOP/s = {percent(shape.compute_fraction)} of peak"
+    gbps = (
+        "n/a (no byte formula)"
+        if shape.gbps is None
+        else f"{shape.gbps:.4g} GB/s = {percent(shape.memory_fraction)} of peak{peak}"
+    )
+    tflops = (
+        "n/a (no FLOP formula)"
+        if shape.tflops is None
+        else f"{shape.tflops:.4g} TFLOP/s = {percent(shape.compute_fraction)} of peak"
+    )
     return [f"memory:  {gbps}", f"compute: {tflops}", f"regime: {regime} (roofline fraction {percent(shape.fraction)})"]
 
 
@@ -48,15 +57,19 @@ def table(entries: Sequence[tuple], calls: int, what: str) -> List[str]:
     return lines
 
 
-def summary(result: Any, view: Optional[Dict[str, Any]], roofline: Dict[str, Any], regime: str, ncu_lines: Sequence[str]) -> Dict[str, Any]:
+def summary(
+    result: Any, view: Optional[Dict[str, Any]], roofline: Dict[str, Any], regime: str, ncu_lines: Sequence[str]
+) -> Dict[str, Any]:
     """``{"summary": text}`` of a passed profile grade (``result``, its one timed and scored shape); ``view``: the
     referee's :func:`~kbsweep.grader.referee.profile_view.profile_view`; ``ncu_lines``: Nsight Compute's, or
     the one line saying why there are none."""
     timed, shape = result.timings[0], result.shapes[0]
     figure = timed["candidate"]
     gpu = result.device == "cuda"
-    lines = [f"profile of solution.py on shape {shape.shape} ({result.gpu})",
-             f"time per call: {figure['median_ms']:.4g} ms (the grader's clock, as run_benchmark times it; not a score)"]
+    lines = [
+        f"profile of solution.py on shape {shape.shape} ({result.gpu})",
+        f"time per call: {figure['median_ms']:.4g} ms (the grader's clock, as run_benchmark times it; not a score)",
+    ]
     lines += rate_lines(shape, roofline, regime)
     if view is None:
         lines.append("profiler: the candidate's process recorded nothing of the timed calls")
@@ -66,16 +79,26 @@ def summary(result: Any, view: Optional[Dict[str, Any]], roofline: Dict[str, Any
             launches = view.get("launches_per_call")
             kernels = view.get("kernels") or []
             device_ms = sum(ms for _, _, ms in kernels) / calls
-            lines.append(f"kernels launched per call: {launches:.3g}" if launches is not None else "kernels launched per call: n/a")
-            lines.append(f"GPU time per call: {device_ms:.4g} ms (its kernels' times, the candidate process's profiler)")
+            lines.append(
+                f"kernels launched per call: {launches:.3g}"
+                if launches is not None
+                else "kernels launched per call: n/a"
+            )
+            lines.append(
+                f"GPU time per call: {device_ms:.4g} ms (its kernels' times, the candidate process's profiler)"
+            )
             lines.append(f"per GPU kernel, {calls} timed calls (the candidate process's profiler view; never scored):")
             lines += table(kernels, calls, "kernel")
         else:
             ops = list(view.get("ops") or [])
             outside = max(float(view.get("range_ms") or 0.0) - sum(ms for _, _, ms in ops), 0.0)
             own = view.get("own_launches_per_call")
-            lines.append(f"own kernel launches per call: {own:.3g}" if own is not None else "own kernel launches per call: n/a")
-            lines.append(f"{CPU_LABEL}; per torch op, {calls} timed calls (the candidate process's profiler view; never scored):")
+            lines.append(
+                f"own kernel launches per call: {own:.3g}" if own is not None else "own kernel launches per call: n/a"
+            )
+            lines.append(
+                f"{CPU_LABEL}; per torch op, {calls} timed calls (the candidate process's profiler view; never scored):"
+            )
             lines += table(ops + [(OUTSIDE_OPS, calls, outside)], calls, "op")
     lines += list(ncu_lines)
     return {"summary": "\n".join(lines)}

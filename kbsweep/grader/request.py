@@ -4,6 +4,7 @@ alike). What the grade hands its trusted referee is :class:`kbsweep.grader.refer
 
 It imports no torch (the orchestrator need not pay for it).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
@@ -60,9 +61,17 @@ class GradeRequest:
     held_out_shapes: List[Dict[str, Any]] = field(default_factory=list)
 
     @classmethod
-    def from_config(cls, problem: "Problem", roofline: Dict[str, Any], gpu: GpuSpec, track: Dict[str, Any],
-                    grade: Dict[str, Any], paths: Dict[str, Any], deck_version: Optional[str] = None,
-                    hide_env: Sequence[str] = ()) -> "GradeRequest":
+    def from_config(
+        cls,
+        problem: "Problem",
+        roofline: Dict[str, Any],
+        gpu: GpuSpec,
+        track: Dict[str, Any],
+        grade: Dict[str, Any],
+        paths: Dict[str, Any],
+        deck_version: Optional[str] = None,
+        hide_env: Sequence[str] = (),
+    ) -> "GradeRequest":
         """The grade a resolved config's sections ask for on ``problem``: its GPU, track limits (time, world size,
         sandbox), timing, baselines and their cache under ``paths.outputs``; :meth:`of` names the solution."""
         from kbsweep.grader.baselines import BaselineCache
@@ -70,7 +79,10 @@ class GradeRequest:
         from kbsweep.sandbox.watch import memory_cap_mib
 
         return cls(
-            problem, Path(), gpu, roofline,
+            problem,
+            Path(),
+            gpu,
+            roofline,
             baselines=list(gpu.baselines or grade["baselines"]),
             timeout_s=track["grade_timeout_s"],
             memory_mib=memory_cap_mib(grade["memory_mib"]),  # the grading host's, where the grade runs
@@ -80,7 +92,8 @@ class GradeRequest:
             baseline_cache=BaselineCache(  # shared by every grade under the same outputs folder; seeds shipped beside the problems
                 Path(paths["outputs"]) / "baselines" / f"{gpu.name}.json",
                 seed_files=[Path(root).parent / "baselines" / f"{gpu.name}.json" for root in paths["problems"]],
-                gpu=gpu.name, fresh=bool(grade.get("fresh_baselines")),
+                gpu=gpu.name,
+                fresh=bool(grade.get("fresh_baselines")),
             ),
             world_size=int(track.get("world_size", 1)),
             hide_env=tuple(hide_env),
@@ -95,5 +108,11 @@ class GradeRequest:
         """This grade of ``solution`` in ``mode``, logged under ``log_dir``: the baselines are timed, and the problem's
         held-out shapes graded, by full grades only."""
         full = mode == "full"
-        return replace(self, mode=mode, solution=Path(solution), log_dir=log_dir, baselines=self.baselines if full else [],
-                       held_out_shapes=self.problem.held_out_shapes(self.gpu.shape_set) if full else [])
+        return replace(
+            self,
+            mode=mode,
+            solution=Path(solution),
+            log_dir=log_dir,
+            baselines=self.baselines if full else [],
+            held_out_shapes=self.problem.held_out_shapes(self.gpu.shape_set) if full else [],
+        )

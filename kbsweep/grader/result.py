@@ -1,6 +1,7 @@
 """What a grade returns: :class:`GradeResult`, stored as today's JSON (``grade.json``, a cell's journal, the API's
 ``Grade.result``) by :meth:`GradeResult.to_json` and read back, stored results of earlier versions included, by
 :meth:`GradeResult.from_json`."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -12,8 +13,20 @@ from kbsweep.score.stored import from_stored, to_stored
 
 # The keys of a result by when they are written: every grade's, a passed grade's, a failed grade's, a timed pass's
 # scores (absent when nothing was timed), a KernelBench problem's two verdicts, and a profile grade's summary.
-COMMON = ("problem", "deck_version", "solution", "mode", "gpu", "device", "shape_set", "world_size", "grade_s", "timeout_s", "env",
-          "outcome")
+COMMON = (
+    "problem",
+    "deck_version",
+    "solution",
+    "mode",
+    "gpu",
+    "device",
+    "shape_set",
+    "world_size",
+    "grade_s",
+    "timeout_s",
+    "env",
+    "outcome",
+)
 PASSED = ("startup_s", "correctness", "timings", "evidence", "findings", "score")
 FAILED = ("message", "stage", "findings", "evidence", "score")
 SCORED = ("basis", "shapes", "speedup")
@@ -52,7 +65,9 @@ class GradeResult:
     speedup: Dict[str, Any] = field(default_factory=dict)
     kernelbench: Optional[Dict[str, Any]] = None  # KernelBench's own verdict, with ``verdicts`` beside kbsweep's
     verdicts: Optional[Dict[str, str]] = None
-    profile: Optional[Dict[str, Any]] = None  # mode profile: {"summary": text, "ncu": ...} (kbsweep.grader.profile_summary)
+    profile: Optional[Dict[str, Any]] = (
+        None  # mode profile: {"summary": text, "ncu": ...} (kbsweep.grader.profile_summary)
+    )
     score_public: Optional[float] = None  # over the public shapes alone, where held-out shapes were graded too
     score_held_out: Optional[float] = None
     extra: Dict[str, Any] = field(default_factory=dict)  # keys of a stored result this version does not write
@@ -65,7 +80,10 @@ class GradeResult:
         """The stored form, key for key as the grader has always written it (outcomes as their strings)."""
         keys = COMMON + (PASSED + (SCORED if self.basis is not None else ()) if self.passed else FAILED)
         keys += HELD_OUT if any(shape.held_out for shape in self.shapes) else ()
-        return to_stored(self, keys + (VERDICTS if self.verdicts is not None else ()) + (PROFILED if self.profile is not None else ()))
+        return to_stored(
+            self,
+            keys + (VERDICTS if self.verdicts is not None else ()) + (PROFILED if self.profile is not None else ()),
+        )
 
     @classmethod
     def from_json(cls, data: Dict[str, Any]) -> "GradeResult":

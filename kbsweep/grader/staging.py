@@ -1,4 +1,5 @@
 """The candidate's files copied where a grading process runs them."""
+
 from __future__ import annotations
 
 import shutil

@@ -17,6 +17,7 @@ candidate's runner ranks, :mod:`kbsweep.grader.distributed`), and the module, st
 ``python -m kbsweep.grader.torchrun`` is itself such a worker: an all_reduce smoke check whose rank 0 prints one JSON
 line (``kbsweep.grader.torchrun.smoke``), for a rented node or a Slurm allocation (``docs/launch.md``).
 """
+
 from __future__ import annotations
 
 import json
@@ -108,7 +109,9 @@ def spawn_torchrun(
         if sandbox is None:
             return subprocess.Popen(list(command), cwd=cwd, env=env, start_new_session=True, **streams)
         binds = [(Path(p), str(p)) for p in writable]
-        return sandbox.popen(list(command), cwd=str(cwd or writable[0]), env=env, writable=binds, readonly=readonly, **streams)
+        return sandbox.popen(
+            list(command), cwd=str(cwd or writable[0]), env=env, writable=binds, readonly=readonly, **streams
+        )
 
 
 def run_torchrun(
@@ -127,8 +130,15 @@ def run_torchrun(
     """Run :func:`torchrun_command` (:func:`spawn_torchrun`) and wait; past ``timeout_s`` torchrun and every rank
     are killed. With a ``sandbox``, the growth of ``writable`` is held to the policy's disk quota."""
     started = time.monotonic()
-    proc = spawn_torchrun(torchrun_command(nproc, module, args), log_dir=log_dir, cwd=cwd, env=env, sandbox=sandbox,
-                          writable=writable, readonly=readonly)
+    proc = spawn_torchrun(
+        torchrun_command(nproc, module, args),
+        log_dir=log_dir,
+        cwd=cwd,
+        env=env,
+        sandbox=sandbox,
+        writable=writable,
+        readonly=readonly,
+    )
     watch = Watch(proc, timeout_s, None, sandbox.policy.disk_mib if sandbox else 0, list(writable) if sandbox else [])
     stopped = None
     try:  # not Watch.wait: it kills torchrun's group first, and ranks in groups of their own would then be orphans
@@ -138,7 +148,9 @@ def run_torchrun(
         kill_tree(proc.pid)  # a hung launcher and its ranks (the sandbox's too); nothing once it has exited
         proc.wait()
     code = None if stopped else proc.returncode
-    return TorchrunResult(code, bool(stopped and stopped[0] == "wall"), time.monotonic() - started, Path(log_dir), stopped)
+    return TorchrunResult(
+        code, bool(stopped and stopped[0] == "wall"), time.monotonic() - started, Path(log_dir), stopped
+    )
 
 
 def smoke() -> Dict[str, object]:

@@ -2,6 +2,7 @@
 is started once per (side, sandbox view, environment, policy), kept in a pool of idle ones, asked over its control
 socket to fork a grade's process, and stopped with its sandbox. A grade that breaches a limit or ends oddly
 discards both its zygotes; every zygote still open is closed when the process exits."""
+
 from __future__ import annotations
 
 import atexit
@@ -67,10 +68,26 @@ class Zygote:
         self.side, self.home, self.key = side, home, ()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)  # one message per read
         self.control = ours
-        command = [sys.executable, *(["-I", "-B"] if side == "runner" else []), "-c", BOOT.format(root=str(REPO_ROOT)), side, str(theirs.fileno())]
+        command = [
+            sys.executable,
+            *(["-I", "-B"] if side == "runner" else []),
+            "-c",
+            BOOT.format(root=str(REPO_ROOT)),
+            side,
+            str(theirs.fileno()),
+        ]
         with open(log, "ab") as out:
-            self.proc = sandbox.popen(command, cwd=str(home), env=env, writable=[(home, str(home))], readonly=readonly,
-                                      stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, pass_fds=(theirs.fileno(),))
+            self.proc = sandbox.popen(
+                command,
+                cwd=str(home),
+                env=env,
+                writable=[(home, str(home))],
+                readonly=readonly,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                pass_fds=(theirs.fileno(),),
+            )
         theirs.close()
         self.ready = False
         LIVE.add(self)
@@ -133,7 +150,11 @@ class Zygote:
         finally:
             for fd in read:
                 os.close(fd)
-        return forked.wait(), b"".join(read[out_read]).decode(errors="replace"), b"".join(read[err_read]).decode(errors="replace")
+        return (
+            forked.wait(),
+            b"".join(read[out_read]).decode(errors="replace"),
+            b"".join(read[err_read]).decode(errors="replace"),
+        )
 
     def status(self, timeout: Optional[float]) -> Optional[int]:
         """The last child's exit code once the zygote reports it (swept), else None; -SIGKILL if the zygote died."""
@@ -162,7 +183,14 @@ LIVE: Set[Zygote] = set()  # every zygote not closed, idle or taken: all closed 
 
 def pool_key(side: str, sandbox, env: Dict[str, str], readonly: Sequence[Path], parent: Optional[Path]) -> Tuple:
     # the runner's home holds the candidates staged for it, so its folder is part of its key; the referee's is not
-    return (side, sandbox.policy, sandbox.gpu, tuple(sorted(env.items())), tuple(map(str, readonly)), str(parent) if side == "runner" else "")
+    return (
+        side,
+        sandbox.policy,
+        sandbox.gpu,
+        tuple(sorted(env.items())),
+        tuple(map(str, readonly)),
+        str(parent) if side == "runner" else "",
+    )
 
 
 def take(side: str, sandbox, env: Dict[str, str], readonly: Sequence[Path], parent: Optional[Path] = None) -> Zygote:

@@ -9,6 +9,7 @@ one YAML and one :class:`Runner` subclass decorated with :func:`register`, in a 
 Rank 5 of the layout (docs/architecture.md; the ranks live in tests/test_layout.py): imports agent and the
 stages below it.
 """
+
 from __future__ import annotations
 
 from kbsweep.harness import builtin, claude_code, codex  # noqa: F401  (each registers its runner)

@@ -1,5 +1,6 @@
 """The harness interface: the job a runner gets, the :class:`Runner` base class and the registry of runners by
 name (``harness.runner``). The runners themselves are the package's other modules."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -45,10 +46,14 @@ class Runner:
         """What the model works with beside the problem's prompt and the track's budgets, which every harness gets
         alike: logged with each cell (``setup.*`` params), and the report lists where a harness differs from the
         built-in loop's (this one)."""
-        return {"tools": ",".join(tool_names(allow_shell)), "kbsweep_tools": "function calls",
-                "shell": "run_shell, in kbsweep's sandbox" if allow_shell else "none",
-                "instructions": "kbsweep's system prompt, then the problem's prompt",
-                "ends": "submit, or a turn without tool calls", "budgets_checked": "before each model call, by the loop"}
+        return {
+            "tools": ",".join(tool_names(allow_shell)),
+            "kbsweep_tools": "function calls",
+            "shell": "run_shell, in kbsweep's sandbox" if allow_shell else "none",
+            "instructions": "kbsweep's system prompt, then the problem's prompt",
+            "ends": "submit, or a turn without tool calls",
+            "budgets_checked": "before each model call, by the loop",
+        }
 
     def run(self, job: AgentJob) -> AgentResult:
         raise NotImplementedError
@@ -65,4 +70,3 @@ def register(cls: Type[Runner]) -> Type[Runner]:
 def runner_for(conf: Mapping[str, Any]) -> Runner:
     """The runner a harness YAML names."""
     return RUNNERS.lookup(conf["runner"], f"harness/{conf['name']}.yaml")(conf)
-

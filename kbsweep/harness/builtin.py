@@ -1,4 +1,5 @@
 """kbsweep's own tool-calling loop (kbsweep/agent/loop.py) as a runner."""
+
 from __future__ import annotations
 
 from kbsweep.agent.loop import AgentResult, run_agent

@@ -6,6 +6,7 @@ so the proxy is the only address it dials. Where the track forbids the shell it 
 thinking and tool_use blocks, possibly one record per block of the same message) and ``user`` records holding
 the tool results, then ``result``.
 """
+
 from __future__ import annotations
 
 import json
@@ -24,15 +25,38 @@ def kbsweep_usage(anthropic: Optional[Mapping[str, Any]]) -> Dict[str, int]:
     """Anthropic-style usage (disjoint input counts) as kbsweep's (input includes cache reads and writes)."""
     usage = anthropic or {}
     cached, written = int(usage.get("cache_read_input_tokens") or 0), int(usage.get("cache_creation_input_tokens") or 0)
-    return vars(Usage(input_tokens=int(usage.get("input_tokens") or 0) + cached + written,
-                      output_tokens=int(usage.get("output_tokens") or 0), cached_tokens=cached, cache_write_tokens=written))
+    return vars(
+        Usage(
+            input_tokens=int(usage.get("input_tokens") or 0) + cached + written,
+            output_tokens=int(usage.get("output_tokens") or 0),
+            cached_tokens=cached,
+            cache_write_tokens=written,
+        )
+    )
 
 
-def assistant_event(ts: float, content: Optional[str], calls: List[Dict[str, Any]], reasoning: Optional[str] = None,
-                    usage: Optional[Dict[str, int]] = None, finish_reason: Optional[str] = None) -> Event:
+def assistant_event(
+    ts: float,
+    content: Optional[str],
+    calls: List[Dict[str, Any]],
+    reasoning: Optional[str] = None,
+    usage: Optional[Dict[str, int]] = None,
+    finish_reason: Optional[str] = None,
+) -> Event:
     """An ``assistant`` event; cost and latency are the proxy's (the run's totals), not per turn."""
-    return ts, "assistant", {"content": content, "tool_calls": calls, "reasoning": reasoning, "usage": usage or vars(Usage()),
-                             "cost_usd": 0.0, "latency_s": None, "finish_reason": finish_reason or ("tool_calls" if calls else "stop")}
+    return (
+        ts,
+        "assistant",
+        {
+            "content": content,
+            "tool_calls": calls,
+            "reasoning": reasoning,
+            "usage": usage or vars(Usage()),
+            "cost_usd": 0.0,
+            "latency_s": None,
+            "finish_reason": finish_reason or ("tool_calls" if calls else "stop"),
+        },
+    )
 
 
 def tool_call(call_id: str, name: str, arguments: Any) -> Dict[str, Any]:
@@ -51,10 +75,21 @@ class ClaudeCodeRunner(CliRunner):
     name = "claude-code"
 
     def command(self, job: AgentJob, session: Session) -> Tuple[List[str], Dict[str, str]]:
-        argv = [*session.cli, "-p", session.prompt, "--output-format", "stream-json", "--verbose", "--dangerously-skip-permissions",
-                "--model", job.model["name"]]
+        argv = [
+            *session.cli,
+            "-p",
+            session.prompt,
+            "--output-format",
+            "stream-json",
+            "--verbose",
+            "--dangerously-skip-permissions",
+            "--model",
+            job.model["name"],
+        ]
         if session.tools:
-            servers = {"mcpServers": {"kbsweep": {"type": "stdio", "command": session.tools[0], "args": session.tools[1:]}}}
+            servers = {
+                "mcpServers": {"kbsweep": {"type": "stdio", "command": session.tools[0], "args": session.tools[1:]}}
+            }
             argv += ["--tools", FILE_TOOLS, "--mcp-config", json.dumps(servers), "--strict-mcp-config"]
         wall_ms = str(int(job.toolbox.sandbox.policy.wall_s * 1000))
         return argv, {
@@ -79,14 +114,22 @@ class ClaudeCodeRunner(CliRunner):
             content = message.get("content")
             blocks = [b for b in content if isinstance(b, dict)] if isinstance(content, list) else []
             if record.get("type") == "assistant":
-                if message.get("id") == last_id and events and events[-1][1] == "assistant":  # the same turn, block by block
+                if (
+                    message.get("id") == last_id and events and events[-1][1] == "assistant"
+                ):  # the same turn, block by block
                     events.pop()
                     blocks = [*last_blocks, *blocks]
-                turn = [tool_call(b["id"], b["name"], b.get("input") or {}) for b in blocks if b.get("type") == "tool_use"]
+                turn = [
+                    tool_call(b["id"], b["name"], b.get("input") or {}) for b in blocks if b.get("type") == "tool_use"
+                ]
                 calls.update((c["id"], c) for c in turn)
                 text = "\n".join(b["text"] for b in blocks if b.get("type") == "text") or None
                 thinking = "\n".join(b.get("thinking", "") for b in blocks if b.get("type") == "thinking") or None
-                events.append(assistant_event(ts, text, turn, thinking, kbsweep_usage(message.get("usage")), message.get("stop_reason")))
+                events.append(
+                    assistant_event(
+                        ts, text, turn, thinking, kbsweep_usage(message.get("usage")), message.get("stop_reason")
+                    )
+                )
                 last_id, last_blocks = message.get("id"), blocks
             elif record.get("type") == "user":
                 for block in (b for b in blocks if b.get("type") == "tool_result"):
@@ -95,7 +138,17 @@ class ClaudeCodeRunner(CliRunner):
                     rejected = bool(block.get("is_error")) and content.startswith(REJECTED)
                     if block.get("is_error") and not content.startswith("error:"):
                         content = f"error: {content}"
-                    events.append((ts, "tool", {"name": call["function"]["name"], "tool_call_id": call["id"],
-                                                "arguments": call["function"]["arguments"], "content": content,
-                                                **({"rejected": True} if rejected else {})}))
+                    events.append(
+                        (
+                            ts,
+                            "tool",
+                            {
+                                "name": call["function"]["name"],
+                                "tool_call_id": call["id"],
+                                "arguments": call["function"]["arguments"],
+                                "content": content,
+                                **({"rejected": True} if rejected else {}),
+                            },
+                        )
+                    )
         return events

@@ -10,6 +10,7 @@ sandbox's minimal one plus the proxy's URL and a per-cell token, never the provi
 kbsweep's transcript schema by the subclass. The session's wall time, memory and disk are the sandbox's watch's;
 a spent budget or a provider fault at the proxy stops the CLI at once.
 """
+
 from __future__ import annotations
 
 import functools
@@ -52,11 +53,11 @@ You run non-interactively: nobody will answer questions. The workspace is {works
 """
 CHECK_NOTE = {  # by whether the track allows the shell
     True: "Check it with the shell command `kbsweep-check` (the grader's correctness check; exit code 0 when it passes) "
-          "time it with `kbsweep-check --bench`, and profile it on one shape with `kbsweep-check --profile` (time per GPU "
-          "kernel, launches per call, achieved GB/s and TFLOP/s against the roofline).",
+    "time it with `kbsweep-check --bench`, and profile it on one shape with `kbsweep-check --profile` (time per GPU "
+    "kernel, launches per call, achieved GB/s and TFLOP/s against the roofline).",
     False: "There is no shell. Check it with the tool `run_check` (the grader's correctness check), time it with "
-           "`run_benchmark`, and profile it on one shape with `run_profile`; `write_file`, `read_file` and `list_files` "
-           "work in the workspace.",
+    "`run_benchmark`, and profile it on one shape with `run_profile`; `write_file`, `read_file` and `list_files` "
+    "work in the workspace.",
 }
 
 
@@ -85,8 +86,17 @@ def installed_version(installed: Installed) -> Tuple[int, str]:
     with tempfile.TemporaryDirectory(prefix="kbsweep-version-") as home:
         env = {**minimal_env(), "HOME": home}
         env["PATH"] = ":".join([env["PATH"], *installed.path])
-        proc = sandbox.popen([*installed.argv, "--version"], cwd="/", env=env, writable=[(Path(home), home)], readonly=installed.mounts,
-                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proc = sandbox.popen(
+            [*installed.argv, "--version"],
+            cwd="/",
+            env=env,
+            writable=[(Path(home), home)],
+            readonly=installed.mounts,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         try:
             out, err = proc.communicate(timeout=120)
         except subprocess.TimeoutExpired:
@@ -101,13 +111,16 @@ def installed_version(installed: Installed) -> Tuple[int, str]:
 def own_names(kind: str, fields: Dict[str, Any]) -> Dict[str, Any]:
     """An event with kbsweep's tools under their own names (the CLIs prefix an MCP server's), so the audit and the
     trace views read them as the built-in loop's."""
+
     def bare(name: str) -> str:
         return name.removeprefix(MCP_PREFIX)
 
     if kind == "tool":
         return {**fields, "name": bare(fields["name"])}
     if kind == "assistant":
-        calls = [{**c, "function": {**c["function"], "name": bare(c["function"]["name"])}} for c in fields["tool_calls"]]
+        calls = [
+            {**c, "function": {**c["function"], "name": bare(c["function"]["name"])}} for c in fields["tool_calls"]
+        ]
         return {**fields, "tool_calls": calls}
     return fields
 
@@ -120,19 +133,24 @@ class CliRunner(Runner):
 
     def setup(self, allow_shell: bool) -> Dict[str, str]:
         kbsweep = GRADING_TOOLS if allow_shell else SERVED
-        return {"tools": f"{'its own' if allow_shell else 'its own that run no command'} + {','.join(kbsweep)}",
-                "kbsweep_tools": "kbsweep-check in its shell" if allow_shell else "MCP server",
-                "shell": "its own, in kbsweep's sandbox" if allow_shell else "none",
-                "instructions": "the CLI's own system prompt, then the problem's prompt and a note on the workspace and tools",
-                "ends": "when the CLI ends its session", "budgets_checked": "before each model call, by the model proxy; wall clock by the sandbox"}
+        return {
+            "tools": f"{'its own' if allow_shell else 'its own that run no command'} + {','.join(kbsweep)}",
+            "kbsweep_tools": "kbsweep-check in its shell" if allow_shell else "MCP server",
+            "shell": "its own, in kbsweep's sandbox" if allow_shell else "none",
+            "instructions": "the CLI's own system prompt, then the problem's prompt and a note on the workspace and tools",
+            "ends": "when the CLI ends its session",
+            "budgets_checked": "before each model call, by the model proxy; wall clock by the sandbox",
+        }
 
     def version(self) -> str:
         """What the CLI's ``--version`` says in the sandbox; refuses (one line) a CLI that cannot run there."""
         installed = self.installed()
         code, said = installed_version(installed)
         if code:
-            raise KbsweepError(f"harness/{self.conf['name']}.yaml: key 'bin': {installed.found} does not run in the sandbox "
-                               f"(`{shlex.join(installed.argv)} --version`: exit code {code}: {said})")
+            raise KbsweepError(
+                f"harness/{self.conf['name']}.yaml: key 'bin': {installed.found} does not run in the sandbox "
+                f"(`{shlex.join(installed.argv)} --version`: exit code {code}: {said})"
+            )
         return said
 
     def preflight(self, model: Mapping[str, Any]) -> None:
@@ -174,13 +192,22 @@ class CliRunner(Runner):
         events = [(started, "user", {"content": job.prompt}), *self.normalize(records, proxy), *proxy.events]
         for ts, kind, fields in sorted(events, key=lambda e: e[0]):
             job.transcript.add(kind, **own_names(kind, fields), ts=ts)
-        job.transcript.add("stop", reason=result.stop_reason.value, turns=result.turns, usage=vars(result.usage),
-                           cost_usd=result.cost_usd, wall_s=result.wall_s, harness=self.conf["name"],
-                           **({"message": breach[1]} if breach else {}))
+        job.transcript.add(
+            "stop",
+            reason=result.stop_reason.value,
+            turns=result.turns,
+            usage=vars(result.usage),
+            cost_usd=result.cost_usd,
+            wall_s=result.wall_s,
+            harness=self.conf["name"],
+            **({"message": breach[1]} if breach else {}),
+        )
         if proxy.failure:
             raise HarnessFailed(f"model proxy: {proxy.failure}")
         if not breach and not proxy.ended.is_set() and returncode != 0:
-            raise HarnessFailed(f"{self.conf['name']} exited with code {returncode}: {job.transcript.redactor.text(last_error)}")
+            raise HarnessFailed(
+                f"{self.conf['name']} exited with code {returncode}: {job.transcript.redactor.text(last_error)}"
+            )
         return result
 
     def session(self, job: AgentJob, proxy: ModelProxy, relay: Optional[Relay]):
@@ -203,8 +230,18 @@ class CliRunner(Runner):
         (bin_dir / "tools.json").write_text(json.dumps({"url": url, "token": proxy.token, "tools": served}))
         shell = job.toolbox.allow_shell
         note = WORKING_NOTE.format(workspace=workspace, check=CHECK_NOTE[shell])
-        argv, variables = self.command(job, Session(list(installed.argv), job.prompt + note, url, proxy.token, home, workspace,
-                                                    None if shell else [str(check), "--mcp"]))
+        argv, variables = self.command(
+            job,
+            Session(
+                list(installed.argv),
+                job.prompt + note,
+                url,
+                proxy.token,
+                home,
+                workspace,
+                None if shell else [str(check), "--mcp"],
+            ),
+        )
         env = {**minimal_env(job.toolbox.secret_env), **variables, "HOME": home_seen}
         env["PATH"] = ":".join([str(bin_dir), env["PATH"], *installed.path])
         # a login shell (Codex runs `bash -lc`) resets PATH in /etc/profile; the home's profile puts it back
@@ -213,10 +250,16 @@ class CliRunner(Runner):
             argv = [BASH, "-c", WITH_FORWARDER, "kbsweep-harness", FORWARDER, shlex.join(argv)]
         with (root / "stderr.log").open("w+") as errors:
             proc = sandbox.popen(
-                argv, cwd=workspace, env=env, writable=[(job.workspace, workspace), (home, home_seen)],
+                argv,
+                cwd=workspace,
+                env=env,
+                writable=[(job.workspace, workspace), (home, home_seen)],
                 readonly=[bin_dir, *installed.mounts],
                 extra=["--bind", str(relay.path), PROXY_SOCKET] if relay else [],
-                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=errors, text=True,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=errors,
+                text=True,
             )
             records, breach = self.drive(proc, proxy, job, [job.workspace, home])
             errors.seek(0)

@@ -8,6 +8,7 @@ conversation (:attr:`~kbsweep.harness.proxy.ModelProxy.turns`): its own stream (
 calls its tool router refuses (a tool it does not offer, arguments that miss a field), which are kept there and
 marked ``rejected``.
 """
+
 from __future__ import annotations
 
 import json
@@ -64,16 +65,34 @@ class CodexRunner(CliRunner):
     name = "codex"
 
     def command(self, job: AgentJob, session: Session) -> Tuple[List[str], Dict[str, str]]:
-        config = CONFIG.format(model=json.dumps(job.model["name"]), context_window=job.model["context_window"],
-                               base_url=json.dumps(f"{session.url}/v1"), token_variable=TOKEN_VARIABLE)
+        config = CONFIG.format(
+            model=json.dumps(job.model["name"]),
+            context_window=job.model["context_window"],
+            base_url=json.dumps(f"{session.url}/v1"),
+            token_variable=TOKEN_VARIABLE,
+        )
         if session.tools:
-            config += NO_SHELL.format(command=json.dumps(session.tools[0]), args=json.dumps(session.tools[1:]),
-                                      timeout_s=int(job.toolbox.sandbox.policy.wall_s))
+            config += NO_SHELL.format(
+                command=json.dumps(session.tools[0]),
+                args=json.dumps(session.tools[1:]),
+                timeout_s=int(job.toolbox.sandbox.policy.wall_s),
+            )
         (session.home / ".codex").mkdir()
         (session.home / ".codex" / "config.toml").write_text(config)
-        argv = [*session.cli, "exec", "--json", "--skip-git-repo-check", "--ephemeral", "-C", session.workspace, session.prompt]
+        argv = [
+            *session.cli,
+            "exec",
+            "--json",
+            "--skip-git-repo-check",
+            "--ephemeral",
+            "-C",
+            session.workspace,
+            session.prompt,
+        ]
         return argv, {TOKEN_VARIABLE: session.token}  # its config is read from $HOME/.codex
 
     def normalize(self, records: List[Record], proxy: ModelProxy) -> List[Event]:
-        return [(ts, kind, rejected(fields) if kind == "tool" and fields["content"].startswith(REJECTED) else fields)
-                for ts, kind, fields in proxy.turns]
+        return [
+            (ts, kind, rejected(fields) if kind == "tool" and fields["content"].startswith(REJECTED) else fields)
+            for ts, kind, fields in proxy.turns
+        ]

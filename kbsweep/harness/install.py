@@ -4,6 +4,7 @@
 ``npm``. The CLIs ship their native binaries as npm packages
 (optional dependencies per platform).
 """
+
 from __future__ import annotations
 
 import subprocess
@@ -24,7 +25,17 @@ def packages(names: List[str]) -> List[str]:
 def main(argv: List[str]) -> int:
     wanted, folder = packages(argv), install_dir()
     folder.mkdir(exist_ok=True)
-    command = ["npm", "install", "--prefix", str(folder), "--no-save", "--no-audit", "--no-fund", "--loglevel=error", *wanted]
+    command = [
+        "npm",
+        "install",
+        "--prefix",
+        str(folder),
+        "--no-save",
+        "--no-audit",
+        "--no-fund",
+        "--loglevel=error",
+        *wanted,
+    ]
     return subprocess.call(command)
 
 

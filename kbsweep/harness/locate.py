@@ -7,6 +7,7 @@ links and the shebang: the CLI is started as ``[interpreter, *its arguments, scr
 itself), and the sandbox binds read-only the outermost ``node_modules`` holding the script (its package and the
 dependencies it loads, e.g. Codex's platform binary) and the interpreter's folder.
 """
+
 from __future__ import annotations
 
 import shlex
@@ -75,5 +76,9 @@ def locate(conf: Mapping[str, str]) -> Installed:
     if not interpreter:
         raise KbsweepError(f"{where}: key 'bin': {target} runs '{command[0]}', which is not on PATH")
     interpreter = Path(interpreter).resolve()
-    return Installed(Path(found), (str(interpreter), *command[1:], str(target)), (package_root(target), interpreter.parent),
-                     (str(interpreter.parent),))
+    return Installed(
+        Path(found),
+        (str(interpreter), *command[1:], str(target)),
+        (package_root(target), interpreter.parent),
+        (str(interpreter.parent),),
+    )

@@ -18,6 +18,7 @@ OpenAI-compatible servers that only offer chat completions, which Codex then can
 Budgets are checked before every model call, as in the loop: once one is spent, or a provider call fails for good
 (after the model's own retries), the call is refused and ``ended`` is set; the runner then stops the harness.
 """
+
 from __future__ import annotations
 
 import json
@@ -69,14 +70,26 @@ def model_response(completion: Completion, model: str):
 def anthropic_events(message: Dict[str, Any]) -> Iterable[Tuple[str, Dict[str, Any]]]:
     """A whole Anthropic message as the stream of events a streaming client expects (message_start … message_stop)."""
     usage = message.get("usage") or {}
-    start = {**message, "content": [], "stop_reason": None, "stop_sequence": None, "usage": {**usage, "output_tokens": 0}}
+    start = {
+        **message,
+        "content": [],
+        "stop_reason": None,
+        "stop_sequence": None,
+        "usage": {**usage, "output_tokens": 0},
+    }
     yield "message_start", {"type": "message_start", "message": start}
     for index, block in enumerate(message.get("content") or []):
         kind = block.get("type")
         if kind == "tool_use":
-            opening, delta = {**block, "input": {}}, {"type": "input_json_delta", "partial_json": json.dumps(block.get("input") or {})}
+            opening, delta = (
+                {**block, "input": {}},
+                {"type": "input_json_delta", "partial_json": json.dumps(block.get("input") or {})},
+            )
         elif kind == "thinking":
-            opening, delta = {**block, "thinking": ""}, {"type": "thinking_delta", "thinking": block.get("thinking", "")}
+            opening, delta = (
+                {**block, "thinking": ""},
+                {"type": "thinking_delta", "thinking": block.get("thinking", "")},
+            )
         else:
             opening, delta = {"type": "text", "text": ""}, {"type": "text_delta", "text": block.get("text", "")}
         yield "content_block_start", {"type": "content_block_start", "index": index, "content_block": opening}
@@ -89,7 +102,10 @@ def anthropic_events(message: Dict[str, Any]) -> Iterable[Tuple[str, Dict[str, A
 
 def responses_events(response: Dict[str, Any]) -> Iterable[Tuple[str, Dict[str, Any]]]:
     """A whole Responses API response as its stream: created, each output item added and done, completed."""
-    yield "response.created", {"type": "response.created", "response": {**response, "status": "in_progress", "output": []}}
+    yield (
+        "response.created",
+        {"type": "response.created", "response": {**response, "status": "in_progress", "output": []}},
+    )
     for index, item in enumerate(response.get("output") or []):
         yield "response.output_item.added", {"type": "response.output_item.added", "output_index": index, "item": item}
         yield "response.output_item.done", {"type": "response.output_item.done", "output_index": index, "item": item}
@@ -153,7 +169,9 @@ class ModelProxy:
         body = request.rfile.read(size) if size <= MAX_BODY else b""
         path = urlsplit(request.path).path.rstrip("/")
         if not self.token or not secrets.compare_digest(offered, self.token):
-            return send(request, 401, {"error": {"type": "authentication_error", "message": "kbsweep proxy: bad token"}})
+            return send(
+                request, 401, {"error": {"type": "authentication_error", "message": "kbsweep proxy: bad token"}}
+            )
         try:
             payload = json.loads(body or b"{}")
             if path.endswith("/messages/count_tokens"):  # Claude Code sizes its context with it
@@ -164,7 +182,9 @@ class ModelProxy:
                 return self.responses(request, payload)
             if path == "/kbsweep/tool":
                 return self.tool(request, payload)
-            return send(request, 404, {"error": {"type": "not_found_error", "message": f"kbsweep proxy: no route {path}"}})
+            return send(
+                request, 404, {"error": {"type": "not_found_error", "message": f"kbsweep proxy: no route {path}"}}
+            )
         except Refused as refused:
             return self.refuse(request, path, refused)
         except Exception as exc:  # noqa: BLE001 - a request the proxy cannot serve ends the cell as a harness error
@@ -178,13 +198,17 @@ class ModelProxy:
         adapter = LiteLLMAnthropicMessagesAdapter()
         chat, names = adapter.translate_anthropic_to_openai(payload)
         completion = self.complete(chat["messages"], chat.get("tools") or [])
-        message = dict(adapter.translate_openai_response_to_anthropic(model_response(completion, payload.get("model", "")), names))
+        message = dict(
+            adapter.translate_openai_response_to_anthropic(model_response(completion, payload.get("model", "")), names)
+        )
         if payload.get("stream"):
             return stream(request, anthropic_events(message))
         return send(request, 200, message)
 
     def responses(self, request: BaseHTTPRequestHandler, payload: Dict[str, Any]) -> None:
-        from litellm.responses.litellm_completion_transformation.transformation import LiteLLMCompletionResponsesConfig as bridge
+        from litellm.responses.litellm_completion_transformation.transformation import (
+            LiteLLMCompletionResponsesConfig as bridge,
+        )
 
         params = {k: v for k, v in payload.items() if k not in ("model", "input")}
         chat = bridge.transform_responses_api_request_to_chat_completion_request(
@@ -235,11 +259,27 @@ class ModelProxy:
         """A Responses turn as an ``assistant`` event of ``turns``; its calls wait for their results."""
         message = completion.message
         calls = message.get("tool_calls") or []
-        self.turns.append((time.time(), "assistant", {
-            "content": message.get("content"), "tool_calls": calls, "reasoning": completion.reasoning, "usage": vars(completion.usage),
-            "cost_usd": completion.cost_usd, "latency_s": completion.latency_s, "finish_reason": completion.finish_reason}))
+        self.turns.append(
+            (
+                time.time(),
+                "assistant",
+                {
+                    "content": message.get("content"),
+                    "tool_calls": calls,
+                    "reasoning": completion.reasoning,
+                    "usage": vars(completion.usage),
+                    "cost_usd": completion.cost_usd,
+                    "latency_s": completion.latency_s,
+                    "finish_reason": completion.finish_reason,
+                },
+            )
+        )
         for call in calls:
-            self.pending[call["id"]] = {"name": call["function"]["name"], "tool_call_id": call["id"], "arguments": call["function"]["arguments"]}
+            self.pending[call["id"]] = {
+                "name": call["function"]["name"],
+                "tool_call_id": call["id"],
+                "arguments": call["function"]["arguments"],
+            }
 
     def refuse(self, request: BaseHTTPRequestHandler, path: str, refused: Refused) -> None:
         """An error in the wire shape of the request, so the harness reads it as its provider's."""
@@ -247,7 +287,13 @@ class ModelProxy:
             kind = "invalid_request_error" if refused.overflow else "api_error"
             body = {"type": "error", "error": {"type": kind, "message": str(refused)}}
         else:
-            body = {"error": {"type": "server_error", "code": "context_length_exceeded" if refused.overflow else None, "message": str(refused)}}
+            body = {
+                "error": {
+                    "type": "server_error",
+                    "code": "context_length_exceeded" if refused.overflow else None,
+                    "message": str(refused),
+                }
+            }
         send(request, refused.status, body)
 
     # ---------------------------------------------------------------------------------------------- the model
@@ -259,7 +305,9 @@ class ModelProxy:
             stop = budget_stop(self.result, self.budgets, self.started)
             if stop:
                 self.end(stop)
-                raise Refused(429 if stop != StopReason.WALL_CLOCK else 503, f"kbsweep: {stop.value}: the run's budget is spent")
+                raise Refused(
+                    429 if stop != StopReason.WALL_CLOCK else 503, f"kbsweep: {stop.value}: the run's budget is spent"
+                )
             deadline = self.started + self.budgets.wall_s
             try:
                 completion = self.model.complete(messages, tools, deadline=deadline)

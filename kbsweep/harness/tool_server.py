@@ -8,6 +8,7 @@ tools' schemas); standard library only, since kbsweep itself is not in the sandb
 * ``kbsweep-check --mcp``: an MCP server on stdin/stdout (JSON-RPC, one message a line) offering the tools of
   ``tools.json``: how a CLI without a shell (``track.allow_shell: false``) writes, reads and checks.
 """
+
 import json
 import sys
 import urllib.request
@@ -25,10 +26,18 @@ def answer(conf, message):
     """The JSON-RPC result of one request."""
     method, params = message.get("method"), message.get("params") or {}
     if method == "initialize":
-        return {"protocolVersion": params.get("protocolVersion", "2025-06-18"), "capabilities": {"tools": {}},
-                "serverInfo": {"name": "kbsweep", "version": "1"}}
+        return {
+            "protocolVersion": params.get("protocolVersion", "2025-06-18"),
+            "capabilities": {"tools": {}},
+            "serverInfo": {"name": "kbsweep", "version": "1"},
+        }
     if method == "tools/list":
-        return {"tools": [{"name": t["name"], "description": t["description"], "inputSchema": t["parameters"]} for t in conf["tools"]]}
+        return {
+            "tools": [
+                {"name": t["name"], "description": t["description"], "inputSchema": t["parameters"]}
+                for t in conf["tools"]
+            ]
+        }
     if method == "tools/call":
         output = call(conf, params["name"], params.get("arguments") or {})["output"]
         return {"content": [{"type": "text", "text": output}], "isError": output.startswith("error:")}
@@ -43,7 +52,11 @@ def serve(conf):
         try:
             reply = {"jsonrpc": "2.0", "id": message["id"], "result": answer(conf, message)}
         except Exception as exc:  # noqa: BLE001 - the client shows the error to the model; the server keeps serving
-            reply = {"jsonrpc": "2.0", "id": message["id"], "error": {"code": -32603, "message": f"{type(exc).__name__}: {exc}"}}
+            reply = {
+                "jsonrpc": "2.0",
+                "id": message["id"],
+                "error": {"code": -32603, "message": f"{type(exc).__name__}: {exc}"},
+            }
         print(json.dumps(reply), flush=True)
 
 

@@ -7,6 +7,7 @@ nothing runs and the next cell still does not fit, the sweep starts no more cell
 finished cells recorded (their ``result.json``, earlier runs of the sweep included) plus, in this run, every attempt
 that ended: an attempt that ended without a record (a killed or lost job) counts at its caps, its spend unknown.
 """
+
 from __future__ import annotations
 
 import json
@@ -50,7 +51,11 @@ class Budget:
 
 def spend_of(result: Dict[str, Any]) -> Dict[str, float]:
     """The dollars and tokens a result recorded: the agent's and the judge's."""
-    tokens = sum(int((result.get(key) or {}).get(kind, 0)) for key in ("usage", "judge_usage") for kind in ("input_tokens", "output_tokens"))
+    tokens = sum(
+        int((result.get(key) or {}).get(kind, 0))
+        for key in ("usage", "judge_usage")
+        for kind in ("input_tokens", "output_tokens")
+    )
     return {"usd": float(result.get("cost_usd") or 0.0), "tokens": float(tokens)}
 
 
@@ -78,7 +83,9 @@ class Ledger(Budget):
             self.spent[currency] += spend[currency]
 
     def in_flight(self, currency: str) -> float:
-        return sum(caps[currency] for caps in list(self.reserved.values()))  # a copy: the progress bar reads it from its own thread
+        return sum(
+            caps[currency] for caps in list(self.reserved.values())
+        )  # a copy: the progress bar reads it from its own thread
 
     def fits(self, cell: Cell) -> bool:
         caps = self.budget.caps(cell)
@@ -102,8 +109,12 @@ class Ledger(Budget):
         self.held = [cell for cell in cells if cell.key not in self.admitted]
         if not self.held:
             return None
-        short = [c for c, cap in self.refused.items() if self.spent[c] + self.in_flight(c) + cap > self.budget.limits[c]] or list(self.budget.limits)
-        account = "; ".join(f"{self.account(c)}, the next cell's cap {amount(c, self.refused.get(c, 0.0))}" for c in short)
+        short = [
+            c for c, cap in self.refused.items() if self.spent[c] + self.in_flight(c) + cap > self.budget.limits[c]
+        ] or list(self.budget.limits)
+        account = "; ".join(
+            f"{self.account(c)}, the next cell's cap {amount(c, self.refused.get(c, 0.0))}" for c in short
+        )
         return f"sweep budget: {account}; {len(self.held)} cells not started (raise {' and '.join(f'sweep.max_{c}' for c in short)} to continue)"
 
     def status(self) -> str:

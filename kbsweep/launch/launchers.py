@@ -19,6 +19,7 @@ GPUs: a local cell may grade on any GPU of the sweep's pool (NVML's list narrowe
 each grade taking the GPU(s) it needs through the machine-wide lock (:mod:`kbsweep.grader.locks`); the agent part holds
 none. A Slurm cell is one task on one node with ``--gpus-per-node=track.world_size`` (GPU cells only).
 """
+
 from __future__ import annotations
 
 import math
@@ -207,12 +208,17 @@ class SubmititLauncher(Launcher):
                     continue
                 del running[job]
                 self.budget.ended(state.cell, result)
-                if Outcome(result["outcome"]) == Outcome.NODE_FAILURE and attempts[state.cell.key] <= self.conf["requeue_infra"]:
+                if (
+                    Outcome(result["outcome"]) == Outcome.NODE_FAILURE
+                    and attempts[state.cell.key] <= self.conf["requeue_infra"]
+                ):
                     print(f"[kbsweep] requeued {state.cell.label}: {result['message']}", file=sys.stderr, flush=True)
                     clear_for_rerun(state.cell)  # a finished agent's work stays, to be graded again
                     pending.append(state.cell)
                     continue
-                on_done(state.cell, result)  # first: the sweep logs it on a thread of its own, and counts it before the next
+                on_done(
+                    state.cell, result
+                )  # first: the sweep logs it on a thread of its own, and counts it before the next
                 fill()
 
     def preferred(self, running: List[Cell]) -> Optional[Callable[[Cell], bool]]:
@@ -245,7 +251,9 @@ class SubmititLauncher(Launcher):
             return job.result()
         except Exception as exc:  # the job died: killed, timed out, node lost
             first = str(exc).strip().splitlines()
-            return infra_result(cell, Outcome.NODE_FAILURE, f"job {job.job_id} failed ({job.state}): {first[0][:300] if first else exc}")
+            return infra_result(
+                cell, Outcome.NODE_FAILURE, f"job {job.job_id} failed ({job.state}): {first[0][:300] if first else exc}"
+            )
 
 
 @LAUNCHERS.register("local")
@@ -296,7 +304,11 @@ class LocalLauncher(SubmititLauncher):
         if job.paths.result_pickle.exists():  # local disk: no late result to wait for
             return None
         tail = job.stderr().strip().splitlines()[-1:] if job.stderr() else []
-        return infra_result(cell, Outcome.NODE_FAILURE, f"job {job.job_id} ended without a result ({job.state}){': ' + tail[0][:300] if tail else ''}")
+        return infra_result(
+            cell,
+            Outcome.NODE_FAILURE,
+            f"job {job.job_id} ended without a result ({job.state}){': ' + tail[0][:300] if tail else ''}",
+        )
 
 
 @LAUNCHERS.register("slurm")
@@ -339,7 +351,14 @@ class SlurmLauncher(SubmititLauncher):
         """The fill's cells as job arrays (:mod:`kbsweep.launch.submission`)."""
         waiting, self.waiting = self.waiting, []
         slurm = self.conf["slurm"]
-        submit_arrays(self.executor, waiting, self.parameters, self.job, int(slurm["array_parallelism"]), int(slurm["max_array_size"]))
+        submit_arrays(
+            self.executor,
+            waiting,
+            self.parameters,
+            self.job,
+            int(slurm["array_parallelism"]),
+            int(slurm["max_array_size"]),
+        )
 
     def stop(self, job: ArrayTask) -> None:
         if job.job is not None:  # an array sbatch refused has nothing to cancel
@@ -390,7 +409,11 @@ class WarmLocalLauncher(LocalLauncher):
         if job.result is None:  # the worker died mid-cell
             job.kill()
             tail = job.stderr().strip().splitlines()[-1:]
-            return infra_result(cell, Outcome.NODE_FAILURE, f"worker {job.job_id} ended without a result{': ' + tail[0][:300] if tail else ''}")
+            return infra_result(
+                cell,
+                Outcome.NODE_FAILURE,
+                f"worker {job.job_id} ended without a result{': ' + tail[0][:300] if tail else ''}",
+            )
         self.idle.append(job)
         return job.result
 

@@ -8,6 +8,7 @@ the report sets the new scores beside the old ones. The cell's audit verdict is 
 does that). A cell already regraded on this GPU is skipped unless ``--force``. Also the audit ``kbsweep grade`` gives the file it
 grades (:func:`audit_file`, as a cell's solution is audited) and its line on stderr.
 """
+
 from __future__ import annotations
 
 import json
@@ -59,8 +60,12 @@ def regrade_sweep(conf: Dict[str, Any], force: bool) -> List[Dict[str, Any]]:
             solution = Path(client.download_artifacts(row["run_id"], "solution.py", str(folder)))
             result = grade_file(conf, str(row["problem"]), solution, folder, gpu, roofline)
             summaries.append(log_regrade(tracker, row, gpu.name, result, folder))
-            print(f"[kbsweep] regraded {row.get('model')} · {row['problem']} · r{row.get('repeat')}: {row.get('gpu')} "
-                  f"{row.get('score')} -> {gpu.name} {result['outcome']} {result.get('score')}", file=sys.stderr, flush=True)
+            print(
+                f"[kbsweep] regraded {row.get('model')} · {row['problem']} · r{row.get('repeat')}: {row.get('gpu')} "
+                f"{row.get('score')} -> {gpu.name} {result['outcome']} {result.get('score')}",
+                file=sys.stderr,
+                flush=True,
+            )
     return summaries
 
 
@@ -70,8 +75,12 @@ def load_track_problem(conf: Dict[str, Any], problem_id: str):
     from kbsweep.config.problems import load_problem
 
     track, name = conf["track"], problem_id.split("/", 1)[-1]
-    return load_problem(find_problem_dir(conf["paths"]["problems"], track["problems_dir"], name, track["format"],
-                                         track.get("kernelbench_version")), track["name"])
+    return load_problem(
+        find_problem_dir(
+            conf["paths"]["problems"], track["problems_dir"], name, track["format"], track.get("kernelbench_version")
+        ),
+        track["name"],
+    )
 
 
 def grade_file(conf: Dict[str, Any], problem_id: str, solution: Path, folder: Path, gpu, roofline) -> Dict[str, Any]:
@@ -86,17 +95,35 @@ def grade_file(conf: Dict[str, Any], problem_id: str, solution: Path, folder: Pa
     return result
 
 
-def log_regrade(tracker: Tracker, row: Dict[str, Any], gpu: str, result: Dict[str, Any], folder: Path) -> Dict[str, Any]:
+def log_regrade(
+    tracker: Tracker, row: Dict[str, Any], gpu: str, result: Dict[str, Any], folder: Path
+) -> Dict[str, Any]:
     """The regrade as a run beside the cell's: the cell's labels, the new GPU, outcome, score and timings."""
-    tags = {KIND_TAG: "regrade", REGRADE_OF: row["run_id"], CELL_KEY_TAG: row["cell_key"], "kbsweep.orchestrator": owner(),
-            "gpu": gpu, "outcome": result["outcome"], **{k: str(row.get(k)) for k in ("track", "problem", "model", "harness", "repeat")}}
+    tags = {
+        KIND_TAG: "regrade",
+        REGRADE_OF: row["run_id"],
+        CELL_KEY_TAG: row["cell_key"],
+        "kbsweep.orchestrator": owner(),
+        "gpu": gpu,
+        "outcome": result["outcome"],
+        **{k: str(row.get(k)) for k in ("track", "problem", "model", "harness", "repeat")},
+    }
     run = tracker.client.create_run(tracker.experiment_id, tags=tags, run_name=f"regrade_{row['cell_key']}_{gpu}")
     scored = {**result, "score": result.get("score") if result["outcome"] == Outcome.PASS else None}
-    metrics = {k: v for k, v in cell_metrics(scored).items() if k.startswith(("shape", "speedup", "score", "passed", "grade_s"))}
+    metrics = {
+        k: v
+        for k, v in cell_metrics(scored).items()
+        if k.startswith(("shape", "speedup", "score", "passed", "grade_s"))
+    }
     tracker.log_batch(run.info.run_id, metrics=[(k, v, 0) for k, v in metrics.items()])
     tracker.client.log_artifact(run.info.run_id, str(folder / "grade.json"))
     tracker.client.set_terminated(run.info.run_id, "FINISHED")
-    return {"run_id": run.info.run_id, "regrade_of": row["run_id"], "outcome": result["outcome"], "score": scored["score"]}
+    return {
+        "run_id": run.info.run_id,
+        "regrade_of": row["run_id"],
+        "outcome": result["outcome"],
+        "score": scored["score"],
+    }
 
 
 def audit_line(audited: Any) -> str:
@@ -110,5 +137,9 @@ def audit_line(audited: Any) -> str:
 
 def audit_file(problem: Any, solution: Path, result: Dict[str, Any]) -> Dict[str, Any]:
     """A cell's audit of its solution over this grade's evidence (no transcript, no judge; a solution.py's helpers)."""
-    helpers = audit_stage.workspace_helpers(solution.parent, problem.reference.read_text()) if solution.name == "solution.py" else {}
+    helpers = (
+        audit_stage.workspace_helpers(solution.parent, problem.reference.read_text())
+        if solution.name == "solution.py"
+        else {}
+    )
     return audit_stage.audit(solution.read_text(), problem.spec.forbidden, result, problem=problem, helpers=helpers)

@@ -7,6 +7,7 @@ where the launcher has a preference. How, on Slurm: the cells one fill of the qu
 tasks at once (Slurm's ``--array=0-N%P``). A task stays one cell: its own job id (``<array>_<index>``) is what is
 polled, cancelled (preempted, Ctrl-C) and accounted, and a requeued cell goes in a later array.
 """
+
 from __future__ import annotations
 
 import json
@@ -29,7 +30,12 @@ def provider_caps(cells: Iterable[Cell]) -> Dict[str, int]:
     return caps
 
 
-def next_cell(pending: Iterable[Cell], running: List[Cell], caps: Dict[str, int], preferred: Optional[Callable[[Cell], bool]] = None) -> Optional[Cell]:
+def next_cell(
+    pending: Iterable[Cell],
+    running: List[Cell],
+    caps: Dict[str, int],
+    preferred: Optional[Callable[[Cell], bool]] = None,
+) -> Optional[Cell]:
     """The first pending cell whose provider is below its cap; the first ``preferred`` one if there is one. A
     cell's agent makes one model call at a time, so the caps bound the calls in flight per provider across every
     process of the sweep (the judge's calls come on top)."""
@@ -60,8 +66,14 @@ class ArrayTask:
         return getattr(self.job, name)
 
 
-def submit_arrays(executor: Any, tasks: List[ArrayTask], parameters: Callable[[Cell], Dict[str, Any]], job: Callable,
-                  parallelism: int, max_size: int) -> None:
+def submit_arrays(
+    executor: Any,
+    tasks: List[ArrayTask],
+    parameters: Callable[[Cell], Dict[str, Any]],
+    job: Callable,
+    parallelism: int,
+    max_size: int,
+) -> None:
     """Submit ``tasks`` as job arrays: one per set of equal ``parameters(cell)`` (an array has one time limit and
     GPU count) and at most ``max_size`` long, each running at most ``parallelism`` tasks at once; each task gets
     its job, ``job(cell, None)``. sbatch refusing an array is an InfraError naming a cell of it."""
@@ -75,7 +87,9 @@ def submit_arrays(executor: Any, tasks: List[ArrayTask], parameters: Callable[[C
             try:
                 with executor.batch():
                     jobs = [executor.submit(job, task.cell, None) for task in chunk]
-            except Exception as exc:  # sbatch refused it (a bad partition, a down controller, a full queue): no traceback
+            except (
+                Exception
+            ) as exc:  # sbatch refused it (a bad partition, a down controller, a full queue): no traceback
                 detail = (str(exc).strip().splitlines() or [type(exc).__name__])[-1][:300]
                 what = chunk[0].cell.label if len(chunk) == 1 else f"{len(chunk)} cells ({chunk[0].cell.label}, ...)"
                 raise InfraError(f"Slurm refused the job of {what}: {detail}") from None

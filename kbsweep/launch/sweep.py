@@ -7,6 +7,7 @@ journal that was never logged is logged first). ``--force`` redoes every cell. O
 outputs folder at a time (a lock file says so). A sweep's budget (:mod:`kbsweep.launch.budget`) may leave cells
 unstarted: they are neither logged nor unfinished, and a rerun with a raised budget runs them.
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -37,7 +38,13 @@ class Progress:
     """Cells done and running, the ended ones by outcome, and dollars spent: a live rich bar on a terminal (with
     ``table()``, the running cells, under it), one line per event otherwise."""
 
-    def __init__(self, total: int, console=None, table: Optional[Callable[[], Any]] = None, budget: Callable[[], str] = lambda: ""):
+    def __init__(
+        self,
+        total: int,
+        console=None,
+        table: Optional[Callable[[], Any]] = None,
+        budget: Callable[[], str] = lambda: "",
+    ):
         from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress as RichProgress, TextColumn, TimeElapsedColumn
 
@@ -53,8 +60,14 @@ class Progress:
         self.console = console or Console(stderr=True)
         self.bar = None
         if self.console.is_terminal:
-            self.bar = Bar(TextColumn("[bold]kbsweep"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[status]}"),
-                           TimeElapsedColumn(), console=self.console)
+            self.bar = Bar(
+                TextColumn("[bold]kbsweep"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("{task.fields[status]}"),
+                TimeElapsedColumn(),
+                console=self.console,
+            )
             self.task = self.bar.add_task("cells", total=total, status=self.status())
 
     @property
@@ -63,7 +76,9 @@ class Progress:
         return sum(n for outcome, n in self.outcomes.items() if outcome.is_infra)
 
     def status(self) -> str:
-        ended = [f"{self.outcomes[o]} {o.value}" + (" (infra)" if o.is_infra else "") for o in Outcome if self.outcomes[o]]
+        ended = [
+            f"{self.outcomes[o]} {o.value}" + (" (infra)" if o.is_infra else "") for o in Outcome if self.outcomes[o]
+        ]
         return ", ".join([f"{self.running} running", *ended, f"${self.usd:.2f} spent"]) + self.budget()
 
     def line(self) -> str:
@@ -103,14 +118,18 @@ def sweep_lock(outputs: Path, sweep: str) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             handle.seek(0)
-            raise KbsweepError(f"sweep '{sweep}' is already running from {handle.read().strip() or 'another process'}; wait for it or stop it") from None
+            raise KbsweepError(
+                f"sweep '{sweep}' is already running from {handle.read().strip() or 'another process'}; wait for it or stop it"
+            ) from None
         handle.truncate(0)
         handle.write(owner())
         handle.flush()
         yield
 
 
-def plan(cells: List[Cell], finished: Dict[str, str], logged: Set[str], force: bool) -> Tuple[List[Cell], List[Cell], List[Cell]]:
+def plan(
+    cells: List[Cell], finished: Dict[str, str], logged: Set[str], force: bool
+) -> Tuple[List[Cell], List[Cell], List[Cell]]:
     """(cells to run, cells to log from their journal, cells to run whose last journal, an infra or a forced one,
     was never logged: logged first so nothing is lost)."""
     todo, replay, salvage = [], [], []
@@ -118,7 +137,10 @@ def plan(cells: List[Cell], finished: Dict[str, str], logged: Set[str], force: b
         if cell.key in finished:
             continue
         if cell_busy(cell) and not reclaim(cell):
-            print(f"[kbsweep] {cell.label}: still held by an orphaned job that could not be stopped; left for the next run", file=sys.stderr)
+            print(
+                f"[kbsweep] {cell.label}: still held by an orphaned job that could not be stopped; left for the next run",
+                file=sys.stderr,
+            )
             continue
         stored = journal(cell)
         recorded = CellResult.from_json(stored) if stored else None
@@ -132,7 +154,11 @@ def plan(cells: List[Cell], finished: Dict[str, str], logged: Set[str], force: b
 
 
 def run_sweep(
-    cells: List[Cell], tracking: Dict[str, Any], launcher: Dict[str, Any], force: bool, before: Callable[[List[Cell]], None] = lambda todo: None,
+    cells: List[Cell],
+    tracking: Dict[str, Any],
+    launcher: Dict[str, Any],
+    force: bool,
+    before: Callable[[List[Cell]], None] = lambda todo: None,
     budget: Optional[Budget] = None,
 ) -> List[Cell]:
     """Run every cell not already finished that ``budget`` admits (its ``held`` then lists those it did not); log
@@ -143,7 +169,9 @@ def run_sweep(
         return []
     with sweep_lock(Path(cells[0].paths["outputs"]), cells[0].sweep):
         saved = None if force else snapshot.load(history_path(cells[0]), tracking["uri"])
-        if saved is not None and all(c.key in saved["finished"] for c in cells):  # nothing to do: MLflow is not even imported
+        if saved is not None and all(
+            c.key in saved["finished"] for c in cells
+        ):  # nothing to do: MLflow is not even imported
             announce(cells, len(cells), 0, 0, 0)
             return []
         return orchestrate(cells, tracking, launcher, force, before, budget or Budget())
@@ -187,8 +215,12 @@ class Attempt:
         except Exception:
             self.down = server_down(self.uri)
             if self.down:
-                print(f"[kbsweep] tracking: no MLflow server answers at {self.uri} ({self.down}); nothing more is logged by this run, "
-                      "finished cells' results stay on disk and the next run logs them", file=sys.stderr, flush=True)
+                print(
+                    f"[kbsweep] tracking: no MLflow server answers at {self.uri} ({self.down}); nothing more is logged by this run, "
+                    "finished cells' results stay on disk and the next run logs them",
+                    file=sys.stderr,
+                    flush=True,
+                )
             else:
                 traceback.print_exc(file=sys.stderr)
             return None
@@ -223,8 +255,14 @@ class InOrder:
             self.raise_failed()
 
 
-def orchestrate(cells: List[Cell], tracking: Dict[str, Any], launcher: Dict[str, Any], force: bool, before: Callable[[List[Cell]], None],
-                budget: Budget) -> List[Cell]:
+def orchestrate(
+    cells: List[Cell],
+    tracking: Dict[str, Any],
+    launcher: Dict[str, Any],
+    force: bool,
+    before: Callable[[List[Cell]], None],
+    budget: Budget,
+) -> List[Cell]:
     tracker = Tracker(tracking["uri"], tracking["artifact_root"], cells[0].sweep, tracking["trace_spans"])
     attempt = Attempt(tracking["uri"])
     stale = tracker.close_stale()
@@ -233,16 +271,22 @@ def orchestrate(cells: List[Cell], tracking: Dict[str, Any], launcher: Dict[str,
     skipped = len(cells) - len(todo) - len(replay)
     announce(cells, skipped, len(replay), len(todo), stale)
     budget.count(cell_dir(cells[0]).parent, {c.key for c in todo})
-    if not (replay or salvage) and todo and not budget.fits(todo[0]):  # the budget starts nothing: no preflight, no parent run
+    if (
+        not (replay or salvage) and todo and not budget.fits(todo[0])
+    ):  # the budget starts nothing: no preflight, no parent run
         print(f"[kbsweep] {budget.hold(todo)}", file=sys.stderr)
         todo = []
     if not (todo or replay or salvage):  # no parent run for an invocation that logs nothing
         return unfinished(cells, finished, budget)
     runner = make_launcher(launcher)
     runner.budget = budget
-    runner.check(todo)  # a cell the launcher cannot run (too few GPUs) is refused before the preflight's requests and any run
+    runner.check(
+        todo
+    )  # a cell the launcher cannot run (too few GPUs) is refused before the preflight's requests and any run
     before(todo)
-    tracker.start_sweep({"launcher": launcher["kind"], "force": str(force), **flatten("launcher", launcher, {})}, len(cells))
+    tracker.start_sweep(
+        {"launcher": launcher["kind"], "force": str(force), **flatten("launcher", launcher, {})}, len(cells)
+    )
     unlogged: List[str] = []
 
     def log(cell: Cell, run_id: Optional[str], result: CellResult, live_metrics: Sequence[tuple] = ()) -> None:
@@ -259,7 +303,9 @@ def orchestrate(cells: List[Cell], tracking: Dict[str, Any], launcher: Dict[str,
         log(cell, None, CellResult.from_json(journal(cell)))
     todo = [c for c in todo if c.key not in unlogged]  # an unlogged journal is neither cleared nor redone
     for cell in todo:
-        clear_for_rerun(cell, keep=not force)  # an infra result, a forced one, or a half-written cell: a finished agent's work stays
+        clear_for_rerun(
+            cell, keep=not force
+        )  # an infra result, a forced one, or a half-written cell: a finished agent's work stays
     run_ids: Dict[str, Optional[str]] = {}
     started: Dict[str, Cell] = {}  # the cells by key, as they start
     live = LiveCells(lambda run_id, metrics: attempt(tracker.log_batch, run_id, None, None, metrics))
@@ -283,14 +329,20 @@ def orchestrate(cells: List[Cell], tracking: Dict[str, Any], launcher: Dict[str,
             progress.usd += result.cost_usd or 0.0
             progress.outcomes[result.outcome] += 1
             score = result.score
-            progress.show(f"{cell.label}: {result.outcome.value}" + (f" score={score:.4g}" if score is not None else ""))
+            progress.show(
+                f"{cell.label}: {result.outcome.value}" + (f" score={score:.4g}" if score is not None else "")
+            )
 
         def interrupted() -> None:
             """Ctrl-C: the launcher has stopped the running cells; their runs are closed, and what is left is said."""
             for run_id in filter(None, run_ids.values()):
                 attempt(tracker.stop_run, run_id)
-            print(f"[kbsweep] interrupted: {progress.done} of {len(todo) + len(replay)} cells finished and logged, {len(run_ids)} stopped; "
-                  "the same command resumes the rest", file=sys.stderr, flush=True)
+            print(
+                f"[kbsweep] interrupted: {progress.done} of {len(todo) + len(replay)} cells finished and logged, {len(run_ids)} stopped; "
+                "the same command resumes the rest",
+                file=sys.stderr,
+                flush=True,
+            )
 
         def refused(reason: str) -> None:
             """The launcher gave up on its cells (Slurm refused a job): those started and not done end now as
@@ -318,16 +370,29 @@ def orchestrate(cells: List[Cell], tracking: Dict[str, Any], launcher: Dict[str,
                     raise
             status = "FINISHED" if not progress.infra and not unlogged else "FAILED"
         finally:
-            summary = {"cells_run": len(todo) - len(budget.held), "cells_replayed": len(replay), "cells_salvaged": len(salvage), "cells_skipped": skipped,
-                       "cells_failed": progress.infra, "cells_unlogged": len(unlogged), "cells_not_started_budget": len(budget.held), "usd": progress.usd}
+            summary = {
+                "cells_run": len(todo) - len(budget.held),
+                "cells_replayed": len(replay),
+                "cells_salvaged": len(salvage),
+                "cells_skipped": skipped,
+                "cells_failed": progress.infra,
+                "cells_unlogged": len(unlogged),
+                "cells_not_started_budget": len(budget.held),
+                "usd": progress.usd,
+            }
             attempt(tracker.end_sweep, status, summary)
     if held:
         print(f"[kbsweep] {held}", file=sys.stderr)
     if unlogged:
-        print(f"[kbsweep] {len(unlogged)} results are on disk but not in tracking; run the sweep again to log them", file=sys.stderr)
+        print(
+            f"[kbsweep] {len(unlogged)} results are on disk but not in tracking; run the sweep again to log them",
+            file=sys.stderr,
+        )
     # the history as logged here, not read back (a search of every cell run of the sweep: ~35 s at 10 000 cells),
     # stamped after the last write: one orchestrator per sweep, so no other process logged its cells meanwhile
-    attempt(snapshot.save, history_path(cells[0]), tracking["uri"], snapshot.stamp(tracking["uri"]), {"finished": finished})
+    attempt(
+        snapshot.save, history_path(cells[0]), tracking["uri"], snapshot.stamp(tracking["uri"]), {"finished": finished}
+    )
     return unfinished(cells, finished, budget)
 
 

@@ -2,6 +2,7 @@
 a length-prefixed pickle protocol on their stdin and stdout), a job's watch on the orchestrator (the job ends with
 its whole tree once the orchestrator is gone) and the result of a job that ended without one. The launchers that
 submit jobs are :mod:`kbsweep.launch.launchers`'s."""
+
 from __future__ import annotations
 
 import os
@@ -70,8 +71,13 @@ class Worker:
         self.pickle = cloudpickle
         self.log = folder / f"worker-{time.time_ns()}.log"
         with open(self.log, "wb") as err:
-            self.proc = subprocess.Popen([sys.executable, "-c", "from kbsweep.launch.workers import serve_cells; serve_cells()", supervisor],
-                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, start_new_session=True)
+            self.proc = subprocess.Popen(
+                [sys.executable, "-c", "from kbsweep.launch.workers import serve_cells; serve_cells()", supervisor],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=err,
+                start_new_session=True,
+            )
         self.job_id = str(self.proc.pid)
         self.result: Optional[Dict[str, Any]] = None
         self.cell: Optional[Cell] = None  # the last one it was given
@@ -125,5 +131,7 @@ def serve_cells() -> None:
         try:
             result = job(cell, visible)
         except Exception as exc:  # noqa: BLE001 - the job's failure is the cell's node failure, not the worker's
-            result = infra_result(cell, Outcome.NODE_FAILURE, f"worker {os.getpid()} failed: {type(exc).__name__}: {exc}"[:300])
+            result = infra_result(
+                cell, Outcome.NODE_FAILURE, f"worker {os.getpid()} failed: {type(exc).__name__}: {exc}"[:300]
+            )
         send_frame(replies, pickle.dumps(result))

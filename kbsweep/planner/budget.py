@@ -1,6 +1,7 @@
 """A sweep's budget at plan time: ``sweep.max_usd`` and ``sweep.max_tokens``, each cell's caps (the per-cell
 ``track.max_usd`` / ``track.max_tokens`` it reserves while it runs), the worst case of a plan, and the refusal of a
 budget some cell has no cap for. The orchestrator's account of it is :mod:`kbsweep.launch.budget`."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -39,12 +40,19 @@ class SweepBudget:
         """What a plan shows: the limits, the worst case of ``cells``, and whether the budget may stop them (before
         what earlier runs of the sweep spent)."""
         worst = self.worst_case(cells)
-        return {"limits": dict(self.limits), "worst_case": worst, "may_stop": any(worst[c] > self.limits[c] for c in self.limits)}
+        return {
+            "limits": dict(self.limits),
+            "worst_case": worst,
+            "may_stop": any(worst[c] > self.limits[c] for c in self.limits),
+        }
 
 
 def plan_line(summary: Dict[str, Any]) -> str:
     """A plan's budget (:meth:`SweepBudget.to_dict`) as one line."""
-    each = [f"{amount(c, limit)} (sweep.max_{c}), worst case {amount(c, summary['worst_case'][c])}" for c, limit in summary["limits"].items()]
+    each = [
+        f"{amount(c, limit)} (sweep.max_{c}), worst case {amount(c, summary['worst_case'][c])}"
+        for c, limit in summary["limits"].items()
+    ]
     verdict = "the budget may stop it (cells not started)" if summary["may_stop"] else "within the budget"
     return f"sweep budget: {'; '.join(each)} (every cell at its track caps): {verdict}"
 
@@ -57,7 +65,9 @@ def sweep_budget(cfgs: Sequence[DictConfig], cells: List[Cell]) -> Optional[Swee
 
     budgets = {tuple(OmegaConf.select(cfg, f"sweep.max_{c}") for c in CURRENCIES) for cfg, _ in as_jobs(cfgs).units}
     if len(budgets) > 1:
-        raise KbsweepError(f"{CONFIG_YAML}: key 'sweep.max_usd': a sweep has one budget; its jobs set {sorted(budgets, key=str)} (usd, tokens)")
+        raise KbsweepError(
+            f"{CONFIG_YAML}: key 'sweep.max_usd': a sweep has one budget; its jobs set {sorted(budgets, key=str)} (usd, tokens)"
+        )
     limits = {c: float(v) for c, v in zip(CURRENCIES, budgets.pop()) if v is not None}
     if not limits:
         return None

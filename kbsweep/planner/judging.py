@@ -4,6 +4,7 @@
 configures a keyed model (a litellm model whose YAML names its key's variable, ``api_key_env``) is judged on its
 scored tracks by the cheapest such model, for the tokens of one judge call (:data:`JUDGE_TOKENS`); a sweep of
 keyless models only (the embedded default: the ``scripted`` model) has no judge. ``off`` turns the judge off."""
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence
@@ -78,5 +79,10 @@ def estimate(cells: Sequence[Cell]) -> Optional[Dict[str, Any]]:
         models[str(cell.judge.get("name"))] = models.get(str(cell.judge.get("name")), 0) + 1
     costs = [call_usd(cell.judge) for cell in judged]
     usd = None if any(c is None for c in costs) else sum(costs)
-    return {"models": models, "cells": len(judged), "usd": usd, "expected_tokens": dict(JUDGE_TOKENS),
-            "unpriced": sorted({str(c.judge.get("name")) for c in judged if call_usd(c.judge) is None})}
+    return {
+        "models": models,
+        "cells": len(judged),
+        "usd": usd,
+        "expected_tokens": dict(JUDGE_TOKENS),
+        "unpriced": sorted({str(c.judge.get("name")) for c in judged if call_usd(c.judge) is None}),
+    }

@@ -1,4 +1,5 @@
 """The matrix: composed configs → cells (model × problem × gpu × repeat), each with a stable key."""
+
 from __future__ import annotations
 
 import hashlib
@@ -42,14 +43,20 @@ class Cell:
     @property
     def label(self) -> str:
         """``model · problem · gpu · rN``; a harness other than the built-in loop shows as ``model@harness``."""
-        who = self.model["name"] if self.harness["name"] == BUILTIN_HARNESS["name"] else f"{self.model['name']}@{self.harness['name']}"
+        who = (
+            self.model["name"]
+            if self.harness["name"] == BUILTIN_HARNESS["name"]
+            else f"{self.model['name']}@{self.harness['name']}"
+        )
         return f"{who} · {self.problem} · {self.gpu.name} · r{self.repeat}"
 
 
 BUILTIN_HARNESS = {"name": "builtin", "runner": "builtin"}
 
 
-def cell_key(model: Dict, gpu: GpuSpec, track: Dict, problem: str, deck_version: str, repeat: int, harness: Optional[Dict] = None) -> str:
+def cell_key(
+    model: Dict, gpu: GpuSpec, track: Dict, problem: str, deck_version: str, repeat: int, harness: Optional[Dict] = None
+) -> str:
     """Hash of what makes a result: the resolved config without volatile fields, the deck version, the repeat,
     the harness. The judge is not part of it: adding or changing ``audit.judge`` redoes no finished cell
     (``kbsweep audit`` re-audits those)."""
@@ -61,13 +68,17 @@ def cell_key(model: Dict, gpu: GpuSpec, track: Dict, problem: str, deck_version:
         "deck_version": deck_version,
         "repeat": repeat,
     }
-    if harness and harness["name"] != BUILTIN_HARNESS["name"]:  # the built-in loop's cells keep their keys from before harnesses
+    if (
+        harness and harness["name"] != BUILTIN_HARNESS["name"]
+    ):  # the built-in loop's cells keep their keys from before harnesses
         stable["harness"] = {k: harness.get(k) for k in ("name", "version")}
     return hashlib.sha256(json.dumps(stable, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def selected_problems(cfg: DictConfig) -> List[str]:
-    names = list(cfg.track.problems) or track_problem_names(list(cfg.paths.problems), cfg.track.problems_dir, cfg.track.format)
+    names = list(cfg.track.problems) or track_problem_names(
+        list(cfg.paths.problems), cfg.track.problems_dir, cfg.track.format
+    )
     wanted = cfg.problem
     if wanted is None:
         return names
@@ -84,12 +95,18 @@ def cells_of(cfg: DictConfig, repeats: Optional[Sequence[int]] = None) -> List[C
     (``repeats``: those of the jobs that differ from ``cfg`` only in their repeat, :class:`kbsweep.config.jobs.Jobs`;
     None: cfg's own)."""
     container = OmegaConf.to_container(cfg, resolve=True)
-    Budgets.of_cell(container["model"], container["track"])  # refuses budgets it could not enforce, before anything runs
-    runner_for(container["harness"]).preflight(container["model"])  # refuses a harness that is missing or cannot drive this model
+    Budgets.of_cell(
+        container["model"], container["track"]
+    )  # refuses budgets it could not enforce, before anything runs
+    runner_for(container["harness"]).preflight(
+        container["model"]
+    )  # refuses a harness that is missing or cannot drive this model
     judge = judge_conf(cfg)
     cells = []
     names = selected_problems(cfg)
-    folders = find_problem_dirs(list(cfg.paths.problems), cfg.track.problems_dir, names, cfg.track.format, cfg.track.kernelbench_version)
+    folders = find_problem_dirs(
+        list(cfg.paths.problems), cfg.track.problems_dir, names, cfg.track.format, cfg.track.kernelbench_version
+    )
     gpu = GpuSpec(**container["gpu"])
     problems = [(folder, load_problem(folder, cfg.track.name)) for folder in folders]
     decks = [problem.deck_hash() for _, problem in problems]
@@ -159,12 +176,21 @@ def estimate(cells: List[Cell]) -> Dict[str, Any]:
         hours = cell.track["time_cap_s"] / 3600 * max(1, cell.track["world_size"])
         gpu_hours += hours
         rent += hours * (cell.gpu.hourly_usd or 0.0)
-    expected = {c.model["name"]: dict(c.model["expected_tokens"]) for c in cells if c.model.get("provider") == "litellm"}
+    expected = {
+        c.model["name"]: dict(c.model["expected_tokens"]) for c in cells if c.model.get("provider") == "litellm"
+    }
     judge = judging.estimate(cells)  # the judge's calls are model spend too
     usd += (judge or {}).get("usd") or 0.0
     unpriced |= set((judge or {}).get("unpriced", ()))
-    return {"cells": len(cells), "model_usd": usd, "unpriced_models": sorted(unpriced), "gpu_hours_cap": gpu_hours, "rent_usd_cap": rent,
-            "expected_tokens": expected, "judge": judge}
+    return {
+        "cells": len(cells),
+        "model_usd": usd,
+        "unpriced_models": sorted(unpriced),
+        "gpu_hours_cap": gpu_hours,
+        "rent_usd_cap": rent,
+        "expected_tokens": expected,
+        "judge": judge,
+    }
 
 
 def cell_dir(cell: Cell) -> Path:

@@ -1,5 +1,6 @@
 """A sweep's plan: its cells, harnesses, cost estimate, budget and missing keys, before anything runs (``kbsweep plan``,
 :func:`kbsweep.plan`)."""
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
@@ -43,7 +44,9 @@ class Plan:
 
 
 def planned(cell: Any) -> PlannedCell:
-    return PlannedCell(cell.key, cell.label, cell.model["name"], cell.harness["name"], cell.problem, cell.gpu.name, cell.repeat)
+    return PlannedCell(
+        cell.key, cell.label, cell.model["name"], cell.harness["name"], cell.problem, cell.gpu.name, cell.repeat
+    )
 
 
 def plan_sweep(cfgs: Sequence[Any]) -> Plan:
@@ -64,7 +67,14 @@ def plan_of(cells: List[Any], budget: Optional[SweepBudget] = None) -> Plan:
     est = estimate(cells)
     harnesses = {cell.harness["name"]: cell.harness for cell in cells}
     return Plan(
-        cells=[planned(c) for c in cells], model_usd=est["model_usd"], unpriced_models=est["unpriced_models"], gpu_hours_cap=est["gpu_hours_cap"],
-        rent_usd_cap=est["rent_usd_cap"], expected_tokens=est["expected_tokens"], harnesses=[runner_for(h).describe() for h in harnesses.values()],
-        missing_keys=[check.line() for check in missing_keys(cells)], budget=budget.to_dict(cells) if budget else None, judge=est["judge"],
+        cells=[planned(c) for c in cells],
+        model_usd=est["model_usd"],
+        unpriced_models=est["unpriced_models"],
+        gpu_hours_cap=est["gpu_hours_cap"],
+        rent_usd_cap=est["rent_usd_cap"],
+        expected_tokens=est["expected_tokens"],
+        harnesses=[runner_for(h).describe() for h in harnesses.values()],
+        missing_keys=[check.line() for check in missing_keys(cells)],
+        budget=budget.to_dict(cells) if budget else None,
+        judge=est["judge"],
     )

@@ -9,6 +9,7 @@ stderr), so one 429, 5xx, empty reply or reset connection does not refuse a whol
 In every mode a litellm model without a ``route`` is refused (a config error). Scripted and replay models call no
 provider and are not checked. The LLM judge (``audit.judge``) is checked too.
 """
+
 from __future__ import annotations
 
 import os
@@ -58,7 +59,9 @@ def models_of(cells: Iterable[Any]) -> Dict[str, Dict[str, Any]]:
         for conf in (cell.model, cell.judge):
             if conf and conf.get("provider") == "litellm":
                 if not conf.get("route"):
-                    raise KbsweepError(f"model/{conf['name']}.yaml: key 'route': missing; provider 'litellm' needs a litellm model string (e.g. openai/gpt-5.5)")
+                    raise KbsweepError(
+                        f"model/{conf['name']}.yaml: key 'route': missing; provider 'litellm' needs a litellm model string (e.g. openai/gpt-5.5)"
+                    )
                 found.setdefault(conf["name"], conf)
     return found
 
@@ -89,27 +92,46 @@ def live_check(conf: Dict[str, Any]) -> Check:
     policy = RetryPolicy.from_config(conf.get("retry"))
     retry = {**asdict(policy), "budget_s": min(policy.budget_s, PROBE_BUDGET_S)}
     # no reasoning effort: Anthropic refuses a thinking budget above max_tokens
-    probe = {**conf, "reasoning_effort": None, "max_output_tokens": PROBE_TOKENS, "timeout_s": min(float(conf.get("timeout_s") or PROBE_TIMEOUT_S), PROBE_TIMEOUT_S),
-             "retry": retry}
+    probe = {
+        **conf,
+        "reasoning_effort": None,
+        "max_output_tokens": PROBE_TOKENS,
+        "timeout_s": min(float(conf.get("timeout_s") or PROBE_TIMEOUT_S), PROBE_TIMEOUT_S),
+        "retry": retry,
+    }
 
     def say(record: Dict[str, Any]) -> None:
         status = f"{record['status']} " if record["status"] else ""
-        print(f"[kbsweep] preflight: model '{check.model}': attempt {record['attempt']} of {record.get('max_attempts', policy.max_attempts)}: {status}"
-              f"{provider_answer(record['message'])}; retrying in {record['delay_s']:.1f} s", file=sys.stderr, flush=True)
+        print(
+            f"[kbsweep] preflight: model '{check.model}': attempt {record['attempt']} of {record.get('max_attempts', policy.max_attempts)}: {status}"
+            f"{provider_answer(record['message'])}; retrying in {record['delay_s']:.1f} s",
+            file=sys.stderr,
+            flush=True,
+        )
 
     model = LiteLLMModel(probe, on_retry=say)
     try:
         reply = model.complete([{"role": "user", "content": "Reply with the word ok."}], [])
     except ProviderFault as fault:
-        return Check(check.model, check.route, check.key_env, "failed", refusal(fault), fault.outcome.value, fault.cost_usd)
-    check.detail = f"answered in {reply.latency_s:.1f} s" + (f" after {len(model.last_retries)} retries" if model.last_retries else "")
+        return Check(
+            check.model, check.route, check.key_env, "failed", refusal(fault), fault.outcome.value, fault.cost_usd
+        )
+    check.detail = f"answered in {reply.latency_s:.1f} s" + (
+        f" after {len(model.last_retries)} retries" if model.last_retries else ""
+    )
     check.cost_usd = reply.cost_usd
     return check
 
 
 def refusal(fault: Any) -> str:
     """A probe's failure in one line: the outcome, what the provider answered (status and message), the attempts."""
-    answered = "" if not getattr(fault, "reached", True) else f"the provider answered {fault.status}: " if fault.status else "the provider answered: "
+    answered = (
+        ""
+        if not getattr(fault, "reached", True)
+        else f"the provider answered {fault.status}: "
+        if fault.status
+        else "the provider answered: "
+    )
     attempts = f" (after {fault.attempts} attempts)" if fault.attempts > 1 else ""
     return f"{fault.outcome.value}: {answered}{fault.answer}{attempts}"
 

@@ -9,6 +9,7 @@ only: no compute, no GPU needed). A reference that passed is remembered by conte
 (``~/.cache/kbsweep/validated.json``, for any outputs folder), so a plan stays quick. Every error is one line
 naming the file and key.
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -32,8 +33,18 @@ if TYPE_CHECKING:  # a type only: the matrix calls this module, so a runtime imp
     from kbsweep.planner.matrix import Cell
 
 # torch dtype names a tolerance may be keyed by (checks.dtype_key of an output's dtype)
-DTYPES = ("float64", "float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz",
-          "complex64", "complex128")
+DTYPES = (
+    "float64",
+    "float32",
+    "float16",
+    "bfloat16",
+    "float8_e4m3fn",
+    "float8_e5m2",
+    "float8_e4m3fnuz",
+    "float8_e5m2fnuz",
+    "complex64",
+    "complex128",
+)
 TOLERANCE_KEYS = ("atol", "rtol", "cosine")
 PROBE_TIMEOUT_S = 120.0  # torch's import dominates; a reference that hangs past it is an error
 PROBE_EACH_S = 10.0  # and this much more per reference probed (a KernelBench level probes 100 in one process)
@@ -46,7 +57,13 @@ def check_cells(cells: List[Cell]) -> None:
     probes: Dict[str, Tuple[Path, Dict[str, Any], bool]] = {}
     checked = set()
     for cell in cells:
-        what = (cell.problem_dir, cell.track["name"], cell.gpu.shape_set, tuple(cell.paths["roofline_specs"]), cell.gpu.roofline)
+        what = (
+            cell.problem_dir,
+            cell.track["name"],
+            cell.gpu.shape_set,
+            tuple(cell.paths["roofline_specs"]),
+            cell.gpu.roofline,
+        )
         if what in checked:  # a sweep's repeats and models check the same problems
             continue
         checked.add(what)
@@ -74,8 +91,12 @@ def check_problem(problem: Problem, shape_set: str, roofline: Dict[str, Any], ro
             for key, value in shape.items():
                 size = isinstance(value, int) and not isinstance(value, bool)
                 if (size and value < 1) or (isinstance(value, float) and not (math.isfinite(value) and value >= 0)):
-                    raise KbsweepError(f"{path}: key '{group}[{i}].{key}': must be a size >= 1 (a float >= 0), got {value!r}")
-    tables = [("tolerance", spec.tolerance)] + [(f"stress[{i}].tolerance", case.tolerance) for i, case in enumerate(spec.stress)]
+                    raise KbsweepError(
+                        f"{path}: key '{group}[{i}].{key}': must be a size >= 1 (a float >= 0), got {value!r}"
+                    )
+    tables = [("tolerance", spec.tolerance)] + [
+        (f"stress[{i}].tolerance", case.tolerance) for i, case in enumerate(spec.stress)
+    ]
     for where, table in tables:
         for dtype, tolerance in (table or {}).items():
             check_tolerance(path, f"{where}.{dtype}", dtype, tolerance)
@@ -88,7 +109,9 @@ def check_problem(problem: Problem, shape_set: str, roofline: Dict[str, Any], ro
     if spec.seeds < 1:
         raise KbsweepError(f"{path}: key 'seeds': must be an integer >= 1, got {spec.seeds!r}")
     if spec.peak and spec.peak not in roofline["peaks_tflops"]:
-        raise KbsweepError(f"{path}: key 'peak': '{spec.peak}' is not a peak of roofline spec '{roofline_name}' ({', '.join(roofline['peaks_tflops'])})")
+        raise KbsweepError(
+            f"{path}: key 'peak': '{spec.peak}' is not a peak of roofline spec '{roofline_name}' ({', '.join(roofline['peaks_tflops'])})"
+        )
 
 
 def check_tolerance(path: Path, where: str, dtype: str, tolerance: Any) -> None:
@@ -107,7 +130,11 @@ def smallest(problem: Problem) -> Dict[str, Any]:
     """The shape with the fewest elements (product of its integer values) of either shape set: the cheapest probe.
     A KernelBench problem's shapes are overrides of its file's sizes (``{}`` is the file as written, its largest):
     its smoke shape, sized to fit the CPU budget, is the probe's."""
-    shapes = problem.shapes("smoke_shapes") if problem.spec.kernelbench else problem.shapes("shapes") + problem.shapes("smoke_shapes")
+    shapes = (
+        problem.shapes("smoke_shapes")
+        if problem.spec.kernelbench
+        else problem.shapes("shapes") + problem.shapes("smoke_shapes")
+    )
     return min(shapes, key=lambda s: math.prod(v for v in s.values() if isinstance(v, int) and not isinstance(v, bool)))
 
 
@@ -124,17 +151,28 @@ def check_references(probes: Iterable[Tuple[Path, Dict[str, Any], bool]], prober
     todo = [t for t in todo if t[3] not in known]
     if not todo:
         return
-    request = json.dumps([{"reference": str(path), "shape": shape, "forward": forward} for path, shape, forward, _ in todo])
+    request = json.dumps(
+        [{"reference": str(path), "shape": shape, "forward": forward} for path, shape, forward, _ in todo]
+    )
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "CUDA_VISIBLE_DEVICES": ""}
     limit = PROBE_TIMEOUT_S + PROBE_EACH_S * len(todo)
     try:
         ran = prober(request, limit) if prober else None
         if ran is None:
-            proc = subprocess.run([sys.executable, "-m", "kbsweep.planner.validate"], input=request, capture_output=True, text=True, env=env,
-                                  timeout=limit, cwd=REPO_ROOT)
+            proc = subprocess.run(
+                [sys.executable, "-m", "kbsweep.planner.validate"],
+                input=request,
+                capture_output=True,
+                text=True,
+                env=env,
+                timeout=limit,
+                cwd=REPO_ROOT,
+            )
             ran = proc.returncode, proc.stdout, proc.stderr
     except subprocess.TimeoutExpired:
-        raise KbsweepError(f"{todo[0][0]}: probing the references took over {limit:.0f} s (a reference hangs on import or forward?)") from None
+        raise KbsweepError(
+            f"{todo[0][0]}: probing the references took over {limit:.0f} s (a reference hangs on import or forward?)"
+        ) from None
     code, stdout, stderr = ran
     lines = stdout.strip().splitlines()
     if code != 0 or not lines:

@@ -7,6 +7,7 @@ conditions it was graded under (deck version, shapes, timer version, versions of
 per-shape figures (what ``kbsweep verify`` re-derives), ``README.md`` the dataset card and ``MANIFEST.json`` the
 SHA-256 of every other file. Everything written passes the transcript redactor again. No network.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -20,9 +21,35 @@ from kbsweep.agent.trace_export import trace_jsonl
 from kbsweep.agent.transcript import Redactor, read_events
 
 INDEX_FIELDS = (
-    "run_id", "experiment", "track", "problem", "gpu", "model", "harness", "provider", "repeat", "outcome", "outcome_class", "verdict",
-    "score", "score_public", "score_held_out", "fraction_geomean", "speedup_eager", "speedup_compile", "speedup_sota", "tokens_input", "tokens_output",
-    "tokens_cached", "tokens_reasoning", "cost_usd", "agent_s", "grade_s", "turns", "deck_version", "cell_key",
+    "run_id",
+    "experiment",
+    "track",
+    "problem",
+    "gpu",
+    "model",
+    "harness",
+    "provider",
+    "repeat",
+    "outcome",
+    "outcome_class",
+    "verdict",
+    "score",
+    "score_public",
+    "score_held_out",
+    "fraction_geomean",
+    "speedup_eager",
+    "speedup_compile",
+    "speedup_sota",
+    "tokens_input",
+    "tokens_output",
+    "tokens_cached",
+    "tokens_reasoning",
+    "cost_usd",
+    "agent_s",
+    "grade_s",
+    "turns",
+    "deck_version",
+    "cell_key",
 )
 MANIFEST = "MANIFEST.json"
 EXPORTED_DIRS = ("traces", "solutions", "cells")
@@ -66,8 +93,11 @@ def sha256(path: Path) -> str:
 
 def write_manifest(out: Path) -> Dict[str, str]:
     """``MANIFEST.json``: every file of the export but itself, by relative path, with its SHA-256."""
-    files = {p.relative_to(out).as_posix(): sha256(p) for p in sorted(out.rglob("*")) if p.is_file() and p.name != MANIFEST
-             and not p.relative_to(out).as_posix().startswith(".")}
+    files = {
+        p.relative_to(out).as_posix(): sha256(p)
+        for p in sorted(out.rglob("*"))
+        if p.is_file() and p.name != MANIFEST and not p.relative_to(out).as_posix().startswith(".")
+    }
     (out / MANIFEST).write_text(json.dumps({"algorithm": "sha256", "files": files}, indent=1) + "\n")
     return files
 
@@ -78,20 +108,42 @@ def cell_record(row: Dict[str, Any], grade: Optional[Dict[str, Any]]) -> Dict[st
 
     grade = grade or {}
     timings = grade.get("timings") or []
-    timers = {str(((b or {}).get("conditions") or {}).get("timer")) for t in timings for b in (t.get("baselines") or {}).values()
-              if (b or {}).get("conditions")}
+    timers = {
+        str(((b or {}).get("conditions") or {}).get("timer"))
+        for t in timings
+        for b in (t.get("baselines") or {}).values()
+        if (b or {}).get("conditions")
+    }
     env = grade.get("env") or {}
-    shapes = [{"shape": s.get("shape"), "ms": s.get("ms"), "fraction": s.get("fraction"), "held_out": bool(s.get("held_out")),
-               "ci95_ms": ((timings[i].get("candidate") or {}).get("ci95_ms") if i < len(timings) else None)}
-              for i, s in enumerate(grade.get("shapes") or [])]
+    shapes = [
+        {
+            "shape": s.get("shape"),
+            "ms": s.get("ms"),
+            "fraction": s.get("fraction"),
+            "held_out": bool(s.get("held_out")),
+            "ci95_ms": ((timings[i].get("candidate") or {}).get("ci95_ms") if i < len(timings) else None),
+        }
+        for i, s in enumerate(grade.get("shapes") or [])
+    ]
     return {
-        "run_id": row["run_id"], "problem": row.get("problem"), "track": row.get("track"), "gpu": row.get("gpu"),
-        "conditions": {"deck_version": grade.get("deck_version") or row.get("deck_version"), "shape_set": grade.get("shape_set"),
-                       "timer_version": timers.pop() if len(timers) == 1 else None, "card": card(env) if env else None,
-                       **{k: env.get(k) for k in ("torch", "triton", "cuda", "python")},
-                       "roofline": row["params"].get("roofline.name"), "problems_dir": row["params"].get("track.problems_dir")},
-        "outcome": grade.get("outcome", row.get("outcome")), "score": row.get("score"), "verdict": row.get("verdict"),
-        "fraction_geomean": row.get("fraction_geomean"), "shapes": shapes,
+        "run_id": row["run_id"],
+        "problem": row.get("problem"),
+        "track": row.get("track"),
+        "gpu": row.get("gpu"),
+        "conditions": {
+            "deck_version": grade.get("deck_version") or row.get("deck_version"),
+            "shape_set": grade.get("shape_set"),
+            "timer_version": timers.pop() if len(timers) == 1 else None,
+            "card": card(env) if env else None,
+            **{k: env.get(k) for k in ("torch", "triton", "cuda", "python")},
+            "roofline": row["params"].get("roofline.name"),
+            "problems_dir": row["params"].get("track.problems_dir"),
+        },
+        "outcome": grade.get("outcome", row.get("outcome")),
+        "score": row.get("score"),
+        "verdict": row.get("verdict"),
+        "fraction_geomean": row.get("fraction_geomean"),
+        "shapes": shapes,
     }
 
 
@@ -114,7 +166,9 @@ def export_dataset(uri: str, out: Path, experiments: Optional[Sequence[str]] = N
     with tempfile.TemporaryDirectory() as scratch:
         for row in rows:
             entry = {**index_row(row), "trace": None, "solution": None, "record": None}
-            artifacts = get_artifact_repository(row["artifact_uri"], tracking_uri=uri)  # the client's would read each run again
+            artifacts = get_artifact_repository(
+                row["artifact_uri"], tracking_uri=uri
+            )  # the client's would read each run again
             stored = {f.path for f in artifacts.list_artifacts()}
             here = Path(scratch) / row["run_id"]
             here.mkdir()
@@ -129,8 +183,14 @@ def export_dataset(uri: str, out: Path, experiments: Optional[Sequence[str]] = N
                 source = Path(artifacts.download_artifacts("solution.py", str(here))).read_text()
                 (out / "solutions" / f"{row['run_id']}.py").write_text(redactor.text(source))
                 entry["solution"] = f"solutions/{row['run_id']}.py"
-            grade = json.loads(Path(artifacts.download_artifacts("grade.json", str(here))).read_text()) if "grade.json" in stored else None
-            (out / "cells" / f"{row['run_id']}.json").write_text(redactor.text(json.dumps(cell_record(row, grade), indent=1, default=str)))
+            grade = (
+                json.loads(Path(artifacts.download_artifacts("grade.json", str(here))).read_text())
+                if "grade.json" in stored
+                else None
+            )
+            (out / "cells" / f"{row['run_id']}.json").write_text(
+                redactor.text(json.dumps(cell_record(row, grade), indent=1, default=str))
+            )
             entry["record"] = f"cells/{row['run_id']}.json"
             index.append(entry)
     (out / "index.jsonl").write_text(redactor.text("".join(json.dumps(r, default=str) + "\n" for r in index)))

@@ -1,5 +1,6 @@
 """The plots that explain a report: shapes under the GPU's roofline, capability against cost with its Pareto
 frontier. Matplotlib's Figure without pyplot: no global state, Agg canvas."""
+
 from __future__ import annotations
 
 import io
@@ -41,7 +42,9 @@ def new_figure(title: str):
     ax = figure.subplots()
     figure.subplots_adjust(left=0.15, right=0.96, bottom=0.12, top=0.9)
     figure.suptitle(title)
-    ax.ticklabel_format(style="sci", scilimits=(-3, 4))  # past 10^4 a linear axis counts in powers of ten: six-digit tick labels (dollars, tokens) ran together
+    ax.ticklabel_format(
+        style="sci", scilimits=(-3, 4)
+    )  # past 10^4 a linear axis counts in powers of ten: six-digit tick labels (dollars, tokens) ran together
     return figure, ax
 
 
@@ -58,7 +61,12 @@ def roofline_figure(title: str, series: Dict[str, List[Dict[str, Any]]], rooflin
         peak = peaks[peak_key]
         ridge = peak * 1e3 / dram
         xs = np.geomspace(min(intensities + [ridge]) / 8, max(intensities + [ridge]) * 8, 200)
-        ax.plot(xs, np.minimum(peak, xs * dram / 1e3), color="black", label=f"roof: {peak_key} {peak:g} TFLOP/s, {dram:g} GB/s")
+        ax.plot(
+            xs,
+            np.minimum(peak, xs * dram / 1e3),
+            color="black",
+            label=f"roof: {peak_key} {peak:g} TFLOP/s, {dram:g} GB/s",
+        )
     at: Dict[str, List[Point]] = {}  # each shape's points, every model's and repeat's
     for model, points in series.items():
         ax.scatter([p["intensity"] for p in points], [p["tflops"] for p in points], label=model, zorder=3)
@@ -66,7 +74,10 @@ def roofline_figure(title: str, series: Dict[str, List[Dict[str, Any]]], rooflin
             at.setdefault(p["shape"], []).append((p["intensity"], p["tflops"]))
     ax.set_xscale("log")
     ax.set_yscale("log")
-    for axis in (ax.xaxis, ax.yaxis):  # minor ticks at 2 and 5 of each decade, not 2..9: each tick is an artist, and they were most of the plot's cost
+    for axis in (
+        ax.xaxis,
+        ax.yaxis,
+    ):  # minor ticks at 2 and 5 of each decade, not 2..9: each tick is an artist, and they were most of the plot's cost
         axis.set_minor_locator(LogLocator(subs=(2.0, 5.0)))
     ax.set_xlabel("arithmetic intensity (FLOP/byte)")
     ax.set_ylabel("achieved TFLOP/s")
@@ -119,9 +130,16 @@ def place_labels(figure, ax, labels: List[Tuple[float, float, str]], fontsize: f
         return frame.y0 <= found.y0 and found.y1 <= frame.y1 and not any(found.overlaps(other) for other in placed)
 
     for x, y, text in sorted(labels, key=lambda label: (label[1], label[0])):
-        label = ax.annotate(text, (x, y), xytext=(4, 3), textcoords="offset points", fontsize=fontsize, zorder=4,
-                            bbox={"boxstyle": "square,pad=0.1", "fc": "white", "ec": "none", "alpha": 0.8},  # legible over a line
-                            arrowprops={"arrowstyle": "-", "color": "0.6", "lw": 0.5, "shrinkA": 0, "shrinkB": 3})
+        label = ax.annotate(
+            text,
+            (x, y),
+            xytext=(4, 3),
+            textcoords="offset points",
+            fontsize=fontsize,
+            zorder=4,
+            bbox={"boxstyle": "square,pad=0.1", "fc": "white", "ec": "none", "alpha": 0.8},  # legible over a line
+            arrowprops={"arrowstyle": "-", "color": "0.6", "lw": 0.5, "shrinkA": 0, "shrinkB": 3},
+        )
         if box(label).x1 > frame.x1:  # past the right edge (the legend's side): left of the point
             label.set_horizontalalignment("right")
             label.xyann = (-4, 3)
@@ -133,7 +151,11 @@ def place_labels(figure, ax, labels: List[Tuple[float, float, str]], fontsize: f
                 if not clash:
                     break
                 found = box(label)
-                step = (max(o.y1 for o in clash) - found.y0 + 1) if direction > 0 else (min(o.y0 for o in clash) - found.y1 - 1)
+                step = (
+                    (max(o.y1 for o in clash) - found.y0 + 1)
+                    if direction > 0
+                    else (min(o.y0 for o in clash) - found.y1 - 1)
+                )
                 label.xyann = (label.xyann[0], label.xyann[1] + step * to_points)
             if fits(box(label)):
                 break
@@ -142,5 +164,7 @@ def place_labels(figure, ax, labels: List[Tuple[float, float, str]], fontsize: f
 
 def png(figure) -> bytes:
     buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", dpi=DPI, bbox_inches="tight")  # long tick labels widen the image, never clipped
+    figure.savefig(
+        buffer, format="png", dpi=DPI, bbox_inches="tight"
+    )  # long tick labels widen the image, never clipped
     return buffer.getvalue()

@@ -1,5 +1,6 @@
 """The report's outputs: a rich terminal table, Markdown, JSON and one static HTML page with the plots embedded
 (roofline per problem, capability against dollars and against output tokens with their Pareto frontiers)."""
+
 from __future__ import annotations
 
 import base64
@@ -26,11 +27,31 @@ def kernelbench_table(board: Dict[str, Any]) -> Tuple[List[str], List[List[str]]
     """KernelBench's metrics per entrant and level; on a CPU board its verdict and timings are marked ``(cpu)``
     (:data:`KB_CPU_NOTE` says why)."""
     cpu = " (cpu)" if board.get("cpu") else ""
-    header = ["model", "harness", "level", "cells", f"KB correct{cpu}", "kbsweep pass", *[f"fast_{p:g}{cpu}" for p in FAST_P],
-              f"geomean eager{cpu}", f"geomean compile{cpu}"]
-    rows = [[e["model"], e["harness"], e["level"], str(e["cells"]), str(e["correct"]), str(e["kbsweep_passed"]),
-             *[fmt(e[f"fast_{p:g}"]) for p in FAST_P], fmt(e["geomean_eager"]), fmt(e["geomean_compile"])]
-            for e in board.get("kernelbench") or []]
+    header = [
+        "model",
+        "harness",
+        "level",
+        "cells",
+        f"KB correct{cpu}",
+        "kbsweep pass",
+        *[f"fast_{p:g}{cpu}" for p in FAST_P],
+        f"geomean eager{cpu}",
+        f"geomean compile{cpu}",
+    ]
+    rows = [
+        [
+            e["model"],
+            e["harness"],
+            e["level"],
+            str(e["cells"]),
+            str(e["correct"]),
+            str(e["kbsweep_passed"]),
+            *[fmt(e[f"fast_{p:g}"]) for p in FAST_P],
+            fmt(e["geomean_eager"]),
+            fmt(e["geomean_compile"]),
+        ]
+        for e in board.get("kernelbench") or []
+    ]
     return header, rows
 
 
@@ -46,7 +67,9 @@ def fmt(value: Optional[float]) -> str:
     return text.rstrip("0").rstrip(".") if "." in text else text
 
 
-def board_table(board: Dict[str, Any], per_problem: bool = True, compact: bool = False) -> Tuple[List[str], List[List[str]]]:
+def board_table(
+    board: Dict[str, Any], per_problem: bool = True, compact: bool = False
+) -> Tuple[List[str], List[List[str]]]:
     """Header and rows of a board, shared by every renderer: a row per entrant (model and harness in columns of
     their own), ranked, then those with nothing scored, unranked (``–``) with their infra count. A flagged best
     shows as ``DQ(score)``, counted 0. ``per_problem`` False (a deck over MAX_PROBLEM_COLUMNS): no column per
@@ -61,8 +84,12 @@ def board_table(board: Dict[str, Any], per_problem: bool = True, compact: bool =
     header = ["rank", "model", "harness", *[f"{p.split('/')[-1]} mean" for p in deck]]
     header += ["level", "passed", f"fast_1{cpu}", f"fast_2{cpu}", f"geomean{cpu}"] if levels else []
     held_out = any(e["held_out_cells"] for e in board["models"])  # the columns of boards with held-out shapes graded
-    tail = (["deck mean ± CI95", "pass@1"] + [f"pass@{k}"] * (k > 1) + HELD_OUT_COLUMNS * held_out
-            + ["passed/cells", "flagged", "infra", "out tokens", "$", "$/pass", "out tok/pass"])
+    tail = (
+        ["deck mean ± CI95", "pass@1"]
+        + [f"pass@{k}"] * (k > 1)
+        + HELD_OUT_COLUMNS * held_out
+        + ["passed/cells", "flagged", "infra", "out tokens", "$", "$/pass", "out tok/pass"]
+    )
     keep = [i for i, name in enumerate(tail) if not compact or name in ("deck mean ± CI95", "held-out gap", "infra")]
     header += [tail[i] for i in keep]
     rows = []
@@ -76,10 +103,20 @@ def board_table(board: Dict[str, Any], per_problem: bool = True, compact: bool =
             else:
                 scores.append("0")
         spread = f"{fmt(e['deck_mean'])} ± {fmt(e['deck_ci95'])} (n={e['repeats']})"
-        values = ([spread, fmt(e["pass_at_1"])] + [fmt(e["pass_at_k"])] * (k > 1)
-                  + [fmt(e["public_mean"]), fmt(e["held_out_mean"]), fmt(e["held_out_gap"])] * held_out
-                  + [f"{e['passed']}/{e['cells']}", str(e["flagged_cells"]), str(e["infra"]), fmt(e["tokens_output"]), fmt(e["usd"]),
-                     fmt(e["usd_per_pass"]), fmt(e["tokens_output_per_pass"])])
+        values = (
+            [spread, fmt(e["pass_at_1"])]
+            + [fmt(e["pass_at_k"])] * (k > 1)
+            + [fmt(e["public_mean"]), fmt(e["held_out_mean"]), fmt(e["held_out_gap"])] * held_out
+            + [
+                f"{e['passed']}/{e['cells']}",
+                str(e["flagged_cells"]),
+                str(e["infra"]),
+                fmt(e["tokens_output"]),
+                fmt(e["usd"]),
+                fmt(e["usd_per_pass"]),
+                fmt(e["tokens_output_per_pass"]),
+            ]
+        )
         own = [values[i] for i in keep]
         names = [str(e["rank"]), e["model"], e["harness"]]
         if not levels:
@@ -90,7 +127,16 @@ def board_table(board: Dict[str, Any], per_problem: bool = True, compact: bool =
             rows.append((names if n == 0 else ["", "", ""]) + aggregates + (own if n == 0 else [""] * len(own)))
     for e in board.get("unscored") or []:
         values = [str(e["infra"]) if name == "infra" else "–" for name in tail]
-        rows.append(["–", e["model"], e["harness"], *["–"] * len(deck), *[""] * (5 if levels else 0), *[values[i] for i in keep]])
+        rows.append(
+            [
+                "–",
+                e["model"],
+                e["harness"],
+                *["–"] * len(deck),
+                *[""] * (5 if levels else 0),
+                *[values[i] for i in keep],
+            ]
+        )
     return header, rows
 
 
@@ -102,27 +148,42 @@ MAX_FLAGGED = 20  # rows of the audit-flagged table; report.json keeps every cel
 def flagged_table(board: Dict[str, Any], limit: int = MAX_FLAGGED) -> Tuple[List[str], List[List[str]]]:
     """Results the audit did not clear, shown and never ranked: worst first (by verdict in :data:`SEVERITY`
     order, then the higher score), at most ``limit`` rows, then one counting the rest."""
+
     def worst(cell: Dict[str, Any]) -> tuple:
         verdict = str(cell["verdict"])
-        return (SEVERITY.index(verdict) if verdict in SEVERITY else len(SEVERITY), -(cell["score"] or 0.0), cell["entrant"], natural(cell["problem"]),
-                str(cell["repeat"]))
+        return (
+            SEVERITY.index(verdict) if verdict in SEVERITY else len(SEVERITY),
+            -(cell["score"] or 0.0),
+            cell["entrant"],
+            natural(cell["problem"]),
+            str(cell["repeat"]),
+        )
 
     flagged = sorted((c for c in board["cells"] if c["flagged"]), key=worst)
-    rows = [[c["model"], c["harness"], c["problem"], str(c["repeat"]), str(c["verdict"]), fmt(c["score"]), c["run_id"]] for c in flagged[:limit]]
+    rows = [
+        [c["model"], c["harness"], c["problem"], str(c["repeat"]), str(c["verdict"]), fmt(c["score"]), c["run_id"]]
+        for c in flagged[:limit]
+    ]
     if len(flagged) > limit:
         rows.append([f"… and {len(flagged) - limit} more", "", "", "", "", "", ""])
     return ["model", "harness", "problem", "repeat", "verdict", "score (not ranked)", "run"], rows
 
 
-MEANING = ("scores: the mean over repeats of each cell's valid score (a failure, a missing cell or a flagged pass "
-           "counts 0; DQ(x): only a flagged pass, of score x); deck mean: over the deck's problems, with the 95% Student-t "
-           "interval over the n repeats' deck means; public/held-out mean and gap (public minus held-out): over the valid "
-           "passes graded on held-out shapes, which the agent never saw; infra: cells left in an infrastructure outcome, never scored, run "
-           "again by the sweep's next run")
-CPU_NOTE = ("cpu: plumbing only: graded on a CPU (Triton's interpreter, smoke sizes), so scores, speedups and fast_p "
-            "check the code paths and are noise as kernel performance")
-KB_CPU_NOTE = (f"{CPU_NOTE}; KernelBench's verdict here is computed at shrunk sizes (docs/kernelbench.md) and can differ "
-               "from KernelBench's at the real size")
+MEANING = (
+    "scores: the mean over repeats of each cell's valid score (a failure, a missing cell or a flagged pass "
+    "counts 0; DQ(x): only a flagged pass, of score x); deck mean: over the deck's problems, with the 95% Student-t "
+    "interval over the n repeats' deck means; public/held-out mean and gap (public minus held-out): over the valid "
+    "passes graded on held-out shapes, which the agent never saw; infra: cells left in an infrastructure outcome, never scored, run "
+    "again by the sweep's next run"
+)
+CPU_NOTE = (
+    "cpu: plumbing only: graded on a CPU (Triton's interpreter, smoke sizes), so scores, speedups and fast_p "
+    "check the code paths and are noise as kernel performance"
+)
+KB_CPU_NOTE = (
+    f"{CPU_NOTE}; KernelBench's verdict here is computed at shrunk sizes (docs/kernelbench.md) and can differ "
+    "from KernelBench's at the real size"
+)
 
 
 def board_note(board: Dict[str, Any]) -> str:
@@ -133,8 +194,10 @@ def board_note(board: Dict[str, Any]) -> str:
         for entry in board.get("unscored") or []:
             outcomes.update(entry["outcomes"])
         listed = ", ".join(f"{o} {n}" for o, n in sorted(outcomes.items()))
-        note = (f"nothing scored: all {sum(outcomes.values())} cells ended in an infrastructure outcome ({listed}); "
-                "never scored, run again by the sweep's next run")
+        note = (
+            f"nothing scored: all {sum(outcomes.values())} cells ended in an infrastructure outcome ({listed}); "
+            "never scored, run again by the sweep's next run"
+        )
     return f"{note}. {CPU_NOTE}" if board.get("cpu") else note
 
 
@@ -147,9 +210,26 @@ def regrade_table(board: Dict[str, Any]) -> Tuple[List[str], List[List[str]]]:
     rows = []
     for r in board.get("regrades") or []:
         ratio = r["score"] / r["old_score"] if r["score"] is not None and r["old_score"] else None
-        rows.append([r["model"], r["harness"], r["problem"], str(r["repeat"]), f"{r['old_outcome']} {fmt(r['old_score'])} ({r['old_gpu']})",
-                     f"{r['outcome']} {fmt(r['score'])} ({r['gpu']})", fmt(ratio)])
-    return ["model", "harness", "problem", "repeat", "sweep: outcome score (GPU)", "regrade: outcome score (GPU)", "regrade / sweep"], rows
+        rows.append(
+            [
+                r["model"],
+                r["harness"],
+                r["problem"],
+                str(r["repeat"]),
+                f"{r['old_outcome']} {fmt(r['old_score'])} ({r['old_gpu']})",
+                f"{r['outcome']} {fmt(r['score'])} ({r['gpu']})",
+                fmt(ratio),
+            ]
+        )
+    return [
+        "model",
+        "harness",
+        "problem",
+        "repeat",
+        "sweep: outcome score (GPU)",
+        "regrade: outcome score (GPU)",
+        "regrade / sweep",
+    ], rows
 
 
 def board_title(board: Dict[str, Any]) -> str:
@@ -159,16 +239,20 @@ def board_title(board: Dict[str, Any]) -> str:
     return where if board.get("sweep") in (None, board["track"]) else f"sweep {board['sweep']}: {where}"
 
 
-def sections(board: Dict[str, Any], terminal: bool = False) -> List[Tuple[str, List[str], List[List[str]], Optional[str]]]:
+def sections(
+    board: Dict[str, Any], terminal: bool = False
+) -> List[Tuple[str, List[str], List[List[str]], Optional[str]]]:
     """A board's tables, each ``(kind, header, rows, note)``: the board (``compact`` in the terminal where the deck is
     large), KernelBench's metrics, the audit-flagged cells, the regrades and how the harnesses' setups differ from the
     built-in loop's; those without rows left out."""
     small = len(board["deck"]) <= MAX_PROBLEM_COLUMNS
-    found = [("board", *board_table(board, small, compact=terminal and not small), board_note(board)),
-             ("kernelbench", *kernelbench_table(board), kernelbench_note(board)),
-             ("flagged", *flagged_table(board), None),
-             ("regrades", *regrade_table(board), None),
-             ("setups", *setup_table(board), None)]
+    found = [
+        ("board", *board_table(board, small, compact=terminal and not small), board_note(board)),
+        ("kernelbench", *kernelbench_table(board), kernelbench_note(board)),
+        ("flagged", *flagged_table(board), None),
+        ("regrades", *regrade_table(board), None),
+        ("setups", *setup_table(board), None),
+    ]
     return [section for section in found if section[2]]
 
 
@@ -181,10 +265,22 @@ def setup_table(board: Dict[str, Any]) -> Tuple[List[str], List[List[str]]]:
 NAME_COLUMNS = 3  # every table's first three (rank/model/harness, model/harness/level or problem): never wrapped
 TITLES = {  # kind: (terminal, Markdown, HTML), {} the board's title
     "board": ("kbsweep leaderboard — {}", "## {}", "<h2>{}</h2>"),
-    "kernelbench": ("KernelBench metrics — {}", "### KernelBench metrics (its verdict, fast_p, geomean speedups)", "<h3>KernelBench metrics</h3>"),
-    "flagged": ("audit-flagged — {}", "### Audit-flagged passes (not ranked)", "<h3>Audit-flagged passes (not ranked)</h3>"),
+    "kernelbench": (
+        "KernelBench metrics — {}",
+        "### KernelBench metrics (its verdict, fast_p, geomean speedups)",
+        "<h3>KernelBench metrics</h3>",
+    ),
+    "flagged": (
+        "audit-flagged — {}",
+        "### Audit-flagged passes (not ranked)",
+        "<h3>Audit-flagged passes (not ranked)</h3>",
+    ),
     "regrades": ("regrades — {}", "### Regrades (`kbsweep regrade`)", "<h3>Regrades</h3>"),
-    "setups": ("harness setups — {}", "### Harness setups (where each differs from the built-in loop)", "<h3>Harness setups</h3>"),
+    "setups": (
+        "harness setups — {}",
+        "### Harness setups (where each differs from the built-in loop)",
+        "<h3>Harness setups</h3>",
+    ),
 }
 
 
@@ -204,13 +300,17 @@ def render_terminal(boards: List[Dict[str, Any]], width: Optional[int] = None) -
         for kind, header, rows, note in sections(board, terminal=True):
             parts = fit(header, rows, limit)
             for n, (columns, widths) in enumerate(parts, 1):
-                title = TITLES[kind][0].format(board_title(board)) + (f" (part {n} of {len(parts)})" if len(parts) > 1 else "")
+                title = TITLES[kind][0].format(board_title(board)) + (
+                    f" (part {n} of {len(parts)})" if len(parts) > 1 else ""
+                )
                 table = Table(title=title, caption=note if n == len(parts) else None)
                 for i, column_width in zip(columns, widths):
                     table.add_column(header[i], justify="left" if i < NAME_COLUMNS else "right", width=column_width)
                 for row in rows:
                     table.add_row(*(row[i] for i in columns))
-                console.width = max(limit or 0, table_width(widths))  # never narrower than its columns: rich would cut them
+                console.width = max(
+                    limit or 0, table_width(widths)
+                )  # never narrower than its columns: rich would cut them
                 console.print(table)
     return buffer.getvalue()
 
@@ -234,14 +334,17 @@ def fit(header: List[str], rows: List[List[str]], limit: Optional[int]) -> List[
     are."""
     from rich.cells import cell_len
 
-    least = [max([max(map(cell_len, name.split()), default=0), *(cell_len(row[i]) for row in rows)]) for i, name in enumerate(header)]
+    least = [
+        max([max(map(cell_len, name.split()), default=0), *(cell_len(row[i]) for row in rows)])
+        for i, name in enumerate(header)
+    ]
     most = [max(least[i], cell_len(name)) for i, name in enumerate(header)]
     everything = list(range(len(header)))
     if limit is None or table_width(most) <= limit:
         return [(everything, most)]
     names = everything[:NAME_COLUMNS]
     parts = [list(names)]
-    for i in everything[len(names):]:
+    for i in everything[len(names) :]:
         if len(parts[-1]) > len(names) and table_width([least[j] for j in parts[-1] + [i]]) > limit:
             parts.append(list(names))
         parts[-1].append(i)
@@ -266,7 +369,9 @@ def render_markdown(boards: List[Dict[str, Any]]) -> str:
     parts = ["# kbsweep report", ""]
     for board in boards:
         for kind, header, rows, note in sections(board):
-            parts += [TITLES[kind][1].format(board_title(board)), "", markdown_table(header, rows), ""] + ([f"_{note}._", ""] if note else [])
+            parts += [TITLES[kind][1].format(board_title(board)), "", markdown_table(header, rows), ""] + (
+                [f"_{note}._", ""] if note else []
+            )
     return "\n".join(parts)
 
 
@@ -281,12 +386,18 @@ def render_html(boards: List[Dict[str, Any]], plots: Dict[str, Dict[str, bytes]]
     parts = []
     for board in boards:
         for kind, header, rows, note in sections(board):
-            parts.append(TITLES[kind][2].format(html.escape(board_title(board))) + html_table(header, rows) + (f"<p><em>{html.escape(note)}</em></p>" if note else ""))
+            parts.append(
+                TITLES[kind][2].format(html.escape(board_title(board)))
+                + html_table(header, rows)
+                + (f"<p><em>{html.escape(note)}</em></p>" if note else "")
+            )
             if kind == "board" and len(board["deck"]) > MAX_PROBLEM_COLUMNS:
                 parts.append(f"<h3>Per problem (model × problem)</h3>{heatmap_html(board)}")
         for name, image in plots.get(board_key(board), {}).items():
             data = base64.b64encode(image).decode()
-            parts.append(f'<figure><img alt="{html.escape(name)}" src="data:image/png;base64,{data}"><figcaption>{html.escape(name)}</figcaption></figure>')
+            parts.append(
+                f'<figure><img alt="{html.escape(name)}" src="data:image/png;base64,{data}"><figcaption>{html.escape(name)}</figcaption></figure>'
+            )
     style = "body{font-family:sans-serif;margin:2em}table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}figure{display:inline-block;margin:1em}"
     style += ".heatmap td.hm{width:12px;height:16px;padding:0}.heatmap th{font-size:9px;padding:1px 2px}"
     return f"<!doctype html><html><head><meta charset='utf-8'><title>kbsweep report</title><style>{style}</style></head><body><h1>kbsweep report</h1>{''.join(parts)}</body></html>"
@@ -302,11 +413,18 @@ def heatmap_html(board: Dict[str, Any]) -> str:
         held = best.get((c["entrant"], c["problem"]))
         if held is None or rank > (held["valid"], held["flagged"], held["score"] or 0.0):
             best[(c["entrant"], c["problem"])] = c
-    top = {p: max([(c["score"] or 0.0) for (m, q), c in best.items() if q == p and c["valid"]], default=0.0) for p in board["deck"]}
+    top = {
+        p: max([(c["score"] or 0.0) for (m, q), c in best.items() if q == p and c["valid"]], default=0.0)
+        for p in board["deck"]
+    }
     level = {c["problem"]: c["level"] for c in board["cells"]}
     spans = [(name, len(list(group))) for name, group in itertools.groupby(board["deck"], key=lambda p: level[p])]
     head = "<tr><th></th>" + "".join(f"<th colspan='{n}'>{html.escape(name)}</th>" for name, n in spans) + "</tr>"
-    head += "<tr><th>model</th>" + "".join(f"<th title='{html.escape(p)}'>{html.escape(short_name(p))}</th>" for p in board["deck"]) + "</tr>"
+    head += (
+        "<tr><th>model</th>"
+        + "".join(f"<th title='{html.escape(p)}'>{html.escape(short_name(p))}</th>" for p in board["deck"])
+        + "</tr>"
+    )
     body = []
     for e in board["models"]:
         tds = []
@@ -342,13 +460,21 @@ def board_figures(board: Dict[str, Any]) -> Dict[str, Any]:
     figures = {}
     for problem, series in board["shapes"].items():
         if any(series.values()):
-            figures[f"roofline_{problem.split('/')[-1]}"] = roofline_figure(f"{problem} on {board['gpu']}", series, board["rooflines"][problem])
+            figures[f"roofline_{problem.split('/')[-1]}"] = roofline_figure(
+                f"{problem} on {board['gpu']}", series, board["rooflines"][problem]
+            )
     if not board["models"]:  # nothing scored: no capability to plot
         return figures
-    figures["pareto_dollars"] = frontier_figure(f"capability per dollar — {board_title(board)}", "dollars spent on the board",
-                                                {e["entrant"]: (e["usd"], e["deck_mean"]) for e in board["models"]})
-    figures["capability_vs_output_tokens"] = frontier_figure(f"capability vs output tokens — {board_title(board)}", "output tokens on the board",
-                                                             {e["entrant"]: (e["tokens_output"], e["deck_mean"]) for e in board["models"]})
+    figures["pareto_dollars"] = frontier_figure(
+        f"capability per dollar — {board_title(board)}",
+        "dollars spent on the board",
+        {e["entrant"]: (e["usd"], e["deck_mean"]) for e in board["models"]},
+    )
+    figures["capability_vs_output_tokens"] = frontier_figure(
+        f"capability vs output tokens — {board_title(board)}",
+        "output tokens on the board",
+        {e["entrant"]: (e["tokens_output"], e["deck_mean"]) for e in board["models"]},
+    )
     return figures
 
 

@@ -9,6 +9,7 @@ record is an infrastructure outcome are never scored: each entrant shows their c
 or a whole sweep, with nothing else is listed unranked (``unscored``; a board with no ranked entrant has nothing
 scored). A board graded on a CPU says so (``cpu``): its timings are plumbing checks, not GPU performance.
 """
+
 from __future__ import annotations
 
 import math
@@ -64,7 +65,14 @@ def shape_points(metrics: Dict[str, Any], params: Dict[str, str]) -> List[Dict[s
         if f"shape{i}.ms" not in metrics:
             break
         if tflops and gbps:
-            points.append({"shape": params.get(f"shape{i}", str(i)), "tflops": tflops, "gbps": gbps, "intensity": tflops * 1e3 / gbps})
+            points.append(
+                {
+                    "shape": params.get(f"shape{i}", str(i)),
+                    "tflops": tflops,
+                    "gbps": gbps,
+                    "intensity": tflops * 1e3 / gbps,
+                }
+            )
     return points
 
 
@@ -120,10 +128,19 @@ def model_entry(name: str, rows: List[Dict[str, Any]], deck: List[str], k: int) 
 def held_out_gap(rows: List[Dict[str, Any]]) -> Dict[str, Any]:
     """The mean score over public and over held-out shapes of the valid passes that have both, and the gap
     (public minus held-out: how much of the score holds only on the shapes the agent saw); None without such cells."""
-    both = [row for row in rows if is_valid_pass(row) and row.get("score_public") is not None and row.get("score_held_out") is not None]
+    both = [
+        row
+        for row in rows
+        if is_valid_pass(row) and row.get("score_public") is not None and row.get("score_held_out") is not None
+    ]
     public = sum(row["score_public"] for row in both) / len(both) if both else None
     held_out = sum(row["score_held_out"] for row in both) / len(both) if both else None
-    return {"public_mean": public, "held_out_mean": held_out, "held_out_gap": public - held_out if both else None, "held_out_cells": len(both)}
+    return {
+        "public_mean": public,
+        "held_out_mean": held_out,
+        "held_out_gap": public - held_out if both else None,
+        "held_out_cells": len(both),
+    }
 
 
 def harness_of(row: Dict[str, Any]) -> str:
@@ -144,7 +161,11 @@ def unscored_infra(rows: List[Dict[str, Any]], scored: Set[str]) -> List[Dict[st
     latest: Dict[str, Dict[str, Any]] = {}
     for row in rows:
         key = row.get("cell_key") or row["run_id"]
-        if key not in scored and row.get("outcome") in INFRA and (key not in latest or row["start_time"] > latest[key]["start_time"]):
+        if (
+            key not in scored
+            and row.get("outcome") in INFRA
+            and (key not in latest or row["start_time"] > latest[key]["start_time"])
+        ):
             latest[key] = row
     return sorted(latest.values(), key=lambda r: r["start_time"])
 
@@ -171,9 +192,19 @@ def build_boards(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
         left = group_by(infra[where], entrant)
         for entry in board["models"]:
             entry["infra"] = len(left.pop(entry["entrant"], []))
-        board["unscored"] = [{"entrant": name, "model": cells[0].get("model"), "harness": harness_of(cells[0]), "infra": len(cells),
-                              "outcomes": dict(Counter(cell.get("outcome") for cell in cells))} for name, cells in sorted(left.items())]
-        board["cpu"] = any((row.get("params") or {}).get("gpu.device") == "cpu" for row in grouped[where] + infra[where])
+        board["unscored"] = [
+            {
+                "entrant": name,
+                "model": cells[0].get("model"),
+                "harness": harness_of(cells[0]),
+                "infra": len(cells),
+                "outcomes": dict(Counter(cell.get("outcome") for cell in cells)),
+            }
+            for name, cells in sorted(left.items())
+        ]
+        board["cpu"] = any(
+            (row.get("params") or {}).get("gpu.device") == "cpu" for row in grouped[where] + infra[where]
+        )
         board["experiments"] = sorted({row["experiment"] for row in grouped[where] + infra[where]})
         board["setups"] = setup_differences(grouped[where] + infra[where])
         boards.append(board)
@@ -189,7 +220,7 @@ def setup_differences(rows: List[Dict[str, Any]]) -> List[Dict[str, str]]:
     setups: Dict[str, Dict[str, str]] = {}
     for row in rows:
         params = row.get("params") or {}
-        setup = {key[len("setup."):]: value for key, value in params.items() if key.startswith("setup.")}
+        setup = {key[len("setup.") :]: value for key, value in params.items() if key.startswith("setup.")}
         if setup:
             setups.setdefault(harness_of(row), setup)
     out = []
@@ -197,9 +228,15 @@ def setup_differences(rows: List[Dict[str, Any]]) -> List[Dict[str, str]]:
         if harness == BUILTIN:
             continue
         allow_shell = setup.get("shell") != "none"
-        builtin = setups.get(BUILTIN) or {**runner_for({"name": BUILTIN, "runner": BUILTIN}).setup(allow_shell), "budgets": setup.get("budgets")}
-        out += [{"harness": harness, "setting": key, "builtin": str(builtin.get(key)), "value": value}
-                for key, value in sorted(setup.items()) if builtin.get(key) != value]
+        builtin = setups.get(BUILTIN) or {
+            **runner_for({"name": BUILTIN, "runner": BUILTIN}).setup(allow_shell),
+            "budgets": setup.get("budgets"),
+        }
+        out += [
+            {"harness": harness, "setting": key, "builtin": str(builtin.get(key)), "value": value}
+            for key, value in sorted(setup.items())
+            if builtin.get(key) != value
+        ]
     return out
 
 
@@ -210,7 +247,10 @@ def scored_board(where: Tuple[str, str, str], board_rows: List[Dict[str, Any]]) 
     deck = sorted(levels, key=lambda p: (natural(levels[p]), natural(p)))  # by level, then KernelBench's numbers
     by_model = group_by(board_rows, entrant)
     k = max(Counter((entrant(row), row.get("problem")) for row in board_rows).values(), default=0)
-    models = sorted((model_entry(m, r, deck, k) for m, r in by_model.items()), key=lambda e: (-e["deck_mean"], -e["passed"], e["entrant"]))
+    models = sorted(
+        (model_entry(m, r, deck, k) for m, r in by_model.items()),
+        key=lambda e: (-e["deck_mean"], -e["passed"], e["entrant"]),
+    )
     for rank, entry in enumerate(models, 1):
         entry["rank"] = rank
     shapes: Dict[str, Dict[str, List[Dict[str, Any]]]] = {problem: defaultdict(list) for problem in deck}
@@ -220,16 +260,39 @@ def scored_board(where: Tuple[str, str, str], board_rows: List[Dict[str, Any]]) 
     rooflines = {row.get("problem"): roofline_of(row["params"]) for row in board_rows}
     cells = [
         {
-            "entrant": entrant(row), "model": row.get("model"), "harness": harness_of(row), "problem": row.get("problem"), "repeat": row.get("repeat"),
-            "outcome": row.get("outcome"), "verdict": row.get("verdict"), "valid": is_valid_pass(row), "flagged": is_flagged(row), "score": row.get("score"),
-            "score_public": row.get("score_public"), "score_held_out": row.get("score_held_out"),
-            "usd": row.get("cost_usd"), "tokens_output": row.get("tokens_output"), "run_id": row["run_id"], "experiment": row["experiment"],
-            "level": level_of(row), "speedup_eager": row.get("speedup_eager"),
+            "entrant": entrant(row),
+            "model": row.get("model"),
+            "harness": harness_of(row),
+            "problem": row.get("problem"),
+            "repeat": row.get("repeat"),
+            "outcome": row.get("outcome"),
+            "verdict": row.get("verdict"),
+            "valid": is_valid_pass(row),
+            "flagged": is_flagged(row),
+            "score": row.get("score"),
+            "score_public": row.get("score_public"),
+            "score_held_out": row.get("score_held_out"),
+            "usd": row.get("cost_usd"),
+            "tokens_output": row.get("tokens_output"),
+            "run_id": row["run_id"],
+            "experiment": row["experiment"],
+            "level": level_of(row),
+            "speedup_eager": row.get("speedup_eager"),
         }
         for row in sorted(board_rows, key=lambda r: (str(entrant(r)), str(r.get("problem")), str(r.get("repeat"))))
     ]
-    board = {"sweep": sweep, "track": track, "gpu": gpu, "deck": deck, "k": k, "models": models, "cells": cells, "shapes": shapes, "rooflines": rooflines,
-             "kernelbench": kernelbench_metrics(board_rows)}
+    board = {
+        "sweep": sweep,
+        "track": track,
+        "gpu": gpu,
+        "deck": deck,
+        "k": k,
+        "models": models,
+        "cells": cells,
+        "shapes": shapes,
+        "rooflines": rooflines,
+        "kernelbench": kernelbench_metrics(board_rows),
+    }
     board["levels"] = level_aggregates(board)
     return board
 
@@ -248,9 +311,12 @@ def level_aggregates(board: Dict[str, Any]) -> Dict[str, Dict[str, Dict[str, Any
     out: Dict[str, Dict[str, Dict[str, Any]]] = defaultdict(dict)
     for (model, level), cells in sorted(group_by(board["cells"], lambda c: (c["entrant"], c["level"])).items()):
         speedups = [c["speedup_eager"] or 0.0 for c in cells if c["valid"]]
-        out[model][level] = {"cells": len(cells), "passed": len(speedups),
-                             **{f"fast_{p:g}": sum(1 for x in speedups if x > p) / len(cells) for p in LEVEL_FAST_P},
-                             "geomean": geomean([x for x in speedups if x > 0]) if any(x > 0 for x in speedups) else None}
+        out[model][level] = {
+            "cells": len(cells),
+            "passed": len(speedups),
+            **{f"fast_{p:g}": sum(1 for x in speedups if x > p) / len(cells) for p in LEVEL_FAST_P},
+            "geomean": geomean([x for x in speedups if x > 0]) if any(x > 0 for x in speedups) else None,
+        }
     return dict(out)
 
 
@@ -280,10 +346,19 @@ def kernelbench_metrics(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     table = []
     for (model, level), cells in sorted(groups.items()):
         correct = [r for r in cells if r["verdict.kernelbench"] == "correct"]
-        entry = {"entrant": model, "model": cells[0].get("model"), "harness": harness_of(cells[0]), "level": level, "cells": len(cells), "correct": len(correct),
-                 "kbsweep_passed": sum(1 for r in cells if r.get("verdict.kbsweep") == Outcome.PASS.value)}
+        entry = {
+            "entrant": model,
+            "model": cells[0].get("model"),
+            "harness": harness_of(cells[0]),
+            "level": level,
+            "cells": len(cells),
+            "correct": len(correct),
+            "kbsweep_passed": sum(1 for r in cells if r.get("verdict.kbsweep") == Outcome.PASS.value),
+        }
         for p in FAST_P:
-            entry[f"fast_{p:g}"] = sum(1 for r in correct if p == 0.0 or (kernelbench_speedup(r, "eager") or 0.0) > p) / len(cells)
+            entry[f"fast_{p:g}"] = sum(
+                1 for r in correct if p == 0.0 or (kernelbench_speedup(r, "eager") or 0.0) > p
+            ) / len(cells)
         for name in ("eager", "compile"):
             speedups = [kernelbench_speedup(r, name) for r in correct if kernelbench_speedup(r, name)]
             entry[f"geomean_{name}"] = geomean(speedups) if speedups else None
@@ -307,11 +382,21 @@ def attach_regrades(boards: List[Dict[str, Any]], regrades: List[Dict[str, Any]]
     for board in boards:
         runs = {c["run_id"]: c for c in board["cells"]}
         board["regrades"] = [
-            {"model": runs[of]["model"], "harness": runs[of]["harness"], "problem": runs[of]["problem"], "repeat": runs[of]["repeat"], "run_id": of,
-             "old_gpu": board["gpu"], "old_outcome": runs[of]["outcome"], "old_score": runs[of]["score"],
-             "gpu": gpu, "outcome": row.get("outcome"), "score": row.get("score"), "regrade_run_id": row["run_id"]}
-            for (of, gpu), row in sorted(latest.items(), key=lambda item: tuple(map(str, item[0]))) if of in runs
+            {
+                "model": runs[of]["model"],
+                "harness": runs[of]["harness"],
+                "problem": runs[of]["problem"],
+                "repeat": runs[of]["repeat"],
+                "run_id": of,
+                "old_gpu": board["gpu"],
+                "old_outcome": runs[of]["outcome"],
+                "old_score": runs[of]["score"],
+                "gpu": gpu,
+                "outcome": row.get("outcome"),
+                "score": row.get("score"),
+                "regrade_run_id": row["run_id"],
+            }
+            for (of, gpu), row in sorted(latest.items(), key=lambda item: tuple(map(str, item[0])))
+            if of in runs
         ]
     return boards
-
-

@@ -8,6 +8,7 @@ them: ``verify.sample``, ``verify.seed``) is graded again under the composed GPU
 was published: outcome, verdict and score within the timer's error (:func:`compare`). Trusted, not re-derived:
 transcripts, tokens, dollars, the LLM judge's and contamination layers, human overrides (docs/launch.md).
 """
+
 from __future__ import annotations
 
 import json
@@ -75,7 +76,7 @@ def take_source(verb: str, argv: List[str], verbs: Dict[str, Any]) -> List[str]:
     for i, arg in enumerate(argv):
         if not arg.startswith("-") and "=" not in arg:
             SOURCE[:] = [arg]
-            return argv[:i] + argv[i + 1:]
+            return argv[:i] + argv[i + 1 :]
     return argv
 
 
@@ -84,7 +85,9 @@ def check_manifest(folder: Path) -> str:
     else a KbsweepError naming the file."""
     path = folder / MANIFEST
     if not path.is_file():
-        raise KbsweepError(f"{path}: missing: the export records no hashes, so its files cannot be checked (export it again)")
+        raise KbsweepError(
+            f"{path}: missing: the export records no hashes, so its files cannot be checked (export it again)"
+        )
     try:
         recorded = json.loads(path.read_text())["files"]
     except (ValueError, KeyError, TypeError) as exc:
@@ -93,7 +96,9 @@ def check_manifest(folder: Path) -> str:
         if not (folder / name).is_file():
             raise KbsweepError(f"{folder / name}: missing (recorded in {MANIFEST})")
         if sha256(folder / name) != digest:
-            raise KbsweepError(f"{folder / name}: does not match its recorded SHA-256 in {MANIFEST} (edited since export)")
+            raise KbsweepError(
+                f"{folder / name}: does not match its recorded SHA-256 in {MANIFEST} (edited since export)"
+            )
     for extra in sorted(folder.rglob("*")):
         name = extra.relative_to(folder).as_posix()
         if extra.is_file() and name != MANIFEST and not name.startswith(".") and name not in recorded:
@@ -133,8 +138,19 @@ def open_source(source: str, conf: Dict[str, Any]) -> VerifySource:
     for row in read_index(folder):
         record = json.loads((folder / row["record"]).read_text()) if row.get("record") else {}
         label = f"{row.get('model')} · {row.get('problem')} · {row.get('gpu')} · r{row.get('repeat')}"
-        cells.append(PublishedCell(str(row["run_id"]), label, str(row.get("problem")), str(row.get("track")), row.get("outcome"),
-                                   row.get("verdict"), row.get("score"), folder / row["solution"] if row.get("solution") else None, record))
+        cells.append(
+            PublishedCell(
+                str(row["run_id"]),
+                label,
+                str(row.get("problem")),
+                str(row.get("track")),
+                row.get("outcome"),
+                row.get("verdict"),
+                row.get("score"),
+                folder / row["solution"] if row.get("solution") else None,
+                record,
+            )
+        )
     return VerifySource(kind, location, folder, digest, cells)
 
 
@@ -162,8 +178,10 @@ def here_versions() -> Dict[str, Any]:
     from kbsweep.grader.baselines import TIMER_VERSION
 
     import torch
+
     try:
         import triton
+
         triton_version = triton.__version__
     except ImportError:
         triton_version = None
@@ -200,7 +218,9 @@ def ratio_off(a: Optional[float], b: Optional[float]) -> Optional[float]:
     return max(a / b, b / a) - 1
 
 
-def compare(cell: PublishedCell, grade: Dict[str, Any], verdict: Optional[str], card: str, conf: Dict[str, Any]) -> CellCheck:
+def compare(
+    cell: PublishedCell, grade: Dict[str, Any], verdict: Optional[str], card: str, conf: Dict[str, Any]
+) -> CellCheck:
     """The cell against its re-derivation. The same card model: outcome, verdict, the score and each shape's time
     within the timer's error (``verify.score_rel``; null: 2 % on GPUs, ``verify.cpu_rel`` on CPUs, whose timings
     are plumbing); another card: outcome, verdict and the roofline fraction within ``verify.card_rel``."""
@@ -209,11 +229,25 @@ def compare(cell: PublishedCell, grade: Dict[str, Any], verdict: Optional[str], 
     same_card = published_card in (None, card)
     rel = settings.get("score_rel") or (float(settings.get("cpu_rel", 9.0)) if card == "cpu" else GPU_SCORE_REL)
     score = grade.get("score") if grade.get("outcome") == Outcome.PASS.value else None
-    check = CellCheck(cell.run_id, cell.label, REPRODUCED,
-                      published={"outcome": cell.outcome, "verdict": cell.verdict, "score": cell.score, "card": published_card,
-                                 "fraction_geomean": cell.record.get("fraction_geomean")},
-                      rederived={"outcome": grade.get("outcome"), "verdict": verdict, "score": score, "card": card,
-                                 "fraction_geomean": fraction_geomean(grade)})
+    check = CellCheck(
+        cell.run_id,
+        cell.label,
+        REPRODUCED,
+        published={
+            "outcome": cell.outcome,
+            "verdict": cell.verdict,
+            "score": cell.score,
+            "card": published_card,
+            "fraction_geomean": cell.record.get("fraction_geomean"),
+        },
+        rederived={
+            "outcome": grade.get("outcome"),
+            "verdict": verdict,
+            "score": score,
+            "card": card,
+            "fraction_geomean": fraction_geomean(grade),
+        },
+    )
     if grade.get("outcome") != cell.outcome:
         check.why.append(f"outcome: published {cell.outcome}, re-derived {grade.get('outcome')}")
     if cell.verdict is not None and verdict != cell.verdict:
@@ -230,13 +264,17 @@ def compare(cell: PublishedCell, grade: Dict[str, Any], verdict: Optional[str], 
             for old, new in zip(cell.record.get("shapes") or [], grade.get("shapes") or []):
                 off = ratio_off(old.get("ms"), new.get("ms"))
                 if off is not None and off > rel:
-                    check.why.append(f"shape {old.get('shape')}: published {old['ms']:.6g} ms, re-derived {new['ms']:.6g} ms (allowed ±{rel:.0%})")
+                    check.why.append(
+                        f"shape {old.get('shape')}: published {old['ms']:.6g} ms, re-derived {new['ms']:.6g} ms (allowed ±{rel:.0%})"
+                    )
         else:
             card_rel = float(settings.get("card_rel", 0.25))
             off = ratio_off(check.published["fraction_geomean"], check.rederived["fraction_geomean"])
             if off is not None and off > card_rel:
-                check.why.append(f"roofline fraction on {published_card} vs {card}: {check.published['fraction_geomean']:.4g} vs "
-                                 f"{check.rederived['fraction_geomean']:.4g} (allowed card-to-card ±{card_rel:.0%})")
+                check.why.append(
+                    f"roofline fraction on {published_card} vs {card}: {check.published['fraction_geomean']:.4g} vs "
+                    f"{check.rederived['fraction_geomean']:.4g} (allowed card-to-card ±{card_rel:.0%})"
+                )
     if check.why:
         check.status = DIFFERS
     return check
@@ -264,14 +302,21 @@ def verify_cell(cell: PublishedCell, conf: Dict[str, Any], work: Path, gpu, roof
         return CellCheck(cell.run_id, cell.label, NOT_RUN, [f"problem {cell.problem} not in this checkout: {exc}"])
     deck = (cell.record.get("conditions") or {}).get("deck_version")
     if deck and deck != problem.deck_hash():
-        return CellCheck(cell.run_id, cell.label, NOT_RUN, [f"deck version {deck}, this checkout's {problem.deck_hash()}"])
+        return CellCheck(
+            cell.run_id, cell.label, NOT_RUN, [f"deck version {deck}, this checkout's {problem.deck_hash()}"]
+        )
     folder = work / cell.run_id
     folder.mkdir(parents=True, exist_ok=True)
     solution = folder / "solution.py"
     solution.write_text(cell.solution.read_text())
     grade = grade_file(conf, cell.problem, solution, folder, gpu, roofline)
     if Outcome(grade["outcome"]).is_infra:
-        return CellCheck(cell.run_id, cell.label, NOT_RUN, [f"the grade ended in {grade['outcome']}: {grade.get('message') or ''}".strip()])
+        return CellCheck(
+            cell.run_id,
+            cell.label,
+            NOT_RUN,
+            [f"the grade ended in {grade['outcome']}: {grade.get('message') or ''}".strip()],
+        )
     audited = audit_stage.audit(solution.read_text(), problem.spec.forbidden, grade, problem=problem)
     (folder / "audit.json").write_text(json.dumps(audited, indent=1, default=str))
     return compare(cell, grade, audited["verdict"], card(grade.get("env") or {}), conf)
@@ -279,11 +324,16 @@ def verify_cell(cell: PublishedCell, conf: Dict[str, Any], work: Path, gpu, roof
 
 def table(checks: List[CellCheck]) -> str:
     """The checks as a Markdown table."""
-    lines = ["| cell | status | published: outcome verdict score | re-derived: outcome verdict score | why |", "|---|---|---|---|---|"]
+    lines = [
+        "| cell | status | published: outcome verdict score | re-derived: outcome verdict score | why |",
+        "|---|---|---|---|---|",
+    ]
     for c in checks:
         p, r = c.published, c.rederived
-        lines.append(f"| {c.label} | {c.status} | {p.get('outcome', '')} {p.get('verdict', '')} {fmt(p.get('score'))} | "
-                     f"{r.get('outcome', '')} {r.get('verdict', '')} {fmt(r.get('score'))} | {'; '.join(c.why)} |")
+        lines.append(
+            f"| {c.label} | {c.status} | {p.get('outcome', '')} {p.get('verdict', '')} {fmt(p.get('score'))} | "
+            f"{r.get('outcome', '')} {r.get('verdict', '')} {fmt(r.get('score'))} | {'; '.join(c.why)} |"
+        )
     return "\n".join(lines)
 
 
@@ -303,21 +353,39 @@ def verify(source: str, conf: Dict[str, Any]) -> Dict[str, Any]:
     opened = open_source(source, conf)
     cells = chosen(opened.cells, settings.get("sample"), int(settings.get("seed") or 0))
     differences = version_differences(cells, conf)
-    print(f"[kbsweep] verify {opened.location}: {len(cells)} of {len(opened.cells)} cells, manifest sha256 {opened.manifest_sha256}",
-          file=sys.stderr, flush=True)
+    print(
+        f"[kbsweep] verify {opened.location}: {len(cells)} of {len(opened.cells)} cells, manifest sha256 {opened.manifest_sha256}",
+        file=sys.stderr,
+        flush=True,
+    )
     for line in differences:
         print(f"[kbsweep] version difference: {line}", file=sys.stderr, flush=True)
-    out = Path(conf["paths"]["outputs"]) / "verify" / (Path(opened.folder).resolve().name if opened.kind != "tracking" else str(conf["sweep"]["name"]))
+    out = (
+        Path(conf["paths"]["outputs"])
+        / "verify"
+        / (Path(opened.folder).resolve().name if opened.kind != "tracking" else str(conf["sweep"]["name"]))
+    )
     roofline = load_roofline(conf["paths"]["roofline_specs"], gpu.roofline)
     checks = []
     with exclusive(f"regrade-{gpu.name}"):
         for cell in cells:
             checks.append(verify_cell(cell, conf, out / "grades", gpu, roofline))
-            print(f"[kbsweep] {checks[-1].label}: {checks[-1].status} {'; '.join(checks[-1].why)}".rstrip(), file=sys.stderr, flush=True)
+            print(
+                f"[kbsweep] {checks[-1].label}: {checks[-1].status} {'; '.join(checks[-1].why)}".rstrip(),
+                file=sys.stderr,
+                flush=True,
+            )
     counts = {s: sum(c.status == s for c in checks) for s in (REPRODUCED, DIFFERS, NOT_RUN)}
-    report = {"source": {"kind": opened.kind, "location": opened.location, "manifest_sha256": opened.manifest_sha256},
-              "gpu": gpu.name, "versions": here_versions(), "version_differences": differences, "counts": counts,
-              "sample": settings.get("sample"), "seed": settings.get("seed"), "cells": [asdict(c) for c in checks]}
+    report = {
+        "source": {"kind": opened.kind, "location": opened.location, "manifest_sha256": opened.manifest_sha256},
+        "gpu": gpu.name,
+        "versions": here_versions(),
+        "version_differences": differences,
+        "counts": counts,
+        "sample": settings.get("sample"),
+        "seed": settings.get("seed"),
+        "cells": [asdict(c) for c in checks],
+    }
     out.mkdir(parents=True, exist_ok=True)
     (out / "verify.json").write_text(json.dumps(report, indent=1, default=str))
     (out / "verify.md").write_text(markdown(report, checks))
@@ -328,8 +396,14 @@ def verify(source: str, conf: Dict[str, Any]) -> Dict[str, Any]:
 
 def markdown(report: Dict[str, Any], checks: List[CellCheck]) -> str:
     source = report["source"]
-    lines = [f"# kbsweep verify: {source['location']}", "", f"Source: {source['kind']}, MANIFEST.json sha256 `{source['manifest_sha256']}`; "
-             f"graded on `{report['gpu']}`.", "", ", ".join(f"{n} {s}" for s, n in report["counts"].items()), ""]
+    lines = [
+        f"# kbsweep verify: {source['location']}",
+        "",
+        f"Source: {source['kind']}, MANIFEST.json sha256 `{source['manifest_sha256']}`; graded on `{report['gpu']}`.",
+        "",
+        ", ".join(f"{n} {s}" for s, n in report["counts"].items()),
+        "",
+    ]
     if report["version_differences"]:
         lines += ["Version differences:", *[f"- {d}" for d in report["version_differences"]], ""]
     return "\n".join([*lines, table(checks), ""])
@@ -342,9 +416,14 @@ def log_run(conf: Dict[str, Any], report: Dict[str, Any], out: Path) -> str:
 
     tracker = Tracker(conf["tracking"]["uri"], conf["tracking"]["artifact_root"], KIND, conf["tracking"]["trace_spans"])
     source = report["source"]
-    tags = {KIND_TAG: KIND, "verify.source": source["location"], "verify.source_kind": source["kind"],
-            "verify.manifest_sha256": source["manifest_sha256"], "gpu": report["gpu"],
-            **{f"verify.{k.replace(' ', '_')}": str(v) for k, v in report["counts"].items()}}
+    tags = {
+        KIND_TAG: KIND,
+        "verify.source": source["location"],
+        "verify.source_kind": source["kind"],
+        "verify.manifest_sha256": source["manifest_sha256"],
+        "gpu": report["gpu"],
+        **{f"verify.{k.replace(' ', '_')}": str(v) for k, v in report["counts"].items()},
+    }
     run = tracker.client.create_run(tracker.experiment_id, tags=tags, run_name=f"verify_{out.name}_{report['gpu']}")
     for name in ("verify.json", "verify.md"):
         tracker.client.log_artifact(run.info.run_id, str(out / name))
@@ -363,7 +442,9 @@ def verify_verb(cfgs: List[Any]) -> int:
     from omegaconf import OmegaConf
 
     if not SOURCE:
-        raise KbsweepError("verify needs a SOURCE: kbsweep verify EXPORT_FOLDER|HF_DATASET_ID|TRACKING_URI gpu=... [sweep.name=...]")
+        raise KbsweepError(
+            "verify needs a SOURCE: kbsweep verify EXPORT_FOLDER|HF_DATASET_ID|TRACKING_URI gpu=... [sweep.name=...]"
+        )
     report = verify(SOURCE[0], OmegaConf.to_container(cfgs[0], resolve=True))
     print(markdown(report, [CellCheck(**c) for c in report["cells"]]))
     print(f"[kbsweep] verify: {report['out']}/verify.json, verify.md; MLflow run {report['run_id']}", file=sys.stderr)

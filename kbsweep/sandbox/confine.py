@@ -12,6 +12,7 @@ its disk quota (the writable folders and the files its output goes to). Network 
 ``mode: unsafe`` runs the same commands with the same environment and limits but no namespaces; it is never
 chosen silently: where bubblewrap cannot run, :func:`require` refuses.
 """
+
 from __future__ import annotations
 
 import functools
@@ -34,7 +35,17 @@ from kbsweep.sandbox.secret_env import secret_names
 MODES = ("bwrap", "unsafe")
 WORKSPACE = "/workspace"  # where run_shell sees its workspace
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt")
-PASS_ENV = ("PATH", "LD_LIBRARY_PATH", "LANG", "LC_ALL", "TZ", "CUDA_HOME", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "TRITON_INTERPRET")
+PASS_ENV = (
+    "PATH",
+    "LD_LIBRARY_PATH",
+    "LANG",
+    "LC_ALL",
+    "TZ",
+    "CUDA_HOME",
+    "CUDA_VISIBLE_DEVICES",
+    "CUDA_DEVICE_ORDER",
+    "TRITON_INTERPRET",
+)
 ROOT_UID_BASE = 200_000  # as root, a sandbox runs as ROOT_UID_BASE + pid % ROOT_UID_SPAN (its own process count)
 ROOT_UID_SPAN = 100_000
 
@@ -126,7 +137,9 @@ def bwrap_argv(
     """The bubblewrap command line: ``writable`` is (host path, sandbox path) pairs; ``readonly`` paths keep theirs.
     It ends in the sandbox's pid 1 (:mod:`kbsweep.sandbox.init`), which reads the command from ``command_fd``."""
     size = str(policy.disk_mib * 2**20)
-    system = [Path(d) for d in (*SYSTEM_DIRS, "/sys" if gpu else "/sys/devices/system/cpu")]  # torch reads the CPU topology
+    system = [
+        Path(d) for d in (*SYSTEM_DIRS, "/sys" if gpu else "/sys/devices/system/cpu")
+    ]  # torch reads the CPU topology
     # a read-only path inside a system folder (and no writable bind) is there already, and bound again it needs a
     # mount point that a symlink on its way (/usr/local/cuda -> /etc/alternatives/cuda) keeps bubblewrap from making
     writable_dests = [Path(dest) for _, dest in writable]
@@ -134,8 +147,21 @@ def bwrap_argv(
     binds = [("--ro-bind", str(p), str(p)) for p in [*system, *python_dirs(), *extra_ro] if p.exists()]
     binds += [("--bind", str(src), dest) for src, dest in writable]
     binds.sort(key=lambda b: b[2].count("/"))  # parents before children
-    argv = ["bwrap", "--as-pid-1", "--die-with-parent", "--new-session", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
-            "--unshare-cgroup-try", "--proc", "/proc", "--dev", "/dev"]
+    argv = [
+        "bwrap",
+        "--as-pid-1",
+        "--die-with-parent",
+        "--new-session",
+        "--unshare-pid",
+        "--unshare-net",
+        "--unshare-ipc",
+        "--unshare-uts",
+        "--unshare-cgroup-try",
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",
+    ]
     if is_root():  # no user namespace: the command drops to an unprivileged uid (setpriv: confined_popen)
         argv += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
     else:
@@ -148,19 +174,48 @@ def bwrap_argv(
         argv += [flag, src, dest]
     if gpu:
         argv += [a for node in sorted(Path("/dev").glob("nvidia*")) for a in ("--dev-bind", str(node), str(node))]
-    argv += [*extra, "--remount-ro", "/", "--remount-ro", "/dev", "--chdir", cwd, "--"]  # only the tmpfs and binds stay writable
+    argv += [
+        *extra,
+        "--remount-ro",
+        "/",
+        "--remount-ro",
+        "/dev",
+        "--chdir",
+        cwd,
+        "--",
+    ]  # only the tmpfs and binds stay writable
     return argv + [BASH, "-c", INIT, INIT_NAME, str(command_fd)]
 
 
-def confined_popen(command: Sequence[str], policy: SandboxPolicy, *, cwd: str, gpu: bool = False, memory_mib: Optional[float] = None,
-                   writable: Sequence[Tuple[Path, str]] = (), readonly: Iterable[Path] = (), extra: Sequence[str] = (),
-                   **popen: Any) -> subprocess.Popen:
+def confined_popen(
+    command: Sequence[str],
+    policy: SandboxPolicy,
+    *,
+    cwd: str,
+    gpu: bool = False,
+    memory_mib: Optional[float] = None,
+    writable: Sequence[Tuple[Path, str]] = (),
+    readonly: Iterable[Path] = (),
+    extra: Sequence[str] = (),
+    **popen: Any,
+) -> subprocess.Popen:
     """Start ``command`` under bubblewrap (:func:`bwrap_argv`): the sandbox's init gets, on a descriptor, as root the
     drop to the sandbox's uid (``setpriv``: the kernel's process limit does not bind root), the rlimits, ``command``."""
     chain = [*limits(policy, gpu, memory_mib), *command]
     if is_root():
         uid = str(sandbox_uid())
-        chain = ["setpriv", "--reuid", uid, "--regid", uid, "--clear-groups", "--inh-caps=-all", "--bounding-set=-all", "--", *chain]
+        chain = [
+            "setpriv",
+            "--reuid",
+            uid,
+            "--regid",
+            uid,
+            "--clear-groups",
+            "--inh-caps=-all",
+            "--bounding-set=-all",
+            "--",
+            *chain,
+        ]
     fd = command_fd(chain)
     try:
         argv = bwrap_argv(policy, cwd=cwd, command_fd=fd, writable=writable, readonly=readonly, gpu=gpu, extra=extra)
@@ -177,8 +232,16 @@ def self_test() -> Optional[str]:
     if is_root() and shutil.which("setpriv") is None:
         return "setpriv (util-linux) is not installed"
     try:  # confined and unprivileged
-        proc = confined_popen(["sh", "-c", 'test "$(id -u)" != 0'], SandboxPolicy(), cwd="/", env=minimal_env(),
-                              stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proc = confined_popen(
+            ["sh", "-c", 'test "$(id -u)" != 0'],
+            SandboxPolicy(),
+            cwd="/",
+            env=minimal_env(),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
     except OSError as exc:
         return str(exc)
     try:
@@ -263,11 +326,28 @@ class Sandbox:
         """Start ``command`` confined, in a session of its own, with exactly ``env``. ``writable``: (host, sandbox)
         path pairs (unsafe mode: the command sees host paths, so ``cwd`` must be one)."""
         if not self.confined:
-            return subprocess.Popen([*limits(self.policy, self.gpu, memory_mib), *command], cwd=cwd, env=dict(env), start_new_session=True, **popen)
+            return subprocess.Popen(
+                [*limits(self.policy, self.gpu, memory_mib), *command],
+                cwd=cwd,
+                env=dict(env),
+                start_new_session=True,
+                **popen,
+            )
         if is_root():
             give([src for src, _ in writable], sandbox_uid())
-        return confined_popen(command, self.policy, cwd=cwd, gpu=self.gpu, memory_mib=memory_mib, writable=writable, readonly=readonly,
-                              extra=extra, env=dict(env), start_new_session=True, **popen)
+        return confined_popen(
+            command,
+            self.policy,
+            cwd=cwd,
+            gpu=self.gpu,
+            memory_mib=memory_mib,
+            writable=writable,
+            readonly=readonly,
+            extra=extra,
+            env=dict(env),
+            start_new_session=True,
+            **popen,
+        )
 
     def shell(self, command: str, workspace: Path, hide: Iterable[str] = (), output_limit: int = 12_000) -> ShellResult:
         """``bash -c command`` in the workspace (seen as /workspace), under the policy's limits."""
@@ -278,13 +358,27 @@ class Sandbox:
             proxy = AllowProxy(self.policy.network_allow)
             url = f"http://127.0.0.1:{PROXY_PORT}"
             env.update(HTTP_PROXY=url, HTTPS_PROXY=url, http_proxy=url, https_proxy=url)
-            argv, extra = [BASH, "-c", WITH_FORWARDER, "kbsweep-shell", FORWARDER, command], ["--bind", str(proxy.path), PROXY_SOCKET]
+            argv, extra = (
+                [BASH, "-c", WITH_FORWARDER, "kbsweep-shell", FORWARDER, command],
+                ["--bind", str(proxy.path), PROXY_SOCKET],
+            )
         cwd = WORKSPACE if self.confined else str(workspace)
         try:
             with tempfile.TemporaryFile() as out:
-                proc = self.popen(argv, cwd=cwd, env=env, writable=[(workspace, WORKSPACE)], memory_mib=self.policy.memory_mib,
-                                  extra=extra, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
-                breach = Watch(proc, self.policy.wall_s, memory_cap_mib(self.policy.memory_mib), self.policy.disk_mib, [workspace]).wait()
+                proc = self.popen(
+                    argv,
+                    cwd=cwd,
+                    env=env,
+                    writable=[(workspace, WORKSPACE)],
+                    memory_mib=self.policy.memory_mib,
+                    extra=extra,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                )
+                breach = Watch(
+                    proc, self.policy.wall_s, memory_cap_mib(self.policy.memory_mib), self.policy.disk_mib, [workspace]
+                ).wait()
                 result = ShellResult(124 if breach else proc.returncode, head_tail(out, output_limit))
         finally:
             if proxy:
@@ -292,5 +386,7 @@ class Sandbox:
         if breach:
             result.notes.append(breach[1])
         if proxy and proxy.refused:
-            result.notes.append(f"refused network access to {', '.join(dict.fromkeys(proxy.refused))} (not in sandbox.network_allow)")
+            result.notes.append(
+                f"refused network access to {', '.join(dict.fromkeys(proxy.refused))} (not in sandbox.network_allow)"
+            )
         return result

@@ -10,14 +10,17 @@ signal ended it), which bubblewrap passes on. bubblewrap's ``--die-with-parent``
 changes its uid (as root, the command's chain drops to the sandbox's uid itself): when it dies, the kernel ends
 the whole namespace.
 """
+
 from __future__ import annotations
 
 import os
 from typing import Sequence
 
-INIT = ('readarray -d "" -t cmd <&"$1"; eval "exec $1<&-"; exec {err}>&2 2>/dev/null; set -m; "${cmd[@]}" 2>&$err {err}>&- & '
-        'for f in /proc/self/fd/*; do f=${f##*/}; ((f > 2)) && eval "exec $f>&-"; done; '
-        'if ((BASH_VERSINFO[0] * 100 + BASH_VERSINFO[1] > 500)); then wait -f $!; else wait $!; fi')
+INIT = (
+    'readarray -d "" -t cmd <&"$1"; eval "exec $1<&-"; exec {err}>&2 2>/dev/null; set -m; "${cmd[@]}" 2>&$err {err}>&- & '
+    'for f in /proc/self/fd/*; do f=${f##*/}; ((f > 2)) && eval "exec $f>&-"; done; '
+    "if ((BASH_VERSINFO[0] * 100 + BASH_VERSINFO[1] > 500)); then wait -f $!; else wait $!; fi"
+)
 NAME = "kbsweep-init"  # the init's $0
 
 

@@ -1,6 +1,7 @@
 """A sandbox's only ways out: a forwarder inside it (127.0.0.1:PROXY_PORT to a unix socket bound in), and on the
 host the servers behind that socket: :class:`Relay` (to a harness's model proxy) and :class:`AllowProxy` (an HTTP
 CONNECT proxy to the ``network_allow`` hosts). Without them a confined command has no network at all."""
+
 from __future__ import annotations
 
 import inspect
@@ -51,7 +52,9 @@ def splice(client, upstream) -> None:
     back.join()
 
 
-FORWARDER = inspect.getsource(pump) + f"""
+FORWARDER = (
+    inspect.getsource(pump)
+    + f"""
 import socket, threading
 listener = socket.create_server(("127.0.0.1", {PROXY_PORT}))
 open("{PROXY_READY}", "w").close()
@@ -61,7 +64,8 @@ while True:
     upstream.connect("{PROXY_SOCKET}")
     threading.Thread(target=pump, args=(client, upstream), daemon=True).start()
     threading.Thread(target=pump, args=(upstream, client), daemon=True).start()
-"""  # runs inside the sandbox: 127.0.0.1:PROXY_PORT -> the proxy's unix socket
+"""
+)  # runs inside the sandbox: 127.0.0.1:PROXY_PORT -> the proxy's unix socket
 
 
 WITH_FORWARDER = f'"{sys.executable}" -c "$1" & until [ -e {PROXY_READY} ]; do sleep 0.02; done; exec {BASH} -c "$2"'

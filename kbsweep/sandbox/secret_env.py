@@ -1,5 +1,6 @@
 """Which environment variables hold secrets: a sandboxed command never inherits them, and a transcript redacts
 their values."""
+
 from __future__ import annotations
 
 import os

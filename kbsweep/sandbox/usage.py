@@ -1,12 +1,14 @@
 """What a sandboxed process tree uses, as its :class:`~kbsweep.sandbox.watch.Watch` measures it: memory (the resident
 sizes as a cheap upper bound, the proportional set sizes as the exact figure) and disk (its writable folders and
 the files its output goes to)."""
+
 from __future__ import annotations
 
 import os
 import stat
 from pathlib import Path
 from typing import Iterable, List
+
 
 def rss_mib(pids: Iterable[int]) -> float:
     """The processes' resident sizes summed (shared pages once per process): never below :func:`pss_mib`, and
@@ -42,7 +44,9 @@ def pss_mib(pids: Iterable[int]) -> float:
 def used_mib(folders: Iterable[Path], files: Iterable[str] = ()) -> float:
     """Disk blocks under ``folders`` and of ``files``."""
     total = 0
-    paths = [os.path.join(root, name) for folder in folders for root, dirs, names in os.walk(folder) for name in dirs + names]
+    paths = [
+        os.path.join(root, name) for folder in folders for root, dirs, names in os.walk(folder) for name in dirs + names
+    ]
     for path in [*paths, *files]:
         try:
             total += os.stat(path, follow_symlinks=path in files).st_blocks * 512

@@ -1,5 +1,6 @@
 """The watch over a sandboxed process tree: its processes found from ``/proc``, its memory cap, the supervisor that
 stops it past its wall time, memory or disk quota (:class:`Watch`), and its killing, whole tree and all."""
+
 from __future__ import annotations
 
 import os
@@ -78,8 +79,21 @@ class Watch:
     """Polls a sandboxed process: wall time, memory of its whole tree (:func:`pss_mib`), disk held by its
     writable folders and by the files its stdout and stderr go to."""
 
-    def __init__(self, proc: subprocess.Popen, wall_s: float, memory_mib: Optional[float], disk_mib: float, folders: Sequence[Path]):
-        self.proc, self.wall_s, self.memory_mib, self.disk_mib, self.folders = proc, wall_s, memory_mib, disk_mib, folders
+    def __init__(
+        self,
+        proc: subprocess.Popen,
+        wall_s: float,
+        memory_mib: Optional[float],
+        disk_mib: float,
+        folders: Sequence[Path],
+    ):
+        self.proc, self.wall_s, self.memory_mib, self.disk_mib, self.folders = (
+            proc,
+            wall_s,
+            memory_mib,
+            disk_mib,
+            folders,
+        )
         self.started = time.monotonic()
         self.outputs = output_files(proc.pid)
         self.disk_start = used_mib(folders, self.outputs)
@@ -99,7 +113,10 @@ class Watch:
             self.disk_checked = now
             used = used_mib(self.folders, self.outputs)
             if used > self.disk_mib and used > self.disk_start:
-                return "disk", f"stopped: the writable folders and its output hold {used:.0f} MiB, over the {self.disk_mib} MiB quota"
+                return (
+                    "disk",
+                    f"stopped: the writable folders and its output hold {used:.0f} MiB, over the {self.disk_mib} MiB quota",
+                )
         return None
 
     def wait(self) -> Optional[Tuple[str, str]]:

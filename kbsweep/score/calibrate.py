@@ -1,4 +1,5 @@
 """`kbsweep calibrate`: attainable peaks measured on this machine, stored beside the datasheet figures."""
+
 from __future__ import annotations
 
 import time
@@ -80,7 +81,9 @@ def require_here(gpu: Dict[str, Any]) -> None:
     spec = GpuSpec(**gpu)
     require_card(spec)
     if spec.cuda and not torch.cuda.is_available():  # NVML lists the card, but this torch cannot reach it
-        raise KbsweepError(f"gpu={spec.name}: torch {torch.__version__} here has no CUDA to calibrate with; install a CUDA build of torch, or use gpu=cpu")
+        raise KbsweepError(
+            f"gpu={spec.name}: torch {torch.__version__} here has no CUDA to calibrate with; install a CUDA build of torch, or use gpu=cpu"
+        )
 
 
 def calibrate(gpu: Dict[str, Any]) -> Dict[str, Any]:

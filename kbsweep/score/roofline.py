@@ -1,4 +1,5 @@
 """Scoring: achieved FLOP/s and bytes/s per shape over the GPU's roofline, geomean over shapes."""
+
 from __future__ import annotations
 
 import math
@@ -48,7 +49,9 @@ def parse_roofline(path: Path) -> Dict[str, Any]:
         raise KbsweepError(f"{path}: key 'peaks_tflops' is required: a mapping of precision to TFLOP/s")
     for precision, value in peaks.items():
         if not positive(value):
-            raise KbsweepError(f"{path}: key 'peaks_tflops.{precision}': must be a number of TFLOP/s > 0, got {value!r}")
+            raise KbsweepError(
+                f"{path}: key 'peaks_tflops.{precision}': must be a number of TFLOP/s > 0, got {value!r}"
+            )
     if not positive(spec.get("dram_gbps")):
         raise KbsweepError(f"{path}: key 'dram_gbps' is required: a number of GB/s > 0, got {spec.get('dram_gbps')!r}")
     for key in ("l2_mib", "nvlink_gbps", "sm_count"):
@@ -60,7 +63,11 @@ def parse_roofline(path: Path) -> Dict[str, Any]:
 def shape_speedups(entry: Dict[str, Any]) -> Dict[str, float]:
     """Each baseline's median time over the candidate's, for one timed shape."""
     ms = entry["candidate"]["median_ms"]
-    return {name: base["median_ms"] / ms for name, base in (entry.get("baselines") or {}).items() if base and base.get("median_ms")}
+    return {
+        name: base["median_ms"] / ms
+        for name, base in (entry.get("baselines") or {}).items()
+        if base and base.get("median_ms")
+    }
 
 
 def geomean(values: List[float]) -> Optional[float]:
@@ -117,7 +124,12 @@ def shape_label(shape: Any) -> str:
 
 
 def shape_score(
-    ms: float, work: Dict[str, Optional[float]], regime: str, peak_key: Optional[str], roofline: Dict[str, Any], shape: Dict[str, Any]
+    ms: float,
+    work: Dict[str, Optional[float]],
+    regime: str,
+    peak_key: Optional[str],
+    roofline: Dict[str, Any],
+    shape: Dict[str, Any],
 ) -> ShapeScore:
     """Achieved rates and the fraction of the governing datasheet peak for one shape."""
     seconds = ms * 1e-3
@@ -147,9 +159,13 @@ def score_grade(grade: Dict[str, Any], problem_spec: Any, roofline: Dict[str, An
         for kind in ("compute_fraction", "memory_fraction"):
             value = getattr(scored, kind)
             if value is not None and value > 1.0:
-                findings.append({"kind": "physics_violation", "shape": entry["shape"], "detail": f"{kind}={value:.3f} > 1.0"})
+                findings.append(
+                    {"kind": "physics_violation", "shape": entry["shape"], "detail": f"{kind}={value:.3f} > 1.0"}
+                )
         scored.speedup = shape_speedups(entry)
-        scored.baselines_outside_tolerance = sorted(name for name, base in entry.get("baselines", {}).items() if (base or {}).get("outside_tolerance"))
+        scored.baselines_outside_tolerance = sorted(
+            name for name, base in entry.get("baselines", {}).items() if (base or {}).get("outside_tolerance")
+        )
         shapes_out.append(scored)
     fractions = [s.fraction for s in shapes_out]
     has_roofline = bool(fractions) and all(f is not None for f in fractions)

@@ -1,6 +1,7 @@
 """The stored (JSON) form shared by the records that carry an outcome and per-shape scores: a grade's
 :class:`~kbsweep.grader.result.GradeResult` and a cell's :class:`~kbsweep.tracking.cell_result.CellResult`. Each names the
 keys it writes; a stored record's keys this version does not know ride along in ``extra``, written back last."""
+
 from __future__ import annotations
 
 from dataclasses import fields
@@ -26,5 +27,7 @@ def from_stored(cls: Type[R], data: Dict[str, Any], always: Sequence[str] = ()) 
     known = {f.name for f in fields(cls)} - {"extra"}
     values = {key: data.get(key) for key in always}
     values.update({key: value for key, value in data.items() if key in known and key not in always})
-    values.update(outcome=Outcome(data["outcome"]), shapes=[ShapeScore.from_json(shape) for shape in data.get("shapes") or []])
+    values.update(
+        outcome=Outcome(data["outcome"]), shapes=[ShapeScore.from_json(shape) for shape in data.get("shapes") or []]
+    )
     return cls(**values, extra={key: value for key, value in data.items() if key not in known})

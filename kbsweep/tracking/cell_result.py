@@ -1,6 +1,7 @@
 """What a cell leaves: :class:`CellResult`, its ``result.json`` journal (the record sweeps resume from and tracking
 logs), stored as it has always been written by :meth:`CellResult.to_json` and read back, journals of earlier
 versions included, by :meth:`CellResult.from_json`."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -14,8 +15,24 @@ from kbsweep.score.stored import from_stored, to_stored
 # scores, the audit's verdict, the agent's turns, spend and times); a KernelBench problem's two verdicts; the
 # stamps run_cell adds (a launcher's infrastructure result has no start nor folder).
 EVERY = ("outcome", "message")
-WORKED = ("score", "basis", "speedup", "shapes", "verdict", "stop_reason", "turns", "usage", "cost_usd", "agent_cost_usd",
-          "judge_cost_usd", "judge_usage", "agent_s", "grade_s", "steps", "env")
+WORKED = (
+    "score",
+    "basis",
+    "speedup",
+    "shapes",
+    "verdict",
+    "stop_reason",
+    "turns",
+    "usage",
+    "cost_usd",
+    "agent_cost_usd",
+    "judge_cost_usd",
+    "judge_usage",
+    "agent_s",
+    "grade_s",
+    "steps",
+    "env",
+)
 VERDICTS = ("verdicts", "kernelbench")
 STAMPS = ("key", "cell", "started", "finished", "folder")
 HELD_OUT = ("score_public", "score_held_out")  # a final grade that graded held-out shapes: each part's score
@@ -58,7 +75,9 @@ class CellResult:
 
     def to_json(self) -> Dict[str, Any]:
         """The stored form, key for key as cells have always written it (the outcome as its string)."""
-        keys = EVERY + (WORKED if self.stop_reason is not None else ()) + (VERDICTS if self.verdicts is not None else ())
+        keys = (
+            EVERY + (WORKED if self.stop_reason is not None else ()) + (VERDICTS if self.verdicts is not None else ())
+        )
         keys += tuple(key for key in HELD_OUT if getattr(self, key) is not None)
         return to_stored(self, keys + tuple(key for key in STAMPS if getattr(self, key) is not None))
 

@@ -8,6 +8,7 @@ metrics from ``result.json``), so the live series is whole whatever the polls' t
 would differ between two runs of one cell). On a terminal the sweep's bar shows a table of the running cells (turn,
 tokens, dollars, best check so far); elsewhere each turn is one plain line.
 """
+
 from __future__ import annotations
 
 import json
@@ -129,5 +130,12 @@ class LiveCells:
             running = list(self.cells.values())
         for cell in running:
             best = "-" if cell.best is None else f"{cell.best:.4g}"
-            table.add_row(cell.label, str(cell.turn), f"{cell.tokens:,}", f"{cell.usd:.2f}", best, f"{time.monotonic() - cell.started:.0f}")
+            table.add_row(
+                cell.label,
+                str(cell.turn),
+                f"{cell.tokens:,}",
+                f"{cell.usd:.2f}",
+                best,
+                f"{time.monotonic() - cell.started:.0f}",
+            )
         return table

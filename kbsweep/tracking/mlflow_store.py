@@ -1,5 +1,6 @@
 """The MLflow store: one client per URI and process, an SQLite store created whole, and its runs read back as rows
 for boards, exports, resume and regrade. The writer is :mod:`kbsweep.tracking.tracker`."""
+
 from __future__ import annotations
 
 import contextlib
@@ -111,7 +112,10 @@ def build_whole(path: Path, build: Callable[[Path], None]) -> None:
         os.replace(partial, path)
 
 
-QUIET_LOGGERS = ("mlflow.store", "alembic")  # MLflow's store and its migrations: their INFO lines say nothing to a sweep's reader
+QUIET_LOGGERS = (
+    "mlflow.store",
+    "alembic",
+)  # MLflow's store and its migrations: their INFO lines say nothing to a sweep's reader
 
 
 def mlflow_defaults() -> None:
@@ -119,7 +123,9 @@ def mlflow_defaults() -> None:
     each unless the user set it: at the entry point, before MLflow is first imported, and again where a client is made.
     MLflow's store and migrations log their warnings and errors only (:data:`QUIET_LOGGERS`)."""
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # a bar per downloaded artifact floods export and regrade
+    os.environ.setdefault(
+        "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false"
+    )  # a bar per downloaded artifact floods export and regrade
     # MLflow's usage telemetry: a thread per process posting each client call's event to MLflow's servers, which a
     # cluster's nodes may not reach and a benchmark's runs need not report to
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
@@ -127,7 +133,9 @@ def mlflow_defaults() -> None:
     # ~250 s on a server that had gone, for every call of a sweep
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "4")
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1")
-    if "MLFLOW_LOGGING_LEVEL" not in os.environ:  # e.g. a new store's "Creating initial MLflow database tables", one per first run
+    if (
+        "MLFLOW_LOGGING_LEVEL" not in os.environ
+    ):  # e.g. a new store's "Creating initial MLflow database tables", one per first run
         for name in QUIET_LOGGERS:
             logging.getLogger(name).setLevel(logging.WARNING)
 
@@ -148,14 +156,23 @@ def server_down(uri: str, wait_s: float = SERVER_WAIT_S) -> Optional[str]:
     deadline = time.monotonic() + wait_s
     while True:
         try:
-            with urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=max(0.5, min(3.0, deadline - time.monotonic()))):
+            with urllib.request.urlopen(
+                f"{uri.rstrip('/')}/health", timeout=max(0.5, min(3.0, deadline - time.monotonic()))
+            ):
                 return None
         except urllib.error.HTTPError:
             return None  # something answers: MLflow's own requests say what
         except (urllib.error.URLError, OSError) as exc:
             reason = getattr(exc, "reason", exc)
-            why = ("name not resolved" if isinstance(reason, socket.gaierror) else "connection refused" if isinstance(reason, ConnectionRefusedError)
-                   else "no answer" if isinstance(reason, (socket.timeout, TimeoutError)) else str(reason))
+            why = (
+                "name not resolved"
+                if isinstance(reason, socket.gaierror)
+                else "connection refused"
+                if isinstance(reason, ConnectionRefusedError)
+                else "no answer"
+                if isinstance(reason, (socket.timeout, TimeoutError))
+                else str(reason)
+            )
         if time.monotonic() + 0.5 >= deadline:
             return why
         time.sleep(0.5)
@@ -233,7 +250,12 @@ def log_report(uri: str, experiments: Iterable[str], folder: Path) -> List[str]:
     for name in experiments:
         experiment = client.get_experiment_by_name(name)
         runs = (
-            client.search_runs([experiment.experiment_id], f"tags.`{KIND_TAG}` = 'sweep'", max_results=1, order_by=["attributes.start_time DESC"])
+            client.search_runs(
+                [experiment.experiment_id],
+                f"tags.`{KIND_TAG}` = 'sweep'",
+                max_results=1,
+                order_by=["attributes.start_time DESC"],
+            )
             if experiment
             else []
         )
@@ -245,15 +267,26 @@ def log_report(uri: str, experiments: Iterable[str], folder: Path) -> List[str]:
 
 MLFLOW_UI = "http://127.0.0.1:5000"  # where `mlflow ui` serves by default
 RUNS_VIEW = "kbsweep-cells"  # the share key of the runs view the link opens
-RUNS_VIEW_COLUMNS = ("metrics.`score`", "tags.`outcome`", "tags.`verdict`", "tags.`model`", "tags.`problem`", "metrics.`cost_usd`")
+RUNS_VIEW_COLUMNS = (
+    "metrics.`score`",
+    "tags.`outcome`",
+    "tags.`verdict`",
+    "tags.`model`",
+    "tags.`problem`",
+    "metrics.`cost_usd`",
+)
 
 
 def runs_view_tag() -> Dict[str, str]:
     """The experiment tag that holds the runs view :func:`runs_link` opens (MLflow's shared view state, read by its UI
     from ``mlflow.sharedViewState.<key>``): these columns, the best score first, the runs grouped by kind (``cell``
     and ``sweep``), so every cell run is a row of the table where nested under its sweep's run it is folded away."""
-    state = {"selectedColumns": list(RUNS_VIEW_COLUMNS), "orderByKey": "metrics.`score`", "orderByAsc": False,
-             "groupBy": {"aggregateFunction": "average", "groupByKeys": [{"mode": "tag", "groupByData": KIND_TAG}]}}
+    state = {
+        "selectedColumns": list(RUNS_VIEW_COLUMNS),
+        "orderByKey": "metrics.`score`",
+        "orderByAsc": False,
+        "groupBy": {"aggregateFunction": "average", "groupByKeys": [{"mode": "tag", "groupByData": KIND_TAG}]},
+    }
     return {f"mlflow.sharedViewState.{RUNS_VIEW}": json.dumps(state)}
 
 
@@ -266,8 +299,11 @@ def runs_link(uri: str, sweep: str, experiment_id: Optional[str] = None) -> str:
     if experiment_id is None:
         experiment = make_client(uri).get_experiment_by_name(sweep)
         experiment_id = experiment.experiment_id if experiment else None
-    page = (f"#/experiments/{experiment_id}/runs?viewStateShareKey={RUNS_VIEW}&workflowType=machine_learning" if experiment_id
-            else "#/experiments")
+    page = (
+        f"#/experiments/{experiment_id}/runs?viewStateShareKey={RUNS_VIEW}&workflowType=machine_learning"
+        if experiment_id
+        else "#/experiments"
+    )
     if uri.startswith(("http://", "https://")):
         return f"{uri.rstrip('/')}/{page}"
     return f"mlflow ui --backend-store-uri {uri}, then {MLFLOW_UI}/{page}"

@@ -7,6 +7,7 @@ size, inode and modification time as when the reading began. A snapshot records 
 read it keeps (a write racing the read changes the file after the stamp, so the snapshot is never trusted again).
 A server store has no such stamp: everything is read afresh.
 """
+
 from __future__ import annotations
 
 import json
@@ -21,7 +22,7 @@ def stamp(uri: str) -> Optional[List[List[int]]]:
     """(inode, size, mtime_ns) of an SQLite store's database and journals; None for any other store (or none yet)."""
     if not uri.startswith(SQLITE):
         return None
-    path = Path(uri[len(SQLITE):])
+    path = Path(uri[len(SQLITE) :])
     found = []
     for suffix in ("", "-wal", "-journal"):
         try:

@@ -7,6 +7,7 @@ harness setup (params), per-shape and summary numbers and the agent loop's progr
 with its whole resolved config (artifacts). Only the orchestrator writes here; cells
 write ``result.json`` journals that are logged when they come back, so a killed sweep loses no finished cell.
 """
+
 from __future__ import annotations
 
 import functools
@@ -30,7 +31,11 @@ from kbsweep.outcomes import Outcome
 ARTIFACTS = ("solution.py", "transcript.jsonl", "harness_stream.jsonl", "grade.json", "audit.json", "result.json")
 OWNER_TAG = "kbsweep.orchestrator"  # host:pid of the process that created the run
 RESULT_TAG = "kbsweep.result"  # which result.json a cell run records (see result_id)
-BATCH = {"params": 100, "tags": 100, "metrics": 800}  # per request; MLflow takes at most 1000 entities of all kinds in one
+BATCH = {
+    "params": 100,
+    "tags": 100,
+    "metrics": 800,
+}  # per request; MLflow takes at most 1000 entities of all kinds in one
 BAD_KEY_CHARS = re.compile(r"[^\w./\- :]")
 VERSIONED_PACKAGES = ("kbsweep", "mlflow", "litellm", "torch", "triton", "hydra-core", "submitit", "nvidia-ml-py")
 
@@ -107,25 +112,53 @@ def provider_of(model: Dict[str, Any]) -> str:
 # deck version): what the boards and the audit read and what tells apart cells whose labels match. The whole resolved
 # config is the run's CONFIG_ARTIFACT. Each param is an entry of the store's indexes, the dearer the bigger the store:
 # the whole config as 94 params cost 7-9 CPU-ms a cell more (docs/benchmarks.md, "Sweeps at scale": "A cell's params").
-CONFIG_PARAMS = ("model.route", "model.reasoning_effort", "harness.version", "gpu.device", "track.problems_dir", "track.format",
-                 "track.kernelbench_version")
+CONFIG_PARAMS = (
+    "model.route",
+    "model.reasoning_effort",
+    "harness.version",
+    "gpu.device",
+    "track.problems_dir",
+    "track.format",
+    "track.kernelbench_version",
+)
 CONFIG_ARTIFACT = "config.json"
 
 
 def cell_config(cell: Cell) -> Dict[str, Any]:
     """The cell's resolved config: its model, harness, GPU, track, grade and audit judge settings, paths, problem and
     repeat (the launcher's are its sweep run's params)."""
-    return {"model": cell.model, "harness": cell.harness, "gpu": asdict(cell.gpu), "track": cell.track, "grade": cell.grade, "judge": cell.judge,
-            "paths": cell.paths, "problem": cell.problem, "problem_dir": cell.problem_dir, "deck_version": cell.deck_version, "repeat": cell.repeat}
+    return {
+        "model": cell.model,
+        "harness": cell.harness,
+        "gpu": asdict(cell.gpu),
+        "track": cell.track,
+        "grade": cell.grade,
+        "judge": cell.judge,
+        "paths": cell.paths,
+        "problem": cell.problem,
+        "problem_dir": cell.problem_dir,
+        "deck_version": cell.deck_version,
+        "repeat": cell.repeat,
+    }
 
 
 def cell_params(cell: Cell) -> Dict[str, str]:
     """The cell's :data:`CONFIG_PARAMS`, its problem's regime and GPU's roofline (the reports' plots) and its harness
     setup. The launcher's settings and the orchestrator's software versions are the same for every cell of an
     invocation: they are its sweep run's params (:meth:`Tracker.start_sweep`)."""
-    config = flatten("", {"model": cell.model, "harness": cell.harness, "gpu": {"device": cell.gpu.device}, "track": cell.track}, {})
+    config = flatten(
+        "", {"model": cell.model, "harness": cell.harness, "gpu": {"device": cell.gpu.device}, "track": cell.track}, {}
+    )
     params = {key: config.get(key, "None") for key in CONFIG_PARAMS}
-    params.update(problem_params(cell.problem_dir, cell.deck_version, cell.track["name"], tuple(cell.paths["roofline_specs"]), cell.gpu.roofline))
+    params.update(
+        problem_params(
+            cell.problem_dir,
+            cell.deck_version,
+            cell.track["name"],
+            tuple(cell.paths["roofline_specs"]),
+            cell.gpu.roofline,
+        )
+    )
     params.update(setup_params(cell))
     return params
 
@@ -141,7 +174,9 @@ def setup_params(cell: Cell) -> Dict[str, str]:
 
 
 @functools.lru_cache(maxsize=256)
-def problem_params(problem_dir: str, deck_version: str, track: str, roofline_specs: Tuple[str, ...], roofline_name: str) -> Dict[str, str]:
+def problem_params(
+    problem_dir: str, deck_version: str, track: str, roofline_specs: Tuple[str, ...], roofline_name: str
+) -> Dict[str, str]:
     """A problem's regime, peak and score and its GPU's roofline, as params; read once per problem version and GPU a
     process (a sweep's repeats read the same; ``deck_version`` keys it: a changed problem is read again). Callers
     copy it."""
@@ -158,7 +193,9 @@ def env_params(env: Dict[str, Any]) -> Dict[str, str]:
     """Software versions and GPU identity of the process that graded the cell."""
     params = {f"env.{key}": str(env[key]) for key in ("torch", "triton", "python", "host") if key in env}
     for i, gpu in enumerate(env.get("gpus") or []):
-        params.update(flatten(f"env.gpu{i}", {k: gpu.get(k) for k in ("name", "uuid", "driver", "memory_total_mib")}, {}))
+        params.update(
+            flatten(f"env.gpu{i}", {k: gpu.get(k) for k in ("name", "uuid", "driver", "memory_total_mib")}, {})
+        )
     if env.get("graded_on"):  # of the GPUs above, those the grade ran on
         params["env.graded_on"] = ", ".join(f"{gpu['visible']}: {gpu['name']}" for gpu in env["graded_on"])
     return params
@@ -188,7 +225,9 @@ def cell_metrics(result: Dict[str, Any]) -> Dict[str, float]:
     metrics["passed"] = 1.0 if result.get("outcome") == Outcome.PASS.value else 0.0
     if result.get("verdicts"):  # a KernelBench problem: its own eval's verdict beside kbsweep's
         metrics["kernelbench_correct"] = 1.0 if result["verdicts"]["kernelbench"] == "correct" else 0.0
-        for name, value in ((result.get("kernelbench") or {}).get("speedup") or {}).items():  # KernelBench's metrics' figure
+        for name, value in (
+            (result.get("kernelbench") or {}).get("speedup") or {}
+        ).items():  # KernelBench's metrics' figure
             metrics[f"kernelbench_speedup_{name}"] = value
     for prefix, usage in (("tokens", result.get("usage")), ("judge_tokens", result.get("judge_usage"))):
         for key, value in (usage or {}).items():
@@ -261,8 +300,12 @@ class Tracker:
         self.source = source_tags()
         self.uri, self.artifact_root, self.sweep = uri, artifact_root, sweep
         experiment = self.client.get_experiment_by_name(sweep)
-        self.existing: Optional[str] = experiment.experiment_id if experiment else None  # the sweep's experiment, if made yet
-        self.view = {k: v for k, v in runs_view_tag().items() if not experiment or experiment.tags.get(k) != v}  # set by the first write
+        self.existing: Optional[str] = (
+            experiment.experiment_id if experiment else None
+        )  # the sweep's experiment, if made yet
+        self.view = {
+            k: v for k, v in runs_view_tag().items() if not experiment or experiment.tags.get(k) != v
+        }  # set by the first write
         self.parent_id: Optional[str] = None
         self.started: Dict[str, Started] = {}  # run id -> what a cell started, not finished, logs with its result
 
@@ -274,14 +317,21 @@ class Tracker:
             # its GenAI | Model training switch instead: kbsweep prints the runs' address with the switch set)
             tags = {"mlflow.experimentKind": "custom_model_development", **self.view}
             location = artifact_location(self.uri, self.artifact_root, self.sweep)
-            self.existing, self.view = self.client.create_experiment(self.sweep, artifact_location=location, tags=tags), {}
+            self.existing, self.view = (
+                self.client.create_experiment(self.sweep, artifact_location=location, tags=tags),
+                {},
+            )
         for key, value in self.view.items():  # an experiment made before its link opened this view
             self.client.set_experiment_tag(self.existing, key, value)
         self.view = {}
         return self.existing
 
     def log_batch(
-        self, run_id: str, params: Optional[Dict[str, str]] = None, tags: Optional[Dict[str, str]] = None, metrics: Iterable[tuple] = ()
+        self,
+        run_id: str,
+        params: Optional[Dict[str, str]] = None,
+        tags: Optional[Dict[str, str]] = None,
+        metrics: Iterable[tuple] = (),
     ) -> None:
         """Params, tags and (key, value, step) metrics in batches within MLflow's request limits, each request
         carrying all three kinds (each request is a transaction of the store's)."""
@@ -295,7 +345,9 @@ class Tracker:
         }
         requests = max(-(-len(items) // BATCH[kind]) for kind, items in entities.items())
         for i in range(requests):
-            self.client.log_batch(run_id, **{kind: items[i * BATCH[kind] : (i + 1) * BATCH[kind]] for kind, items in entities.items()})
+            self.client.log_batch(
+                run_id, **{kind: items[i * BATCH[kind] : (i + 1) * BATCH[kind]] for kind, items in entities.items()}
+            )
 
     def start_sweep(self, params: Dict[str, Any], cells: int) -> str:
         """The invocation's run: its cell count, the given params (the sweep's launcher settings) and the software
@@ -303,7 +355,9 @@ class Tracker:
         tags = {KIND_TAG: "sweep", OWNER_TAG: owner(), **self.source}
         run = self.client.create_run(self.experiment_id, tags=tags, run_name=time.strftime("sweep-%Y%m%d-%H%M%S"))
         self.parent_id = run.info.run_id
-        self.log_batch(self.parent_id, params={"cells": str(cells), **{k: str(v) for k, v in params.items()}, **versions()})
+        self.log_batch(
+            self.parent_id, params={"cells": str(cells), **{k: str(v) for k, v in params.items()}, **versions()}
+        )
         return self.parent_id
 
     def end_sweep(self, status: str, metrics: Dict[str, float]) -> None:
@@ -357,7 +411,13 @@ class Tracker:
         if self.parent_id:
             tags["mlflow.parentRunId"] = self.parent_id
         run = self.client.create_run(self.experiment_id, tags=tags, run_name=cell.label.replace(" · ", "_"))
-        self.started[run.info.run_id] = Started(cell.model.get("route") or cell.model["name"], cell.key, run.info.artifact_uri, cell_params(cell), cell_config(cell))
+        self.started[run.info.run_id] = Started(
+            cell.model.get("route") or cell.model["name"],
+            cell.key,
+            run.info.artifact_uri,
+            cell_params(cell),
+            cell_config(cell),
+        )
         return run.info.run_id
 
     def finish_cell(self, run_id: str, result: CellResult, live_metrics: Iterable[tuple] = ()) -> str:
@@ -375,7 +435,9 @@ class Tracker:
         from kbsweep.score.roofline import shape_label
 
         stored = result.to_json()
-        metrics = [(k, v, 0) for k, v in cell_metrics(stored).items()] + step_metrics(result.steps or []) + list(live_metrics)
+        metrics = (
+            [(k, v, 0) for k, v in cell_metrics(stored).items()] + step_metrics(result.steps or []) + list(live_metrics)
+        )
         tags = {
             RESULT_TAG: result_id(result),
             "outcome": result.outcome.value,
@@ -390,11 +452,17 @@ class Tracker:
         if off:  # their speedups stand, but over a baseline whose output missed the problem's tolerance on some shape
             tags["baselines_outside_tolerance"] = ",".join(off)
         started = self.started[run_id]
-        params = {**started.params, **{f"shape{i}": shape_label(s.shape) for i, s in enumerate(result.shapes)}, **env_params(result.env or {})}
+        params = {
+            **started.params,
+            **{f"shape{i}": shape_label(s.shape) for i, s in enumerate(result.shapes)},
+            **env_params(result.env or {}),
+        }
         self.log_batch(run_id, params=params, tags=tags, metrics=metrics)
         del self.started[run_id]
         folder = Path(result.folder or "")
-        artifacts = get_artifact_repository(started.artifact_uri, tracking_uri=self.client.tracking_uri)  # the client's would read the run back
+        artifacts = get_artifact_repository(
+            started.artifact_uri, tracking_uri=self.client.tracking_uri
+        )  # the client's would read the run back
         for name in ARTIFACTS:
             if (folder / name).exists():
                 artifacts.log_artifact(str(folder / name))
@@ -410,5 +478,3 @@ class Tracker:
                 self.traces.log(self.experiment_id, run_id, events, title, started.model, {CELL_KEY_TAG: started.key})
         self.client.set_terminated(run_id, "FAILED" if result.outcome.is_infra else "FINISHED")
         return run_id
-
-

@@ -29,6 +29,7 @@ Everything is bounded: a request after the script is exhausted, or beyond ``max_
 ``fake provider: ...`` message (and is recorded); request bodies above ``max_body_bytes`` are refused with 413;
 delays are interrupted when the server stops.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -195,8 +196,18 @@ _STATUS_TYPES_ANTHROPIC = {
 def _default_error_body(status: int, shape: str, message: str | None = None) -> dict[str, Any]:
     message = message or f"fake provider error {status}"
     if shape == "anthropic":
-        return {"type": "error", "error": {"type": _STATUS_TYPES_ANTHROPIC.get(status, "api_error"), "message": message}}
-    return {"error": {"message": message, "type": _STATUS_TYPES_OPENAI.get(status, "server_error"), "param": None, "code": None}}
+        return {
+            "type": "error",
+            "error": {"type": _STATUS_TYPES_ANTHROPIC.get(status, "api_error"), "message": message},
+        }
+    return {
+        "error": {
+            "message": message,
+            "type": _STATUS_TYPES_OPENAI.get(status, "server_error"),
+            "param": None,
+            "code": None,
+        }
+    }
 
 
 # -------------------------------------------------------------------------------------------------------- server
@@ -221,7 +232,9 @@ class _Handler(BaseHTTPRequestHandler):
         fp = self.server.provider
         length = int(self.headers.get("Content-Length") or 0)
         if length > fp.max_body_bytes:
-            self._send_json(413, {"error": {"message": "fake provider: body too large", "type": "invalid_request_error"}})
+            self._send_json(
+                413, {"error": {"message": "fake provider: body too large", "type": "invalid_request_error"}}
+            )
             return
         body = self.rfile.read(length) if length else b""
         try:
@@ -355,7 +368,11 @@ def _render_reply(reply: Reply, request: Request) -> dict[str, Any]:
         "created": 1700000000,
         "model": model,
         "choices": [
-            {"index": 0, "message": message, "finish_reason": reply.finish_reason or ("tool_calls" if calls else "stop")}
+            {
+                "index": 0,
+                "message": message,
+                "finish_reason": reply.finish_reason or ("tool_calls" if calls else "stop"),
+            }
         ],
         "usage": {
             "prompt_tokens": reply.prompt_tokens,

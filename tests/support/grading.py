@@ -1,4 +1,5 @@
 """Grading from tests: one grade's stored record (what cells, the CLI and the audit read), on this machine's CPU."""
+
 from __future__ import annotations
 
 import atexit

@@ -1,4 +1,5 @@
 """Scripted conversations for the fake provider: a model working problems/demo/scale_shift."""
+
 from __future__ import annotations
 
 from pathlib import Path

@@ -1,4 +1,5 @@
 """Real `kbsweep` sweeps of demo/scale_shift on the CPU, with model YAMLs that point litellm at the fake provider."""
+
 from __future__ import annotations
 
 import json

@@ -1,5 +1,6 @@
 """The baselines' timing stage: eager, torch.compile and the deck's others timed in the referee before the candidate
 exists, by the batches and the stopping rule the candidate's runner is timed by, each behind a quiet-host gate on GPUs."""
+
 from __future__ import annotations
 
 import functools
@@ -31,7 +32,9 @@ class BaselineStage(CandidateContext):
         ref_model = self.build(shape, 42)
         first = self.inputs(shape, 2026)
         sets = [first] + [self.inputs(shape, 2026 + i) for i in range(1, self.set_count(first))]
-        return time_baselines(self.req, ref_model, sets, lambda: self.any_rank(time.perf_counter() > deadline), self.time_quietly)
+        return time_baselines(
+            self.req, ref_model, sets, lambda: self.any_rank(time.perf_counter() > deadline), self.time_quietly
+        )
 
     @functools.cached_property
     def quiet_host(self) -> QuietHost:
@@ -65,15 +68,22 @@ class BaselineStage(CandidateContext):
         flush = timing.L2Flush(self.req.l2_bytes) if mode != "host" else None
         align = timing.call_barrier(self.barrier, mode)
         steps = lambda n, call=fn: [(align, lambda i=i: call(*sets[i % len(sets)]), lambda out: None) for i in range(n)]  # noqa: E731
-        shape_ = self.agreed_batch(timing.calibrate_batch(lambda spin_us: timing.run_batch(steps(3), mode, spin_us, flush), mode != "back_to_back",
-                                                          mode == "host"))
+        shape_ = self.agreed_batch(
+            timing.calibrate_batch(
+                lambda spin_us: timing.run_batch(steps(3), mode, spin_us, flush), mode != "back_to_back", mode == "host"
+            )
+        )
         warm, per_batch = int(shape_.get("warm_calls", 0)), int(shape_["per_batch"])  # as the candidate's batches open
         replays, refused = None, None
         if self.replays(mode):
             try:
-                replays = (timing.Replay(steps(per_batch), flush), timing.Replay(steps(per_batch, lambda *a: None), flush))
+                replays = (
+                    timing.Replay(steps(per_batch), flush),
+                    timing.Replay(steps(per_batch, lambda *a: None), flush),
+                )
             except Exception as exc:  # noqa: BLE001 - a baseline a graph cannot hold is timed by events alone
                 refused = f"capture failed: {one_line(exc)}"
+
         def alternation(session) -> tuple:
             """Batches until timing.baseline_done ends them, events, replay, events...: (events' summary, replays' summary or None)."""
             samples: List[float] = []
@@ -82,24 +92,38 @@ class BaselineStage(CandidateContext):
             while not timing.baseline_done(samples, replayed, self.cfg, elapsed, replays is not None, per_batch):
                 if replays and len(samples) > len(replayed) * per_batch:
                     unrecorded = lambda: profiling.kernels_unrecorded(session)  # noqa: E731
-                    full = timing.run_batch(steps(warm), mode, shape_["replay_spin_us"], flush, replays[0], unrecorded)["replay_ms"]
+                    full = timing.run_batch(steps(warm), mode, shape_["replay_spin_us"], flush, replays[0], unrecorded)[
+                        "replay_ms"
+                    ]
                     bare = timing.run_batch([], mode, replay=replays[1], unrecorded=unrecorded)["replay_ms"]
                     replayed.append(timing.replay_sample(full, bare, per_batch))
                     elapsed = time.perf_counter() - began
                     continue
-                ms, elapsed = self.slowest(timing.run_batch(steps(warm + per_batch), mode, shape_["spin_us"], flush)["ms"], time.perf_counter() - began)
+                ms, elapsed = self.slowest(
+                    timing.run_batch(steps(warm + per_batch), mode, shape_["spin_us"], flush)["ms"],
+                    time.perf_counter() - began,
+                )
                 samples += ms[warm:]
-            return timing.summarize(samples), timing.summarize(replayed) if replayed else ({"error": refused} if refused else None)
+            return timing.summarize(samples), timing.summarize(replayed) if replayed else (
+                {"error": refused} if refused else None
+            )
 
         # under the profiler the runner keeps on over the candidate's calls: CUPTI's cost per kernel (1.4% of a
         # 4096³ GEMM in a graph on the H200) is then in both sides of a speedup; replays run without it there and here
         with profiling.profiled(self.device) as session, timing.ClockSampler(self.device) as clocks:
             events, replay = alternation(session)
-        return {**(timing.scored(events, replay) if mode == "back_to_back" else events), "mode": mode, "per_batch": per_batch,
-                "warm_calls": warm, "clocks": clocks.summary()}
+        return {
+            **(timing.scored(events, replay) if mode == "back_to_back" else events),
+            "mode": mode,
+            "per_batch": per_batch,
+            "warm_calls": warm,
+            "clocks": clocks.summary(),
+        }
 
 
-def time_baselines(request: RefereeRequest, ref_model: Any, sets: List[List[Any]], spent: Callable[[], bool], timer: Callable) -> Dict[str, Any]:
+def time_baselines(
+    request: RefereeRequest, ref_model: Any, sets: List[List[Any]], spent: Callable[[], bool], timer: Callable
+) -> Dict[str, Any]:
     """Eager, torch.compile, SOTA... of ``request`` timed by ``timer(name, fn, sets)``; one that would start once
     ``spent()`` says the grade's baseline budget is gone (a slow compile must not cost the candidate its grade) is
     left for a later grade. Each but eager is first compared with the reference: one outside the tolerance is timed all the
@@ -127,7 +151,10 @@ def time_baselines(request: RefereeRequest, ref_model: Any, sets: List[List[Any]
                     differs = str(exc)
             checked = time.perf_counter()  # a compile baseline compiled in its check's first call
             out[name] = timer(name, fn, sets)
-            out[name]["cost_s"] = {"check": round(checked - began, 3), "timing": round(time.perf_counter() - checked, 3)}
+            out[name]["cost_s"] = {
+                "check": round(checked - began, 3),
+                "timing": round(time.perf_counter() - checked, 3),
+            }
             if differs:
                 out[name]["outside_tolerance"] = differs
         except GradeFailure:  # the host's, not the baseline's: the grade ends
@@ -152,5 +179,3 @@ def baseline_callable(name: str, ref_model: Any, reference: Path, compile_mode: 
             return module.Baseline(ref_model)
         return (lambda *a: module.sota_forward(ref_model, *a)) if module.is_available() else None
     raise ValueError(f"unknown baseline {name}")
-
-

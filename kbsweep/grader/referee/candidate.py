@@ -5,6 +5,7 @@ The stages of a grade (:mod:`kbsweep.grader.referee.correctness`, :mod:`kbsweep.
 :mod:`kbsweep.grader.referee.probes`) build on :class:`CandidateContext`; :class:`kbsweep.grader.referee.referee.Referee` runs
 them in order. Everything here runs in the trusted referee process: it never imports candidate code.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -46,18 +47,24 @@ class CandidateContext:
         self.req, self.runner = replace(request, secret_seed=None), runner  # the seed is held here only, never echoed
         self.spec = request.spec
         self.device = torch.device(request.device)
-        self.rng = random.Random(self.secret_seed * 7 + 1)  # batch seeds, sampled elements, picks: never sent ahead of use
+        self.rng = random.Random(
+            self.secret_seed * 7 + 1
+        )  # batch seeds, sampled elements, picks: never sent ahead of use
         self.findings: List[Dict[str, Any]] = []
         self.evidence: Dict[str, Any] = {}
         self.stages: Dict[str, Dict[str, float]] = {}  # per stage: seconds, candidate and reference forwards
         self.stage, self.tag = "load_reference", ""
         self.calls_by_tag: Dict[str, int] = {}
-        self.commands: Dict[str, tuple] = {}  # each command's id: (stage, tag, shape, model) it served (the runner sees the id only)
+        self.commands: Dict[
+            str, tuple
+        ] = {}  # each command's id: (stage, tag, shape, model) it served (the runner sees the id only)
         self.model_in_use: Optional[int] = None
         self.model_ids = itertools.count()
         self.arena: Optional[Arena] = None
         self.work = {"calls": 0, "flops": 0.0, "bytes": 0.0}  # what the candidate's calls should cost, summed
-        self.barrier: Optional[Callable[[], None]] = None  # ranks: across the referee ranks, as the runner ranks have theirs
+        self.barrier: Optional[Callable[[], None]] = (
+            None  # ranks: across the referee ranks, as the runner ranks have theirs
+        )
         # A KernelBench problem: both models in training mode, built from the same seed, weights never copied
         self.kernelbench = kernelbench.from_spec(self.spec)
         host_runs = timing.KERNELBENCH_HOST_RUNS if self.kernelbench else timing.HOST_MAX_RUNS
@@ -104,13 +111,17 @@ class CandidateContext:
         except ChannelError as exc:
             if "closed" not in str(exc):
                 self.findings.append({"kind": "forged_result", "detail": str(exc)[:200]})
-            raise GradeFailure(Outcome.RUNTIME_ERROR, f"{self.stage}: the candidate's process died or broke the channel ({exc})") from None
+            raise GradeFailure(
+                Outcome.RUNTIME_ERROR, f"{self.stage}: the candidate's process died or broke the channel ({exc})"
+            ) from None
         for fd in extra:
             os.close(fd)
         if not reply.get("ok"):
             outcome = reply.get("outcome")
             message = str(reply.get("message")).replace(token, self.stage)  # the runner names the command by its id
-            raise GradeFailure(Outcome(outcome) if outcome in CANDIDATE_OUTCOMES else Outcome.RUNTIME_ERROR, message[:500])
+            raise GradeFailure(
+                Outcome(outcome) if outcome in CANDIDATE_OUTCOMES else Outcome.RUNTIME_ERROR, message[:500]
+            )
         return reply
 
     def streamed(self, event: Any) -> None:
@@ -163,7 +174,10 @@ class CandidateContext:
             ins = sum(padded(nbytes(t)) for t in first if isinstance(t, torch.Tensor))
             outs = sum(padded(nbytes(t)) for t in checks.as_tuple(expected))
             calls = self.calls_cap(first, expected)
-            self.firsts[key] = (2 * state + max(self.set_count(first), calls, 4) * ins + (calls + 4) * outs + (1 << 20), expected)
+            self.firsts[key] = (
+                2 * state + max(self.set_count(first), calls, 4) * ins + (calls + 4) * outs + (1 << 20),
+                expected,
+            )
         return self.firsts[key]
 
     def send_model(self, ref_model: Any, shape: Dict[str, Any], seed: int) -> int:
@@ -188,7 +202,9 @@ class CandidateContext:
     def verify(self, inputs: List[Any], expected: Any, out: Any, tolerance: Optional[Dict] = None) -> Dict[str, float]:
         """A compared call's outputs against the reference's on ``inputs``, the problem's ``check_outputs`` included
         (:func:`kbsweep.grader.referee.checks.verify`). Returns the worst errors seen."""
-        return checks.verify(expected, out, clone(inputs), self.spec["tolerance"], tolerance, getattr(self.ref, "check_outputs", None))
+        return checks.verify(
+            expected, out, clone(inputs), self.spec["tolerance"], tolerance, getattr(self.ref, "check_outputs", None)
+        )
 
     def count_work(self, shape: Dict[str, Any], calls: int) -> None:
         from kbsweep.config.problems import evaluate
@@ -208,7 +224,9 @@ class CandidateContext:
         init = self.ref.get_init_inputs(dict(shape))
         seed_rng(self.rank_seed(seed), self.device)  # after the init inputs, as the runner seeds before ModelNew(*init)
         model = self.ref.Model(*init).to(self.device)
-        model.register_forward_pre_hook(lambda module, args: self.count_reference())  # a closure: scaled()'s deepcopy keeps it
+        model.register_forward_pre_hook(
+            lambda module, args: self.count_reference()
+        )  # a closure: scaled()'s deepcopy keeps it
         return model.train() if self.kernelbench else model.eval()
 
     def inputs(self, shape: Dict[str, Any], seed: int, scale: float = 1.0) -> List[Any]:
@@ -245,4 +263,3 @@ class CandidateContext:
             view = self.arena.view(slot)
             if view.numel():
                 view.view(-1).view(torch.uint8).fill_(0xFF)
-

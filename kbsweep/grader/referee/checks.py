@@ -1,4 +1,5 @@
 """Correctness checks on a candidate's outputs: types, tolerance, aliasing, input mutation."""
+
 from __future__ import annotations
 
 from typing import Any, Callable, Dict, List, Optional, Sequence
@@ -64,8 +65,14 @@ def check_structure(ref_out: Any, out: Any, inputs: Sequence[Any]) -> None:
                 raise CheckFailure(f"output {i} aliases an input's memory")
 
 
-def verify(ref_out: Any, out: Any, inputs: Sequence[Any], table: Dict[str, Any], override: Optional[Dict] = None,
-           hook: Optional[Callable[..., Optional[str]]] = None) -> Dict[str, float]:
+def verify(
+    ref_out: Any,
+    out: Any,
+    inputs: Sequence[Any],
+    table: Dict[str, Any],
+    override: Optional[Dict] = None,
+    hook: Optional[Callable[..., Optional[str]]] = None,
+) -> Dict[str, float]:
     """The check of every compared call: :func:`compare`, and with the problem's ``check_outputs`` (``hook``, given
     copies of the call's ``inputs``) its verdict too. The hook then decides what the default comparison would hold
     exactly equal, integer and bool outputs: indices, where ties make several answers right (top-k's). Returns the
@@ -81,7 +88,9 @@ def verify(ref_out: Any, out: Any, inputs: Sequence[Any], table: Dict[str, Any],
     return worst
 
 
-def compare(ref_out: Any, out: Any, table: Dict[str, Any], override: Optional[Dict] = None, exact: bool = True) -> Dict[str, float]:
+def compare(
+    ref_out: Any, out: Any, table: Dict[str, Any], override: Optional[Dict] = None, exact: bool = True
+) -> Dict[str, float]:
     """Values within tolerance (atol/rtol or cosine); NaN/Inf fail; integer and bool outputs equal, unless not
     ``exact`` (a problem's own check judges them). Returns the worst errors seen."""
     worst = {"max_abs": 0.0, "max_rel": 0.0}
@@ -99,7 +108,9 @@ def compare(ref_out: Any, out: Any, table: Dict[str, Any], override: Optional[Di
         max_rel = (diff / r32.abs().clamp_min(1e-12)).max().item() if diff.numel() else 0.0
         worst = {"max_abs": max(worst["max_abs"], max_abs), "max_rel": max(worst["max_rel"], max_rel)}
         if "cosine" in tol:
-            cos = torch.nn.functional.cosine_similarity(o.double().flatten(), r.double().flatten(), dim=0, eps=1e-12).item()
+            cos = torch.nn.functional.cosine_similarity(
+                o.double().flatten(), r.double().flatten(), dim=0, eps=1e-12
+            ).item()
             if cos < tol["cosine"]:
                 raise CheckFailure(f"output {i}: cosine {cos:.6f} < {tol['cosine']}")
             continue

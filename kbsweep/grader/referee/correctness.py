@@ -1,5 +1,6 @@
 """The correctness stage: the candidate's outputs over shapes x seeds x stress cases, compared in the referee with the
 reference's, then the stale-memory and pointer-cache probes."""
+
 from __future__ import annotations
 
 import copy
@@ -17,8 +18,15 @@ from kbsweep.outcomes import Outcome
 class CorrectnessStage(CandidateContext):
     """Every case's call there, its outputs compared here; any mismatch fails the grade as incorrect."""
 
-    def check_case(self, ref_model, model: int, inputs: List[Any], tolerance: Optional[Dict] = None,
-                   encoded: Optional[Dict[str, Any]] = None, expected: Any = None):
+    def check_case(
+        self,
+        ref_model,
+        model: int,
+        inputs: List[Any],
+        tolerance: Optional[Dict] = None,
+        encoded: Optional[Dict[str, Any]] = None,
+        expected: Any = None,
+    ):
         """One call there on copies of ``inputs``, prepared as a timed call is (its memory as the calls before it
         left it, nothing filled), its outputs read back and compared here with ``expected`` (the reference's output on
         ``inputs``, run now when not known). Returns (out, worst, expected)."""
@@ -38,11 +46,16 @@ class CorrectnessStage(CandidateContext):
 
     def correctness(self) -> Dict[str, Any]:
         seeds = [42 + 1000 * i for i in range(self.spec.get("seeds", 3))] + [self.secret_seed]
-        stress = [{"name": "nominal", "input_scale": 1.0, "weight_scale": 1.0, "tolerance": None}] + list(self.spec.get("stress", []))
+        stress = [{"name": "nominal", "input_scale": 1.0, "weight_scale": 1.0, "tolerance": None}] + list(
+            self.spec.get("stress", [])
+        )
         cases, worst = 0, {"max_abs": 0.0, "max_rel": 0.0}
         try:
             for s_index, shape in enumerate(self.req.shapes):
-                self.shape, self.tag = shape, f"/correctness/{s_index}"  # a group of calls per shape (kbsweep.grader.referee.witness)
+                self.shape, self.tag = (
+                    shape,
+                    f"/correctness/{s_index}",
+                )  # a group of calls per shape (kbsweep.grader.referee.witness)
                 self.open_arena(self.arena_size(shape))
                 for k, seed in enumerate(seeds):
                     mark = self.arena.used
@@ -63,7 +76,9 @@ class CorrectnessStage(CandidateContext):
                         self.pointer_cache_probe(ref_model, model, shape, seed, nominal[1])
                     self.arena.used = mark
         except checks.CheckFailure as exc:
-            raise GradeFailure(Outcome.INCORRECT, f"shape {shape}, seed {'secret' if seed == self.secret_seed else seed}: {exc}")
+            raise GradeFailure(
+                Outcome.INCORRECT, f"shape {shape}, seed {'secret' if seed == self.secret_seed else seed}: {exc}"
+            )
         return {"passed": True, "cases": cases, "seeds": len(seeds), "worst": worst}
 
     def scaled(self, ref_model: Any, factor: float) -> Any:
@@ -82,7 +97,9 @@ class CorrectnessStage(CandidateContext):
         it (what the call before it left there, which differs now) shows up here. No call's memory is filled (a fill
         only some calls got would tell them from timed calls); what the call before left is the poison. ``first``:
         the nominal case's output, whose reference output is ``expected``."""
-        self.check_case(ref_model, model, self.inputs(shape, 2026), expected=self.first_output(shape) if seed == 42 else None)
+        self.check_case(
+            ref_model, model, self.inputs(shape, 2026), expected=self.first_output(shape) if seed == 42 else None
+        )
         second, _, _ = self.check_case(ref_model, model, self.inputs(shape, seed), expected=expected)
         same = checks.same_values(first, second)
         self.evidence["poison_deterministic"] = same
@@ -100,8 +117,16 @@ class CorrectnessStage(CandidateContext):
         for _ in range(11):
             self.ask("call", model=model, inputs=encoded, outputs=slots)
         # a few elements swapped within one row (what a cache of part of the input misses), then new inputs
-        self.refill_and_check(ref_model, model, encoded, self.nudged(inputs), "a few input elements changed in place (a cache of part of the input?)")
-        self.refill_and_check(ref_model, model, encoded, self.inputs(shape, seed + 1), "inputs changed in place (a pointer-keyed cache?)")
+        self.refill_and_check(
+            ref_model,
+            model,
+            encoded,
+            self.nudged(inputs),
+            "a few input elements changed in place (a cache of part of the input?)",
+        )
+        self.refill_and_check(
+            ref_model, model, encoded, self.inputs(shape, seed + 1), "inputs changed in place (a pointer-keyed cache?)"
+        )
         self.count_work(shape, 11)
         self.arena.used = mark
         self.evidence["pointer_cache_probe"] = "passed"
@@ -128,4 +153,3 @@ class CorrectnessStage(CandidateContext):
             a, b = torch.tensor(picked[:pairs], device=t.device), torch.tensor(picked[pairs:], device=t.device)
             row[a], row[b] = row[b].clone(), row[a].clone()
         return out
-

@@ -6,6 +6,7 @@ added, under :data:`FLOOR` times the runner's), its calls did work where the clo
 calls follow the clock too, so an under-report gains nothing, while honest batches read far above their runner's
 figure (per batch up to 18.7x on an H100: a 6 us kernel under a batch's fixed cost; docs/grading.md).
 """
+
 from __future__ import annotations
 
 import statistics
@@ -27,9 +28,18 @@ def corroborate(shape: Dict[str, Any], ratios: List[tuple]) -> Tuple[Dict[str, A
     over = statistics.median(r / max(c, 1e-9) for r, c, *_ in ratios)
     finding = None
     if statistics.median((r + slack) / max(c, 1e-9) for r, c, slack, *_ in ratios) < FLOOR:
-        finding = {"kind": "time_disagreement", "shape": shape,
-                   "detail": f"{shape}: the candidate's process reported {1 / over:.2f}x the time the referee's clock saw"}
-    record = {"wall_over_claimed": over, "floor": FLOOR, "runner_median_ms": statistics.median(c for _, c, *_ in ratios),
-              "batches": [[kind, round(r, 6), round(c, 6), round(slack, 6), *(None if v is None else round(v, 4) for v in walls)]
-                          for r, c, slack, kind, walls in ratios]}
+        finding = {
+            "kind": "time_disagreement",
+            "shape": shape,
+            "detail": f"{shape}: the candidate's process reported {1 / over:.2f}x the time the referee's clock saw",
+        }
+    record = {
+        "wall_over_claimed": over,
+        "floor": FLOOR,
+        "runner_median_ms": statistics.median(c for _, c, *_ in ratios),
+        "batches": [
+            [kind, round(r, 6), round(c, 6), round(slack, 6), *(None if v is None else round(v, 4) for v in walls)]
+            for r, c, slack, kind, walls in ratios
+        ],
+    }
     return record, finding

@@ -12,6 +12,7 @@ Work on CPUs it may not run on (another Slurm job's or container's cores) is not
 processes spinning lifted the mega baseline up to 1.9× and the score 29 %, with half the CPUs still idle
 (docs/benchmarks.md, "Baselines and the host's load"): a count of idle CPUs would not have caught it.
 """
+
 from __future__ import annotations
 
 import os
@@ -87,7 +88,9 @@ class OtherWork:
     """CPUs' worth of work by other processes on ``on`` (default: this process's CPUs) over a ``with`` block:
     (their busy time − this process tree's CPU time) / wall; ``cpus`` is None where /proc/stat cannot be read."""
 
-    def __init__(self, stat: Path = STAT, clock: Callable[[], float] = time.monotonic, on: Optional[Collection[int]] = None):
+    def __init__(
+        self, stat: Path = STAT, clock: Callable[[], float] = time.monotonic, on: Optional[Collection[int]] = None
+    ):
         self.stat, self.clock, self.on, self.cpus = stat, clock, own_cpus() if on is None else on, None
 
     def __enter__(self) -> "OtherWork":
@@ -111,9 +114,16 @@ class QuietHost:
     no gate, the load recorded only. ``agree(busy)``: whether any rank of the grade found its CPUs busy, so that
     every rank waits and times again alike."""
 
-    def __init__(self, limit_cpus: Optional[float], wait_s: float, agree: Callable[[bool], bool] = bool, stat: Path = STAT,
-                 sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.monotonic,
-                 on: Optional[Collection[int]] = None):
+    def __init__(
+        self,
+        limit_cpus: Optional[float],
+        wait_s: float,
+        agree: Callable[[bool], bool] = bool,
+        stat: Path = STAT,
+        sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.monotonic,
+        on: Optional[Collection[int]] = None,
+    ):
         self.on = own_cpus() if on is None else on
         self.limit, self.wait_left, self.agree = limit_cpus, wait_s, agree
         self.stat, self.sleep, self.clock = stat, sleep, clock

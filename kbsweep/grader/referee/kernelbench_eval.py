@@ -8,6 +8,7 @@ seed, poison, pointer-cache probe, aliasing, timed-call checks) run after it as 
 Neither changes the other. The facts below were measured against ScalingIntelligence/KernelBench
 ``src/kernelbench/eval.py`` (docs/kernelbench.md cites the commits).
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field

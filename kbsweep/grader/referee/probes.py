@@ -2,6 +2,7 @@
 ops, kernel launches, each call's work, each timed shape's profile), kept as evidence after sanitizing: they come
 from the candidate's process. What the referee can check of them itself it does here: the records against the
 calls it made (:mod:`kbsweep.grader.referee.witness`)."""
+
 from __future__ import annotations
 
 import hashlib
@@ -48,8 +49,13 @@ class ProbeStage(CandidateContext):
                 record = self.ask("ghost", model=model, inputs=encode(inputs, self.arena), outputs=slots)
                 self.count_work(shape, 1)
                 outs[name] = None if record.get("error") else self.read(slots, template)
-                ghost[name] = {"changed": True, "error": str(record.get("error") or "")[:300] or None, "aliases_previous": False,
-                               "stubbed": int(record.get("stubbed") or 0), "graph_replays": int(record.get("graph_replays") or 0)}
+                ghost[name] = {
+                    "changed": True,
+                    "error": str(record.get("error") or "")[:300] or None,
+                    "aliases_previous": False,
+                    "stubbed": int(record.get("stubbed") or 0),
+                    "graph_replays": int(record.get("graph_replays") or 0),
+                }
             self.arena.used = mark
             real, _, _ = self.check_case(ref_model, models[0], inputs)
         except checks.CheckFailure as exc:
@@ -71,7 +77,9 @@ class ProbeStage(CandidateContext):
         ops = reply.get("ops") if isinstance(reply.get("ops"), dict) else {}
         profiled = reply.get("profiled") if isinstance(reply.get("profiled"), dict) else {}
         self.runner_evidence(reply.get("evidence"))
-        by_group = witness.grouped(reply.get("calls"), groups, {token: model for token, (_, _, _, model) in self.commands.items()})
+        by_group = witness.grouped(
+            reply.get("calls"), groups, {token: model for token, (_, _, _, model) in self.commands.items()}
+        )
         probe = {
             "shape": self.req.shapes[0],
             "calls": self.work["calls"],
@@ -83,8 +91,12 @@ class ProbeStage(CandidateContext):
             "gpu_kernels": [str(k)[:200] for k in (profiled.get("kernels") or [])][:200],
             "own_ops": counts(ops.get("own_ops")),
             # the groups of calls this process counted: a capture that failed ran nothing, and its calls are no work
-            "work": witness.call_work({g: rows for g, rows in by_group.items() if self.calls_by_tag.get(g)}, profiled.get("range_flops"),
-                                      self.problem_work, profiled.get("range_bytes")),
+            "work": witness.call_work(
+                {g: rows for g, rows in by_group.items() if self.calls_by_tag.get(g)},
+                profiled.get("range_flops"),
+                self.problem_work,
+                profiled.get("range_bytes"),
+            ),
             "ghost": self.evidence.pop("ghost", None),
         }
         if self.device.type == "cuda" and isinstance(reply.get("persisting_l2_limit"), int):
@@ -94,16 +106,20 @@ class ProbeStage(CandidateContext):
             self.judge_records(by_group, profiled, probe["work"])
         if complete and self.req.mode == "profile" and timings:  # the first timed shape's calls, for the agent
             group = f"{witness.TIMED}0"
-            self.profile = profile_view(profiled, group, self.calls_by_tag.get(group, 0), by_group.get(group, []), self.device.type)
+            self.profile = profile_view(
+                profiled, group, self.calls_by_tag.get(group, 0), by_group.get(group, []), self.device.type
+            )
         number = lambda v: float(v) if isinstance(v, (int, float)) else 0.0  # noqa: E731
         profiles = profiled.get("profiles") if isinstance(profiled.get("profiles"), dict) else {}
         for index, entry in enumerate(timings):
             found = profiles.get(f"/timing/{index}")
             if self.device.type == "cuda" and isinstance(found, dict):
-                entry["profile"] = {"launches_per_call": number(found.get("launches_per_call")),
-                                    "kernels": {str(k)[:200]: number(v) for k, v in list((found.get("kernels") or {}).items())[:200]},
-                                    "streams": [int(x) for x in found.get("streams") or [] if isinstance(x, int)],
-                                    "median_launches": number(found.get("median_launches"))}
+                entry["profile"] = {
+                    "launches_per_call": number(found.get("launches_per_call")),
+                    "kernels": {str(k)[:200]: number(v) for k, v in list((found.get("kernels") or {}).items())[:200]},
+                    "streams": [int(x) for x in found.get("streams") or [] if isinstance(x, int)],
+                    "median_launches": number(found.get("median_launches")),
+                }
 
     def runner_evidence(self, evidence: Any) -> None:
         """The runner's own records with only the shapes the audit reads; its runtime events join those it streamed
@@ -117,9 +133,18 @@ class ProbeStage(CandidateContext):
         threads = [t for t in evidence.get("threads") or [] if isinstance(t, dict)][:MAX_EVENTS]
         flags = evidence.get("global_flags") if isinstance(evidence.get("global_flags"), dict) else {}
         text = lambda v: str(v)[:300]  # noqa: E731
-        self.evidence["threads"] = [{"where": text(t.get("where")), "stage": self.stage_of(text(t.get("stage"))), "running": bool(t.get("running")),
-                                     "outlived_call": bool(t.get("outlived_call"))} for t in threads]
-        self.evidence["global_flags"] = {text(k): [text(v[0]), text(v[-1])] for k, v in list(flags.items())[:20] if isinstance(v, list) and v}
+        self.evidence["threads"] = [
+            {
+                "where": text(t.get("where")),
+                "stage": self.stage_of(text(t.get("stage"))),
+                "running": bool(t.get("running")),
+                "outlived_call": bool(t.get("outlived_call")),
+            }
+            for t in threads
+        ]
+        self.evidence["global_flags"] = {
+            text(k): [text(v[0]), text(v[-1])] for k, v in list(flags.items())[:20] if isinstance(v, list) and v
+        }
 
     def problem_work(self, group: str) -> tuple:
         """(FLOPs, bytes) of one call of the shape a group's calls ran on."""
@@ -137,7 +162,11 @@ class ProbeStage(CandidateContext):
         if disagree:
             self.findings.append({"kind": "evidence_mismatch", "detail": "; ".join(disagree)[:500]})
         if self.req.own_kernels and work["basis"] != "none" and (not work["own_launches"] or work["idle_groups"]):
-            where = f"{work.get('idle_calls', 0)} calls of {', '.join(work['idle_groups'])}" if work["idle_groups"] else f"every {work['basis']} call"
+            where = (
+                f"{work.get('idle_calls', 0)} calls of {', '.join(work['idle_groups'])}"
+                if work["idle_groups"]
+                else f"every {work['basis']} call"
+            )
             self.findings.append({"kind": "no_kernel", "detail": f"no kernel of the candidate's own in {where}"})
 
     @staticmethod

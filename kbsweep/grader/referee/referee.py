@@ -10,6 +10,7 @@ there; commands and replies cross a JSON channel (:mod:`kbsweep.grader.shared.ch
 (times, structure, evidence) is untrusted: times are checked against this process's clock, outputs of calls
 picked after each timed batch are checked against the reference, evidence is sanitized and kept as evidence.
 """
+
 from __future__ import annotations
 
 import json
@@ -46,7 +47,9 @@ class Referee(CorrectnessStage, TimingStage, ProbeStage):
         self.ref = load_module("kbsweep_reference", Path(self.req.reference))
         timed = self.req.mode in ("bench", "full", "profile")
         baselines: List[Dict[str, Any]] = []
-        if self.device.type == "cuda":  # a persisting-L2 carve-out an earlier process left on the GPU is not this candidate's
+        if (
+            self.device.type == "cuda"
+        ):  # a persisting-L2 carve-out an earlier process left on the GPU is not this candidate's
             self.evidence["persisting_l2_inherited"] = timing.persisting_l2_limit()
             timing.reset_persisting_l2()
         if timed and self.req.baselines:
@@ -65,7 +68,11 @@ class Referee(CorrectnessStage, TimingStage, ProbeStage):
             try:
                 correctness = self.correctness()
             except GradeFailure as failure:
-                if timed and failure.outcome == Outcome.INCORRECT and (self.kernelbench_verdict or {}).get("correctness"):
+                if (
+                    timed
+                    and failure.outcome == Outcome.INCORRECT
+                    and (self.kernelbench_verdict or {}).get("correctness")
+                ):
                     self.kernelbench_verdict["candidate_timing"] = self.kernelbench_timing(baselines)
                 raise
             timings = []
@@ -81,12 +88,21 @@ class Referee(CorrectnessStage, TimingStage, ProbeStage):
             self.audit_probes()
         self.collect_evidence(timings, complete=True)
         self.evidence["files_modified"] = sorted(p for p, h in self.deck_hashes(deck).items() if hashes.get(p) != h)
-        return {"correctness": correctness, "timings": timings, "evidence": self.evidence, "findings": self.findings,
-                "kernelbench": self.kernelbench_verdict, "worker_s": time.perf_counter() - t0, "started_at": started_at,
-                **({"profile": self.profile} if self.req.mode == "profile" else {})}
+        return {
+            "correctness": correctness,
+            "timings": timings,
+            "evidence": self.evidence,
+            "findings": self.findings,
+            "kernelbench": self.kernelbench_verdict,
+            "worker_s": time.perf_counter() - t0,
+            "started_at": started_at,
+            **({"profile": self.profile} if self.req.mode == "profile" else {}),
+        }
 
 
-def referee_message(request: RefereeRequest, runner: Channel, make: Callable[[RefereeRequest, Channel], Referee]) -> Dict[str, Any]:
+def referee_message(
+    request: RefereeRequest, runner: Channel, make: Callable[[RefereeRequest, Channel], Referee]
+) -> Dict[str, Any]:
     """The grade of ``make(request, runner)``, as the one message the referee writes: its result, or its outcome
     with the stage, findings and the runner's evidence; the runner is told to exit either way."""
     referee = None
@@ -95,7 +111,9 @@ def referee_message(request: RefereeRequest, runner: Channel, make: Callable[[Re
             runner.send({"request": request.for_runner()})
             runner.receive()
         except ChannelError as exc:  # nothing of the candidate has run yet
-            raise GradeFailure(Outcome.HARNESS_ERROR, f"the candidate's process died before it took the request ({exc})") from None
+            raise GradeFailure(
+                Outcome.HARNESS_ERROR, f"the candidate's process died before it took the request ({exc})"
+            ) from None
         referee = make(request, runner)
         message = {"ok": True, "result": referee.run()}
     except GradeFailure as exc:
@@ -112,8 +130,12 @@ def referee_message(request: RefereeRequest, runner: Channel, make: Callable[[Re
             referee.collect_evidence()
         except (GradeFailure, ChannelError):
             pass
-        message.update(stage=referee.stage, findings=referee.findings, evidence=referee.evidence,
-                       kernelbench=referee.kernelbench_verdict)
+        message.update(
+            stage=referee.stage,
+            findings=referee.findings,
+            evidence=referee.evidence,
+            kernelbench=referee.kernelbench_verdict,
+        )
         if referee.kernelbench and referee.kernelbench_verdict is None and referee.stage == "import_candidate":
             message["kernelbench"] = kernelbench_eval.not_compiled(referee.kernelbench, message["message"])
     try:

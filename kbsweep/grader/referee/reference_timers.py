@@ -1,5 +1,6 @@
 """The reference timers kbsweep's own figure is checked against: CUDA-graph replay of one captured call, and
 KernelBench's event timer as its ``measure_ref_program_time`` runs it (a KernelBench problem's timed path)."""
+
 from __future__ import annotations
 
 import statistics
@@ -43,8 +44,14 @@ def time_cuda_graph(fn: Callable[..., Any], inputs: Sequence[Any], replays: int 
 KERNELBENCH_TIMING = {"num_warmup": 5, "num_trials": 100, "discard_first": 1, "l2_clear_bytes": 256 << 20}
 
 
-def time_kernelbench(fn: Callable[..., Any], args: Sequence[Any], device: Any, num_warmup: int = 5, num_trials: int = 100,
-                     discard_first: int = 1) -> Dict[str, Any]:
+def time_kernelbench(
+    fn: Callable[..., Any],
+    args: Sequence[Any],
+    device: Any,
+    num_warmup: int = 5,
+    num_trials: int = 100,
+    discard_first: int = 1,
+) -> Dict[str, Any]:
     """``fn(*args)`` timed as KernelBench times it: CUDA events on a GPU; on a CPU (where KernelBench has no
     timer: its ``host_time`` needs CUDA too) the same loop with ``perf_counter`` and no sync or L2 clear."""
     cuda = torch.device(device).type == "cuda"
@@ -73,7 +80,14 @@ def time_kernelbench(fn: Callable[..., Any], args: Sequence[Any], device: Any, n
             ms = (time.perf_counter() - t0) * 1e3
         if trial >= discard_first:
             samples.append(ms)
-    return {"method": "cuda_event" if cuda else "host_perf_counter", "mean_ms": statistics.fmean(samples),
-            "std_ms": statistics.pstdev(samples), "min_ms": min(samples), "max_ms": max(samples),
-            "median_ms": statistics.median(samples), "num_trials": len(samples), "num_warmup": num_warmup,
-            "discard_first": discard_first}
+    return {
+        "method": "cuda_event" if cuda else "host_perf_counter",
+        "mean_ms": statistics.fmean(samples),
+        "std_ms": statistics.pstdev(samples),
+        "min_ms": min(samples),
+        "max_ms": max(samples),
+        "median_ms": statistics.median(samples),
+        "num_trials": len(samples),
+        "num_warmup": num_warmup,
+        "discard_first": discard_first,
+    }

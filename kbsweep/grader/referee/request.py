@@ -4,6 +4,7 @@ gets :meth:`RefereeRequest.for_runner` of it, nothing more).
 The candidate's runner never imports this module (not even the field names reach it: tests/test_trust.py,
 tests/test_layout.py).
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
@@ -30,7 +31,9 @@ class RefereeRequest:
     secret_seed: Optional[int]  # never sent to the runner; the referee keeps it out of its request once read
     world_size: int
     timers: List[str]
-    own_kernels: bool = True  # calls that launch no kernel of the candidate's own are a finding (GradeRequest.own_kernels)
+    own_kernels: bool = (
+        True  # calls that launch no kernel of the candidate's own are a finding (GradeRequest.own_kernels)
+    )
 
     def to_json(self) -> Dict[str, Any]:
         return asdict(self)

@@ -11,6 +11,7 @@ children's ticks from ``stat``, which keep the time of threads and processes tha
 thread but the calling one is work the in-process recorder and profiler may not see (a pool, a listener started
 from a finalizer, a child process); :func:`finding` judges it.
 """
+
 from __future__ import annotations
 
 import os
@@ -117,6 +118,9 @@ def finding(what: str, shape: dict, cpu: Dict[str, float], wall_ms: float, mode:
     allowed = allowed_ms(wall_ms, mode)
     if cpu["others_ms"] <= allowed:
         return None
-    return {"kind": "host_thread_cpu", "shape": shape,
-            "detail": f"{shape}: during {what}, threads other than the calling one used {cpu['others_ms']:.2f} ms of CPU "
-                      f"in {wall_ms:.1f} ms (at most {allowed:.2f} allowed), read from /proc by the referee"}
+    return {
+        "kind": "host_thread_cpu",
+        "shape": shape,
+        "detail": f"{shape}: during {what}, threads other than the calling one used {cpu['others_ms']:.2f} ms of CPU "
+        f"in {wall_ms:.1f} ms (at most {allowed:.2f} allowed), read from /proc by the referee",
+    }

@@ -7,6 +7,7 @@ it, so no call can start before it), less a null it measured without the candida
 runner before the candidate was imported, its instruments on, and the same batch run here with a call that does nothing: copies, flushes,
 syncs; each a minimum, so the null errs against the candidate), over the batch's calls. The runner's per-call
 figures are evidence: set against the referee's, they show a patched timer."""
+
 from __future__ import annotations
 
 import contextlib
@@ -31,7 +32,9 @@ class TimingStage(BaselineStage):
     """The candidate's batches there and the baselines' here, on one timer, scored by this process's clock."""
 
     round_trip_ms = 0.0  # an empty batch's, before the candidate was imported (:meth:`trusted_round_trip`)
-    runner_cpu: Optional[runner_cpu.RunnerCPU] = None  # the runner's threads from the host's /proc (single-process grades)
+    runner_cpu: Optional[runner_cpu.RunnerCPU] = (
+        None  # the runner's threads from the host's /proc (single-process grades)
+    )
     null_copies_ms = 0.0  # the fastest copy of a batch's fresh inputs in the last null measured (:meth:`null_ms`)
 
     def trusted_round_trip(self) -> None:
@@ -81,29 +84,60 @@ class TimingStage(BaselineStage):
         mode = self.timing_mode()
         warm_slots = [self.output_slots(expected) for _ in range(3)]
         sets = [encode(template, self.arena) for _ in range(self.set_count(template))]
-        shape_ = self.agreed_batch(timing.calibrate_batch(lambda spin_us: self.calibration(model, sets, warm_slots, mode, spin_us, kernelbench),
-                                                          mode != "back_to_back", mode == "host"))
-        per_batch, warm = min(int(shape_["per_batch"]), self.calls_cap(template, expected)), int(shape_.get("warm_calls", 0))
+        shape_ = self.agreed_batch(
+            timing.calibrate_batch(
+                lambda spin_us: self.calibration(model, sets, warm_slots, mode, spin_us, kernelbench),
+                mode != "back_to_back",
+                mode == "host",
+            )
+        )
+        per_batch, warm = (
+            min(int(shape_["per_batch"]), self.calls_cap(template, expected)),
+            int(shape_.get("warm_calls", 0)),
+        )
         sets += [encode(template, self.arena) for _ in range(per_batch - len(sets))]  # no timed call shares its inputs
-        slots = [warm_slots[i % len(warm_slots)] for i in range(warm)] + [self.output_slots(expected) for _ in range(per_batch)]
+        slots = [warm_slots[i % len(warm_slots)] for i in range(warm)] + [
+            self.output_slots(expected) for _ in range(per_batch)
+        ]
         bare = self.bare_replay(expected, per_batch) if self.replays(mode, kernelbench) else None
-        null, null_loop = {}, {}  # per kind: the whole null, and its batch alone (what the runner's own loop clock spans)
+        null, null_loop = (
+            {},
+            {},
+        )  # per kind: the whole null, and its batch alone (what the runner's own loop clock spans)
         for kind, replay in (("events", None), ("replay", bare)):
             if kind == "events" or bare:
-                null[kind], null_loop[kind] = self.null_ms(template, self.input_targets(sets, per_batch), expected, mode, replay)
+                null[kind], null_loop[kind] = self.null_ms(
+                    template, self.input_targets(sets, per_batch), expected, mode, replay
+                )
         figures: Dict[str, List[float]] = {"events": [], "replay": []}
-        ratios: List[tuple] = []  # per batch: the referee's figure, the runner's, the referee's slack (per call), its kind
+        ratios: List[
+            tuple
+        ] = []  # per batch: the referee's figure, the runner's, the referee's slack (per call), its kind
         refused, captured = None, False
         began, elapsed = time.perf_counter(), 0.0
         with timing.ClockSampler(self.device) as clocks:
-            while not timing.stop(figures["replay" if bare else "events"], self.cfg, elapsed, per_batch) \
-                    or (bare and timing.replays_short(figures["replay"], self.cfg)):
+            while not timing.stop(figures["replay" if bare else "events"], self.cfg, elapsed, per_batch) or (
+                bare and timing.replays_short(figures["replay"], self.cfg)
+            ):
                 kind = "replay" if bare is not None and len(ratios) % 2 == 1 else "events"
-                batch = self.batch(ref_model, model, shape, sets, slots, mode, warm, check=not kernelbench, kernelbench=kernelbench, replay=kind == "replay")
+                batch = self.batch(
+                    ref_model,
+                    model,
+                    shape,
+                    sets,
+                    slots,
+                    mode,
+                    warm,
+                    check=not kernelbench,
+                    kernelbench=kernelbench,
+                    replay=kind == "replay",
+                )
                 if batch.get("replay_error"):
                     bare, refused = None, batch["replay_error"]
                     continue
-                if kind == "replay" and not captured:  # the runner captured the calls for this first replay: invoked, no kernel ran
+                if (
+                    kind == "replay" and not captured
+                ):  # the runner captured the calls for this first replay: invoked, no kernel ran
                     tag, self.tag, captured = self.tag, self.tag + profiling.CAPTURE_TAG, True
                     self.count_work(shape, per_batch)
                     self.tag = tag
@@ -118,19 +152,46 @@ class TimingStage(BaselineStage):
                     continue
                 figures[kind].append(sample)
                 # the loop's wall where the GPU may wait on the host; on CPU each call's own clock covers all of it
-                claimed = timing.events_claim(batch["ms"], batch["loop_ms"] if mode != "host" else None, null_loop[kind], per_batch) if kind == "events" else \
-                    timing.replay_sample(batch["replay_ms"], timing.run_batch([], mode, replay=bare)["replay_ms"], per_batch)
-                ratios.append((sample, claimed, corroboration.slack_ms(mode, null[kind], per_batch) / per_batch, kind,
-                               (batch["copy_ms"], batch["wall_ms"], batch["loop_ms"], batch["others_cpu_ms"])))
+                claimed = (
+                    timing.events_claim(
+                        batch["ms"], batch["loop_ms"] if mode != "host" else None, null_loop[kind], per_batch
+                    )
+                    if kind == "events"
+                    else timing.replay_sample(
+                        batch["replay_ms"], timing.run_batch([], mode, replay=bare)["replay_ms"], per_batch
+                    )
+                )
+                ratios.append(
+                    (
+                        sample,
+                        claimed,
+                        corroboration.slack_ms(mode, null[kind], per_batch) / per_batch,
+                        kind,
+                        (batch["copy_ms"], batch["wall_ms"], batch["loop_ms"], batch["others_cpu_ms"]),
+                    )
+                )
         events = timing.summarize(figures["events"]) if figures["events"] else None
         replay = timing.summarize(figures["replay"]) if figures["replay"] else ({"error": refused} if refused else None)
-        timed = {**(timing.scored(events, replay) if mode == "back_to_back" else events), "clock": "referee", "mode": mode, "per_batch": per_batch,
-                 "warm_calls": warm, "batches": len(ratios), "input_sets": len(sets), "clocks": clocks.summary()}
+        timed = {
+            **(timing.scored(events, replay) if mode == "back_to_back" else events),
+            "clock": "referee",
+            "mode": mode,
+            "per_batch": per_batch,
+            "warm_calls": warm,
+            "batches": len(ratios),
+            "input_sets": len(sets),
+            "clocks": clocks.summary(),
+        }
         timed["calls"] = timed["runs"] * per_batch  # each run (sample) is one batch's figure
         record, finding = corroboration.corroborate(shape, ratios)
         self.findings += [finding] if finding else []
-        timed["corroboration"] = {**record, "round_trip_ms": self.round_trip_ms, "null_ms": null, "null_loop_ms": null_loop,
-                                  "null_copies_ms": self.null_copies_ms}
+        timed["corroboration"] = {
+            **record,
+            "round_trip_ms": self.round_trip_ms,
+            "null_ms": null,
+            "null_loop_ms": null_loop,
+            "null_copies_ms": self.null_copies_ms,
+        }
         return {"shape": shape, "input_sets": len(sets), "candidate": timed, "baselines": {}}
 
     def bare_replay(self, expected: Any, calls: int) -> timing.Replay:
@@ -140,13 +201,26 @@ class TimingStage(BaselineStage):
     def null_steps(self, expected: Any, calls: int, align: Callable[[], Any]) -> List[tuple]:
         """A batch's steps with a call that does nothing: ``align``, the output copied into slots of this process's own."""
         outputs = [torch.empty_like(t) for t in checks.as_tuple(expected)]
-        return [(align, lambda: expected, lambda out: [o.copy_(t) for o, t in zip(outputs, checks.as_tuple(out))]) for _ in range(calls)]
+        return [
+            (align, lambda: expected, lambda out: [o.copy_(t) for o, t in zip(outputs, checks.as_tuple(out))])
+            for _ in range(calls)
+        ]
 
     def input_targets(self, sets: List[Dict[str, Any]], calls: int) -> List[List[Any]]:
         """The arena views the first ``calls`` input sets' tensors live in (None for values sent inline)."""
-        return [[self.arena.view(sent["slot"]) if "slot" in sent else None for sent in sets[i]["list"]] for i in range(calls)]
+        return [
+            [self.arena.view(sent["slot"]) if "slot" in sent else None for sent in sets[i]["list"]]
+            for i in range(calls)
+        ]
 
-    def null_ms(self, template: List[Any], targets: List[List[Any]], expected: Any, mode: str, replay: Optional[timing.Replay] = None) -> tuple:
+    def null_ms(
+        self,
+        template: List[Any],
+        targets: List[List[Any]],
+        expected: Any,
+        mode: str,
+        replay: Optional[timing.Replay] = None,
+    ) -> tuple:
         """Everything a batch's wall time holds besides the calls, measured here without the candidate: the fresh
         inputs' copies (into the very ``targets`` a batch copies into, the arena's shared pages), the trusted
         empty batch's go (:meth:`trusted_round_trip`), and the batch (or ``replay``) with calls that do nothing; the fastest of NULLS, so it
@@ -158,7 +232,10 @@ class TimingStage(BaselineStage):
         walls, loops, copies = [], [], []
         for _ in range(NULLS):
             # under the profiler as the runner's batches run: a replay's with its kernel records paused, as there
-            with profiling.profiled(self.device) as session, profiling.kernels_unrecorded(session) if replay and session else contextlib.nullcontext():
+            with (
+                profiling.profiled(self.device) as session,
+                profiling.kernels_unrecorded(session) if replay and session else contextlib.nullcontext(),
+            ):
                 self.sync()
                 t0 = time.perf_counter()
                 self.copy_sets(targets, staged)
@@ -176,7 +253,12 @@ class TimingStage(BaselineStage):
     def copy_sets(targets: List[List[Any]], staged: List[List[Any]]) -> None:
         """Every call's fresh inputs into their slots, as few launches as torch groups them into: a launch per
         tensor put a batch of 42 small sets' host jitter (0.7-1.3 ms on an H100) into the wall its null subtracts."""
-        pairs = [(t, v) for target, fresh in zip(targets, staged) for t, v in zip(target, fresh) if isinstance(t, torch.Tensor)]
+        pairs = [
+            (t, v)
+            for target, fresh in zip(targets, staged)
+            for t, v in zip(target, fresh)
+            if isinstance(t, torch.Tensor)
+        ]
         if pairs:
             torch._foreach_copy_([t for t, _ in pairs], [v for _, v in pairs])
 
@@ -186,16 +268,28 @@ class TimingStage(BaselineStage):
         self.ask("arm", model=model, calls=plan, mode=mode, spin_us=spin_us, kernelbench=kernelbench)
         return self.ask("batch")
 
-    def batch(self, ref_model, model: int, shape, sets, slots, mode: str, warm: int, check: bool = True,
-              kernelbench: bool = False, replay: bool = False) -> Dict[str, Any]:
+    def batch(
+        self,
+        ref_model,
+        model: int,
+        shape,
+        sets,
+        slots,
+        mode: str,
+        warm: int,
+        check: bool = True,
+        kernelbench: bool = False,
+        replay: bool = False,
+    ) -> Dict[str, Any]:
         """One timed batch there: the plan sent when the runner is armed, its warm calls run, then this process's
         clock around the fresh inputs' copies into the arena and the go. Every output slot is then read at a few
         secret elements at once, checked written, some compared, and read again: an element that changed was
         written after the runner answered. ``replay``: the timed calls run as one graph replay (``replay_ms``);
         a capture the runner could not make comes back as ``replay_error``, nothing run."""
         timed = slots[warm:]
-        plan = [{"inputs": sets[i % len(sets)], "outputs": s} for i, s in enumerate(slots[:warm])] + \
-               [{"inputs": sets[i], "outputs": s} for i, s in enumerate(timed)]
+        plan = [{"inputs": sets[i % len(sets)], "outputs": s} for i, s in enumerate(slots[:warm])] + [
+            {"inputs": sets[i], "outputs": s} for i, s in enumerate(timed)
+        ]
         armed = self.ask("arm", model=model, calls=plan, warm=warm, mode=mode, replay=replay, kernelbench=kernelbench)
         if replay and armed.get("replay_error"):
             return {"replay_error": str(armed["replay_error"])[:300]}
@@ -212,17 +306,35 @@ class TimingStage(BaselineStage):
         answered = self.read_elements(picks)
         ms = reply.get("ms")
         replay_ms = reply.get("replay_ms") if replay else 1.0
-        if not isinstance(ms, list) or len(ms) != (0 if replay else len(timed)) or not all(isinstance(m, (int, float)) and m > 0 for m in [*ms, replay_ms]):
+        if (
+            not isinstance(ms, list)
+            or len(ms) != (0 if replay else len(timed))
+            or not all(isinstance(m, (int, float)) and m > 0 for m in [*ms, replay_ms])
+        ):
             raise GradeFailure(Outcome.RUNTIME_ERROR, "timing: the candidate's process returned no valid call times")
         self.count_work(shape, warm + (0 if replay else len(timed)))
         if check:
             self.check_batch(ref_model, shape, staged, timed)
         if not torch.equal(answered, self.read_elements(picks)):
-            self.findings.append({"kind": "forged_result", "shape": shape, "detail": f"{shape}: a timed output was written after the candidate's process answered"})
-            raise GradeFailure(Outcome.INCORRECT, f"shape {shape}: a timed call's output was still being written after its batch was reported done")
+            self.findings.append(
+                {
+                    "kind": "forged_result",
+                    "shape": shape,
+                    "detail": f"{shape}: a timed output was written after the candidate's process answered",
+                }
+            )
+            raise GradeFailure(
+                Outcome.INCORRECT,
+                f"shape {shape}: a timed call's output was still being written after its batch was reported done",
+            )
         loop_ms = reply.get("loop_ms")
-        figures = {"ms": [float(m) for m in ms], "loop_ms": float(loop_ms) if isinstance(loop_ms, (int, float)) else None, "wall_ms": wall_ms,
-                   "copy_ms": copy_ms, "others_cpu_ms": cpu and cpu["others_ms"]}
+        figures = {
+            "ms": [float(m) for m in ms],
+            "loop_ms": float(loop_ms) if isinstance(loop_ms, (int, float)) else None,
+            "wall_ms": wall_ms,
+            "copy_ms": copy_ms,
+            "others_cpu_ms": cpu and cpu["others_ms"],
+        }
         found = cpu and runner_cpu.finding("a timed batch", shape, cpu, wall_ms, mode)
         if found and not any(f["kind"] == found["kind"] for f in self.findings):
             self.findings.append(found)
@@ -263,7 +375,10 @@ class TimingStage(BaselineStage):
             for slot in call_slots:
                 view = self.arena.view(slot)
                 if view.is_floating_point() and view.numel() and not torch.isfinite(view.float()).all():
-                    raise GradeFailure(Outcome.INCORRECT, f"timed call {i} of a batch, shape {shape}: output left unwritten or not finite")
+                    raise GradeFailure(
+                        Outcome.INCORRECT,
+                        f"timed call {i} of a batch, shape {shape}: output left unwritten or not finite",
+                    )
         for pick in sorted(self.rng.sample(range(len(slots)), min(PICKS, len(slots)))):
             expected = ref_model(*clone(staged[pick]))
             try:

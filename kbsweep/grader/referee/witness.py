@@ -10,6 +10,7 @@ sums over every timed call, so the evidence reads every call too: the work figur
 instance's first call is a warm-up), and every counted call must have launched the candidate's kernels. A path
 taken in a few calls of a batch moves the score, and it moves these figures as much as a path taken in all.
 """
+
 from __future__ import annotations
 
 from typing import Any, Callable, Dict, List, Optional, Tuple
@@ -21,7 +22,9 @@ TIMED, COMPARED = "/timing/", "/correctness/"  # the groups whose calls count (t
 BYTES, FLOPS, LAUNCHES, REPLAYS, HOST = range(5)
 
 
-def grouped(records: Any, groups: Dict[str, str], instances: Dict[str, Any]) -> Dict[str, List[Tuple[Any, List[float]]]]:
+def grouped(
+    records: Any, groups: Dict[str, str], instances: Dict[str, Any]
+) -> Dict[str, List[Tuple[Any, List[float]]]]:
     """The runner's per-call records (command id, or id and the runner's own tag -> records, in call order) by group,
     each with the instance (``instances``: command id -> the model it called) it ran on; records of ids no command
     had, and malformed ones, are dropped."""
@@ -47,8 +50,12 @@ def counted_groups(by_group: Dict[str, Any]) -> Tuple[str, List[str]]:
     return "none", []
 
 
-def call_work(by_group: Dict[str, List[Tuple[Any, List[float]]]], range_flops: Any,
-              problem: Callable[[str], Tuple[float, float]], range_bytes: Any = None) -> Dict[str, Any]:
+def call_work(
+    by_group: Dict[str, List[Tuple[Any, List[float]]]],
+    range_flops: Any,
+    problem: Callable[[str], Tuple[float, float]],
+    range_bytes: Any = None,
+) -> Dict[str, Any]:
     """The counted groups' calls against the problem's work per call (``problem``: group -> its shape's FLOPs and
     bytes). Past each instance's first call (its one-time preparation): the largest share of one call's FLOPs (the
     recorder's, or the profiler's, which sees ops run with dispatch disabled too) and of its bytes read and written by
@@ -59,16 +66,30 @@ def call_work(by_group: Dict[str, List[Tuple[Any, List[float]]]], range_flops: A
     basis, chosen = counted_groups(by_group)
     flops_seen = range_flops if isinstance(range_flops, dict) else {}
     bytes_seen = range_bytes if isinstance(range_bytes, dict) else {}
-    work = {"basis": basis, "calls": 0, "flop_share": 0.0, "byte_share": 0.0, "host_bytes": 0.0, "own_launches": 0,
-            "idle_groups": [], "idle_calls": 0}
+    work = {
+        "basis": basis,
+        "calls": 0,
+        "flop_share": 0.0,
+        "byte_share": 0.0,
+        "host_bytes": 0.0,
+        "own_launches": 0,
+        "idle_groups": [],
+        "idle_calls": 0,
+    }
     for group in chosen:
         rows = by_group[group]
         problem_flops, problem_bytes = problem(group)
         seen = set()
-        for (instance, row), flops, moved in zip(rows, aligned(flops_seen.get(group), len(rows)), aligned(bytes_seen.get(group), len(rows))):
+        for (instance, row), flops, moved in zip(
+            rows, aligned(flops_seen.get(group), len(rows)), aligned(bytes_seen.get(group), len(rows))
+        ):
             if instance in seen:
-                work["flop_share"] = max(work["flop_share"], max(row[FLOPS], flops) / problem_flops if problem_flops else 0.0)
-                work["byte_share"] = max(work["byte_share"], max(row[BYTES], moved) / problem_bytes if problem_bytes else 0.0)
+                work["flop_share"] = max(
+                    work["flop_share"], max(row[FLOPS], flops) / problem_flops if problem_flops else 0.0
+                )
+                work["byte_share"] = max(
+                    work["byte_share"], max(row[BYTES], moved) / problem_bytes if problem_bytes else 0.0
+                )
             seen.add(instance)
         work["calls"] += len(rows)
         work["host_bytes"] = max([work["host_bytes"]] + [row[HOST] for _, row in rows])
@@ -82,11 +103,15 @@ def call_work(by_group: Dict[str, List[Tuple[Any, List[float]]]], range_flops: A
 
 def aligned(values: Any, count: int) -> List[float]:
     """A profiled figure per call range of a group, as many as its call records (0 where it has fewer)."""
-    figures = [float(v) if isinstance(v, (int, float)) else 0.0 for v in values or []] if isinstance(values, list) else []
+    figures = (
+        [float(v) if isinstance(v, (int, float)) else 0.0 for v in values or []] if isinstance(values, list) else []
+    )
     return (figures + [0.0] * count)[:count]
 
 
-def mismatches(counted: Dict[str, int], by_group: Dict[str, List[Any]], profiled: Optional[Dict[str, Any]]) -> List[str]:
+def mismatches(
+    counted: Dict[str, int], by_group: Dict[str, List[Any]], profiled: Optional[Dict[str, Any]]
+) -> List[str]:
     """Where the runner's records disagree with the calls this process made (``counted``: group -> calls): a group
     with fewer recorded calls or call ranges than that (a harness record suppressed; the runner may make calls
     the referee does not count, a warm-up's), records and ranges that disagree, and forged ranges."""
@@ -103,5 +128,7 @@ def mismatches(counted: Dict[str, int], by_group: Dict[str, List[Any]], profiled
         if {g: n for g, n in ranges.items() if n} != {g: n for g, n in recorded.items() if n}:
             out.append("the runner's call records and its profiler's call ranges disagree")
         if profiled.get("forged_ranges"):
-            out.append(f"{int(profiled['forged_ranges'])} call ranges no command of this grade opened, or inside another")
+            out.append(
+                f"{int(profiled['forged_ranges'])} call ranges no command of this grade opened, or inside another"
+            )
     return out

@@ -1,6 +1,7 @@
 """What the grading worker's :class:`~kbsweep.grader.runner.runtime.Monitor` listens for: Python's audit events by the
 finding kind each becomes, the toolchain folders whose own events are routine, the watched files' hashes and the
 global torch flags that change the reference's numerics."""
+
 from __future__ import annotations
 
 import hashlib
@@ -87,10 +88,20 @@ def numeric_flags() -> List[Tuple[str, Callable[[], Any], Callable[[Any], None]]
     return [
         ("torch.get_float32_matmul_precision", torch.get_float32_matmul_precision, torch.set_float32_matmul_precision),
         ("torch.backends.cuda.matmul.allow_tf32", *attribute(matmul, "allow_tf32")),
-        ("torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction", *attribute(matmul, "allow_fp16_reduced_precision_reduction")),
-        ("torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction", *attribute(matmul, "allow_bf16_reduced_precision_reduction")),
+        (
+            "torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction",
+            *attribute(matmul, "allow_fp16_reduced_precision_reduction"),
+        ),
+        (
+            "torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction",
+            *attribute(matmul, "allow_bf16_reduced_precision_reduction"),
+        ),
         ("torch.backends.cudnn.allow_tf32", *attribute(cudnn, "allow_tf32")),
         ("torch.backends.cudnn.enabled", *attribute(cudnn, "enabled")),
         ("torch.get_default_dtype", torch.get_default_dtype, torch.set_default_dtype),
-        ("torch.are_deterministic_algorithms_enabled", torch.are_deterministic_algorithms_enabled, torch.use_deterministic_algorithms),
+        (
+            "torch.are_deterministic_algorithms_enabled",
+            torch.are_deterministic_algorithms_enabled,
+            torch.use_deterministic_algorithms,
+        ),
     ]

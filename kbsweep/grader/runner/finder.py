@@ -1,6 +1,7 @@
 """How the runner finds the candidate's files: its folder as the package ``kbsweep_candidate``. A module of its own:
 the finder sits on ``sys.meta_path``, where the candidate reads it, and its methods' globals are this module's,
 never the runner's."""
+
 from __future__ import annotations
 
 import importlib.abc

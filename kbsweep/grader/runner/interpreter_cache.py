@@ -10,6 +10,7 @@ Triton's own ``_patch_attr``), and ``_patch_builtin`` patches from that list the
 Triton does: the same attributes, to wrappers that do the same, restored by Triton's scope as before. An object
 not listed (none in 3.7) is searched as before; a Triton of another minor version is left alone.
 """
+
 from __future__ import annotations
 
 import inspect

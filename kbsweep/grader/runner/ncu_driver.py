@@ -6,6 +6,7 @@ Started under ncu in the runner's sandbox as an isolated interpreter (the candid
 reference file the agent has too and a fixed public seed (nothing here is secret: an unscored look for the agent),
 loads the reference's weights into ``ModelNew`` and prints nothing of its own.
 """
+
 from __future__ import annotations
 
 import json

@@ -10,6 +10,7 @@ than aten's (a ``torch.library`` op of the candidate's) counts by what runs insi
 aten namespace is looked up like any aten op: a new name, or a new overload of a glue op whose body computes,
 counts by its inputs or by its body's ops.
 """
+
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -18,12 +19,37 @@ from typing import Any, Dict, List
 from kbsweep.grader.runner.seal import ALLOCATORS, IMPORTS, MOVEMENT
 from kbsweep.grader.shared.profiling import CALL_RANGE, Spans, group_of
 
-SCALARS = frozenset({"item", "_local_scalar_dense", "is_nonzero", "detach", "detach_", "resize_", "scalar_tensor",
-                     "record_stream", "_has_compatible_shallow_copy_type", "result_type"})
+SCALARS = frozenset(
+    {
+        "item",
+        "_local_scalar_dense",
+        "is_nonzero",
+        "detach",
+        "detach_",
+        "resize_",
+        "scalar_tensor",
+        "record_stream",
+        "_has_compatible_shallow_copy_type",
+        "result_type",
+    }
+)
 GLUE = MOVEMENT | ALLOCATORS | IMPORTS | SCALARS
-SIZES = {"double": 8, "long int": 8, "c10::complex<double>": 16, "c10::complex<float>": 8, "float": 4, "int": 4,
-         "unsigned int": 4, "c10::Half": 2, "c10::BFloat16": 2, "short int": 2, "unsigned short": 2, "c10::complex<c10::Half>": 4,
-         "unsigned long": 8, "unsigned long int": 8}
+SIZES = {
+    "double": 8,
+    "long int": 8,
+    "c10::complex<double>": 16,
+    "c10::complex<float>": 8,
+    "float": 4,
+    "int": 4,
+    "unsigned int": 4,
+    "c10::Half": 2,
+    "c10::BFloat16": 2,
+    "short int": 2,
+    "unsigned short": 2,
+    "c10::complex<c10::Half>": 4,
+    "unsigned long": 8,
+    "unsigned long int": 8,
+}
 
 
 class Counted:
@@ -51,7 +77,9 @@ class Counted:
             return True
         for overload in overloads:
             try:
-                if overload.is_view or torch._C._dispatch_has_kernel_for_dispatch_key(overload.name(), "CompositeImplicitAutograd"):
+                if overload.is_view or torch._C._dispatch_has_kernel_for_dispatch_key(
+                    overload.name(), "CompositeImplicitAutograd"
+                ):
                     return False
             except RuntimeError:
                 continue
@@ -95,10 +123,12 @@ def range_bytes(prof: Any, groups: Dict[str, str]) -> Dict[str, List[int]]:
     cpu = torch.autograd.DeviceType.CPU
     counted = Counted()
     ranges, ops = [], []
-    for e in prof.profiler.kineto_results.events():  # each field a call into C++: the name first, the rest when it matters
+    for (
+        e
+    ) in prof.profiler.kineto_results.events():  # each field a call into C++: the name first, the rest when it matters
         name = e.name()
         if name.startswith(CALL_RANGE):
-            group = group_of(name[len(CALL_RANGE):], groups)
+            group = group_of(name[len(CALL_RANGE) :], groups)
             if group is not None and e.device_type() == cpu:  # not the copy of the range on the GPU's timeline
                 ranges.append((e.start_ns(), e.end_ns(), group))
         elif name.startswith("aten::") and counted(name) and not e.is_user_annotation():

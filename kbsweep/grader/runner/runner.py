@@ -13,6 +13,7 @@ standard paths, every harness module is imported before any candidate path exist
 reachable only through :class:`CandidateFinder` (last on ``sys.meta_path``: a helper named like a standard or
 installed module never shadows it).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -111,7 +112,9 @@ class Runner:
         op recorder and the profiler session. Installed before the import, so the trusted round trips and empty
         batches the referee measures next carry what every later command carries."""
         self.gate = runtime.KernelGate()
-        self.monitor = runtime.Monitor(self.folder, [], self.evidence, self.gate, lambda event: self.channel.send({"event": event}))
+        self.monitor = runtime.Monitor(
+            self.folder, [], self.evidence, self.gate, lambda event: self.channel.send({"event": event})
+        )
         self.recorder = seal.op_recorder(self.gate.launches, frozenset(torch._C._dispatch_get_all_op_names()))
         self.session = profiling.profiler_session(self.device)
         self.session.start()
@@ -131,13 +134,19 @@ class Runner:
     def op_build(self, message, fds) -> None:
         seed_rng(int(message["seed"]), self.device)
         with torch.no_grad(), self.monitor.watch(self.stage):
-            model = self.cand.ModelNew(*decode(message["init"], self.arena)).to(self.device).train(bool(message.get("train")))
+            model = (
+                self.cand.ModelNew(*decode(message["init"], self.arena))
+                .to(self.device)
+                .train(bool(message.get("train")))
+            )
             if message.get("state") is not None:  # None: the weights are the seed's (KernelBench problems)
                 state = {name: self.arena.view(slot) for name, slot in message["state"].items()}
                 try:
                     model.load_state_dict(state, strict=True)
                 except Exception as exc:
-                    raise GradeFailure(Outcome.INCORRECT, f"load_state_dict(strict=True) failed: {one_line(exc)}") from None
+                    raise GradeFailure(
+                        Outcome.INCORRECT, f"load_state_dict(strict=True) failed: {one_line(exc)}"
+                    ) from None
         self.models[int(message["model"])] = model
 
     # -- calls ----------------------------------------------------------------------
@@ -145,7 +154,11 @@ class Runner:
         """One call of the candidate, its torch ops recorded (every call alike: no probe looks different). What it
         returned is made plain inside the call's range (:func:`plain`) and let go there, so none of its code runs
         once the range has closed (a list whose ``__iter__`` computes, a ``__del__``: the call's work either way)."""
-        with self.monitor.watch(self.stage), torch.profiler.record_function(profiling.CALL_RANGE + self.tag), self.recorded():
+        with (
+            self.monitor.watch(self.stage),
+            torch.profiler.record_function(profiling.CALL_RANGE + self.tag),
+            self.recorded(),
+        ):
             return plain(model(*inputs))
 
     @contextlib.contextmanager
@@ -163,7 +176,13 @@ class Runner:
         """Bytes that torch ops which compute moved, their FLOPs, the candidate's own launches, CUDA-graph replays,
         and bytes that crossed between torch and host arrays, so far."""
         recorder, gate = self.recorder, self.gate
-        return [recorder.bytes, recorder.flops, gate.own_launches(), gate.counts["graph_replay"], recorder.host_bytes + gate.exported]
+        return [
+            recorder.bytes,
+            recorder.flops,
+            gate.own_launches(),
+            gate.counts["graph_replay"],
+            recorder.host_bytes + gate.exported,
+        ]
 
     def deliver(self, out: Any, slots: List[Dict[str, Any]], inputs: List[Any], kernelbench: bool = False) -> None:
         """Copy the outputs into the referee's slots, refusing what does not fit exactly. ``kernelbench``: what
@@ -173,13 +192,20 @@ class Runner:
         outs = tuple(out) if isinstance(out, (tuple, list)) else (out,)
         if len(outs) != len(slots):
             raise GradeFailure(Outcome.INCORRECT, f"expected {len(slots)} outputs, got {len(outs)}")
-        spans = [(t.untyped_storage().data_ptr(), t.untyped_storage().nbytes()) for t in inputs if isinstance(t, torch.Tensor)]
+        spans = [
+            (t.untyped_storage().data_ptr(), t.untyped_storage().nbytes())
+            for t in inputs
+            if isinstance(t, torch.Tensor)
+        ]
         for i, (o, slot) in enumerate(zip(outs, slots)):
             target = self.arena.view(slot)
             if type(o) is not torch.Tensor:
                 raise GradeFailure(Outcome.INCORRECT, f"output {i} is {type(o).__name__}, not exactly torch.Tensor")
             if o.dtype != target.dtype or o.shape != target.shape or o.device.type != target.device.type:
-                raise GradeFailure(Outcome.INCORRECT, f"output {i}: got {o.dtype} {tuple(o.shape)} on {o.device}, expected {target.dtype} {tuple(target.shape)} on {target.device}")
+                raise GradeFailure(
+                    Outcome.INCORRECT,
+                    f"output {i}: got {o.dtype} {tuple(o.shape)} on {o.device}, expected {target.dtype} {tuple(target.shape)} on {target.device}",
+                )
             start, size = o.untyped_storage().data_ptr(), o.untyped_storage().nbytes()
             if not kernelbench and o.numel() and any(start < s + n and s < start + size for s, n in spans):
                 raise GradeFailure(Outcome.INCORRECT, f"output {i} aliases an input's memory")
@@ -209,7 +235,11 @@ class Runner:
             self.gate.ghost = False
         self.sync()
         counts = self.gate.counts - before
-        return {"error": error, "stubbed": counts["triton"] + counts["extension"], "graph_replays": counts["graph_replay"]}
+        return {
+            "error": error,
+            "stubbed": counts["triton"] + counts["extension"],
+            "graph_replays": counts["graph_replay"],
+        }
 
     def sync(self) -> None:
         if self.device.type == "cuda":
@@ -231,7 +261,11 @@ class Runner:
 
         def step(call: Dict[str, Any]) -> tuple:
             inputs, slots = decode(call["inputs"], self.arena), call["outputs"]
-            return align, lambda: self.invoke(model, inputs), lambda out: self.deliver(out, slots, inputs, kernelbench=kernelbench)
+            return (
+                align,
+                lambda: self.invoke(model, inputs),
+                lambda out: self.deliver(out, slots, inputs, kernelbench=kernelbench),
+            )
 
         timed = calls[warm:]
         replay = None
@@ -251,8 +285,13 @@ class Runner:
             replay = self.replay
             self.paused = profiling.kernels_unrecorded(self.session)
             self.paused.__enter__()
-        self.armed = ([step(c) for c in calls[:warm]], [] if replay else [step(c) for c in timed], message["mode"],
-                      float(message.get("spin_us") or 0), replay)
+        self.armed = (
+            [step(c) for c in calls[:warm]],
+            [] if replay else [step(c) for c in timed],
+            message["mode"],
+            float(message.get("spin_us") or 0),
+            replay,
+        )
 
     def op_warm(self, message, fds) -> None:
         """The armed batch's warm calls, to their end: the chip at the clock it sustains when the go comes."""
@@ -276,12 +315,23 @@ class Runner:
         if session is not None:
             session.stop()
             groups, events = message.get("groups") or {}, op_bytes.read_once(session)
-            profiled = {"profiled": {**profiling.session_evidence(events, groups, message.get("calls") or {}),
-                                     "range_bytes": op_bytes.range_bytes(events, groups)}}
+            profiled = {
+                "profiled": {
+                    **profiling.session_evidence(events, groups, message.get("calls") or {}),
+                    "range_bytes": op_bytes.range_bytes(events, groups),
+                }
+            }
         ops = {**self.ops, "aten_ops": dict(self.recorder.ops), "own_ops": dict(self.recorder.own_ops)}
         extra = {"persisting_l2_limit": timing.persisting_l2_limit()} if self.device.type == "cuda" else {}
-        return {"evidence": self.evidence, "ops": ops, "launches": dict(self.gate.counts), "kernels": sorted(self.gate.names),
-                "calls": self.calls, **extra, **profiled}
+        return {
+            "evidence": self.evidence,
+            "ops": ops,
+            "launches": dict(self.gate.counts),
+            "kernels": sorted(self.gate.names),
+            "calls": self.calls,
+            **extra,
+            **profiled,
+        }
 
 
 def unlist_harness() -> None:

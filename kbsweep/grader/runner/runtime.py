@@ -15,6 +15,7 @@ the heap, both audited.
 An event is the candidate's when, walking out from where it was raised past standard-library frames, a frame of
 the candidate's folder comes before one of the toolchain (torch, triton, kbsweep).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -36,11 +37,19 @@ class Monitor:
     """Records the candidate's own runtime events into ``evidence`` (live, so a failed grade keeps them), answers the
     sealed wrappers for ``gate``, and sends reach events through ``notify`` at once."""
 
-    def __init__(self, candidate_dir: Path, watched_files: List[Path], evidence: Dict[str, Any],
-                 gate: Optional["KernelGate"] = None, notify: Optional[Callable[[Dict[str, Any]], None]] = None):
+    def __init__(
+        self,
+        candidate_dir: Path,
+        watched_files: List[Path],
+        evidence: Dict[str, Any],
+        gate: Optional["KernelGate"] = None,
+        notify: Optional[Callable[[Dict[str, Any]], None]] = None,
+    ):
         self.candidate_dir = str(Path(candidate_dir).resolve()) + "/"
         self.toolchain = toolchain_dirs()
-        self.libraries = tuple({sysconfig.get_paths()[key].rstrip("/") + "/" for key in ("stdlib", "platstdlib", "purelib", "platlib")})
+        self.libraries = tuple(
+            {sysconfig.get_paths()[key].rstrip("/") + "/" for key in ("stdlib", "platstdlib", "purelib", "platlib")}
+        )
         self.stage = "import"
         self.active = False
         self.busy = False
@@ -56,7 +65,12 @@ class Monitor:
         self.gate, self.notify, self.sent = gate, notify, 0
         # what the hook calls, bound now: a class's functions lead to this module's globals without an audit event
         # (``object.__subclasses__()``), and rebinding a name there must not reach the hook
-        self.getframe, self.kinds, self.codes, self.private = sys._getframe, types.MappingProxyType(dict(EVENTS)), seal.CODES, seal.GATE
+        self.getframe, self.kinds, self.codes, self.private = (
+            sys._getframe,
+            types.MappingProxyType(dict(EVENTS)),
+            seal.CODES,
+            seal.GATE,
+        )
         self.machinery, self.reach = frozenset(MACHINERY), frozenset(REACH)
         self.patched = self.wrap_thread_starts()
         sys.addaudithook(self.hook)
@@ -103,9 +117,13 @@ class Monitor:
         code is a tamper attempt."""
         if frame.f_code not in self.codes:
             where = self.culprit(frame) or f"{Path(frame.f_code.co_filename).name}:{frame.f_lineno}"
-            self.record("grader_tamper", seal.GATE, f"{seal.GATE} raised outside the harness's wrappers: {str(box)[:80]}", where)
+            self.record(
+                "grader_tamper", seal.GATE, f"{seal.GATE} raised outside the harness's wrappers: {str(box)[:80]}", where
+            )
         elif box[0] in ("launch", "launched") and self.gate is not None:
-            stub = box[0] == "launch" and self.gate.ghost and box[1] != "graph_replay"  # an honest graph replays its kernels
+            stub = (
+                box[0] == "launch" and self.gate.ghost and box[1] != "graph_replay"
+            )  # an honest graph replays its kernels
             if stub or box[0] == "launched":
                 self.gate.counts[box[1]] += 1
                 self.gate.names.add(box[2])
@@ -130,15 +148,20 @@ class Monitor:
         if event in ("object.__setattr__", "object.__delattr__"):
             target = args[0]
             module = getattr(target, "__module__", "") or ""
-            if getattr(sys.modules.get(module), "__file__", "") and sys.modules[module].__file__.startswith(self.candidate_dir):
+            if getattr(sys.modules.get(module), "__file__", "") and sys.modules[module].__file__.startswith(
+                self.candidate_dir
+            ):
                 return None  # the candidate's own classes
             return f"{module}.{getattr(target, '__qualname__', type(target).__name__)}.{args[1]}"
         if event == "object.__getattr__":
             return f"{type(args[0]).__name__}.{args[1]}"
         if event == "open" and not self.writes(args) and str(args[0]).startswith(self.candidate_dir):
             return None  # its own files (imports of helper modules)
-        if event in ("open", "os.listdir", "os.scandir") and not (event == "open" and self.writes(args)) \
-                and str(args[0]).startswith(self.libraries):
+        if (
+            event in ("open", "os.listdir", "os.scandir")
+            and not (event == "open" and self.writes(args))
+            and str(args[0]).startswith(self.libraries)
+        ):
             return None  # the interpreter's own libraries, read as an import of a module not loaded yet reads them
         if event in ("sys._getframe", "sys._current_frames", "gc.get_objects", "gc.get_referrers", "gc.get_referents"):
             return event
@@ -159,7 +182,9 @@ class Monitor:
             return
         self.seen.add(key)
         entry = {"kind": kind, "event": event, "detail": detail, "where": where, "stage": self.stage}
-        if kind in self.reach and self.notify is not None and self.sent < MAX_EVENTS:  # a cap of its own: other events never crowd it out
+        if (
+            kind in self.reach and self.notify is not None and self.sent < MAX_EVENTS
+        ):  # a cap of its own: other events never crowd it out
             self.sent += 1
             try:
                 self.notify(entry)
@@ -235,8 +260,12 @@ class KernelGate:
         self.names: set = set()
         self.exported = 0
         self.replayed_own = 0
-        self.capturing: "weakref.WeakKeyDictionary[Any, int]" = weakref.WeakKeyDictionary()  # graph -> own launches at its capture_begin
-        self.graphs: "weakref.WeakKeyDictionary[Any, int]" = weakref.WeakKeyDictionary()  # graph -> own kernels its capture launched
+        self.capturing: "weakref.WeakKeyDictionary[Any, int]" = (
+            weakref.WeakKeyDictionary()
+        )  # graph -> own launches at its capture_begin
+        self.graphs: "weakref.WeakKeyDictionary[Any, int]" = (
+            weakref.WeakKeyDictionary()
+        )  # graph -> own kernels its capture launched
         self.launches = types.MappingProxyType(self.counts)  # what the op recorder reads: never the gate itself
         self.patched: List[Tuple[Any, str]] = []
         if install:

@@ -9,6 +9,7 @@ by raising the private audit event :data:`GATE` with a list the monitor's hook f
 answers only when the event comes from one of these wrappers' own code (:data:`CODES`). The hook itself lives in
 the interpreter's list of audit hooks, which no Python code can read.
 """
+
 from __future__ import annotations
 
 import sys
@@ -20,15 +21,51 @@ GATE = "kbsweep.gate"
 # ops that only copy, cast, rearrange or fill values: glue around a kernel (a pad, a contiguous copy, a cat), not the
 # problem's arithmetic, so their bytes are not library work (a problem whose work is data movement itself is
 # judged by its ghost replays and the own-kernel check)
-MOVEMENT = frozenset({
-    "copy_", "_to_copy", "clone", "cat", "stack", "constant_pad_nd", "flip", "roll", "repeat", "fill_", "zero_",
-    "full", "full_like", "zeros", "zeros_like", "ones", "ones_like", "new_zeros", "new_ones", "new_full", "set_",
-    "slice_scatter", "select_scatter", "as_strided_scatter", "narrow_copy", "expand_copy", "permute_copy",
-    "transpose_copy", "t_copy", "view_copy", "unsqueeze_copy", "squeeze_copy", "alias_copy", "detach_copy",
-    "_unsafe_view", "lift_fresh", "lift_fresh_copy",
-})
+MOVEMENT = frozenset(
+    {
+        "copy_",
+        "_to_copy",
+        "clone",
+        "cat",
+        "stack",
+        "constant_pad_nd",
+        "flip",
+        "roll",
+        "repeat",
+        "fill_",
+        "zero_",
+        "full",
+        "full_like",
+        "zeros",
+        "zeros_like",
+        "ones",
+        "ones_like",
+        "new_zeros",
+        "new_ones",
+        "new_full",
+        "set_",
+        "slice_scatter",
+        "select_scatter",
+        "as_strided_scatter",
+        "narrow_copy",
+        "expand_copy",
+        "permute_copy",
+        "transpose_copy",
+        "t_copy",
+        "view_copy",
+        "unsqueeze_copy",
+        "squeeze_copy",
+        "alias_copy",
+        "detach_copy",
+        "_unsafe_view",
+        "lift_fresh",
+        "lift_fresh_copy",
+    }
+)
 ALLOCATORS = frozenset({"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "empty_permuted"})
-IMPORTS = frozenset({"lift_fresh", "lift_fresh_copy"})  # a tensor made from host data (numpy, lists) under a dispatch mode
+IMPORTS = frozenset(
+    {"lift_fresh", "lift_fresh_copy"}
+)  # a tensor made from host data (numpy, lists) under a dispatch mode
 
 
 def launcher(original: Callable, kind: str) -> Callable:
@@ -114,8 +151,12 @@ def exporter(original: Callable) -> Callable:
 
 
 # the code of the wrappers above (the functions they return): the only raisers of GATE the monitor answers
-CODES = frozenset(c for f in (launcher, graph_capture, extension_function, thread_start, exporter) for c in f.__code__.co_consts
-                  if isinstance(c, types.CodeType))
+CODES = frozenset(
+    c
+    for f in (launcher, graph_capture, extension_function, thread_start, exporter)
+    for c in f.__code__.co_consts
+    if isinstance(c, types.CodeType)
+)
 
 
 def op_recorder(launches: Any, native: frozenset = frozenset()):
@@ -161,7 +202,9 @@ def op_recorder(launches: Any, native: frozenset = frozenset()):
             moved = sum(t.numel() * t.element_size() for t in tensors((args, kwargs, out)))
             if not foreign and (name in IMPORTS or (name in ("_to_copy", "copy_") and to_host(args, out))):
                 self.host_bytes += moved
-            elif foreign or (body is None and not own and not func.is_view and name not in ALLOCATORS and name not in MOVEMENT):
+            elif foreign or (
+                body is None and not own and not func.is_view and name not in ALLOCATORS and name not in MOVEMENT
+            ):
                 self.bytes += moved  # a body's bytes are its ops'; an opaque op of the candidate's own that launched its kernels is its work
             formula = flop_registry.get(func._overloadpacket)
             if formula is not None:

@@ -6,6 +6,7 @@ Tensors are views at offsets; what crosses the channel is a slot ``{"offset", "d
 pickle. The referee writes inputs and weights into the arena and reads outputs from it; nothing it keeps for
 itself (pristine inputs, the reference's weights and outputs) is ever placed there.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -16,10 +17,24 @@ from typing import Any, Dict, List, Optional, Sequence
 import torch
 
 ALIGN = 256
-DTYPES = {str(d).replace("torch.", ""): d for d in (
-    torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2,
-    torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool, torch.complex64,
-)}
+DTYPES = {
+    str(d).replace("torch.", ""): d
+    for d in (
+        torch.float64,
+        torch.float32,
+        torch.float16,
+        torch.bfloat16,
+        torch.float8_e4m3fn,
+        torch.float8_e5m2,
+        torch.int64,
+        torch.int32,
+        torch.int16,
+        torch.int8,
+        torch.uint8,
+        torch.bool,
+        torch.complex64,
+    )
+}
 
 Slot = Dict[str, Any]
 
@@ -53,7 +68,12 @@ class _DriverMemory:
         _fields_ = [("type", ctypes.c_int), ("id", ctypes.c_int)]
 
     class Flags(ctypes.Structure):
-        _fields_ = [("compression", ctypes.c_ubyte), ("rdma", ctypes.c_ubyte), ("usage", ctypes.c_ushort), ("reserved", ctypes.c_ubyte * 4)]
+        _fields_ = [
+            ("compression", ctypes.c_ubyte),
+            ("rdma", ctypes.c_ubyte),
+            ("usage", ctypes.c_ushort),
+            ("reserved", ctypes.c_ubyte * 4),
+        ]
 
     class Prop(ctypes.Structure):
         pass
@@ -61,7 +81,13 @@ class _DriverMemory:
     class Access(ctypes.Structure):
         pass
 
-    Prop._fields_ = [("type", ctypes.c_int), ("handle_types", ctypes.c_int), ("location", Location), ("win32", ctypes.c_void_p), ("flags", Flags)]
+    Prop._fields_ = [
+        ("type", ctypes.c_int),
+        ("handle_types", ctypes.c_int),
+        ("location", Location),
+        ("win32", ctypes.c_void_p),
+        ("flags", Flags),
+    ]
     Access._fields_ = [("location", Location), ("flags", ctypes.c_int)]
     PINNED, POSIX_FD, DEVICE, READ_WRITE = 1, 1, 1, 3
 
@@ -75,16 +101,37 @@ class _DriverMemory:
         self.size = (size + granularity.value - 1) // granularity.value * granularity.value
         self.handle = ctypes.c_ulonglong()
         if fd is None:
-            self.call("cuMemCreate", ctypes.byref(self.handle), ctypes.c_size_t(self.size), ctypes.byref(prop), ctypes.c_ulonglong(0))
+            self.call(
+                "cuMemCreate",
+                ctypes.byref(self.handle),
+                ctypes.c_size_t(self.size),
+                ctypes.byref(prop),
+                ctypes.c_ulonglong(0),
+            )
             exported = ctypes.c_int()
-            self.call("cuMemExportToShareableHandle", ctypes.byref(exported), self.handle, self.POSIX_FD, ctypes.c_ulonglong(0))
+            self.call(
+                "cuMemExportToShareableHandle",
+                ctypes.byref(exported),
+                self.handle,
+                self.POSIX_FD,
+                ctypes.c_ulonglong(0),
+            )
             self.fd = exported.value
         else:
             self.call("cuMemImportFromShareableHandle", ctypes.byref(self.handle), ctypes.c_void_p(fd), self.POSIX_FD)
             self.fd = fd
         self.ptr = ctypes.c_ulonglong()
-        self.call("cuMemAddressReserve", ctypes.byref(self.ptr), ctypes.c_size_t(self.size), ctypes.c_size_t(0), ctypes.c_ulonglong(0), ctypes.c_ulonglong(0))
-        self.call("cuMemMap", self.ptr, ctypes.c_size_t(self.size), ctypes.c_size_t(0), self.handle, ctypes.c_ulonglong(0))
+        self.call(
+            "cuMemAddressReserve",
+            ctypes.byref(self.ptr),
+            ctypes.c_size_t(self.size),
+            ctypes.c_size_t(0),
+            ctypes.c_ulonglong(0),
+            ctypes.c_ulonglong(0),
+        )
+        self.call(
+            "cuMemMap", self.ptr, ctypes.c_size_t(self.size), ctypes.c_size_t(0), self.handle, ctypes.c_ulonglong(0)
+        )
         access = self.Access(location=self.Location(self.DEVICE, device), flags=self.READ_WRITE)
         self.call("cuMemSetAccess", self.ptr, ctypes.c_size_t(self.size), ctypes.byref(access), ctypes.c_size_t(1))
 
@@ -94,7 +141,18 @@ class _DriverMemory:
             raise RuntimeError(f"{name} failed with CUDA driver error {status}")
 
     def bytes(self, offset: int, size: int) -> torch.Tensor:
-        interface = type("DeviceBytes", (), {"__cuda_array_interface__": {"shape": (size,), "typestr": "|u1", "data": (self.ptr.value + offset, False), "version": 3}})
+        interface = type(
+            "DeviceBytes",
+            (),
+            {
+                "__cuda_array_interface__": {
+                    "shape": (size,),
+                    "typestr": "|u1",
+                    "data": (self.ptr.value + offset, False),
+                    "version": 3,
+                }
+            },
+        )
         return torch.as_tensor(interface(), device="cuda")
 
     def close(self) -> None:
@@ -123,7 +181,11 @@ class Arena:
                     os.ftruncate(self.fd, self.size)
                 except OSError as exc:  # EFBIG: a memfd counts against the sandbox's one-file cap; say which file
                     os.close(self.fd)
-                    raise OSError(exc.errno, exc.strerror, f"the shared arena (a memfd of {self.size} bytes: inputs, weights and outputs)") from None
+                    raise OSError(
+                        exc.errno,
+                        exc.strerror,
+                        f"the shared arena (a memfd of {self.size} bytes: inputs, weights and outputs)",
+                    ) from None
             self.memory = mmap.mmap(self.fd, self.size)
 
     @classmethod
@@ -157,7 +219,11 @@ class Arena:
         if not size:
             return torch.empty(shape, dtype=dtype, device=self.device)
         # a storage of its own per slot: writes to one slot never bump another's version counter
-        raw = self.memory.bytes(offset, size) if self.device.type == "cuda" else torch.frombuffer(self.memory, dtype=torch.uint8, count=size, offset=offset)
+        raw = (
+            self.memory.bytes(offset, size)
+            if self.device.type == "cuda"
+            else torch.frombuffer(self.memory, dtype=torch.uint8, count=size, offset=offset)
+        )
         return raw.view(dtype).view(shape)
 
     def alloc(self, dtype: torch.dtype, shape: List[int]) -> Slot:

@@ -2,6 +2,7 @@
 passed beside a message (an arena's). JSON only, in both directions: the referee never unpickles anything the
 candidate's process sends, and what it reads is size-capped and type-checked before use. A single-process grade
 gets a socket pair; a multi-rank grade's runner ranks dial their referee ranks (:func:`connect_rank`)."""
+
 from __future__ import annotations
 
 import hmac

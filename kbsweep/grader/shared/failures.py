@@ -1,4 +1,5 @@
 """How a grade fails: the exception that carries an outcome, and the classification of candidate exceptions."""
+
 from __future__ import annotations
 
 import errno
@@ -21,7 +22,10 @@ def classify(exc: BaseException) -> Outcome:
 
     if isinstance(exc, torch.OutOfMemoryError):
         return Outcome.GRADE_OOM
-    if isinstance(exc, (SyntaxError, ImportError)) or type(exc).__name__ in ("CompilationError", "CompileTimeAssertionFailure"):
+    if isinstance(exc, (SyntaxError, ImportError)) or type(exc).__name__ in (
+        "CompilationError",
+        "CompileTimeAssertionFailure",
+    ):
         return Outcome.COMPILE_ERROR
     return Outcome.RUNTIME_ERROR
 

@@ -1,4 +1,5 @@
 """A Python file loaded as a module by path: the referee's reference and baselines, the ncu driver's reference."""
+
 from __future__ import annotations
 
 import importlib.util

@@ -6,6 +6,7 @@ stage's name: the runner does not know which stage a call belongs to (``groups``
 command after the last call, says). The name is public, so a range of it proves nothing alone: ranges whose id no
 command of the grade had, and ranges inside another, are counted as forged and bound nothing; the referee
 compares the ranges it reads with the calls it made."""
+
 from __future__ import annotations
 
 import bisect
@@ -17,7 +18,13 @@ import torch
 
 CALL_RANGE = "kbsweep::call"  # the profiler annotation around each candidate call (its command's id follows)
 TOKEN_CHARS = 12  # a command's id: hex characters the referee draws (kbsweep.grader.referee.candidate)
-COMM_PREFIXES = ("c10d::", "_c10d_functional::", "c10d_functional::", "nccl:", "gloo:")  # torch.distributed's ops, per backend
+COMM_PREFIXES = (
+    "c10d::",
+    "_c10d_functional::",
+    "c10d_functional::",
+    "nccl:",
+    "gloo:",
+)  # torch.distributed's ops, per backend
 # the tag suffix of calls invoked while a replay's graph is captured: nothing ran in their ranges, so a timed shape's
 # kernel profile (launches per call, the single-kernel gate) counts the event-timed calls only
 CAPTURE_TAG = "/capture"
@@ -49,7 +56,7 @@ def session_evidence(prof: Any, groups: Dict[str, str], calls: Dict[str, int]) -
     known, forged = [], 0
     for name, start, e in named:  # the host's spans (kineto repeats each annotation on the GPU's timeline too)
         if name.startswith(CALL_RANGE):
-            suffix = name[len(CALL_RANGE):]
+            suffix = name[len(CALL_RANGE) :]
             group = group_of(suffix, groups)
             if group is None:
                 forged += 1
@@ -72,7 +79,9 @@ def session_evidence(prof: Any, groups: Dict[str, str], calls: Dict[str, int]) -
             continue
         if name.startswith(COMM_PREFIXES):
             comm[name] = comm.get(name, 0) + 1
-        if "::" in name and not name.startswith("profiler::") and not e.is_user_annotation():  # a range of any name is no op
+        if (
+            "::" in name and not name.startswith("profiler::") and not e.is_user_annotation()
+        ):  # a range of any name is no op
             ops[name] = ops.get(name, 0) + 1
             range_flops[at] += int(e.flops() or 0)
             range_ops[at].append((start, e.end_ns(), name))
@@ -84,12 +93,21 @@ def session_evidence(prof: Any, groups: Dict[str, str], calls: Dict[str, int]) -
         flops_by_group.setdefault(group, []).append(flops)
         op_times.setdefault(group, OpTimes()).add(start, end, spans)
     # the GPU timeline's copies of this grade's call ranges are not kernels; a kernel merely named like one is
-    kernels = GpuKernels(named, [e for e in gpu if not (e.name().startswith(CALL_RANGE) and group_of(e.name()[len(CALL_RANGE):], groups))])
+    kernels = GpuKernels(
+        named,
+        [e for e in gpu if not (e.name().startswith(CALL_RANGE) and group_of(e.name()[len(CALL_RANGE) :], groups))],
+    )
     profiles = {group: kernels.profile(by_group[group], count) for group, count in calls.items() if by_group.get(group)}
-    return {"ops": ops, "comm_ops": comm, "profiles": profiles, "forged_ranges": forged,
-            "kernels": sorted(kernels.profile([(s, e) for s, e, _ in outer], 1)["kernels"]) if outer else [],
-            "ranges": {group: len(spans) for group, spans in by_group.items()}, "range_flops": flops_by_group,
-            "op_times": {group: times.summary() for group, times in op_times.items() if group in calls}}
+    return {
+        "ops": ops,
+        "comm_ops": comm,
+        "profiles": profiles,
+        "forged_ranges": forged,
+        "kernels": sorted(kernels.profile([(s, e) for s, e, _ in outer], 1)["kernels"]) if outer else [],
+        "ranges": {group: len(spans) for group, spans in by_group.items()},
+        "range_flops": flops_by_group,
+        "op_times": {group: times.summary() for group, times in op_times.items() if group in calls},
+    }
 
 
 class OpTimes:
@@ -134,15 +152,20 @@ class GpuKernels:
         """``host``: the host's events as (name, start ns, event); ``device_events``: the others."""
         launched_at = {e.correlation_id(): start for name, start, e in host if name.startswith(("cuda", "cu"))}
         cuda = torch.autograd.DeviceType.CUDA
-        self.kernels = [(launched_at.get(e.correlation_id()), e.name(), e.device_resource_id(), e.end_ns() - e.start_ns()) for e in device_events
-                        if e.device_type() == cuda and not e.is_user_annotation() and not e.name().startswith(("Memcpy", "Memset"))]
+        self.kernels = [
+            (launched_at.get(e.correlation_id()), e.name(), e.device_resource_id(), e.end_ns() - e.start_ns())
+            for e in device_events
+            if e.device_type() == cuda and not e.is_user_annotation() and not e.name().startswith(("Memcpy", "Memset"))
+        ]
 
     def profile(self, ranges: List[tuple], calls: int) -> Dict[str, Any]:
         """Kernel names, launches per call, GPU time and streams of the kernels launched from inside ``ranges`` (a
         candidate's calls; the flushes and output copies around them are not counted); a CUDA-graph
         replay counts its kernels. ``median_launches``: the launches of the median call (a one-off launch, say a
         CUDA-graph capture's warm-up, moves the mean only)."""
-        ranges = sorted(ranges)  # a candidate's calls follow one another: by start, the one holding ``at`` is the last before it
+        ranges = sorted(
+            ranges
+        )  # a candidate's calls follow one another: by start, the one holding ``at`` is the last before it
         starts = [start for start, _ in ranges]
         per_range = [0] * len(ranges)
         inside = []

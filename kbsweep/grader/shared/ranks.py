@@ -1,5 +1,6 @@
 """A torchrun worker's start: the runner's ranks, the referee's ranks and the smoke check each begin with
 :func:`init_distributed` (torch only, so the candidate's runner ranks import nothing of the orchestrator)."""
+
 from __future__ import annotations
 
 import os

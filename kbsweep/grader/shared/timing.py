@@ -14,6 +14,7 @@ standard error of the mean is under ``rel_err``, or ``max_time_s`` of measured t
 on GPUs (:func:`baseline_done`): once its scored median is known to ``ci_rel`` (the 95 % interval's half-width over the
 median), or ``max_time_s``. The score uses the median.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -59,9 +60,13 @@ class TimingConfig:
     rel_err: float = 0.001  # the mean's standard error over the mean, enough to stop once below
     max_time_s: float = 10.0  # seconds of a shape's timed batches, at most (then it stops whatever the error)
     replay: bool = True  # back to back on one GPU: score a CUDA-graph replay of the calls where they can be captured
-    quiet_cpus: Optional[float] = 1.0  # on GPUs, a baseline is timed while other processes use at most this many of the referee's CPUs (None: any load)
+    quiet_cpus: Optional[float] = (
+        1.0  # on GPUs, a baseline is timed while other processes use at most this many of the referee's CPUs (None: any load)
+    )
     quiet_wait_s: float = 600.0  # a grade's wait for that, at most; then the grade is a node_failure (infra, retried)
-    ci_rel: Optional[float] = 0.01  # a baseline stops once its median's 95 % interval is within this of it (None: the candidate's rule)
+    ci_rel: Optional[float] = (
+        0.01  # a baseline stops once its median's 95 % interval is within this of it (None: the candidate's rule)
+    )
 
 
 def median_ci95(samples_ms: List[float]) -> List[float]:
@@ -122,7 +127,9 @@ def reset_persisting_l2() -> bool:
         import glob
         import os
 
-        candidates = glob.glob(os.path.join(os.path.dirname(torch.__file__), "..", "nvidia", "*", "lib", "libcudart.so*"))
+        candidates = glob.glob(
+            os.path.join(os.path.dirname(torch.__file__), "..", "nvidia", "*", "lib", "libcudart.so*")
+        )
         if not candidates:
             return False
         lib = ctypes.CDLL(candidates[0])
@@ -142,8 +149,12 @@ def for_device(cfg: TimingConfig, device_type: str, host_runs: int = HOST_MAX_RU
     """``cfg`` as it applies on ``device_type``: capped at ``host_runs`` calls and HOST_MAX_TIME_S off GPUs."""
     if device_type == "cuda":
         return cfg
-    return dataclasses.replace(cfg, max_runs=min(cfg.max_runs, max(host_runs, cfg.min_runs)), max_time_s=min(cfg.max_time_s, HOST_MAX_TIME_S),
-                               ci_rel=None)  # host baselines stop by the call count too: their figures are plumbing
+    return dataclasses.replace(
+        cfg,
+        max_runs=min(cfg.max_runs, max(host_runs, cfg.min_runs)),
+        max_time_s=min(cfg.max_time_s, HOST_MAX_TIME_S),
+        ci_rel=None,
+    )  # host baselines stop by the call count too: their figures are plumbing
 
 
 def stop(samples: List[float], cfg: TimingConfig, elapsed_s: float, calls: int = 1) -> bool:
@@ -170,7 +181,9 @@ def precise(samples: List[float], ci_rel: float, least: int = CI_MIN_SAMPLES) ->
     return (high - low) / 2 <= ci_rel * statistics.median(samples)
 
 
-def baseline_done(events: List[float], replayed: List[float], cfg: TimingConfig, elapsed_s: float, replaying: bool, calls: int = 1) -> bool:
+def baseline_done(
+    events: List[float], replayed: List[float], cfg: TimingConfig, elapsed_s: float, replaying: bool, calls: int = 1
+) -> bool:
     """Whether a baseline's timing may end: its scored samples (``replayed`` where its calls were captured, each a
     replay of ``calls`` calls; else ``events``, a call each) :func:`precise` to ``cfg.ci_rel`` over at least
     ``min_runs`` calls, or ``max_time_s`` spent (the hard cap). Its replays run on the same input sets each time,
@@ -216,8 +229,17 @@ class ClockSampler:
     every ``interval_s`` on a thread (NVML reads take tens of microseconds and release the GIL). The evidence
     that tells a power-capped figure from a boosted one; empty where NVML cannot read the device (CPU, no NVML)."""
 
-    REASONS = {0x1: "gpu_idle", 0x2: "applications_clocks", 0x4: "sw_power_cap", 0x8: "hw_slowdown", 0x20: "sync_boost",
-               0x40: "sw_thermal", 0x80: "hw_thermal", 0x100: "hw_power_brake", 0x200: "display_clocks"}
+    REASONS = {
+        0x1: "gpu_idle",
+        0x2: "applications_clocks",
+        0x4: "sw_power_cap",
+        0x8: "hw_slowdown",
+        0x20: "sync_boost",
+        0x40: "sw_thermal",
+        0x80: "hw_thermal",
+        0x100: "hw_power_brake",
+        0x200: "display_clocks",
+    }
 
     def __init__(self, device: Any, interval_s: float = 0.005):
         self.interval_s, self.samples, self.handle = interval_s, [], None
@@ -247,9 +269,13 @@ class ClockSampler:
         nvml = self.nvml
         while not self.stopped.wait(self.interval_s):
             try:
-                self.samples.append((nvml.nvmlDeviceGetClockInfo(self.handle, nvml.NVML_CLOCK_SM),
-                                     nvml.nvmlDeviceGetPowerUsage(self.handle) / 1e3,
-                                     nvml.nvmlDeviceGetCurrentClocksEventReasons(self.handle)))
+                self.samples.append(
+                    (
+                        nvml.nvmlDeviceGetClockInfo(self.handle, nvml.NVML_CLOCK_SM),
+                        nvml.nvmlDeviceGetPowerUsage(self.handle) / 1e3,
+                        nvml.nvmlDeviceGetCurrentClocksEventReasons(self.handle),
+                    )
+                )
             except Exception:  # noqa: BLE001 - a read NVML refuses ends the sampling, not the grade
                 return
 
@@ -257,13 +283,27 @@ class ClockSampler:
         if not self.samples:
             return {}
         clocks, watts, reasons = zip(*self.samples)
-        held = {name: sum(1 for r in reasons if r & bit) / len(reasons) for bit, name in self.REASONS.items() if any(r & bit for r in reasons)}
-        return {"samples": len(clocks), "sm_mhz": {"min": min(clocks), "median": statistics.median(clocks), "max": max(clocks)},
-                "power_w": {"median": statistics.median(watts), "max": max(watts)}, "reasons": held}
+        held = {
+            name: sum(1 for r in reasons if r & bit) / len(reasons)
+            for bit, name in self.REASONS.items()
+            if any(r & bit for r in reasons)
+        }
+        return {
+            "samples": len(clocks),
+            "sm_mhz": {"min": min(clocks), "median": statistics.median(clocks), "max": max(clocks)},
+            "power_w": {"median": statistics.median(watts), "max": max(watts)},
+            "reasons": held,
+        }
 
 
-def run_batch(steps: Sequence[tuple], mode: str, spin_us: float = 0.0, flush: Optional["L2Flush"] = None,
-              replay: Optional["Replay"] = None, unrecorded: Callable[[], Any] = contextlib.nullcontext) -> Dict[str, Any]:
+def run_batch(
+    steps: Sequence[tuple],
+    mode: str,
+    spin_us: float = 0.0,
+    flush: Optional["L2Flush"] = None,
+    replay: Optional["Replay"] = None,
+    unrecorded: Callable[[], Any] = contextlib.nullcontext,
+) -> Dict[str, Any]:
     """Time one batch of calls. Each step is (before, call, after): ``before()`` prepares the call's inputs,
     ``call()`` is the timed interval, ``after(out)`` takes its output; the latter two run outside the interval.
     ``mode``: back_to_back (GPU: every call queued behind one spin, so host enqueue stays outside the events),
@@ -280,7 +320,9 @@ def run_batch(steps: Sequence[tuple], mode: str, spin_us: float = 0.0, flush: Op
             ms.append((time.perf_counter() - t0) * 1e3)
             after(out)
         return {"ms": ms, "enqueue_us": [], "loop_ms": (time.perf_counter() - began) * 1e3}
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(len(steps) + 1)]
+    events = [
+        (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(len(steps) + 1)
+    ]
     enqueue_us = []
     torch.cuda.synchronize()
     began = time.perf_counter()
@@ -306,7 +348,11 @@ def run_batch(steps: Sequence[tuple], mode: str, spin_us: float = 0.0, flush: Op
             REPLAY(replay.graph)
             events[-1][1].record()
     torch.cuda.synchronize()
-    timed = {"ms": [start.elapsed_time(end) for start, end in events[:len(steps)]], "enqueue_us": enqueue_us, "loop_ms": (time.perf_counter() - began) * 1e3}
+    timed = {
+        "ms": [start.elapsed_time(end) for start, end in events[: len(steps)]],
+        "enqueue_us": enqueue_us,
+        "loop_ms": (time.perf_counter() - began) * 1e3,
+    }
     if replay is not None:
         timed["replay_ms"] = events[-1][0].elapsed_time(events[-1][1])
     return timed
@@ -319,7 +365,12 @@ class Replay:
     launches on a stream of its own cannot be captured, and is then timed by events alone."""
 
     def __init__(self, steps: Sequence[tuple], flush: "L2Flush", key: Any = None):
-        self.key, self.calls, self.steps, self.flush = key, len(steps), list(steps), flush  # the graph reads what they hold
+        self.key, self.calls, self.steps, self.flush = (
+            key,
+            len(steps),
+            list(steps),
+            flush,
+        )  # the graph reads what they hold
         self.graph = torch.cuda.CUDAGraph()
         torch.cuda.synchronize()
         # a capture that fails ends before torch closes it on the CUDA generator, whose every later draw then
@@ -380,7 +431,9 @@ def call_barrier(barrier: Optional[Callable[[], None]], mode: str) -> Callable[[
     return barrier if barrier is not None and mode != "back_to_back" else (lambda: None)
 
 
-def calibrate_batch(run: Callable[[float], Dict[str, List[float]]], latency: bool, host: bool = False) -> Dict[str, float]:
+def calibrate_batch(
+    run: Callable[[float], Dict[str, List[float]]], latency: bool, host: bool = False
+) -> Dict[str, float]:
     """:func:`batch_shape` from two warm-up batches of ``run(spin_us)``: one without a spin for the host's
     enqueue time, one behind a spin covering that for the GPU time (without it, launch latency would be in it).
     ``host``: no warm-up batch; a latency batch's shape is fixed, and host figures check the plumbing only."""
@@ -413,5 +466,10 @@ def batch_shape(warm: Dict[str, List[float]], latency: bool) -> Dict[str, float]
     behind_us = max(enqueue_us - gpu_us, 0.0)  # a call's
     spin_us = lambda calls: min(1.5 * calls * behind_us + 1000, MAX_BATCH_SPIN_US)  # noqa: E731
     # a replay batch enqueues its warm calls one by one and the timed ones as one graph
-    return {"per_batch": per_batch, "warm_calls": warm_calls, "spin_us": spin_us(warm_calls + per_batch), "replay_spin_us": spin_us(warm_calls),
-            "mode": "back_to_back"}
+    return {
+        "per_batch": per_batch,
+        "warm_calls": warm_calls,
+        "spin_us": spin_us(warm_calls + per_batch),
+        "replay_spin_us": spin_us(warm_calls),
+        "mode": "back_to_back",
+    }

@@ -15,6 +15,7 @@ for the next. It is not dumpable (a candidate of the same uid cannot ptrace it o
 orphans (a subreaper). A grade that breaches a limit or ends oddly discards both zygotes. Zygotes run only under
 bubblewrap: unconfined (``sandbox.mode=unsafe``) there is no namespace to sweep, and grades are spawned cold.
 """
+
 from __future__ import annotations
 
 import ctypes

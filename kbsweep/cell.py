@@ -26,18 +26,18 @@ from kbsweep.agent.models import Usage
 from kbsweep.agent.tools import Toolbox
 from kbsweep.agent.transcript import Redactor, Transcript
 from kbsweep.audit.judge import LazyModel
-from kbsweep.tracking.cell_result import CellResult
 from kbsweep.config.gpus import GpuSpec, gpu_mismatch
+from kbsweep.config.problems import load_problem
 from kbsweep.grader import grade
+from kbsweep.grader.locks import device_lock
 from kbsweep.grader.processes import prewarm
 from kbsweep.grader.request import GradeRequest
 from kbsweep.harness import AgentJob, runner_for
-from kbsweep.grader.locks import device_lock
-from kbsweep.planner.matrix import Cell, cell_dir
 from kbsweep.outcomes import Outcome, StopReason
-from kbsweep.config.problems import load_problem
+from kbsweep.planner.matrix import Cell, cell_dir
 from kbsweep.sandbox.confine import Sandbox, SandboxPolicy
 from kbsweep.score.roofline import ShapeScore, load_roofline
+from kbsweep.tracking.cell_result import CellResult
 from kbsweep.tracking.tracker import owner, owner_alive
 
 PUBLIC_FILES = ("reference.py", "prompt.md")

@@ -16,8 +16,8 @@ from typing import Any, Callable, Dict, List
 from omegaconf import DictConfig, OmegaConf
 
 from kbsweep.compose import prepare
-from kbsweep.errors import ExitCode, InfraError, KbsweepError
 from kbsweep.config.overrides import check_overrides, check_yaml, hydra_error, split_options
+from kbsweep.errors import ExitCode, InfraError, KbsweepError
 from kbsweep.paths import REPO_ROOT
 from kbsweep.reporting.verify import take_source  # `kbsweep verify SOURCE`: its verb and its argument
 from kbsweep.tracking.mlflow_store import mlflow_defaults
@@ -71,11 +71,11 @@ def dispatch(cfgs: List[DictConfig]) -> None:
 def sweep_cells(cfgs: List[DictConfig]) -> tuple:
     """Run (resume) the sweep of ``cfgs`` after its preflight; returns (its cells, those left unfinished, those its
     budget did not start)."""
-    from kbsweep.launch.budget import Ledger, Budget
+    from kbsweep.launch.budget import Budget, Ledger
+    from kbsweep.launch.sweep import run_sweep
     from kbsweep.planner.budget import sweep_budget
     from kbsweep.planner.matrix import build_matrix
     from kbsweep.planner.preflight import refuse_on_failure
-    from kbsweep.launch.sweep import run_sweep
 
     cells = build_matrix(cfgs)
     cfg = cfgs[0]
@@ -192,14 +192,14 @@ def grade_file(cfg: DictConfig, audit: bool = True) -> tuple:
     is the audit a cell would give it (None with ``audit`` false; none for a profile)."""
     from kbsweep.cell import configured_grader
     from kbsweep.config.gpus import GpuSpec, require_card
+    from kbsweep.config.problem_folders import find_problem_dir
+    from kbsweep.config.problems import load_problem
     from kbsweep.grader.processes import referee_prober
     from kbsweep.grader.request import MODES
     from kbsweep.outcomes import Outcome
-    from kbsweep.config.problem_folders import find_problem_dir
-    from kbsweep.config.problems import load_problem
+    from kbsweep.planner.validate import check_problem, check_references, reference_probe
     from kbsweep.sandbox.confine import SandboxPolicy
     from kbsweep.score.roofline import load_roofline, score_note
-    from kbsweep.planner.validate import check_problem, check_references, reference_probe
 
     if not cfg.problem or "/" not in str(cfg.problem) or not cfg.solution:
         raise KbsweepError("grade needs problem=<track>/<name> and solution=<file>")
@@ -274,9 +274,9 @@ def regrade_verb(cfgs: List[DictConfig]) -> int:
 def write_boards(cfg: DictConfig) -> tuple:
     """(the boards of the tracking store, the report files written and logged to each sweep's latest run); read
     back from the reports folder's snapshot while nothing was logged since it was written (:mod:`kbsweep.tracking.snapshot`)."""
-    from kbsweep.tracking import snapshot
-    from kbsweep.reporting.report import attach_regrades, build_boards
     from kbsweep.reporting.render import write_report
+    from kbsweep.reporting.report import attach_regrades, build_boards
+    from kbsweep.tracking import snapshot
     from kbsweep.tracking.mlflow_store import log_report, make_client, require_server, runs_frame
 
     folder = Path(cfg.paths.outputs) / "reports"
@@ -380,8 +380,8 @@ def audit_verb(cfgs: List[DictConfig]) -> int:
 def judge_model(name: str):
     """The judge: a model YAML of the ``model`` group, validated like any cell's model (the same loader the cells
     of a sweep use)."""
-    from kbsweep.audit.judge import LazyModel
     from kbsweep.agent.providers import model_conf
+    from kbsweep.audit.judge import LazyModel
 
     return LazyModel(model_conf(name))
 

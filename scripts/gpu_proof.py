@@ -20,10 +20,10 @@ import torch
 from gpu_common import GPU, REPO, SANDBOX, SANDBOX_NOTE
 from gpu_common import ROOFLINE as ROOF
 
-from kbsweep.score.calibrate import calibrate
+from kbsweep.config.problems import load_problem
 from kbsweep.grader import grade
 from kbsweep.grader.request import GradeRequest
-from kbsweep.config.problems import load_problem
+from kbsweep.score.calibrate import calibrate
 from kbsweep.score.roofline import geomean
 
 FAST = {"min_runs": 5, "max_runs": 50, "rel_err": 0.002, "max_time_s": 2.0}

@@ -21,11 +21,10 @@ from pathlib import Path
 import torch  # noqa: F401 - the orchestrator's own import is not a grading process's start-up
 
 from kbsweep import REPO_ROOT
-from kbsweep.config.schema import load_gpu
-from kbsweep.grader import grade
-from kbsweep.grader import zygotes
-from kbsweep.grader.request import GradeRequest
 from kbsweep.config.problems import load_problem
+from kbsweep.config.schema import load_gpu
+from kbsweep.grader import grade, zygotes
+from kbsweep.grader.request import GradeRequest
 from kbsweep.score.roofline import load_roofline
 
 

@@ -26,8 +26,8 @@ from typing import Any, Dict
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from kbsweep.config.schema import load_gpu  # noqa: E402
 from kbsweep.config.kernelbench import kernelbench_names, materialize_all  # noqa: E402
+from kbsweep.config.schema import load_gpu  # noqa: E402
 
 DEFAULT_IDS = [
     1,
@@ -48,9 +48,9 @@ def one(root: Path, device: str, timeout_s: float) -> Dict[str, Any]:
     """(in the child) The grade of ``root``'s reference as candidate; the two figures of its eager baseline."""
     from gpu_common import SANDBOX, SANDBOX_NOTE
 
+    from kbsweep.config.problems import load_problem
     from kbsweep.grader import grade
     from kbsweep.grader.request import GradeRequest
-    from kbsweep.config.problems import load_problem
     from kbsweep.score.roofline import load_roofline
 
     repo = Path(__file__).resolve().parent.parent

@@ -23,9 +23,9 @@ from pathlib import Path
 import torch
 from gpu_common import GPU, REPO, ROOFLINE, SANDBOX, SANDBOX_NOTE
 
+from kbsweep.config.problems import load_problem
 from kbsweep.grader import grade
 from kbsweep.grader.request import GradeRequest
-from kbsweep.config.problems import load_problem
 
 TIMING = {"min_runs": 5, "max_runs": 50, "rel_err": 0.005, "max_time_s": 1.5}
 PLANS = {

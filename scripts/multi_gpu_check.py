@@ -19,9 +19,9 @@ from pathlib import Path
 import torch
 from gpu_common import GPU, REPO, ROOFLINE, SANDBOX, SANDBOX_NOTE
 
+from kbsweep.config.problems import load_problem
 from kbsweep.grader import grade
 from kbsweep.grader.request import GradeRequest
-from kbsweep.config.problems import load_problem
 
 PROBLEMS = ["allreduce_residual", "gemm_allreduce", "allgather_gemm", "ring_attention", "moe_dispatch_combine"]
 TIMING = {"min_runs": 5, "max_runs": 30, "rel_err": 0.01, "max_time_s": 0.5}

@@ -31,10 +31,10 @@ from gpu_common import GPU, REPO, ROOFLINE, SANDBOX, SANDBOX_NOTE
 
 from kbsweep.audit.cases import private_deck
 from kbsweep.grader import grade, software_versions
-from kbsweep.grader.request import GradeRequest
 from kbsweep.grader.baselines import BaselineCache
-from kbsweep.grader.shared.modules import load_module
+from kbsweep.grader.request import GradeRequest
 from kbsweep.grader.shared import profiling, timing
+from kbsweep.grader.shared.modules import load_module
 from kbsweep.grader.shared.timing import ClockSampler, L2Flush
 
 CASES = {  # name: (problem, example solution, shapes kept)

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from kbsweep.tracking.mlflow_store import make_client, runs_frame
 from kbsweep.reporting.report import is_valid_pass
+from kbsweep.tracking.mlflow_store import make_client, runs_frame
 from tests.test_exploits import REPO
 
 

@@ -103,11 +103,10 @@ def test_mlflow_ui_shows_the_sweep_runs_and_a_metric_column(served, browser, tmp
 
 def test_mlflow_ui_shows_a_cell_trace_with_its_spans(served, browser, tmp_path):
     """The conversation viewer: the cell run's Traces tab lists its trace; opening it shows the model-turn and tool spans."""
+    import mlflow
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support import expected_conditions as seen
     from selenium.webdriver.support.ui import WebDriverWait
-
-    import mlflow
 
     assert served["proc"].returncode == 0, served["proc"].stderr
     client = make_client(served["uri"])

@@ -17,10 +17,10 @@ import pytest
 from omegaconf import OmegaConf
 
 from kbsweep.cell import cell_busy, cell_lock_path
-from kbsweep.tracking.mlflow_store import runs_frame
+from kbsweep.launch.sweep import plan
 from kbsweep.sandbox.confine import Sandbox, SandboxPolicy
 from kbsweep.sandbox.watch import HOST_SHARE, host_memory_mib, memory_cap_mib
-from kbsweep.launch.sweep import plan
+from kbsweep.tracking.mlflow_store import runs_frame
 from tests.test_orphans import demo_cell
 
 REPO = Path(__file__).resolve().parent.parent

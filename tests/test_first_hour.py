@@ -331,11 +331,12 @@ def test_a_sweep_prints_the_mlflow_address_that_opens_on_its_runs(outputs, tmp_p
     assert not re.search(r"^import time:.*\|\s+mlflow\b", resumed.stderr, re.M)
     if not (Path("/usr/bin/chromium").exists() and Path("/usr/bin/chromedriver").exists()):
         pytest.skip("no Chromium to open the address in")
-    from tests.test_browser_mlflow_ui import CHROMEDRIVER, CHROMIUM, FLAGS
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
+
+    from tests.test_browser_mlflow_ui import CHROMEDRIVER, CHROMIUM, FLAGS
 
     port = free_port()
     server = subprocess.Popen(

@@ -12,8 +12,8 @@ import pytest
 from packaging.requirements import Requirement
 
 from kbsweep import KbsweepError
-from kbsweep.config import gpus
 from kbsweep.api import run
+from kbsweep.config import gpus
 from tests.conftest import REPO, kbsweep
 
 pytestmark = pytest.mark.fast

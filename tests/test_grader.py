@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from kbsweep.grader.shared import timing
-from kbsweep.grader.baselines import BaselineCache
 from kbsweep.config.problems import load_problem
+from kbsweep.grader.baselines import BaselineCache
+from kbsweep.grader.shared import timing
 from tests.support.grading import CPU, graded
 
 REPO = Path(__file__).resolve().parent.parent

@@ -20,9 +20,9 @@ from kbsweep.agent.llm import LiteLLMModel
 from kbsweep.agent.loop import Budgets
 from kbsweep.agent.trace_export import to_claude_code
 from kbsweep.agent.transcript import read_events
-from kbsweep.reporting.export import export_dataset
 from kbsweep.harness.locate import install_dir
 from kbsweep.harness.proxy import ModelProxy
+from kbsweep.reporting.export import export_dataset
 from tests.conftest import REPO
 from tests.support.fake_provider import FakeProvider, HttpError, MalformedToolCall, Reply, ToolCall
 from tests.support.scripts import kernel

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import replace
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest

@@ -14,10 +14,10 @@ import pytest
 import torch
 
 from kbsweep.config import kernelbench_sizing
-from kbsweep.grader.referee import kernelbench_eval, reference_timers
-from kbsweep.grader.shared import timing
 from kbsweep.config.kernelbench import cache_key, fit, kernelbench_names, materialize, materialize_all, with_sizes
 from kbsweep.config.problems import load_problem
+from kbsweep.grader.referee import kernelbench_eval, reference_timers
+from kbsweep.grader.shared import timing
 from kbsweep.sandbox.confine import SandboxPolicy
 from tests.support.grading import CPU, graded
 

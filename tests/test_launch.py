@@ -17,9 +17,9 @@ import pytest
 from kbsweep import KbsweepError
 from kbsweep.config import gpus
 from kbsweep.config.gpus import GpuSpec
+from kbsweep.grader.torchrun import run_torchrun, torchrun_command
 from kbsweep.launch.launchers import LocalLauncher, SubmititLauncher, WarmLocalLauncher
 from kbsweep.planner.matrix import Cell, cell_dir
-from kbsweep.grader.torchrun import run_torchrun, torchrun_command
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # job functions below travel to the job by value
 

@@ -14,6 +14,10 @@ import pytest
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
+from kbsweep.agent.llm import ContextOverflow, LiteLLMModel
+from kbsweep.agent.models import ProviderFault
+from kbsweep.agent.retries import retry_after_seconds
+from kbsweep.outcomes import Outcome
 from tests.support.fake_provider import (
     ContextLengthError,
     Delay,
@@ -24,11 +28,6 @@ from tests.support.fake_provider import (
     Reply,
     ToolCall,
 )
-
-from kbsweep.agent.llm import ContextOverflow, LiteLLMModel
-from kbsweep.agent.models import ProviderFault
-from kbsweep.agent.retries import retry_after_seconds
-from kbsweep.outcomes import Outcome
 
 pytestmark = pytest.mark.fast
 

@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from kbsweep.audit import audit
-from kbsweep.grader.referee import checks
-from kbsweep.grader import launch_gate, processes
 from kbsweep.config.problems import load_problem
+from kbsweep.grader import launch_gate, processes
+from kbsweep.grader.referee import checks
 from tests.support.grading import CPU, graded
 
 REPO = Path(__file__).resolve().parent.parent

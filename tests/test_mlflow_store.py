@@ -11,9 +11,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import mlflow.store.db.utils
 import pytest
 
-import mlflow.store.db.utils
 from kbsweep.tracking import mlflow_store
 
 REPO = Path(__file__).resolve().parent.parent

@@ -15,8 +15,8 @@ from typing import Dict, Optional, Tuple
 import pytest
 
 from kbsweep.audit.static import analyze
-from kbsweep.grader.distributed import COMM_FINDINGS
 from kbsweep.config.problems import load_problem
+from kbsweep.grader.distributed import COMM_FINDINGS
 from kbsweep.score.roofline import load_roofline
 from tests.support.grading import CPU, graded
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 from kbsweep.cell import cell_busy, cell_lock_path
 from kbsweep.config.schema import load_gpu
-from kbsweep.planner.matrix import Cell
 from kbsweep.launch.sweep import plan
+from kbsweep.planner.matrix import Cell
 
 REPO = Path(__file__).resolve().parent.parent
 

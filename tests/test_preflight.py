@@ -4,15 +4,14 @@ calls are, a refusal naming the model and what the provider answered, and `plan`
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 
-from kbsweep import ExitCode
-import json
-
 from mlflow.tracking import MlflowClient
 
+from kbsweep import ExitCode
 from tests.support.fake_provider import Disconnect, FakeProvider, HttpError, Reply
 from tests.support.sweeps import FAST_RETRY, KEY_ENV, REPO, SECRET, model_yaml
 

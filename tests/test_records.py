@@ -11,11 +11,11 @@ import pytest
 
 from kbsweep.audit import audit
 from kbsweep.audit.kinds import Finding
-from kbsweep.tracking.cell_result import CellResult
 from kbsweep.config.schema import load_gpu
 from kbsweep.errors import KbsweepError
 from kbsweep.outcomes import Outcome
 from kbsweep.score.roofline import ShapeScore
+from kbsweep.tracking.cell_result import CellResult
 
 pytestmark = pytest.mark.fast
 

@@ -8,8 +8,8 @@ import shutil
 
 import pytest
 
-from kbsweep.tracking.cell_result import CellResult
 from kbsweep.planner.matrix import cell_dir
+from kbsweep.tracking.cell_result import CellResult
 from kbsweep.tracking.mlflow_store import runs_frame
 from kbsweep.tracking.tracker import Tracker
 from tests.test_report import REPO, cli

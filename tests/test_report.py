@@ -17,11 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from kbsweep.tracking.cell_result import CellResult
-from kbsweep.reporting.report import build_boards, mean_ci95, pass_at_k
-
 from kbsweep.reporting.figures import pareto
-
 from kbsweep.reporting.render import (
     board_figures,
     board_table,
@@ -33,6 +29,8 @@ from kbsweep.reporting.render import (
     render_terminal,
     write_report,
 )
+from kbsweep.reporting.report import build_boards, mean_ci95, pass_at_k
+from kbsweep.tracking.cell_result import CellResult
 from kbsweep.tracking.tracker import Tracker
 from tests.test_tracking import artifact_paths, log_cell, make_cell, write_result
 

@@ -20,10 +20,10 @@ import pytest
 
 from kbsweep import KbsweepError
 from kbsweep.launch import sweep
-from kbsweep.tracking import tracker as tracking
 from kbsweep.launch.launchers import Launcher
-from kbsweep.planner.matrix import cell_dir
 from kbsweep.outcomes import Outcome
+from kbsweep.planner.matrix import cell_dir
+from kbsweep.tracking import tracker as tracking
 from kbsweep.tracking.mlflow_store import latest_per_cell, make_client, page_runs, runs_frame
 from kbsweep.tracking.snapshot import load as load_snapshot
 from kbsweep.tracking.tracker import Tracker

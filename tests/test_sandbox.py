@@ -18,8 +18,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from kbsweep.sandbox import confine as sandbox
 from kbsweep.agent.tools import Toolbox
+from kbsweep.sandbox import confine as sandbox
 from kbsweep.sandbox.confine import Sandbox, SandboxPolicy, SandboxUnavailable
 from kbsweep.sandbox.usage import used_mib
 

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import cloudpickle
 import pytest
+from test_launch import launcher_conf, make_cell, run_all, via_run_cell_pinned
 
 from kbsweep.launch.launchers import SlurmLauncher
 from kbsweep.planner.matrix import cell_dir
-from test_launch import launcher_conf, make_cell, run_all, via_run_cell_pinned
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 REPO = Path(__file__).resolve().parent.parent

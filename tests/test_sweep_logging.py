@@ -12,8 +12,8 @@ import pytest
 
 from kbsweep.launch import sweep
 from kbsweep.launch.launchers import Launcher
-from kbsweep.tracking.mlflow_store import runs_frame
 from kbsweep.launch.sweep import InOrder
+from kbsweep.tracking.mlflow_store import runs_frame
 from kbsweep.tracking.tracker import Tracker
 from tests.test_tracking import make_cell, write_result
 

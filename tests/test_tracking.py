@@ -17,10 +17,10 @@ from typing import Any, Dict
 import pytest
 
 import kbsweep.compose  # noqa: F401  (registers the config resolvers)
-from kbsweep.tracking import tracker as tracking
-from kbsweep.tracking.cell_result import CellResult
 from kbsweep.planner.matrix import Cell, cell_dir
 from kbsweep.score.roofline import geomean
+from kbsweep.tracking import tracker as tracking
+from kbsweep.tracking.cell_result import CellResult
 from kbsweep.tracking.tracker import BATCH, Tracker, cell_metrics, outcome_class
 
 REPO = Path(__file__).resolve().parent.parent

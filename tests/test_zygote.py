@@ -84,10 +84,10 @@ def test_the_referee_zygote_probes_references(problem, tmp_path, monkeypatch):  
     import pytest
 
     from kbsweep import KbsweepError
-    from kbsweep.planner import validate
+    from kbsweep.config.problems import load_problem
     from kbsweep.grader import zygotes
     from kbsweep.grader.processes import referee_prober, zygote_view
-    from kbsweep.config.problems import load_problem
+    from kbsweep.planner import validate
     from kbsweep.sandbox.confine import SandboxPolicy, grading_view
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))

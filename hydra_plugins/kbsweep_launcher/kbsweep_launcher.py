@@ -49,8 +49,8 @@ class KbsweepLauncher(Launcher):
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         from kbsweep.cli import dispatch, fail, prepare_or_fail
-        from kbsweep.errors import ExitCode, KbsweepError
         from kbsweep.config.jobs import prepared_configs
+        from kbsweep.errors import ExitCode, KbsweepError
 
         setup_globals()
         try:

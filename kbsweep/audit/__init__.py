@@ -22,7 +22,9 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from kbsweep.agent.models import ChatModel
-from kbsweep.audit import contamination, dynamic, judge as judge_layer, static, transcript as transcript_layer
+from kbsweep.audit import contamination, dynamic, static
+from kbsweep.audit import judge as judge_layer
+from kbsweep.audit import transcript as transcript_layer
 from kbsweep.audit.kinds import unique, verdict_of
 from kbsweep.audit.static_rules import Forbidden
 

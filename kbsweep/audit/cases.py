@@ -17,10 +17,10 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from kbsweep.audit import audit, workspace_helpers
 from kbsweep.config.gpus import GpuSpec
+from kbsweep.config.problems import load_problem
 from kbsweep.grader import grade
 from kbsweep.grader.request import GradeRequest
 from kbsweep.outcomes import Outcome
-from kbsweep.config.problems import load_problem
 
 
 def header(path: Path) -> Dict[str, str]:

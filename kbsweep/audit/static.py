@@ -13,15 +13,14 @@ from __future__ import annotations
 
 import ast
 import difflib
-from dataclasses import replace
 import io
 import tokenize
+from dataclasses import replace
 from typing import Dict, Iterator, List, Optional, Set, Tuple
 
 from kbsweep.audit.kinds import Finding, finding
 from kbsweep.audit.names import Resolver
 from kbsweep.audit.static_attrs import AttrRules
-from kbsweep.audit.static_values import ValueRules
 from kbsweep.audit.static_rules import (
     BUILTINS,
     CPP_LIBRARIES,
@@ -41,6 +40,7 @@ from kbsweep.audit.static_rules import (
     op_token,
     prefix_match,
 )
+from kbsweep.audit.static_values import ValueRules
 
 
 class Analyzer(AttrRules, ValueRules, Resolver):

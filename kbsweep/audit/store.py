@@ -16,11 +16,11 @@ from typing import Any, Dict, List, Optional
 
 from kbsweep.agent.models import ChatModel
 from kbsweep.audit import audit
-from kbsweep.errors import KbsweepError
-from kbsweep.tracking.mlflow_store import latest_per_cell, make_client, runs_frame
-from kbsweep.outcomes import Verdict
 from kbsweep.config.problem_folders import find_problem_dir
 from kbsweep.config.problems import load_problem
+from kbsweep.errors import KbsweepError
+from kbsweep.outcomes import Verdict
+from kbsweep.tracking.mlflow_store import latest_per_cell, make_client, runs_frame
 
 OVERRIDE_CLEAN = "override_clean"  # the board's spelling of a verdict a human cleared
 OVERRIDE_TAG = "audit.override.verdict"

@@ -7,9 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import List, Optional
 
-from kbsweep.errors import KbsweepError
 from kbsweep.config import gpumode
 from kbsweep.config.kernelbench import kernelbench_names, materialize_all
+from kbsweep.errors import KbsweepError
 
 
 def find_problem_dir(

@@ -13,8 +13,8 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from kbsweep.errors import KbsweepError
 from kbsweep.config.file_versions import parsed
+from kbsweep.errors import KbsweepError
 
 DECK_FILES = ("problem.yaml", "reference.py", "prompt.md", "sota.py", "baseline.py")
 BASELINE_FILES = ("reference.py", "sota.py", "baseline.py")

@@ -11,8 +11,8 @@ from typing import Any, Callable, Container, Dict, Iterable, List, Optional, Tup
 from omegaconf import II, MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from kbsweep.errors import KbsweepError
 from kbsweep.config.gpus import GpuSpec
+from kbsweep.errors import KbsweepError
 from kbsweep.paths import REPO_ROOT
 from kbsweep.registry import Registry
 

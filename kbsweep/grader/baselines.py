@@ -16,7 +16,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
-
 TIMER_VERSION = "9"  # the method of kbsweep/grader/shared/timing.py (3: the referee's batches; 4: baselines profiled as the candidate; 5: graph replays scored; 6: the referee's clock scored, a captured replay always; 7: GPU baselines timed on a quiet host, its load recorded; 8: ci95_ms the median's interval, not the mean's; 9: GPU baselines stop once their median's interval is within grade.timing.ci_rel); a new one re-times baselines
 SEED_FORMAT = "kbsweep-baseline-seed/1"
 # what a record's conditions hold: the card, the software and the timer; a seed record lacking one is refused

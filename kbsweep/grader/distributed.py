@@ -46,12 +46,12 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 import torch
 import torch.distributed as dist
 
-from kbsweep.grader.referee import checks
-from kbsweep.grader.shared.channel import Channel, ChannelError, accept_rank, listen
-from kbsweep.grader.shared.failures import COMM_FINDINGS, GradeFailure  # noqa: F401 - COMM_FINDINGS: this module's findings
 from kbsweep.grader.processes import BREACH_OUTCOMES, RUNNER_BOOT, Supervision, runner_env
+from kbsweep.grader.referee import checks
 from kbsweep.grader.referee.referee import Referee, referee_message
 from kbsweep.grader.referee.request import RefereeRequest
+from kbsweep.grader.shared.channel import Channel, ChannelError, accept_rank, listen
+from kbsweep.grader.shared.failures import COMM_FINDINGS, GradeFailure  # noqa: F401 - COMM_FINDINGS: this module's findings
 from kbsweep.outcomes import Outcome
 from kbsweep.paths import REPO_ROOT
 from kbsweep.sandbox.watch import POLL_S, Watch

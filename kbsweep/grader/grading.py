@@ -19,18 +19,18 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 from kbsweep.config import gpus
+from kbsweep.config.problems import asdict_spec
 from kbsweep.config.schema import BASELINE_TIMERS
 from kbsweep.errors import KbsweepError
 from kbsweep.grader import ncu, processes, profile_summary
 from kbsweep.grader.baselines import entry_key, settle
-from kbsweep.grader.shared.failures import COMM_FINDINGS
 from kbsweep.grader.processes import Supervision, grading_env, warm_runner
 from kbsweep.grader.referee.request import RefereeRequest
 from kbsweep.grader.request import GradeRequest
-from kbsweep.grader.staging import stage_candidate
 from kbsweep.grader.result import GradeResult
+from kbsweep.grader.shared.failures import COMM_FINDINGS
+from kbsweep.grader.staging import stage_candidate
 from kbsweep.outcomes import Outcome
-from kbsweep.config.problems import asdict_spec
 from kbsweep.sandbox.confine import Sandbox, SandboxPolicy, give, grading_view, is_root, sandbox_uid
 from kbsweep.score.roofline import score_grade, shape_speedups
 

@@ -18,8 +18,8 @@ from typing import Any, Dict, List, Sequence
 
 from kbsweep.grader.processes import runner_env
 from kbsweep.grader.profile_summary import short
-from kbsweep.paths import REPO_ROOT
 from kbsweep.grader.staging import stage_candidate
+from kbsweep.paths import REPO_ROOT
 from kbsweep.sandbox.confine import Sandbox, give, is_root, sandbox_uid
 from kbsweep.sandbox.watch import head_tail, kill
 

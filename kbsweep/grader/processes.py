@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence, Tuple
 
+from kbsweep.config.problems import Problem
 from kbsweep.grader import zygotes
 from kbsweep.outcomes import Outcome
 from kbsweep.paths import REPO_ROOT
-from kbsweep.config.problems import Problem
 from kbsweep.sandbox.confine import Sandbox, SandboxPolicy, grading_view, minimal_env
 from kbsweep.sandbox.watch import Watch
 

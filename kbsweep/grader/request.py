@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence
 from kbsweep.config.gpus import GpuSpec
 
 if TYPE_CHECKING:
-    from kbsweep.grader.baselines import BaselineCache
     from kbsweep.config.problems import Problem
+    from kbsweep.grader.baselines import BaselineCache
     from kbsweep.sandbox.confine import SandboxPolicy
 
 

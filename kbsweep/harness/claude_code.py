@@ -12,8 +12,8 @@ from __future__ import annotations
 import json
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from kbsweep.harness.base import AgentJob, register
 from kbsweep.agent.models import Usage
+from kbsweep.harness.base import AgentJob, register
 from kbsweep.harness.cli_agent import CliRunner, Event, Record, Session
 from kbsweep.harness.proxy import ModelProxy
 

@@ -28,15 +28,15 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from kbsweep.agent.loop import AgentResult
 from kbsweep.agent.providers import build_model
+from kbsweep.agent.tools import GRADING_TOOLS
 from kbsweep.errors import KbsweepError
 from kbsweep.harness.base import AgentJob, Runner
 from kbsweep.harness.locate import Installed, locate
-from kbsweep.agent.tools import GRADING_TOOLS
 from kbsweep.harness.proxy import SERVED, ModelProxy
 from kbsweep.outcomes import StopReason
 from kbsweep.sandbox.confine import WORKSPACE, Sandbox, SandboxPolicy, minimal_env, self_test
-from kbsweep.sandbox.watch import POLL_S, Watch, kill
 from kbsweep.sandbox.net import BASH, FORWARDER, PROXY_PORT, PROXY_SOCKET, WITH_FORWARDER, Relay
+from kbsweep.sandbox.watch import POLL_S, Watch, kill
 
 SANDBOX_HOME = "/home/agent"
 TOOL_SERVER = Path(__file__).with_name("tool_server.py")  # copied into the sandbox (kbsweep itself is not there)

@@ -34,17 +34,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Dict, List, Optional, Type
 
-from kbsweep.config import gpus
 from kbsweep.cell import clear_for_rerun, run_cell
+from kbsweep.config import gpus
 from kbsweep.errors import KbsweepError
-from kbsweep.planner.matrix import Cell
-from kbsweep.outcomes import Outcome
-from kbsweep.registry import Registry
 from kbsweep.grader.torchrun import kill_tree
 from kbsweep.launch.budget import Budget
 from kbsweep.launch.submission import ArrayTask, next_cell, provider_caps, submit_arrays
-from kbsweep.tracking.tracker import owner
 from kbsweep.launch.workers import POLL_S, Job, Worker, end_when_gone, grading_of, infra_result
+from kbsweep.outcomes import Outcome
+from kbsweep.planner.matrix import Cell
+from kbsweep.registry import Registry
+from kbsweep.tracking.tracker import owner
 
 OnStart = Callable[[Cell], None]
 OnDone = Callable[[Cell, Dict[str, Any]], None]

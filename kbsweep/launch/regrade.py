@@ -20,8 +20,8 @@ from typing import Any, Dict, List
 from kbsweep import audit as audit_stage
 from kbsweep.errors import KbsweepError
 from kbsweep.grader.locks import exclusive
-from kbsweep.tracking.mlflow_store import CELL_KEY_TAG, KIND_TAG, latest_per_cell, make_client, page_runs, runs_frame
 from kbsweep.outcomes import Outcome
+from kbsweep.tracking.mlflow_store import CELL_KEY_TAG, KIND_TAG, latest_per_cell, page_runs, runs_frame
 from kbsweep.tracking.tracker import Tracker, cell_metrics, owner
 
 REGRADE_OF = "kbsweep.regrade_of"

@@ -20,16 +20,16 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Sequence, Set, Tuple
 
-from kbsweep.tracking import snapshot
 from kbsweep.cell import RESULT_FILE, cell_busy, clear_for_rerun, reclaim
-from kbsweep.tracking.cell_result import CellResult
 from kbsweep.errors import InfraError, KbsweepError
 from kbsweep.launch.budget import Budget
 from kbsweep.launch.launchers import make_launcher
 from kbsweep.launch.workers import infra_result
 from kbsweep.outcomes import Outcome
-from kbsweep.tracking.live import LiveCells
 from kbsweep.planner.matrix import Cell, cell_dir
+from kbsweep.tracking import snapshot
+from kbsweep.tracking.cell_result import CellResult
+from kbsweep.tracking.live import LiveCells
 from kbsweep.tracking.mlflow_store import server_down
 from kbsweep.tracking.tracker import Tracker, flatten, owner, result_id
 
@@ -46,7 +46,8 @@ class Progress:
         budget: Callable[[], str] = lambda: "",
     ):
         from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress as RichProgress, TextColumn, TimeElapsedColumn
+        from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+        from rich.progress import Progress as RichProgress
 
         class Bar(RichProgress):
             def get_renderables(self):

@@ -15,9 +15,9 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Dict, Optional
 
-from kbsweep.planner.matrix import Cell
-from kbsweep.outcomes import Outcome
 from kbsweep.grader.torchrun import kill_tree
+from kbsweep.outcomes import Outcome
+from kbsweep.planner.matrix import Cell
 from kbsweep.tracking.tracker import owner_alive
 
 Job = Callable[[Cell, Optional[str]], Dict[str, Any]]  # job(cell, visible GPUs) -> the cell's result

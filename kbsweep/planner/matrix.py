@@ -11,11 +11,11 @@ from typing import Any, Dict, List, Optional, Sequence
 from omegaconf import DictConfig, OmegaConf
 
 from kbsweep.agent.loop import Budgets
-from kbsweep.errors import KbsweepError
 from kbsweep.config.gpus import GpuSpec
-from kbsweep.harness import runner_for
 from kbsweep.config.problem_folders import find_problem_dirs, track_problem_names
 from kbsweep.config.problems import load_problem
+from kbsweep.errors import KbsweepError
+from kbsweep.harness import runner_for
 from kbsweep.planner import judging
 
 VOLATILE_MODEL_KEYS = ("concurrency", "timeout_s", "retry", "api_base", "expected_tokens", "prices", "prompt_caching")

@@ -23,10 +23,10 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Optional, Tuple
 
+from kbsweep.config.problems import HELD_OUT, Problem, load_problem
 from kbsweep.config.schema import is_number
 from kbsweep.errors import KbsweepError
 from kbsweep.paths import REPO_ROOT, user_cache
-from kbsweep.config.problems import HELD_OUT, Problem, load_problem
 from kbsweep.score.roofline import load_roofline
 
 if TYPE_CHECKING:  # a type only: the matrix calls this module, so a runtime import would run back

@@ -18,8 +18,8 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Set, Tuple
 
-from kbsweep.reporting.figures import roofline_of
 from kbsweep.outcomes import INFRA_OUTCOMES, Outcome
+from kbsweep.reporting.figures import roofline_of
 
 VALID_VERDICTS = ("clean", "override_clean")
 FAST_P = (0.0, 1.0, 1.5, 2.0)  # KernelBench's fast_p thresholds

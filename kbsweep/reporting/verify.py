@@ -175,9 +175,9 @@ def chosen(cells: List[PublishedCell], sample: Optional[int], seed: int) -> List
 
 def here_versions() -> Dict[str, Any]:
     """This checkout's timer and software versions, as a cell record names them."""
-    from kbsweep.grader.baselines import TIMER_VERSION
-
     import torch
+
+    from kbsweep.grader.baselines import TIMER_VERSION
 
     try:
         import triton

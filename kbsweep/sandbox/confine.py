@@ -27,10 +27,11 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from kbsweep.errors import KbsweepError
 from kbsweep.paths import REPO_ROOT
-from kbsweep.sandbox.init import INIT, NAME as INIT_NAME, command_fd
-from kbsweep.sandbox.watch import Watch, head_tail, memory_cap_mib
+from kbsweep.sandbox.init import INIT, command_fd
+from kbsweep.sandbox.init import NAME as INIT_NAME
 from kbsweep.sandbox.net import BASH, FORWARDER, PROXY_PORT, PROXY_SOCKET, WITH_FORWARDER, AllowProxy
 from kbsweep.sandbox.secret_env import secret_names
+from kbsweep.sandbox.watch import Watch, head_tail, memory_cap_mib
 
 MODES = ("bwrap", "unsafe")
 WORKSPACE = "/workspace"  # where run_shell sees its workspace

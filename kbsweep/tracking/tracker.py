@@ -23,10 +23,10 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Set, Tuple
 
-from kbsweep.tracking.cell_result import CellResult
-from kbsweep.planner.matrix import Cell
-from kbsweep.tracking.mlflow_store import CELL_KEY_TAG, KIND_TAG, make_client, page_runs, run_pages, runs_view_tag
 from kbsweep.outcomes import Outcome
+from kbsweep.planner.matrix import Cell
+from kbsweep.tracking.cell_result import CellResult
+from kbsweep.tracking.mlflow_store import CELL_KEY_TAG, KIND_TAG, make_client, page_runs, run_pages, runs_view_tag
 
 ARTIFACTS = ("solution.py", "transcript.jsonl", "harness_stream.jsonl", "grade.json", "audit.json", "result.json")
 OWNER_TAG = "kbsweep.orchestrator"  # host:pid of the process that created the run
@@ -430,8 +430,8 @@ class Tracker:
         0.8-1 CPU-s a cell, most of what the orchestrator spent on a cell (docs/benchmarks.md, "The 100-cell demo sweep")."""
         from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
 
-        from kbsweep.agent.transcript import read_events
         from kbsweep.agent.trace_export import trace_jsonl
+        from kbsweep.agent.transcript import read_events
         from kbsweep.score.roofline import shape_label
 
         stored = result.to_json()

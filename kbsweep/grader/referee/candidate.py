@@ -21,11 +21,11 @@ import torch
 
 from kbsweep.config import kernelbench
 from kbsweep.grader.referee import checks
+from kbsweep.grader.referee.request import RefereeRequest
 from kbsweep.grader.shared import profiling, timing
 from kbsweep.grader.shared.arena import Arena, clone, encode, nbytes, padded, seed_rng
 from kbsweep.grader.shared.channel import Channel, ChannelError
 from kbsweep.grader.shared.failures import GradeFailure
-from kbsweep.grader.referee.request import RefereeRequest
 from kbsweep.outcomes import Outcome
 
 MAX_EVENTS = 60  # runtime events kept from the runner's stream, and from its own record

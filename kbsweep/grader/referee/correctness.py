@@ -9,8 +9,8 @@ from typing import Any, Dict, List, Optional
 import torch
 
 from kbsweep.grader.referee import checks
-from kbsweep.grader.shared.arena import clone, encode
 from kbsweep.grader.referee.candidate import CandidateContext, is_float
+from kbsweep.grader.shared.arena import clone, encode
 from kbsweep.grader.shared.failures import GradeFailure
 from kbsweep.outcomes import Outcome
 

@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import Any, Dict, Sequence
 
 from kbsweep.grader.referee import checks, witness
+from kbsweep.grader.referee.candidate import MAX_EVENTS, CandidateContext
 from kbsweep.grader.referee.profile_view import profile_view
 from kbsweep.grader.shared import profiling
 from kbsweep.grader.shared.arena import encode
-from kbsweep.grader.referee.candidate import MAX_EVENTS, CandidateContext
 from kbsweep.grader.shared.failures import GradeFailure
 from kbsweep.outcomes import Outcome
 

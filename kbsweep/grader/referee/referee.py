@@ -24,15 +24,15 @@ from typing import Any, Callable, Dict, List
 import torch
 
 from kbsweep.grader.referee import kernelbench_eval
-from kbsweep.grader.shared import timing
-from kbsweep.grader.shared.channel import Channel, ChannelError
-from kbsweep.grader.shared.modules import load_module
 from kbsweep.grader.referee.correctness import CorrectnessStage
-from kbsweep.grader.shared.failures import GradeFailure, one_line
 from kbsweep.grader.referee.probes import ProbeStage
 from kbsweep.grader.referee.request import RefereeRequest
 from kbsweep.grader.referee.runner_cpu import RunnerCPU
 from kbsweep.grader.referee.timing_stage import TimingStage
+from kbsweep.grader.shared import timing
+from kbsweep.grader.shared.channel import Channel, ChannelError
+from kbsweep.grader.shared.failures import GradeFailure, one_line
+from kbsweep.grader.shared.modules import load_module
 from kbsweep.outcomes import Outcome
 
 

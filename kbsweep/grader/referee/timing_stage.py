@@ -17,9 +17,9 @@ from typing import Any, Callable, Dict, List, Optional
 import torch
 
 from kbsweep.grader.referee import checks, corroboration, runner_cpu
+from kbsweep.grader.referee.baseline_stage import BaselineStage
 from kbsweep.grader.shared import profiling, timing
 from kbsweep.grader.shared.arena import clone, encode
-from kbsweep.grader.referee.baseline_stage import BaselineStage
 from kbsweep.grader.shared.failures import GradeFailure
 from kbsweep.outcomes import Outcome
 

@@ -28,11 +28,11 @@ import torch
 import torch.profiler
 
 from kbsweep.grader.runner import op_bytes, runtime, seal
+from kbsweep.grader.runner.finder import PACKAGE, CandidateFinder
 from kbsweep.grader.shared import profiling, timing
 from kbsweep.grader.shared.arena import Arena, seed_rng
 from kbsweep.grader.shared.channel import Channel, ChannelError
 from kbsweep.grader.shared.failures import GradeFailure, classify, one_line
-from kbsweep.grader.runner.finder import PACKAGE, CandidateFinder
 from kbsweep.outcomes import Outcome
 
 

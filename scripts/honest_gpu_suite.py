@@ -73,6 +73,9 @@ def shapes(result: dict) -> list:
                 "wall_over_claimed": corroboration.get("wall_over_claimed"),
                 "null_ms": corroboration.get("null_ms"),
                 "null_copies_ms": corroboration.get("null_copies_ms"),
+                "null_loop_ms": corroboration.get("null_loop_ms"),
+                "round_trip_ms": corroboration.get("round_trip_ms"),
+                "round_trip_split_ms": corroboration.get("round_trip_split_ms"),
                 "batches": corroboration.get("batches"),
                 "per_batch": candidate.get("per_batch"),
                 "baselines_others_cpus": {

@@ -24,7 +24,8 @@ def slack_ms(mode: str, null_ms: float, calls: int) -> float:
 
 def corroborate(shape: Dict[str, Any], ratios: List[tuple]) -> Tuple[Dict[str, Any], Optional[Dict[str, Any]]]:
     """(the record, a finding or None) over ``ratios``: per batch the referee's figure, the runner's, the slack (each
-    per call), the batch's kind and its (input copies, wall, runner's loop, CPU of the runner's other threads) in ms."""
+    per call), the batch's kind and its (input copies, wall, runner's loop, CPU of the runner's other threads, and
+    :func:`~kbsweep.grader.referee.timing_stage.split_ms`'s four parts) in ms."""
     over = statistics.median(r / max(c, 1e-9) for r, c, *_ in ratios)
     finding = None
     if statistics.median((r + slack) / max(c, 1e-9) for r, c, slack, *_ in ratios) < FLOOR:

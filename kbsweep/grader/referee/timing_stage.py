@@ -35,6 +35,7 @@ class TimingStage(BaselineStage):
     runner_cpu: Optional[runner_cpu.RunnerCPU] = (
         None  # the runner's threads from the host's /proc (single-process grades)
     )
+    round_trip_split_ms: List[Optional[float]] = []  # its parts (:func:`split_ms`), evidence
     null_copies_ms = 0.0  # the fastest copy of a batch's fresh inputs in the last null measured (:meth:`null_ms`)
 
     def trusted_round_trip(self) -> None:
@@ -48,9 +49,10 @@ class TimingStage(BaselineStage):
         for _ in range(5):
             self.ask("arm", calls=[], mode=self.timing_mode())
             t0 = time.perf_counter()
-            self.ask("batch")
-            walls.append((time.perf_counter() - t0) * 1e3)
-        self.round_trip_ms = min(walls)
+            reply = self.ask("batch")
+            answered = time.perf_counter()
+            walls.append(((answered - t0) * 1e3, split_ms(t0, reply.get("stamps"), answered)))
+        self.round_trip_ms, self.round_trip_split_ms = min(walls, key=lambda wall: wall[0])
 
     def timing_mode(self) -> str:
         if self.device.type != "cuda":
@@ -167,7 +169,13 @@ class TimingStage(BaselineStage):
                         claimed,
                         corroboration.slack_ms(mode, null[kind], per_batch) / per_batch,
                         kind,
-                        (batch["copy_ms"], batch["wall_ms"], batch["loop_ms"], batch["others_cpu_ms"]),
+                        (
+                            batch["copy_ms"],
+                            batch["wall_ms"],
+                            batch["loop_ms"],
+                            batch["others_cpu_ms"],
+                            *batch["split_ms"],
+                        ),
                     )
                 )
         events = timing.summarize(figures["events"]) if figures["events"] else None
@@ -188,6 +196,7 @@ class TimingStage(BaselineStage):
         timed["corroboration"] = {
             **record,
             "round_trip_ms": self.round_trip_ms,
+            "round_trip_split_ms": self.round_trip_split_ms,
             "null_ms": null,
             "null_loop_ms": null_loop,
             "null_copies_ms": self.null_copies_ms,
@@ -334,6 +343,7 @@ class TimingStage(BaselineStage):
             "wall_ms": wall_ms,
             "copy_ms": copy_ms,
             "others_cpu_ms": cpu and cpu["others_ms"],
+            "split_ms": reply["split_ms"],
         }
         found = cpu and runner_cpu.finding("a timed batch", shape, cpu, wall_ms, mode)
         if found and not any(f["kind"] == found["kind"] for f in self.findings):
@@ -349,7 +359,9 @@ class TimingStage(BaselineStage):
         self.sync()  # the copies are there before the go (the channel would sync them too); their time is evidence
         copied = time.perf_counter()
         reply = self.ask("batch")
-        return (time.perf_counter() - t0) * 1e3, (copied - t0) * 1e3, reply
+        answered = time.perf_counter()
+        reply["split_ms"] = split_ms(copied, reply.get("stamps"), answered)
+        return (answered - t0) * 1e3, (copied - t0) * 1e3, reply
 
     def secret_elements(self, slots: List[List[Dict[str, Any]]]) -> List[tuple]:
         """SAMPLES flat elements of every output slot, drawn now: (flat view, indices on its device)."""
@@ -384,4 +396,16 @@ class TimingStage(BaselineStage):
             try:
                 self.verify(staged[pick], expected, self.read(slots[pick], expected))
             except checks.CheckFailure as exc:
-                raise GradeFailure(Outcome.INCORRECT, f"timed call {pick} of a batch, shape {shape}: {exc}")
+                raise GradeFailure(Outcome.INCORRECT, f"timed call {pick} of a batch, shape {shape}: {exc}") from None
+
+
+def split_ms(copied: float, stamps: Any, answered: float) -> List[Optional[float]]:
+    """Where a batch's wall went besides the copies, from the runner's monotonic stamps (evidence, never a figure):
+    the go's way there, the runner's sync before its loop, its work after the loop, the reply's way back (ms)."""
+    if not (isinstance(stamps, list) and len(stamps) == 4 and all(isinstance(t, float) for t in stamps)):
+        return [None] * 4
+    entered, began, synced, returned = stamps
+    return [
+        round((t1 - t0) * 1e3, 4)
+        for t0, t1 in ((copied, entered), (entered, began), (synced, returned), (returned, answered))
+    ]

@@ -19,7 +19,7 @@ import re
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Sequence, Tuple
 
 import yaml
 
@@ -175,7 +175,7 @@ def shape_of(case: Dict[str, Any]) -> Dict[str, int]:
     return {k: v for k, v in case.items() if k != "seed"}
 
 
-def distinct(shapes: List[Dict[str, int]], besides: List[Dict[str, int]] = ()) -> List[Dict[str, int]]:
+def distinct(shapes: List[Dict[str, int]], besides: Sequence[Dict[str, int]] = ()) -> List[Dict[str, int]]:
     out: List[Dict[str, int]] = []
     for shape in shapes:
         if shape not in out and shape not in besides:

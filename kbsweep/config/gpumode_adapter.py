@@ -36,16 +36,17 @@ def load_modules(folder: Path, names: Sequence[str] = ("reference",)) -> Dict[st
             if not path.exists():
                 continue
             spec = importlib.util.spec_from_file_location(f"kbsweep_gpumode_{abs(hash(str(folder)))}_{name}", path)
+            assert spec is not None and spec.loader is not None  # a .py file's spec always has a source loader
             module = importlib.util.module_from_spec(spec)
             sys.modules[name] = module
             spec.loader.exec_module(module)
             loaded[name] = module
     finally:
-        for name, module in saved.items():
-            if module is None:
+        for name, before in saved.items():
+            if before is None:
                 sys.modules.pop(name, None)
             else:
-                sys.modules[name] = module
+                sys.modules[name] = before
     return loaded
 
 
@@ -55,7 +56,8 @@ class OnDevice(TorchFunctionMode):
 
     def __init__(self, device: torch.device):
         super().__init__()
-        self.device, self.empty = device, {}
+        self.device = device
+        self.empty: Dict[int, torch.Tensor] = {}  # id -> a tensor made by torch.empty* and not written yet
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = dict(kwargs or {})
@@ -75,12 +77,13 @@ def generate(module: ModuleType, params: Dict[str, Any], device: torch.device) -
     as a list, the indices of its buffers, and whether the data is one tensor (no tuple: pmpp's grayscale)."""
     make_on = torch.device("cpu") if device.type == "meta" else device
     real_generator = torch.Generator
-    torch.Generator = lambda device=None: real_generator(device=make_on if make_on.type != "cuda" else device)  # type: ignore
+    # a stand-in while the generator runs: a class in the stubs, a factory of its instances here
+    torch.Generator = lambda device=None: real_generator(device=make_on if make_on.type != "cuda" else device)  # type: ignore[misc,assignment]
     try:
         with OnDevice(make_on) as mode:
             data = module.generate_input(**params)
     finally:
-        torch.Generator = real_generator  # type: ignore
+        torch.Generator = real_generator  # type: ignore[misc]  # the class put back (the stubs forbid assigning a type)
     single = not isinstance(data, (tuple, list))
     items = [data] if single else list(data)
     buffers = (
@@ -132,8 +135,10 @@ class GpuModeReference:
     def __init__(self, folder: Path):
         modules = load_modules(Path(folder))
         self.module = modules["reference"]
-        self.buffers: Dict[tuple, list] = {}  # shape key -> buffer specs
-        self.by_inputs: Dict[tuple, list] = {}  # the inputs' shapes and dtypes -> buffer specs (for check_outputs)
+        self.buffers: Dict[tuple, Optional[list]] = {}  # shape key -> buffer specs (None: the data is one tensor)
+        self.by_inputs: Dict[
+            tuple, Optional[list]
+        ] = {}  # the inputs' shapes and dtypes -> buffer specs (for check_outputs)
         reference = self
 
         class Model(torch.nn.Module):
@@ -152,7 +157,7 @@ class GpuModeReference:
     def key(self, shape: Dict[str, Any]) -> tuple:
         return tuple(sorted(shape.items()))
 
-    def specs(self, shape: Dict[str, Any]) -> list:
+    def specs(self, shape: Dict[str, Any]) -> Optional[list]:
         """The buffers of ``shape``: indices, shapes and dtypes (made on the meta device, else on the CPU)."""
         if self.key(shape) not in self.buffers:
             for device in ("meta", "cpu"):

@@ -31,7 +31,8 @@ def split_repeat(
     """(the overrides other than a plain ``repeat=N``, N as Hydra parses it or None); ``parse``: one override line."""
     from hydra.core.override_parser.types import OverrideType
 
-    rest, repeat = [], None
+    rest: List[str] = []
+    repeat: Optional[object] = None
     for line in overrides:
         plain_int = PLAIN_REPEAT.fullmatch(line)
         if plain_int:  # what Hydra's sweeper writes for each repeat of repeat=range(...) or a list
@@ -42,7 +43,7 @@ def split_repeat(
         if plain and override.key_or_group == "repeat":
             repeat = override.value()
         else:
-            rest.append(override.input_line)
+            rest.append(line)  # what the override's input_line holds
     return tuple(rest), repeat
 
 

@@ -127,7 +127,7 @@ MISSING_MODULE = re.compile(r"No module named '([^']+)'")
 def kernelbench_names(folder: Path) -> List[str]:
     """The folder's problems in KernelBench's numeric order (1, 2, ..., 10, ..., 100)."""
     names = [p.stem for p in folder.glob("*.py") if not p.name.startswith("_")]
-    return sorted(names, key=lambda n: (int(NUMBER.match(n).group(1)) if NUMBER.match(n) else sys.maxsize, n))
+    return sorted(names, key=lambda n: (int(m.group(1)) if (m := NUMBER.match(n)) else sys.maxsize, n))
 
 
 def cache_key(original: Path, solutions: Path, version: str, precision: str) -> str:

@@ -71,7 +71,7 @@ def with_sizes(source: str, sizes: Dict[str, int]) -> str:
     if not sizes:
         return source
     tree = ast.parse(source)
-    body = []
+    body: List[ast.stmt] = []
     for node in tree.body:
         names = [t.id for t in getattr(node, "targets", []) if isinstance(t, ast.Name)]
         if isinstance(node, ast.Assign) and any(n == k.split("[")[0] for n in names for k in sizes):
@@ -303,6 +303,7 @@ def fit_in_child(files: List[Path]) -> Dict[Path, Dict[str, Any]]:
             stderr=err,
             text=True,
         )
+        assert proc.stdout is not None  # a PIPE
         reported: Dict[Path, Dict[str, Any]] = {}
         hung = False
         with selectors.DefaultSelector() as selector:

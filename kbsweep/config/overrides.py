@@ -61,13 +61,14 @@ def tree_keys(tree: Dict, prefix: str = "") -> Set[str]:
 
 def schema_keys(schema: type, prefix: str) -> Tuple[Set[str], Set[str]]:
     """(every field of ``schema`` and of its nested schemas, dotted under ``prefix``; the Dict fields among them)."""
-    keys, free = set(), set()
+    keys: Set[str] = set()
+    free: Set[str] = set()
     for name, hint in typing.get_type_hints(schema).items():
         key = f"{prefix}.{name}"
         keys.add(key)
         args = [a for a in typing.get_args(hint) if a is not type(None)]
         hint = args[0] if typing.get_origin(hint) is typing.Union and len(args) == 1 else hint  # Optional[X] is X
-        if dataclasses.is_dataclass(hint):
+        if isinstance(hint, type) and dataclasses.is_dataclass(hint):
             nested, nested_free = schema_keys(hint, key)
             keys, free = keys | nested, free | nested_free
         elif typing.get_origin(hint) is dict:
@@ -77,9 +78,9 @@ def schema_keys(schema: type, prefix: str) -> Tuple[Set[str], Set[str]]:
 
 @functools.lru_cache(maxsize=1)
 def known_keys() -> Keys:
-    from kbsweep.config.schema import GROUP_SCHEMAS
+    from kbsweep.config.schema import GROUP_SCHEMAS, as_dict
 
-    root = OmegaConf.to_container(OmegaConf.load(REPO_ROOT / "conf" / "config.yaml"))  # unresolved: keys only
+    root = as_dict(OmegaConf.load(REPO_ROOT / "conf" / "config.yaml"), resolve=False)  # unresolved: keys only
     keys = Keys(tree_keys({k: v for k, v in root.items() if k not in ("defaults", "hydra")}), set(), set())
     for group, schema in GROUP_SCHEMAS.items():
         fields, free = schema_keys(schema, group)
@@ -101,8 +102,8 @@ def unknown_key(text: str, key: str, keys: Keys) -> KbsweepError:
     """One line naming the key no config or schema has, with the closest real key as the fix."""
     known = keys.root | keys.schema
     leaves = known - {k.rpartition(".")[0] for k in known}
-    close = max(sorted(leaves), key=lambda real: likeness(key, real))
-    close = close if likeness(key, close) >= 0.6 else None
+    closest = max(sorted(leaves), key=lambda real: likeness(key, real))
+    close = closest if likeness(key, closest) >= 0.6 else None
     where = (
         f"did you mean '{close}{text[text.index('=') :] if '=' in text else ''}'?"
         if close
@@ -131,7 +132,7 @@ def check_overrides(argv: List[str], sweeps: bool = True) -> List[str]:
     here and in :func:`kbsweep.api.compose`, has no config loader to expand it) and ``interval()``, which no sweep
     can enumerate, is refused. Returns the arguments for Hydra."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.core.override_parser.types import OverrideType, ValueType
+    from hydra.core.override_parser.types import Glob, OverrideType, ValueType
     from hydra.errors import OverrideParseException
 
     from kbsweep.config.schema import GROUP_SCHEMAS
@@ -175,7 +176,9 @@ def check_overrides(argv: List[str], sweeps: bool = True) -> List[str]:
         elif key in groups:
             known = sorted({p.stem for folder in folders for p in (folder / key).glob("*.yaml")})
             if glob:
-                matched = override.value().filter(known)
+                pattern = override.value()
+                assert isinstance(pattern, Glob)  # a glob sweep's value (value()'s annotation leaves Glob out)
+                matched = pattern.filter(known)
                 if not matched:
                     raise KbsweepError(f"override '{text}': key '{key}': the glob matches none of {', '.join(known)}")
                 text = f"{override.get_key_element()}={','.join(matched)}"

@@ -168,7 +168,9 @@ def load_spec(path: Path) -> ProblemSpec:
 def parse_spec(path: Path) -> ProblemSpec:
     try:
         merged = OmegaConf.merge(OmegaConf.structured(ProblemSpec), OmegaConf.load(path))
-        return OmegaConf.to_object(merged)
+        spec = OmegaConf.to_object(merged)
+        assert isinstance(spec, ProblemSpec)  # a structured config's object is its dataclass's instance
+        return spec
     except OmegaConfBaseException as exc:
         key = getattr(exc, "full_key", None) or ""
         raise KbsweepError(f"{path}: key '{key}': {str(exc).splitlines()[0]}") from None

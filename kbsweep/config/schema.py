@@ -6,9 +6,9 @@ import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Container, Dict, Iterable, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Container, Dict, Iterable, List, Optional, Tuple, cast
 
-from omegaconf import II, MISSING, DictConfig, OmegaConf
+from omegaconf import II, MISSING, DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from kbsweep.config.gpus import GpuSpec
@@ -16,7 +16,17 @@ from kbsweep.errors import KbsweepError
 from kbsweep.paths import REPO_ROOT
 from kbsweep.registry import Registry
 
+if TYPE_CHECKING:
+    import yaml
+
 CONFIG_YAML = REPO_ROOT / "conf" / "config.yaml"
+
+
+def as_dict(node: DictConfig | ListConfig, resolve: bool = True, throw_on_missing: bool = False) -> Dict[str, Any]:
+    """A mapping config node as plain data (OmegaConf's to_container, whose annotation covers every kind of node)."""
+    data = OmegaConf.to_container(node, resolve=resolve, throw_on_missing=throw_on_missing)
+    assert isinstance(data, dict), f"a mapping config node, not {type(node).__name__}"
+    return cast(Dict[str, Any], data)  # its keys are names: kbsweep's configs key nothing by number
 
 
 @dataclass
@@ -353,7 +363,7 @@ def key_above(text: str, line: int) -> str:
     return ".".join(path)
 
 
-def broken_yaml(path: Path, exc: Exception) -> KbsweepError:
+def broken_yaml(path: Path, exc: yaml.YAMLError) -> KbsweepError:
     """A YAML parser's error as one line: the file, line and column of the fault, the key it sits under, what the
     parser found and the construct it was in (where that began elsewhere: a bracket left open lines above)."""
     mark, context = getattr(exc, "problem_mark", None), getattr(exc, "context_mark", None)
@@ -376,7 +386,7 @@ def load_yaml(path: Path, schema: type, context: str = "") -> Dict[str, Any]:
     suffix = f" ({context})" if context else ""
     try:
         conf = OmegaConf.merge(OmegaConf.structured(schema), OmegaConf.load(path))
-        return OmegaConf.to_container(conf, resolve=True, throw_on_missing=True)
+        return as_dict(conf, throw_on_missing=True)
     except yaml.YAMLError as exc:
         raise KbsweepError(f"{broken_yaml(path, exc)}{suffix}") from None
     except OmegaConfBaseException as exc:

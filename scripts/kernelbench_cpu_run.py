@@ -103,7 +103,8 @@ def grade_problem(
     with its own wall time and ``process_s``, the process's."""
     child = (
         "import json, sys, time\nimport kbsweep\nfor solution in sys.argv[3:]:\n    t = time.perf_counter()\n"
-        "    try:\n        result = kbsweep.grade(f'kernelbench/{sys.argv[2]}', solution, 'track=kernelbench', f'track.problems_dir={sys.argv[1]}', 'gpu=cpu').result\n"
+        "    try:\n        result = kbsweep.grade(f'kernelbench/{sys.argv[2]}', solution, 'track=kernelbench', "
+        "f'track.problems_dir={sys.argv[1]}', 'gpu=cpu').result\n"
         "    except kbsweep.KbsweepError as exc:\n        result = {'outcome': 'exit_2', 'message': str(exc)}\n"
         "    print(json.dumps({'wall_s': time.perf_counter() - t, 'result': result}, default=str), flush=True)\n"
     )

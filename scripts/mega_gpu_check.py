@@ -169,7 +169,8 @@ def main() -> None:
         )
     (args.out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
     print(
-        "\n| problem | solution | ctx | launches/call | gate | kernels (per call) | ms | graph-replay ms | baseline ms | speedup vs baseline | vs eager | DRAM fraction |"
+        "\n| problem | solution | ctx | launches/call | gate | kernels (per call) | ms | graph-replay ms | baseline ms "
+        "| speedup vs baseline | vs eager | DRAM fraction |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     print("\n".join(rows))

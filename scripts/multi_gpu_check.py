@@ -111,7 +111,8 @@ def main() -> None:
         rows.append(row(world, name, label, result))
         print(f"[{time.time() - began:5.0f} s] {rows[-1]}", flush=True)
     print(
-        "\n| world | problem | solution | expected | outcome | score | ms per shape (slowest rank) | busbw GB/s | speedup vs NCCL ref | findings | grade s | message |"
+        "\n| world | problem | solution | expected | outcome | score | ms per shape (slowest rank) | busbw GB/s "
+        "| speedup vs NCCL ref | findings | grade s | message |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     print("\n".join(rows))

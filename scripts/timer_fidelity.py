@@ -10,9 +10,10 @@ flushes alone), and triton's do_bench with its zeroing flush swapped for the rea
 samples, each in three interleaved rounds (their median is the reference), each opened by the grader's warm
 calls (``timing.WARM_US`` of flush+call) so the power controller holds the clock a scored batch sees; the graph
 also under the runner's profiler session (the grader keeps CUPTI on over every scored call), and cycling through
-``DRAWS`` input sets drawn with seeds of their own (the grader times every batch on a fresh draw). ``--probe`` adds the figures that tell a gap's cause apart: the graph over the grader's rotation of input
-sets, the graph behind stronger flushes (a buffer of 8x the L2, the 2x buffer read twice), and the grader's own
-back-to-back batches run in this process on one set and on the rotation. Rewrites OUT_DIR/timer_fidelity.json
+``DRAWS`` input sets drawn with seeds of their own (the grader times every batch on a fresh draw). ``--probe``
+adds the figures that tell a gap's cause apart: the graph over the grader's rotation of input sets, the graph
+behind stronger flushes (a buffer of 8x the L2, the 2x buffer read twice), and the grader's own back-to-back
+batches run in this process on one set and on the rotation. Rewrites OUT_DIR/timer_fidelity.json
 after every step.
 """
 
@@ -269,11 +270,14 @@ def markdown(rows: list) -> str:
     pct = lambda v: f"{(v - 1) * 100:+.1f}%" if v else "-"  # noqa: E731
     num = lambda v: f"{v:.4f}" if v else "-"  # noqa: E731
     lines = [
-        "| kernel | shape | timer | scored ms (timed first / cached / none) | events ms | spread | graph+flush ms (rounds) | vs graph | graph+flush profiled ms (rounds) | vs profiled graph | graph+flush over draws ms (rounds) | vs graph over draws | do_bench read-flush ms (rounds) | vs do_bench | scores (first / cached / none) |",
+        "| kernel | shape | timer | scored ms (timed first / cached / none) | events ms | spread "
+        "| graph+flush ms (rounds) | vs graph | graph+flush profiled ms (rounds) | vs profiled graph "
+        "| graph+flush over draws ms (rounds) | vs graph over draws | do_bench read-flush ms (rounds) | vs do_bench "
+        "| scores (first / cached / none) |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        rounds = lambda key: ", ".join(num(v) for v in r[key])  # noqa: E731
+        rounds = lambda key, r=r: ", ".join(num(v) for v in r[key])  # noqa: E731
         scores = " / ".join(
             f"{r[k]:.4g}" if r.get(k) else "-" for k in ("score_baselines_first", "score_cached", "score_no_baselines")
         )

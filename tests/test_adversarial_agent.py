@@ -113,7 +113,7 @@ def test_every_attempt_is_blocked_and_recorded(tmp_path):
 
     audit = json.loads((folder / "audit.json").read_text())
     evidence = [f["detail"] for f in audit["findings"] if f["kind"] == "sandbox_attempt"]
-    for (tool, arguments, _), event in zip(tries, shown):
+    for (tool, _arguments, _), event in zip(tries, shown):
         target = json.loads(event["arguments"]).get("command" if tool == "run_shell" else "path")
         assert [d for d in evidence if d.startswith(f"{tool} {target[:160]!r}")], (tool, target)
     named = [f["detail"] for f in audit["findings"] if f["kind"] == "contaminated"]

@@ -43,7 +43,8 @@ class Run:
         self.grades.append(mode)
         return {"outcome": "pass", "score": 0.25, "shapes": []}
 
-    def __call__(self, budgets: Budgets = Budgets(), window: int = 100_000):
+    def __call__(self, budgets: Budgets | None = None, window: int = 100_000):
+        budgets = Budgets() if budgets is None else budgets
         return run_agent(self.model, "Make scale_shift fast.", self.toolbox, budgets, self.transcript, window)
 
     def events(self, kind: str):

@@ -223,9 +223,10 @@ def test_baseline_keys_hold_what_changes_a_timing():
         "gpus": [{"driver": "580.159.04"}],
         "graded_on": [{"name": "NVIDIA H200"}],
     }
-    key = lambda env=env, name="compile", mode="max-autotune-no-cudagraphs": entry_key(
-        "hard/x", "abc", "h200", env, {"M": 1}, name, mode
-    )  # noqa: E731
+
+    def key(env=env, name="compile", mode="max-autotune-no-cudagraphs"):
+        return entry_key("hard/x", "abc", "h200", env, {"M": 1}, name, mode)
+
     assert key() == key()
     for changed in (
         {"runtime": "4.4.0"},

@@ -349,8 +349,8 @@ def test_a_job_slurm_refuses_is_one_line_and_exit_code_4(outputs, tmp_path):
     assert proc.returncode == ExitCode.INFRA, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
     assert (
-        "kbsweep: error: Slurm refused the job of scripted · demo/scale_shift · cpu · r0: sbatch: error: Batch job submission failed: Invalid partition name specified"
-        in proc.stderr
+        "kbsweep: error: Slurm refused the job of scripted · demo/scale_shift · cpu · r0: "
+        "sbatch: error: Batch job submission failed: Invalid partition name specified" in proc.stderr
     )
     # the cells it started are closed at once as infrastructure outcomes, never left RUNNING until the next run
     from mlflow.tracking import MlflowClient

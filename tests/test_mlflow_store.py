@@ -109,15 +109,16 @@ def test_a_sweep_process_sends_no_mlflow_telemetry_unless_its_user_asks(tmp_path
         for k, v in os.environ.items()
         if k not in ("CI", "PYTEST_CURRENT_TEST", "MLFLOW_DISABLE_TELEMETRY", "DO_NOT_TRACK")
     }
-    run = (
-        lambda env: subprocess.run(
+
+    def run(env):
+        return subprocess.run(
             [sys.executable, "-c", probe],
-            env={**quiet, "KBSWEEP_OUTPUTS": str(tmp_path), **env},  # noqa: E731
+            env={**quiet, "KBSWEEP_OUTPUTS": str(tmp_path), **env},
             capture_output=True,
             text=True,
             timeout=120,
         ).stdout.split()[-2:]
-    )
+
     assert run({}) == ["true", "True"]
     assert run({"MLFLOW_DISABLE_TELEMETRY": "false"})[0] == "false"
 

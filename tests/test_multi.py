@@ -279,7 +279,8 @@ def _attempts():
 
     rank = dist.get_rank()
     grader = {{"isolated": sys.flags.isolated,  # the trusted side lives in other processes, in either mode
-              "grader_modules": sorted(m for m in sys.modules if m.startswith(("kbsweep_reference", "kbsweep.grader.referee.referee", "kbsweep.grader.distributed"))),
+              "grader_modules": sorted(m for m in sys.modules if m.startswith(
+                  ("kbsweep_reference", "kbsweep.grader.referee.referee", "kbsweep.grader.distributed"))),
               "secret_keys": sorted({{k for o in gc.get_objects() if isinstance(o, dict) for k in list(o)[:50] if k in ("secret_seed", "baseline_budget_s")}})}}
     return {{"rank": rank, **grader, "secret": read({secret!r}), "solution": read({solution!r}) is not None,
             "outside": write(f"{outside}/escape-{{rank}}"), "grade_folder": write(f"{grade_folder}/escape-{{rank}}"),
@@ -301,7 +302,7 @@ for i in range(400):  # 400 MiB in 1 MiB files: each under the file-size limit, 
 def seen(log_dir: Path) -> Dict[int, dict]:
     """Every rank's SEEN line (the ranks' stdout is torchrun's)."""
     lines = (log_dir / "torchrun_stdout.log").read_text().splitlines()
-    return {r["rank"]: r for r in (json.loads(l[5:]) for l in lines if l.startswith("SEEN "))}
+    return {r["rank"]: r for r in (json.loads(line[5:]) for line in lines if line.startswith("SEEN "))}
 
 
 def test_ranks_are_confined_and_unsafe_mode_still_grades(tmp_path):

@@ -54,15 +54,18 @@ def workspace(tmp_path, problem, roofline, monkeypatch):
     folder = tmp_path / "workspace"
     folder.mkdir()
     counter = iter(range(1, 100))
-    grade = lambda mode: graded(
-        problem,
-        folder / "solution.py",
-        CPU,
-        roofline,
-        mode=mode,
-        timeout_s=180,  # noqa: E731
-        log_dir=tmp_path / "grades" / f"{mode}-{next(counter)}",
-    )
+
+    def grade(mode):
+        return graded(
+            problem,
+            folder / "solution.py",
+            CPU,
+            roofline,
+            mode=mode,
+            timeout_s=180,
+            log_dir=tmp_path / "grades" / f"{mode}-{next(counter)}",
+        )
+
     return Toolbox(workspace=folder, grade=grade)
 
 
@@ -210,7 +213,7 @@ NCU_CSV = """==PROF== Connected to process 123
 "1","123","scale_shift_kernel","85.1","4,096","20.5","70.2"
 "2","123","scale_shift_kernel","84.9","4,104","20.1","69.8"
 ==PROF== Disconnected from process 123
-"""
+"""  # noqa: E501 (ncu's CSV header is one line, as ncu writes it)
 
 
 @pytest.mark.fast

@@ -323,11 +323,16 @@ def test_ctrl_c_mid_sweep_stops_in_one_line_and_leaves_no_run_open(tmp_path):
 def test_a_finished_sweep_resumes_from_its_snapshot_until_the_store_changes(env, monkeypatch, capfd):
     cells, conf, ran, _ = env
     assert sweep.run_sweep(cells, conf, {"kind": "fake"}, force=False) == []
-    parents = lambda: len(
-        page_runs(
-            make_client(conf["uri"]), [Tracker(conf["uri"], "", "demo").experiment_id], "tags.`kbsweep.kind` = 'sweep'"
+
+    def parents():
+        return len(
+            page_runs(
+                make_client(conf["uri"]),
+                [Tracker(conf["uri"], "", "demo").experiment_id],
+                "tags.`kbsweep.kind` = 'sweep'",
+            )
         )
-    )  # noqa: E731
+
     before = parents()
     with monkeypatch.context() as patched:  # everything finished and the store untouched: MLflow is not consulted
         patched.setattr(sweep, "Tracker", lambda *a: pytest.fail("the tracking store was opened"))

@@ -148,7 +148,11 @@ def server():
 
 
 def test_no_network_by_default(tree, server):
-    code = f"import socket\nfor addr in [('127.0.0.1', {server}), ('1.1.1.1', 53)]:\n    try:\n        socket.create_connection(addr, timeout=3); print('reached', addr)\n    except OSError as e:\n        print('blocked', e)"
+    code = (
+        f"import socket\nfor addr in [('127.0.0.1', {server}), ('1.1.1.1', 53)]:\n"
+        "    try:\n        socket.create_connection(addr, timeout=3); print('reached', addr)\n"
+        "    except OSError as e:\n        print('blocked', e)"
+    )
     result = shell(f'curl -sS --max-time 5 http://127.0.0.1:{server}/; python3 -c "{code}"', tree.workspace)
     assert "hello from the host" not in result.output and "reached" not in result.output
     assert result.output.count("blocked") == 2
@@ -294,7 +298,7 @@ print("SEEN " + json.dumps(_seen()), flush=True)
         log_dir=tmp_path / "grade",
     )
     assert result["outcome"] == "pass", result.get("message")
-    [line] = [l for l in (tmp_path / "grade/grade_stdout.log").read_text().splitlines() if l.startswith("SEEN ")]
+    [line] = [ln for ln in (tmp_path / "grade/grade_stdout.log").read_text().splitlines() if ln.startswith("SEEN ")]
     seen = json.loads(line[5:])
     assert seen.pop("uid") != 0
     pid1 = seen.pop("pid1_cmdline").split("\0")
@@ -339,7 +343,7 @@ def test_the_runner_command_line_names_no_checkout_path(tmp_path):
         log_dir=tmp_path / "grade",
     )
     assert result["outcome"] == "pass", result.get("message")
-    [line] = [l for l in (tmp_path / "grade/grade_stdout.log").read_text().splitlines() if l.startswith("CMDLINE ")]
+    [line] = [ln for ln in (tmp_path / "grade/grade_stdout.log").read_text().splitlines() if ln.startswith("CMDLINE ")]
     assert str(REPO) not in line and str(tmp_path) not in line, line
 
 

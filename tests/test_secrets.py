@@ -39,13 +39,16 @@ def orchestrator() -> int:
 def test_no_secret_reaches_a_file_a_transcript_or_mlflow(tmp_path, monkeypatch):
     for name, value in PLANTED.items():
         monkeypatch.setenv(name, value)  # the sweep inherits this process's environment
-    dump = lambda: f"env; cat /proc/[0-9]*/environ; cat /proc/{orchestrator()}/environ; echo end-of-dump"
+
+    def dump_command():
+        return f"env; cat /proc/[0-9]*/environ; cat /proc/{orchestrator()}/environ; echo end-of-dump"
+
     steps = iter(
         [
             lambda: Reply(
                 content=f"My key is {SECRET}.",
                 reasoning_content=f"{SECRET} again",
-                tool_calls=[("run_shell", {"command": dump()})],
+                tool_calls=[("run_shell", {"command": dump_command()})],
             ),
             lambda: call("write_file", path="solution.py", content=PRINTS_ENV),
             lambda: call("run_check"),

@@ -290,9 +290,12 @@ def test_a_server_that_dies_mid_sweep_loses_nothing_and_the_rerun_logs_it(tmp_pa
     import time
 
     server, port, sweep = tmp_path / "server", free_port(), f"dies-{uuid.uuid4().hex[:6]}"
-    up = lambda: subprocess.run(
-        ["bash", str(SCRIPT), "start", str(server), str(port)], capture_output=True, text=True, timeout=300
-    )  # noqa: E731
+
+    def up():
+        return subprocess.run(
+            ["bash", str(SCRIPT), "start", str(server), str(port)], capture_output=True, text=True, timeout=300
+        )
+
     down = lambda: subprocess.run(["bash", str(SCRIPT), "stop", str(server)], timeout=60)  # noqa: E731
     started = up()
     assert started.returncode == 0, started.stderr

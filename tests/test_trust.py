@@ -47,7 +47,8 @@ json.dump({{
     "isolated": sys.flags.isolated,
     "folder_on_path": any(p and Path(p).resolve() == here for p in sys.path),
     "reference_modules": sorted(m for m in sys.modules if m.startswith("kbsweep_reference") or m.endswith("referee")),
-    "secret_keys": sorted({{k for o in gc.get_objects() if isinstance(o, dict) for k in list(o)[:50] if k in ("secret_seed", "baseline_budget_s", "compile_mode")}}),
+    "secret_keys": sorted({{k for o in gc.get_objects() if isinstance(o, dict) for k in list(o)[:50]
+                           if k in ("secret_seed", "baseline_budget_s", "compile_mode")}}),
     "deck_readable": os.path.exists({str(problem.root / "reference.py")!r}),
 }}, open(here / "seen.json", "w"))
 """

@@ -16,6 +16,8 @@ if [ "${#missing[@]}" -gt 0 ]; then
 fi
 [ -x .venv/bin/python ] || python3 -m venv .venv
 .venv/bin/pip install -q -e '.[cpu,test]' 2>&1 | grep -v '^WARNING: Location' || true
+# lint, format and types first (seconds): a finding fails the run before any daemon or test starts
+bash scripts/check.sh
 . .venv/bin/activate
 # kbsweep's own bytecode, once: where PYTHONDONTWRITEBYTECODE is set (this machine's image sets it), every process
 # the tests start (CLI runs, sweep workers, zygotes, grades importing lazily after their fork) compiled it again

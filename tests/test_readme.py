@@ -29,6 +29,14 @@ COMMANDS = {
     "bash scripts/test.sh": ("skip", "runs this whole test suite"),
     ".venv/bin/pip install -e '.[cpu,test]'": ("skip", "installs packages (scripts/test.sh does)"),
     ".venv/bin/python -m pytest -m fast": ("skip", "runs this suite's fast tier"),
+    "bash scripts/check.sh": (
+        "skip",
+        "checks the checkout itself, not a fresh folder (tests/test_check_script.py runs it)",
+    ),
+    ".venv/bin/pip install pre-commit && .venv/bin/pre-commit install": (
+        "skip",
+        "installs a package from PyPI and a git hook into the checkout",
+    ),
     ".venv/bin/python -m pytest tests/test_launch.py": ("skip", "runs tests/test_launch.py"),
     ". .venv/bin/activate": (
         "skip",
@@ -153,7 +161,8 @@ def test_readme_python_block_runs_as_pasted(index, tmp_path):
     probe = (
         f"exec(compile({block!r}, 'README.md', 'exec'))\n"
         "import dataclasses, json\n"
-        "print(json.dumps({k: dataclasses.is_dataclass(v) for k, v in dict(globals()).items() if not k.startswith('_') and k not in ('kbsweep', 'dataclasses', 'json')}))\n"
+        "print(json.dumps({k: dataclasses.is_dataclass(v) for k, v in dict(globals()).items() "
+        "if not k.startswith('_') and k not in ('kbsweep', 'dataclasses', 'json')}))\n"
     )
     proc = subprocess.run(
         [sys.executable, "-c", probe],

@@ -3,9 +3,10 @@ output checked, and the baselines timed here by the same batches before the cand
 (batches, flushes, the stopping rule) is :mod:`kbsweep.grader.shared.timing`, for every rank alike.
 
 A batch's scored figure is this process's: its clock around the go (the fresh inputs copied into the arena inside
-it, so no call can start before it), less a null it measured without the candidate (an empty batch's go in the
-runner before the candidate was imported, its instruments on, and the same batch run here with a call that does nothing: copies, flushes,
-syncs; each a minimum, so the null errs against the candidate), over the batch's calls. The runner's per-call
+it, so no call can start before it), less a null it measured without the candidate (the go's way there and back,
+timed in the runner before the candidate was imported, its instruments on, and the same batch run here with a call
+that does nothing: copies, flushes, syncs; each a minimum, so the null errs against the candidate), over the batch's
+calls. The runner's per-call
 figures are evidence: set against the referee's, they show a patched timer."""
 
 from __future__ import annotations
@@ -26,6 +27,9 @@ from kbsweep.outcomes import Outcome
 PICKS = 2  # calls of each timed batch whose outputs are compared with the reference after it
 SAMPLES = 4  # elements of every timed output read as the runner answers, and again after the checks
 NULLS = 3  # null batches measured per shape and kind; the fastest is subtracted
+ROUND_TRIPS = 5  # trusted gos of each kind (:meth:`TimingStage.trusted_round_trip`)
+ROUND_TRIP_IDLE_S = 0.003  # the runner idle before a go, as while a batch's inputs are drawn and copied
+ROUND_TRIP_HOLD_US = 3000.0  # the GPU holding up the runner's loop, so the referee's thread sleeps as over a batch
 
 
 class TimingStage(BaselineStage):
@@ -36,23 +40,32 @@ class TimingStage(BaselineStage):
         None  # the runner's threads from the host's /proc (single-process grades)
     )
     round_trip_split_ms: List[Optional[float]] = []  # its parts (:func:`split_ms`), evidence
+    round_trip_empty_ms = 0.0  # the bare wall of a go with nothing before or in it, evidence
     null_copies_ms = 0.0  # the fastest copy of a batch's fresh inputs in the last null measured (:meth:`null_ms`)
 
     def trusted_round_trip(self) -> None:
-        """A timed batch's go with no calls, in this grade's timing mode, while the runner holds harness code only
-        (its instruments on, as over every later command): the fastest of a few, the part of every batch's wall
-        that is the channel's and the runner's own handling. The runner's calling thread is pinned meanwhile."""
+        """The part of every batch's wall outside the runner's loop (the go's way there and back, the runner's own
+        handling), measured while the runner holds harness code only (its instruments on, as over every later
+        command), so its own figures are still true: the fastest of a few gos with no calls, each as a timed batch's
+        comes, after the runner waited idle and over a loop the GPU holds up (the threads on both sides sleep as they
+        do around a real batch, and wake as slowly), its loop taken off. The empty go's bare wall stays as evidence.
+        The runner's calling thread is pinned meanwhile."""
         if self.runner_cpu is not None:
             self.runner_cpu.pin()
         self.ask("instrument")
-        walls = []
-        for _ in range(5):
-            self.ask("arm", calls=[], mode=self.timing_mode())
+        mode, empty, held = self.timing_mode(), [], []
+        for spin_us in [0.0] * ROUND_TRIPS + [ROUND_TRIP_HOLD_US] * ROUND_TRIPS:
+            self.ask("arm", calls=[], mode=mode, spin_us=spin_us)
+            if spin_us:
+                time.sleep(ROUND_TRIP_IDLE_S)
             t0 = time.perf_counter()
             reply = self.ask("batch")
             answered = time.perf_counter()
-            walls.append(((answered - t0) * 1e3, split_ms(t0, reply.get("stamps"), answered)))
-        self.round_trip_ms, self.round_trip_split_ms = min(walls, key=lambda wall: wall[0])
+            loop_ms = reply.get("loop_ms") if spin_us else 0.0
+            wall_ms = (answered - t0) * 1e3 - (loop_ms if isinstance(loop_ms, float) else 0.0)
+            (held if spin_us else empty).append((wall_ms, split_ms(t0, reply.get("stamps"), answered)))
+        self.round_trip_empty_ms = min(empty)[0]
+        self.round_trip_ms, self.round_trip_split_ms = min(held, key=lambda wall: wall[0])
 
     def timing_mode(self) -> str:
         if self.device.type != "cuda":
@@ -197,6 +210,7 @@ class TimingStage(BaselineStage):
             **record,
             "round_trip_ms": self.round_trip_ms,
             "round_trip_split_ms": self.round_trip_split_ms,
+            "round_trip_empty_ms": self.round_trip_empty_ms,
             "null_ms": null,
             "null_loop_ms": null_loop,
             "null_copies_ms": self.null_copies_ms,

@@ -49,7 +49,7 @@ def local_imports(path: Path) -> List[Path]:
 def private_deck(problems: Path, problem_id: str, folder: Path, max_shapes: Optional[int] = None):
     """A copy of one problem under ``folder`` (a case may write to its deck: never the repository's), its shape
     lists cut to ``max_shapes``; an earlier copy there is reused while its files are as copied."""
-    from omegaconf import OmegaConf
+    from omegaconf import DictConfig, OmegaConf
 
     track, name = problem_id.split("/")
     deck = folder / (f"deck-{max_shapes}-shapes" if max_shapes else "deck") / name  # the folder's name is the problem's
@@ -64,10 +64,11 @@ def private_deck(problems: Path, problem_id: str, folder: Path, max_shapes: Opti
     shutil.copytree(problems / track / name, deck, ignore=shutil.ignore_patterns("solutions", ".grade"))
     if max_shapes:
         spec = OmegaConf.load(deck / "problem.yaml")
-        for key in ("shapes", "smoke_shapes"):
-            if spec.get(key):
-                spec[key] = spec[key][:max_shapes]
-        OmegaConf.save(spec, deck / "problem.yaml")
+        if isinstance(spec, DictConfig):  # a problem.yaml that is no mapping is load_problem's to refuse
+            for key in ("shapes", "smoke_shapes"):
+                if spec.get(key):
+                    spec[key] = spec[key][:max_shapes]
+            OmegaConf.save(spec, deck / "problem.yaml")
     stamp.write_text(deck_digest(deck))
     return load_problem(deck, track)
 

@@ -159,7 +159,8 @@ class Resolver:
             return left * node.right.value if left is not None and isinstance(node.right.value, int) else None
         if isinstance(node, ast.JoinedStr):
             parts = [sub(v.value) if isinstance(v, ast.FormattedValue) else sub(v) for v in node.values]
-            return "".join(parts) if all(p is not None for p in parts) else None
+            texts = [p for p in parts if p is not None]
+            return "".join(texts) if len(texts) == len(parts) else None
         if isinstance(node, ast.Subscript):
             text = sub(node.value)
             if text is None:

@@ -16,7 +16,7 @@ import difflib
 import io
 import tokenize
 from dataclasses import replace
-from typing import Dict, Iterator, List, Optional, Set, Tuple
+from typing import AbstractSet, Dict, Iterator, List, Optional, Sequence, Set, Tuple
 
 from kbsweep.audit.kinds import Finding, finding
 from kbsweep.audit.names import Resolver
@@ -54,7 +54,7 @@ class Analyzer(AttrRules, ValueRules, Resolver):
         depth: int = 0,
         bindings: Optional[Dict[str, str]] = None,
         strings: Optional[Dict[str, str]] = None,
-        local_modules: Set[str] = frozenset(),
+        local_modules: AbstractSet[str] = frozenset(),
         compute_rules: bool = True,
     ):
         super().__init__(tree, bindings, strings)
@@ -113,7 +113,9 @@ class Analyzer(AttrRules, ValueRules, Resolver):
             parent = self.parents.get(node)
             outer = not (isinstance(parent, ast.Attribute) and parent.value is node)
             if isinstance(node, ast.Name) and outer and isinstance(node.ctx, ast.Load):
-                yield node, self.resolve(node), False
+                name = self.resolve(node)
+                if name:
+                    yield node, name, False
             elif isinstance(node, ast.Attribute) and outer:
                 name = self.resolve(node)
                 if name and self.rooted(name):
@@ -135,8 +137,7 @@ class Analyzer(AttrRules, ValueRules, Resolver):
 
     def check_sites(self) -> None:
         for node, name, method in self.sites():
-            if name:
-                self.check_site(node, name, method)
+            self.check_site(node, name, method)
 
     def check_site(self, node: ast.AST, name: str, method: bool) -> None:
         """The name rules on one reference: forbidden names, frames, subclasses, L2, torch compute, the prefix rules."""
@@ -190,15 +191,17 @@ class Analyzer(AttrRules, ValueRules, Resolver):
             key = self.fold(parent.args[0])
         elif isinstance(parent, ast.Subscript) and parent.value is node:
             key = self.fold(parent.slice)
-        return bool(key) and key.startswith("TRITON_")
+        return key is not None and key.startswith("TRITON_")
 
     def check_stores(self) -> None:
         """Assignments into other modules and classes: timers, comparisons, flags (setattr and its kin:
         :meth:`~kbsweep.audit.static_attrs.AttrRules.check_attributes`)."""
         for node in ast.walk(self.tree):
-            targets: List[ast.AST] = []
-            if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Delete)):
-                targets = getattr(node, "targets", None) or [node.target]
+            targets: Sequence[ast.expr] = []
+            if isinstance(node, (ast.Assign, ast.Delete)):
+                targets = node.targets
+            elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+                targets = [node.target]
             for target in targets:
                 if isinstance(target, (ast.Attribute, ast.Subscript)):
                     name = self.resolve(target.value if isinstance(target, ast.Subscript) else target)
@@ -352,7 +355,7 @@ def analyze(
     forbidden: List[str],
     precision: Optional[str] = None,
     reference: Optional[str] = None,
-    local_modules: Set[str] = frozenset(),
+    local_modules: AbstractSet[str] = frozenset(),
     compute_rules: bool = True,
 ) -> List[Finding]:
     """Static findings for one candidate file (``reference``: the problem's reference source, for copies;

@@ -23,11 +23,14 @@ as values (``reduce(getattr, ...)``, ``g = getattr``) hides both the target and 
 from __future__ import annotations
 
 import ast
-from typing import Iterator, List, Optional, Set, Tuple
+import functools
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Sequence, Set, Tuple, TypeVar
 
+from kbsweep.audit.names import Resolver
 from kbsweep.audit.static_rules import ATTR_CALLS, ATTR_DUNDERS, NAMESPACE_METHODS, PATH_CALLS
 
 FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
+LOOPS = (ast.For, ast.AsyncFor, ast.comprehension)
 DEPTH = 8  # how many variables and parameters a value is followed through
 WRAPPERS = {"tuple", "list", "set", "frozenset", "sorted", "reversed"}  # the same elements as their argument
 ITEM_METHODS = {"get", "pop", "setdefault", "__getitem__"}  # methods that return an item of a container
@@ -43,11 +46,15 @@ MUTATORS = {
 # What a name is bound to: ("value", expr), ("element", loop) (an element of the loop's iterable), ("opaque", expr)
 # (something derived from expr: an unpacked tuple, an augmented assignment, a context manager) or ("import", node).
 Site = Tuple[str, ast.AST]
+Function = ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda
+Definition = ast.FunctionDef | ast.AsyncFunctionDef
+T = TypeVar("T")
 
 
 def union(parts: List[Optional[Set[str]]]) -> Optional[Set[str]]:
     """The strings of every part, or None when one part may not fold."""
-    return None if any(p is None for p in parts) else set().union(*parts)
+    known = [p for p in parts if p is not None]
+    return set().union(*known) if len(known) == len(parts) else None
 
 
 def stores_name(target: ast.AST, name: str) -> bool:
@@ -58,8 +65,15 @@ def refers(node: ast.AST, name: Optional[str]) -> bool:
     return (isinstance(node, ast.Name) and node.id == name) or (isinstance(node, ast.Attribute) and node.attr == name)
 
 
-class AttrRules:
+class AttrRules(Resolver):
     """Attributes reached under computed names (see the module's docstring)."""
+
+    if TYPE_CHECKING:  # the analyzer's (kbsweep.audit.static.Analyzer)
+
+        def ancestors(self, node: ast.AST) -> Iterator[ast.AST]: ...
+        def check_site(self, node: ast.AST, name: str, method: bool) -> None: ...
+        def store(self, node: ast.AST, name: str) -> None: ...
+        def add(self, kind: str, node: ast.AST, detail: str) -> None: ...
 
     # -- where a name's value comes from ------------------------------------------------------------------------
     @staticmethod
@@ -72,9 +86,9 @@ class AttrRules:
             if not isinstance(node, FUNCTIONS + (ast.ClassDef,)):
                 stack.extend(ast.iter_child_nodes(node))
 
-    def memo(self, key: tuple, compute):
+    def memo(self, key: Tuple[Any, ...], compute: Callable[[], T]) -> T:
         """``compute()``, once per key for this module (scopes and calls are walked once, not per query)."""
-        cache = self.__dict__.setdefault("_attr_memo", {})
+        cache: Dict[Tuple[Any, ...], Any] = self.__dict__.setdefault("_attr_memo", {})
         if key not in cache:
             cache[key] = compute()
         return cache[key]
@@ -82,7 +96,7 @@ class AttrRules:
     def name_sites(self, node: ast.Name) -> Optional[List[Site]]:
         """What a name may be bound to in the innermost scope that binds it; None when no scope of the file does."""
         for scope in [a for a in self.ancestors(node) if isinstance(a, FUNCTIONS)] + [self.tree]:
-            found = self.memo(("scope", scope, node.id), lambda: self.scope_sites(scope, node.id))
+            found = self.memo(("scope", scope, node.id), functools.partial(self.scope_sites, scope, node.id))
             if found is not None:
                 return found
         return None
@@ -113,7 +127,7 @@ class AttrRules:
         ``mods.append(m)``) binds it to something derived from its argument."""
         if isinstance(node, (ast.Assign, ast.AnnAssign, ast.NamedExpr)) and node.value is not None:
             found = []
-            for target in getattr(node, "targets", None) or [node.target]:
+            for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
                 for t, v in self.pairs(target, node.value):
                     if stores_name(t, name):
                         found.append(("value" if isinstance(t, ast.Name) else "opaque", v))
@@ -156,7 +170,7 @@ class AttrRules:
             if isinstance(n, (ast.Assign, ast.AnnAssign)) and n.value is not None:
                 found += [
                     ("value", v)
-                    for target in getattr(n, "targets", None) or [n.target]
+                    for target in (n.targets if isinstance(n, ast.Assign) else [n.target])
                     for t, v in self.pairs(target, n.value)
                     if self.raw(t) == written
                 ]
@@ -168,7 +182,7 @@ class AttrRules:
                 ]
         return found
 
-    def param_sites(self, fn: ast.AST, name: str) -> Optional[List[Site]]:
+    def param_sites(self, fn: Function, name: str) -> Optional[List[Site]]:
         """The arguments a local function's parameter may receive (None: not a parameter): its defaults, its calls'
         arguments, and every other argument of a call it is handed to."""
         a = fn.args
@@ -185,7 +199,7 @@ class AttrRules:
             for i, arg in enumerate(call.args):
                 starred = isinstance(arg, ast.Starred)
                 if name in packed or (starred and index is not None and i <= index):
-                    found.append(("opaque", arg.value if starred else arg))
+                    found.append(("opaque", arg.value if isinstance(arg, ast.Starred) else arg))
                 elif i == index:
                     found.append(("value", arg))
             found += [
@@ -202,7 +216,7 @@ class AttrRules:
             found += [("opaque", arg) for arg in others]
         return found
 
-    def functions(self, func: ast.AST) -> List[ast.AST]:
+    def functions(self, func: ast.AST) -> List[Definition]:
         """The local functions a call's callee may be: those of its name (a method's, for ``x.name(...)``)."""
         name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else None
         return self.memo(
@@ -210,7 +224,7 @@ class AttrRules:
             lambda: [n for n in ast.walk(self.tree) if isinstance(n, FUNCTIONS[:2]) and n.name == name],
         )
 
-    def label(self, fn: ast.AST) -> Optional[str]:
+    def label(self, fn: Function) -> Optional[str]:
         """The name a function is called by (a lambda's: the variable it is assigned to)."""
         if isinstance(fn, ast.Lambda):
             parent = self.parents.get(fn)
@@ -218,7 +232,7 @@ class AttrRules:
             return targets[0].id if len(targets) == 1 and isinstance(targets[0], ast.Name) else None
         return fn.name
 
-    def callers(self, fn: ast.AST) -> Tuple[List[Tuple[ast.Call, int]], List[ast.Call]]:
+    def callers(self, fn: Function) -> Tuple[List[Tuple[ast.Call, int]], List[ast.Call]]:
         """The calls of a local function, each with how many leading parameters it binds itself (a method's self:
         a class's ``__init__`` is called by the class's name), and the calls it is handed to as an argument."""
         name, owner = self.label(fn), self.parents.get(fn)
@@ -273,7 +287,9 @@ class AttrRules:
                 return step(node.value)
             access = self.attr_call(node, depth + 1)
             if access and not access[2]:
-                return {f"{t}.{v}" for t in access[0] for v in (self.values(access[1], depth + 1) or ())}
+                owners, attr, _ = access
+                attrs = self.values(attr, depth + 1) if attr is not None else None
+                return {f"{t}.{v}" for t in owners for v in (attrs or ())}
             if isinstance(node.func, ast.Attribute) and node.func.attr in ITEM_METHODS:  # an item of a container
                 return step(node.func.value)
             if self.resolve(node.func) in WRAPPERS | {"iter", "next"} and node.args:
@@ -301,7 +317,10 @@ class AttrRules:
         if kind == "import":
             name = self.resolve(node)
             return {name} if name and self.rooted(name) else set()
-        return self.targets(where.iter if kind == "element" else where, depth)
+        if kind == "element":
+            assert isinstance(where, LOOPS)  # binds gives "element" sites only to loops
+            return self.targets(where.iter, depth)
+        return self.targets(where, depth)
 
     def values(self, node: ast.AST, depth: int = 0) -> Optional[Set[str]]:
         """The strings an expression may evaluate to, each folded from constants; None when one may not fold."""
@@ -316,12 +335,9 @@ class AttrRules:
                 return {text} if text is not None else None
             return union([self.site_values(s, node, depth + 1) for s in sites] or [None])
         text = self.fold(node)
-        if (
-            text is None and isinstance(node, ast.Subscript) and not isinstance(node.slice, ast.Slice)
-        ):  # an item of a constant container
-            return union(
-                [self.values(e, depth + 1) for e in self.elements(node.value, depth + 1, items=True) or [None]]
-            )
+        if text is None and isinstance(node, ast.Subscript) and not isinstance(node.slice, ast.Slice):
+            items = self.elements(node.value, depth + 1, items=True)  # an item of a constant container
+            return union([self.values(e, depth + 1) for e in items]) if items else None
         if text is None:
             return None
         # the fold read each variable's last constant: it stands only if that is the one string the variable holds
@@ -332,23 +348,23 @@ class AttrRules:
                     return None
         return {text}
 
-    def site_values(self, site: Site, node: ast.AST, depth: int) -> Optional[Set[str]]:
+    def site_values(self, site: Site, node: ast.Name | ast.Attribute, depth: int) -> Optional[Set[str]]:
         kind, where = site
         if kind == "value":
             return self.values(where, depth)
         if kind != "element":
             return None
+        assert isinstance(where, LOOPS) and isinstance(node, ast.Name)  # an attribute's sites are all "value" ones
+        elements = self.elements(where.iter, depth)
+        if not elements:
+            return None
         found: List[Optional[Set[str]]] = []
-        for element in self.elements(where.iter, depth) or [None]:
-            matched = (
-                [v for t, v in self.pairs(where.target, element) if isinstance(t, ast.Name) and t.id == node.id]
-                if element
-                else []
-            )
+        for element in elements:
+            matched = [v for t, v in self.pairs(where.target, element) if isinstance(t, ast.Name) and t.id == node.id]
             found.append(self.values(matched[0], depth) if matched else None)
         return union(found)
 
-    def elements(self, node: ast.AST, depth: int, items: bool = False) -> Optional[List[ast.AST]]:
+    def elements(self, node: ast.AST, depth: int, items: bool = False) -> Optional[List[ast.expr]]:
         """The elements of a constant container (a literal, a variable bound only to literals and never filled, or
         either wrapped in tuple/sorted/...; a dict's keys, or its values with ``items``), or None."""
         if depth > DEPTH:
@@ -356,14 +372,20 @@ class AttrRules:
         if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
             return node.elts
         if isinstance(node, ast.Dict):
-            return node.values if items else None if None in node.keys else node.keys
+            keys = [k for k in node.keys if k is not None]  # a None key unpacks a mapping (**m): keys unknown
+            return node.values if items else keys if len(keys) == len(node.keys) else None
         if isinstance(node, ast.Call) and self.resolve(node.func) in WRAPPERS and len(node.args) == 1:
             return self.elements(node.args[0], depth + 1, items)
         sites = self.name_sites(node) if isinstance(node, ast.Name) else None
         if not sites or any(kind != "value" for kind, _ in sites):
             return None
-        parts = [self.elements(v, depth + 1, items) for _, v in sites]
-        return None if any(p is None for p in parts) else [e for p in parts for e in p]
+        found: List[ast.expr] = []
+        for _, value in sites:
+            part = self.elements(value, depth + 1, items)
+            if part is None:
+                return None
+            found += part
+        return found
 
     def namespace(self, node: ast.AST, depth: int = 0) -> Set[str]:
         """The modules (or objects reached from one) whose attribute dict an expression is: ``m.__dict__``, ``vars(m)``."""
@@ -386,18 +408,18 @@ class AttrRules:
         """(the targets, the name's expression, stores) of a call that fetches, sets or deletes one attribute, or None.
         Packed arguments (``*args``, or keywords in place of the target or name) may each be the target, and leave
         the name unknown (None)."""
+        target: Optional[int]
         func = self.callee(call)
         method = call.func.attr if isinstance(call.func, ast.Attribute) else func.rsplit(".", 1)[-1]
         if func in ATTR_CALLS:
             target, name, stores = ATTR_CALLS[func]
         elif method in ATTR_DUNDERS:
             bound, stores = ATTR_DUNDERS[method]
-            target, name = (
-                (0, 1) if len(call.args) > bound else (None, 0)
-            )  # unbound: object.__setattr__(target, name, value)
+            # an argument more than bound: the unbound form, target first (object.__setattr__(target, name, value))
+            target, name = (0, 1) if len(call.args) > bound else (None, 0)
         else:
             return None
-        receiver = {t.rsplit(".", 1)[0] for t in self.targets(call.func, depth)} if target is None else set()
+        receiver: Set[str] = {t.rsplit(".", 1)[0] for t in self.targets(call.func, depth)} if target is None else set()
         if any(isinstance(a, ast.Starred) for a in call.args) or (call.keywords and len(call.args) <= name):
             packed = [a.value if isinstance(a, ast.Starred) else a for a in call.args] + [
                 k.value for k in call.keywords
@@ -450,7 +472,7 @@ class AttrRules:
                     for part in path.split("."):
                         self.check_site(call, f".{part}", True)
 
-    def dict_keys(self, method: str, args: List[ast.AST], keywords: List[ast.keyword]) -> Optional[Set[str]]:
+    def dict_keys(self, method: str, args: Sequence[ast.expr], keywords: List[ast.keyword]) -> Optional[Set[str]]:
         """The keys a dict method is given: the first argument, or every key of ``update``'s dicts and keywords."""
         if method != "update":
             return self.values(args[0]) if args else None

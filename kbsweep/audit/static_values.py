@@ -12,8 +12,9 @@ for the first call that guards one-time preparation, after which every call take
 from __future__ import annotations
 
 import ast
-from typing import Dict, List, Set
+from typing import TYPE_CHECKING, Dict, Iterator, List, Optional, Set
 
+from kbsweep.audit.names import Resolver
 from kbsweep.audit.static_rules import CONTAINER_CALLS, MAX_ALIGNMENT, VALUE_KEYS, dtype_class, precision_class
 
 FLIPPED = {ast.Eq: ast.Eq, ast.Lt: ast.Gt, ast.LtE: ast.GtE, ast.Gt: ast.Lt, ast.GtE: ast.LtE}
@@ -21,12 +22,23 @@ EXITS = (ast.Return, ast.Raise, ast.Break, ast.Continue, ast.Yield, ast.YieldFro
 DEFINITIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
 
 
-class ValueRules:
+class ValueRules(Resolver):
     """Output caches, call counters and precision casts (see the module's docstring)."""
+
+    kernels: Set[ast.FunctionDef]  # the analyzer's context (kbsweep.audit.static.Analyzer), and its methods below
+    precision: Optional[str]
+    if TYPE_CHECKING:
+
+        @staticmethod
+        def own_nodes(scope: ast.AST) -> Iterator[ast.AST]: ...
+        def ancestors(self, node: ast.AST) -> Iterator[ast.AST]: ...
+        def in_kernel(self, node: ast.AST) -> bool: ...
+        def params(self, node: ast.AST) -> Set[str]: ...
+        def add(self, kind: str, node: ast.AST, detail: str) -> None: ...
 
     def containers(self) -> Set[str]:
         """Names and attributes bound to dict/list/set values anywhere (candidate caches)."""
-        found = set()
+        found: Set[str] = set()
         for node in ast.walk(self.tree):
             if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
                 value = node.value
@@ -34,9 +46,9 @@ class ValueRules:
                     isinstance(value, ast.Call) and self.resolve(value.func) in CONTAINER_CALLS
                 )
                 if container:
-                    for target in getattr(node, "targets", None) or [node.target]:
-                        found.add(self.raw(target))
-        return found - {None}
+                    written = [self.raw(t) for t in (node.targets if isinstance(node, ast.Assign) else [node.target])]
+                    found.update(name for name in written if name is not None)
+        return found
 
     def keyed_on_values(self, key: ast.AST, depth: int = 0) -> bool:
         """A key built from pointers, identities, versions or tensor values, or an input tensor itself
@@ -157,7 +169,7 @@ class ValueRules:
                     return False
             elif isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
                 in_class = isinstance(self.parents.get(node), ast.ClassDef)
-                for target in getattr(node, "targets", None) or [node.target]:
+                for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
                     if self.raw(target) == name or (in_class and self.raw(target) == attr):
                         if not (isinstance(node.value, ast.Constant) and node.value.value == 0):
                             return False

@@ -4,6 +4,6 @@ Cells with stable keys (:mod:`~kbsweep.planner.matrix`), plan-time validation (:
 and model preflight (:mod:`~kbsweep.planner.preflight`), the plan verb's record (:mod:`~kbsweep.planner.planning`).
 Not ``plan``: that name is the API function ``kbsweep.plan``.
 
-Rank 7 of the layout (docs/architecture.md; the ranks live in tests/test_layout.py): imports grader and the stages below it (in practice harness, agent, score, config
-and the records).
+Rank 7 of the layout (docs/architecture.md; the ranks live in tests/test_layout.py): imports grader and the stages
+below it (in practice harness, agent, score, config and the records).
 """

@@ -34,15 +34,8 @@ LOOPS = (ast.For, ast.AsyncFor, ast.comprehension)
 DEPTH = 8  # how many variables and parameters a value is followed through
 WRAPPERS = {"tuple", "list", "set", "frozenset", "sorted", "reversed"}  # the same elements as their argument
 ITEM_METHODS = {"get", "pop", "setdefault", "__getitem__"}  # methods that return an item of a container
-MUTATORS = {
-    "append",
-    "extend",
-    "insert",
-    "add",
-    "update",
-    "setdefault",
-    "__setitem__",
-}  # methods that put values into a container
+# methods that put values into a container
+MUTATORS = {"append", "extend", "insert", "add", "update", "setdefault", "__setitem__"}
 # What a name is bound to: ("value", expr), ("element", loop) (an element of the loop's iterable), ("opaque", expr)
 # (something derived from expr: an unpacked tuple, an augmented assignment, a context manager) or ("import", node).
 Site = Tuple[str, ast.AST]

@@ -237,7 +237,7 @@ def supervise_ranks(request: RefereeRequest, how: Supervision) -> Dict[str, Any]
     ]
     try:
         referee = spawn_torchrun(
-            torchrun_command(world, __name__, [request_path]),
+            torchrun_command(world, __name__, [str(request_path)]),
             log_dir=log_dir,
             name="referee",
             cwd=private,
@@ -304,9 +304,12 @@ class RankReferee(Referee):
     def __init__(self, request: RefereeRequest, runner: Channel, rank: int, world: int, control: Any):
         super().__init__(request, runner)
         self.rank, self.world, self.control = rank, world, control
-        self.barrier = lambda: dist.barrier(group=control)
+        self.barrier = self.rank_barrier
         self.per_rank: List[List[float]] = [[] for _ in range(world)]
         self.device_gate()
+
+    def rank_barrier(self) -> None:
+        dist.barrier(group=self.control)
 
     def gather(self, value: Any) -> List[Any]:
         """Every rank's ``value``, in rank order."""
@@ -348,7 +351,7 @@ class RankReferee(Referee):
         return [max(call) for call in zip(*(times for times, _, _ in rows))], max(e for _, e, _ in rows)
 
     def timed_go(self, *args: Any) -> tuple:
-        self.barrier()  # the runner ranks start the batch together
+        self.rank_barrier()  # the runner ranks start the batch together
         return super().timed_go(*args)
 
     def agreed(self, step: Callable[[], Any]) -> Any:
@@ -370,9 +373,9 @@ class RankReferee(Referee):
         self.agreed(lambda: super(RankReferee, self).pointer_cache_probe(*args))
 
     # -- stages ------------------------------------------------------------------------------------------------
-    def time_shape(self, shape: Dict[str, Any]) -> Dict[str, Any]:
+    def time_shape(self, shape: Dict[str, Any], kernelbench: bool = False) -> Dict[str, Any]:
         self.per_rank = [[] for _ in range(self.world)]
-        entry = super().time_shape(shape)
+        entry = super().time_shape(shape, kernelbench)
         medians = [statistics.median(samples) for samples in self.per_rank]
         entry["candidate"].update(per_rank_median_ms=medians, slowest_rank=medians.index(max(medians)))
         return entry
@@ -397,14 +400,15 @@ class RankReferee(Referee):
             if names and not any(f["kind"] == kind for f in self.findings):
                 self.findings.append({"kind": kind, "detail": ", ".join(names)})
 
-    def run(self) -> Optional[Dict[str, Any]]:
-        """The referee's grade on every rank; rank 0 returns it with every rank's findings (tagged) and evidence."""
+    def run(self) -> Dict[str, Any]:
+        """The referee's grade on every rank; rank 0's with every rank's findings (tagged) and evidence, the one
+        :func:`main` reports (another rank's is its own alone)."""
         result = super().run()
         ranks = self.gather(
             {"findings": self.findings, "evidence": self.evidence, "worst": result["correctness"]["worst"]}
         )
         if self.rank != 0:
-            return None
+            return result
         result["findings"] = [{**f, "rank": r} for r, part in enumerate(ranks) for f in part["findings"]]
         # rank 0's evidence where a single-process grade keeps it (the audit reads it there), the others beside it
         result["evidence"] = {

@@ -62,21 +62,24 @@ def torch_cuda() -> str:
     import importlib.util
 
     spec = importlib.util.find_spec("torch")
-    try:
-        tree = ast.parse(Path(spec.origin).with_name("version.py").read_text())
-        return next(
-            str(ast.literal_eval(node.value))
-            for node in tree.body
-            if isinstance(node, (ast.Assign, ast.AnnAssign))
-            and any(
-                getattr(t, "id", None) == "cuda"
-                for t in (node.targets if isinstance(node, ast.Assign) else [node.target])
+    if spec is not None and spec.origin is not None:
+        try:
+            tree = ast.parse(Path(spec.origin).with_name("version.py").read_text())
+            return next(
+                str(ast.literal_eval(node.value))
+                for node in tree.body
+                if isinstance(node, (ast.Assign, ast.AnnAssign))
+                and node.value is not None  # a bare annotation (``cuda: Optional[str]``) declares, never sets
+                and any(
+                    getattr(t, "id", None) == "cuda"
+                    for t in (node.targets if isinstance(node, ast.Assign) else [node.target])
+                )
             )
-        )
-    except (AttributeError, OSError, SyntaxError, ValueError, StopIteration):  # a torch laid out otherwise
-        import torch
+        except (OSError, SyntaxError, ValueError, StopIteration):  # a torch laid out otherwise
+            pass
+    import torch
 
-        return str(torch.version.cuda)
+    return str(torch.version.cuda)
 
 
 def launch_gate(timings: List[Dict[str, Any]]) -> Tuple[List[Dict[str, Any]], List[Dict[str, Any]]]:

@@ -4,7 +4,7 @@ reference's, then the stale-memory and pointer-cache probes."""
 from __future__ import annotations
 
 import copy
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
@@ -26,7 +26,7 @@ class CorrectnessStage(CandidateContext):
         tolerance: Optional[Dict] = None,
         encoded: Optional[Dict[str, Any]] = None,
         expected: Any = None,
-    ):
+    ) -> Tuple[Any, Dict[str, float], Any]:
         """One call there on copies of ``inputs``, prepared as a timed call is (its memory as the calls before it
         left it, nothing filled), its outputs read back and compared here with ``expected`` (the reference's output on
         ``inputs``, run now when not known). Returns (out, worst, expected)."""
@@ -78,7 +78,7 @@ class CorrectnessStage(CandidateContext):
         except checks.CheckFailure as exc:
             raise GradeFailure(
                 Outcome.INCORRECT, f"shape {shape}, seed {'secret' if seed == self.secret_seed else seed}: {exc}"
-            )
+            ) from None
         return {"passed": True, "cases": cases, "seeds": len(seeds), "worst": worst}
 
     def scaled(self, ref_model: Any, factor: float) -> Any:
@@ -139,7 +139,7 @@ class CorrectnessStage(CandidateContext):
         try:
             self.check_case(ref_model, model, values, encoded=encoded)
         except checks.CheckFailure as exc:
-            raise checks.CheckFailure(f"stale output after {change}: {exc}")
+            raise checks.CheckFailure(f"stale output after {change}: {exc}") from None
 
     def nudged(self, inputs: List[Any], pairs: int = 4) -> List[Any]:
         """``inputs`` with ``pairs`` element pairs of each float tensor swapped within one row drawn now (row sums and

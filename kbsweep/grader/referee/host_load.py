@@ -91,7 +91,8 @@ class OtherWork:
     def __init__(
         self, stat: Path = STAT, clock: Callable[[], float] = time.monotonic, on: Optional[Collection[int]] = None
     ):
-        self.stat, self.clock, self.on, self.cpus = stat, clock, own_cpus() if on is None else on, None
+        self.stat, self.clock, self.on = stat, clock, own_cpus() if on is None else on
+        self.cpus: Optional[float] = None
 
     def __enter__(self) -> "OtherWork":
         self.began = (self.clock(), host_busy_s(self.stat, self.on), own_cpu_s())
@@ -131,8 +132,13 @@ class QuietHost:
     def busy(self, cpus: Optional[float]) -> bool:
         return self.limit is not None and self.agree(cpus is not None and cpus > self.limit)
 
-    def reason(self, cpus: float) -> str:
-        return f"other processes used {cpus:.1f} of the referee's {len(self.on)} CPUs (at most {self.limit:g}: grade.timing.quiet_cpus)"
+    def reason(self, cpus: Optional[float]) -> str:
+        """Why the host counts as busy: this rank's load, or another rank's where this one's was within the limit or
+        could not be read (``agree`` made it busy)."""
+        limit = f"at most {self.limit:g}: grade.timing.quiet_cpus"
+        if cpus is None or self.limit is None or cpus <= self.limit:
+            return f"another rank of the grade found its CPUs busy ({limit})"
+        return f"other processes used {cpus:.1f} of the referee's {len(self.on)} CPUs ({limit})"
 
     def await_quiet(self, what: str) -> None:
         if self.limit is None:

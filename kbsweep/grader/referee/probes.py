@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any, Dict, Sequence
 
 from kbsweep.grader.referee import checks, witness
-from kbsweep.grader.referee.candidate import MAX_EVENTS, CandidateContext
+from kbsweep.grader.referee.candidate import MAX_EVENTS
+from kbsweep.grader.referee.correctness import CorrectnessStage
 from kbsweep.grader.referee.profile_view import profile_view
 from kbsweep.grader.shared import profiling
 from kbsweep.grader.shared.arena import encode
@@ -18,14 +19,18 @@ from kbsweep.grader.shared.failures import GradeFailure
 from kbsweep.outcomes import Outcome
 
 
+def fields(value: Any) -> Dict[str, Any]:
+    """``value`` where the runner sent an object, else nothing: its records may hold anything."""
+    return value if isinstance(value, dict) else {}
+
+
 def counts(value: Any) -> Dict[str, int]:
-    value = value if isinstance(value, dict) else {}
-    return {str(k)[:200]: int(v) for k, v in list(value.items())[:500] if isinstance(v, (int, float))}
+    return {str(k)[:200]: int(v) for k, v in list(fields(value).items())[:500] if isinstance(v, (int, float))}
 
 
-class ProbeStage(CandidateContext):
+class ProbeStage(CorrectnessStage):
     """The audit's probes and the runner's records, as evidence (the ghost replays' real call is the correctness
-    stage's ``check_case``: they run within a :class:`~kbsweep.grader.referee.referee.Referee`)."""
+    stage's ``check_case``)."""
 
     def audit_probes(self) -> None:
         """Ghost replays on the first shape, each a call prepared as any call is, with the candidate's kernel launches
@@ -59,7 +64,7 @@ class ProbeStage(CandidateContext):
             self.arena.used = mark
             real, _, _ = self.check_case(ref_model, models[0], inputs)
         except checks.CheckFailure as exc:
-            raise GradeFailure(Outcome.INCORRECT, f"audit probe, shape {shape}: {exc}")
+            raise GradeFailure(Outcome.INCORRECT, f"audit probe, shape {shape}: {exc}") from None
         for name, out in outs.items():
             ghost[name]["changed"] = out is None or not checks.same_values(real, out)
         self.evidence["ghost"] = ghost
@@ -74,8 +79,7 @@ class ProbeStage(CandidateContext):
         reply = self.ask("evidence", groups=groups, calls=self.calls_by_tag)
         self.stage = self.stage  # closes the clock of the stage it is in
         self.evidence["stages"] = self.stages
-        ops = reply.get("ops") if isinstance(reply.get("ops"), dict) else {}
-        profiled = reply.get("profiled") if isinstance(reply.get("profiled"), dict) else {}
+        ops, profiled = fields(reply.get("ops")), fields(reply.get("profiled"))
         self.runner_evidence(reply.get("evidence"))
         by_group = witness.grouped(
             reply.get("calls"), groups, {token: model for token, (_, _, _, model) in self.commands.items()}
@@ -110,13 +114,13 @@ class ProbeStage(CandidateContext):
                 profiled, group, self.calls_by_tag.get(group, 0), by_group.get(group, []), self.device.type
             )
         number = lambda v: float(v) if isinstance(v, (int, float)) else 0.0  # noqa: E731
-        profiles = profiled.get("profiles") if isinstance(profiled.get("profiles"), dict) else {}
+        profiles = fields(profiled.get("profiles"))
         for index, entry in enumerate(timings):
             found = profiles.get(f"/timing/{index}")
             if self.device.type == "cuda" and isinstance(found, dict):
                 entry["profile"] = {
                     "launches_per_call": number(found.get("launches_per_call")),
-                    "kernels": {str(k)[:200]: number(v) for k, v in list((found.get("kernels") or {}).items())[:200]},
+                    "kernels": {str(k)[:200]: number(v) for k, v in list(fields(found.get("kernels")).items())[:200]},
                     "streams": [int(x) for x in found.get("streams") or [] if isinstance(x, int)],
                     "median_launches": number(found.get("median_launches")),
                 }
@@ -124,14 +128,14 @@ class ProbeStage(CandidateContext):
     def runner_evidence(self, evidence: Any) -> None:
         """The runner's own records with only the shapes the audit reads; its runtime events join those it streamed
         (which it can no longer take back), each stage named here."""
-        evidence = evidence if isinstance(evidence, dict) else {}
+        evidence = fields(evidence)
         events = self.evidence.setdefault("runtime_events", [])
         for event in (evidence.get("runtime_events") or [])[:MAX_EVENTS]:
             entry = self.event_entry(event)
             if entry is not None and entry not in events:
                 events.append(entry)
         threads = [t for t in evidence.get("threads") or [] if isinstance(t, dict)][:MAX_EVENTS]
-        flags = evidence.get("global_flags") if isinstance(evidence.get("global_flags"), dict) else {}
+        flags = fields(evidence.get("global_flags"))
         text = lambda v: str(v)[:300]  # noqa: E731
         self.evidence["threads"] = [
             {

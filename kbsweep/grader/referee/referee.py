@@ -1,14 +1,16 @@
 """The trusted side of a grade: a process that never imports candidate code.
 
-Run by :func:`kbsweep.grader.processes.supervise` as ``python -m kbsweep.grader.referee.referee <result fd> <runner fd>``.
-It holds the grade request (the secret seed included), loads the reference, times the baselines, makes every
-input, keeps the reference's weights and outputs to itself, compares, owns the clock that corroborates time, and
-writes the one result message. Its stages (:mod:`kbsweep.grader.referee.correctness`, :mod:`kbsweep.grader.referee.timing_stage`,
-:mod:`kbsweep.grader.referee.probes`) work over one candidate context (:mod:`kbsweep.grader.referee.candidate`). The candidate runs in another process (:mod:`kbsweep.grader.runner.runner`) that gets inputs
-and its own copies of the weights through shared memory (:mod:`kbsweep.grader.shared.arena`) and writes its outputs
-there; commands and replies cross a JSON channel (:mod:`kbsweep.grader.shared.channel`). What the runner reports
-(times, structure, evidence) is untrusted: times are checked against this process's clock, outputs of calls
-picked after each timed batch are checked against the reference, evidence is sanitized and kept as evidence.
+Run by :func:`kbsweep.grader.processes.supervise` as
+``python -m kbsweep.grader.referee.referee <result fd> <runner fd>``. It holds the grade request (the secret seed
+included), loads the reference, times the baselines, makes every input, keeps the reference's weights and outputs to
+itself, compares, owns the clock that corroborates time, and writes the one result message. Its stages
+(:mod:`kbsweep.grader.referee.correctness`, :mod:`kbsweep.grader.referee.timing_stage`,
+:mod:`kbsweep.grader.referee.probes`) work over one candidate context (:mod:`kbsweep.grader.referee.candidate`). The
+candidate runs in another process (:mod:`kbsweep.grader.runner.runner`) that gets inputs and its own copies of the
+weights through shared memory (:mod:`kbsweep.grader.shared.arena`) and writes its outputs there; commands and replies
+cross a JSON channel (:mod:`kbsweep.grader.shared.channel`). What the runner reports (times, structure, evidence) is
+untrusted: times are checked against this process's clock, outputs of calls picked after each timed batch are checked
+against the reference, evidence is sanitized and kept as evidence.
 """
 
 from __future__ import annotations
@@ -24,7 +26,6 @@ from typing import Any, Callable, Dict, List
 import torch
 
 from kbsweep.grader.referee import kernelbench_eval
-from kbsweep.grader.referee.correctness import CorrectnessStage
 from kbsweep.grader.referee.probes import ProbeStage
 from kbsweep.grader.referee.request import RefereeRequest
 from kbsweep.grader.referee.runner_cpu import RunnerCPU
@@ -36,7 +37,7 @@ from kbsweep.grader.shared.modules import load_module
 from kbsweep.outcomes import Outcome
 
 
-class Referee(CorrectnessStage, TimingStage, ProbeStage):
+class Referee(ProbeStage, TimingStage):
     """Correctness over shapes x seeds x stress cases, then timing of baselines (here) and candidate (there), then
     the audit's probes, each stage over the one candidate context."""
 
@@ -68,17 +69,13 @@ class Referee(CorrectnessStage, TimingStage, ProbeStage):
             try:
                 correctness = self.correctness()
             except GradeFailure as failure:
-                if (
-                    timed
-                    and failure.outcome == Outcome.INCORRECT
-                    and (self.kernelbench_verdict or {}).get("correctness")
-                ):
-                    self.kernelbench_verdict["candidate_timing"] = self.kernelbench_timing(baselines)
+                verdict = self.kernelbench_verdict
+                if timed and failure.outcome == Outcome.INCORRECT and verdict and verdict.get("correctness"):
+                    verdict["candidate_timing"] = self.kernelbench_timing(baselines)
                 raise
-            timings = []
+            timings: List[Dict[str, Any]] = []
             if timed:
                 self.stage = "timing"
-                timings = []
                 for index, shape in enumerate(self.req.shapes):
                     self.tag = f"/timing/{index}"
                     timings.append(self.time_shape(shape))
@@ -115,7 +112,7 @@ def referee_message(
                 Outcome.HARNESS_ERROR, f"the candidate's process died before it took the request ({exc})"
             ) from None
         referee = make(request, runner)
-        message = {"ok": True, "result": referee.run()}
+        message: Dict[str, Any] = {"ok": True, "result": referee.run()}
     except GradeFailure as exc:
         message = {"ok": False, "outcome": exc.outcome, "message": str(exc)}
     except BaseException as exc:  # noqa: BLE001 - this process runs no candidate code: anything else is the harness's

@@ -400,7 +400,7 @@ class LiteLLMModel:
         msg = _field(choice, "message")
         message: dict[str, Any] = {"role": "assistant", "content": _field(msg, "content")}
         calls = []
-        for i, call in enumerate(_field(msg, "tool_calls", []) or []):
+        for call in _field(msg, "tool_calls", []) or []:
             function = _field(call, "function")
             arguments = _field(function, "arguments")
             if arguments is None or arguments == "":

@@ -59,7 +59,7 @@ def assistant_event(
     )
 
 
-def tool_call(call_id: str, name: str, arguments: Any) -> Dict[str, Any]:
+def tool_call(call_id: Optional[str], name: str, arguments: Any) -> Dict[str, Any]:
     return {"id": call_id, "type": "function", "function": {"name": name, "arguments": json.dumps(arguments)}}
 
 
@@ -108,7 +108,8 @@ class ClaudeCodeRunner(CliRunner):
     def normalize(self, records: List[Record], proxy: ModelProxy) -> List[Event]:
         events: List[Event] = []
         calls: Dict[str, Dict[str, Any]] = {}
-        last_id, last_blocks = None, []
+        last_id: Optional[str] = None
+        last_blocks: List[Dict[str, Any]] = []
         for ts, record in records:
             message = record.get("message") or {}
             content = message.get("content")
@@ -133,7 +134,8 @@ class ClaudeCodeRunner(CliRunner):
                 last_id, last_blocks = message.get("id"), blocks
             elif record.get("type") == "user":
                 for block in (b for b in blocks if b.get("type") == "tool_result"):
-                    call = calls.get(block.get("tool_use_id"), tool_call(block.get("tool_use_id"), "unknown", {}))
+                    use_id = block.get("tool_use_id")  # None in a result the stream cut short
+                    call = calls.get(use_id or "", tool_call(use_id, "unknown", {}))
                     content = result_text(block.get("content"))
                     rejected = bool(block.get("is_error")) and content.startswith(REJECTED)
                     if block.get("is_error") and not content.startswith("error:"):

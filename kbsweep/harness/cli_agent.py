@@ -270,6 +270,7 @@ class CliRunner(Runner):
         records: List[Record] = []
 
         def read() -> None:
+            assert proc.stdout is not None  # started with stdout=PIPE
             with (job.folder / NATIVE_STREAM).open("w") as native:
                 for line in proc.stdout:
                     native.write(job.transcript.redactor.text(line))

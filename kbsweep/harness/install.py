@@ -11,15 +11,20 @@ import subprocess
 import sys
 from typing import List
 
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from kbsweep.harness.locate import install_dir
 from kbsweep.paths import REPO_ROOT
 
 
 def packages(names: List[str]) -> List[str]:
-    confs = [OmegaConf.load(p) for p in sorted((REPO_ROOT / "conf" / "harness").glob("*.yaml"))]
-    return [f"{c.package}@{c.version}" for c in confs if c.get("package") and (not names or c.name in names)]
+    specs = []
+    for path in sorted((REPO_ROOT / "conf" / "harness").glob("*.yaml")):
+        conf = OmegaConf.load(path)
+        assert isinstance(conf, DictConfig), f"{path}: a harness config is a mapping"
+        if conf.get("package") and (not names or conf.name in names):
+            specs.append(f"{conf.package}@{conf.version}")
+    return specs
 
 
 def main(argv: List[str]) -> int:

@@ -1,11 +1,12 @@
 """Where a CLI harness is installed and what its sandbox must hold to run it.
 
-A harness's ``bin`` is looked up in the install folder's ``node_modules/.bin`` (``.harnesses/``), then on PATH. Either way the name is usually a symlink (npm's ``bin/codex ->
-../lib/node_modules/@openai/codex/bin/codex.js``) to a script run by an interpreter (``#!/usr/bin/env node``) that
-may live outside the system folders the sandbox mounts (a user's npm prefix, nvm). :func:`locate` follows the
-links and the shebang: the CLI is started as ``[interpreter, *its arguments, script]`` (or the native binary
-itself), and the sandbox binds read-only the outermost ``node_modules`` holding the script (its package and the
-dependencies it loads, e.g. Codex's platform binary) and the interpreter's folder.
+A harness's ``bin`` is looked up in the install folder's ``node_modules/.bin`` (``.harnesses/``), then on PATH.
+Either way the name is usually a symlink (npm's ``bin/codex -> ../lib/node_modules/@openai/codex/bin/codex.js``)
+to a script run by an interpreter (``#!/usr/bin/env node``) that may live outside the system folders the sandbox
+mounts (a user's npm prefix, nvm). :func:`locate` follows the links and the shebang: the CLI is started as
+``[interpreter, *its arguments, script]`` (or the native binary itself), and the sandbox binds read-only the
+outermost ``node_modules`` holding the script (its package and the dependencies it loads, e.g. Codex's platform
+binary) and the interpreter's folder.
 """
 
 from __future__ import annotations
@@ -72,10 +73,10 @@ def locate(conf: Mapping[str, str]) -> Installed:
     command = shebang(target)
     if not command:
         return Installed(Path(found), (str(target),), (package_root(target),), ())
-    interpreter = shutil.which(command[0])
-    if not interpreter:
+    on_path = shutil.which(command[0])
+    if not on_path:
         raise KbsweepError(f"{where}: key 'bin': {target} runs '{command[0]}', which is not on PATH")
-    interpreter = Path(interpreter).resolve()
+    interpreter = Path(on_path).resolve()
     return Installed(
         Path(found),
         (str(interpreter), *command[1:], str(target)),

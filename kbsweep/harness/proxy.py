@@ -95,8 +95,8 @@ def anthropic_events(message: Dict[str, Any]) -> Iterable[Tuple[str, Dict[str, A
         yield "content_block_start", {"type": "content_block_start", "index": index, "content_block": opening}
         yield "content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta}
         yield "content_block_stop", {"type": "content_block_stop", "index": index}
-    delta = {"stop_reason": message.get("stop_reason"), "stop_sequence": message.get("stop_sequence")}
-    yield "message_delta", {"type": "message_delta", "delta": delta, "usage": usage}
+    ending = {"stop_reason": message.get("stop_reason"), "stop_sequence": message.get("stop_sequence")}
+    yield "message_delta", {"type": "message_delta", "delta": ending, "usage": usage}
     yield "message_stop", {"type": "message_stop"}
 
 
@@ -148,7 +148,9 @@ class ModelProxy:
 
     @property
     def address(self) -> Tuple[str, int]:
-        return self.server.server_address[:2]
+        host, port = self.server.server_address[:2]
+        assert isinstance(host, str)  # an AF_INET server's
+        return host, port
 
     def __enter__(self) -> "ModelProxy":
         self.started = time.monotonic()
@@ -156,7 +158,7 @@ class ModelProxy:
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        self.token = None  # revoked: a harness process that outlived its cell gets nothing more
+        self.token = ""  # revoked: a harness process that outlived its cell gets nothing more
         self.server.shutdown()
         self.server.server_close()
         self.result.wall_s = time.monotonic() - self.started
@@ -196,8 +198,9 @@ class ModelProxy:
         from litellm.llms.anthropic.messages.adapters.transformation import LiteLLMAnthropicMessagesAdapter
 
         adapter = LiteLLMAnthropicMessagesAdapter()
-        chat, names = adapter.translate_anthropic_to_openai(payload)
-        completion = self.complete(chat["messages"], chat.get("tools") or [])
+        # the request's JSON is the TypedDict litellm names; its translation's TypedDicts are the dicts complete() sends
+        chat, names = adapter.translate_anthropic_to_openai(payload)  # type: ignore[arg-type]
+        completion = self.complete(chat["messages"], chat.get("tools") or [])  # type: ignore[arg-type]
         message = dict(
             adapter.translate_openai_response_to_anthropic(model_response(completion, payload.get("model", "")), names)
         )
@@ -212,14 +215,19 @@ class ModelProxy:
 
         params = {k: v for k, v in payload.items() if k not in ("model", "input")}
         chat = bridge.transform_responses_api_request_to_chat_completion_request(
-            model=self.route, input=payload["input"], responses_api_request=params, stream=False
+            model=self.route,
+            input=payload["input"],
+            responses_api_request=params,  # type: ignore[arg-type]  # the request's JSON: the TypedDict litellm names
+            stream=False,
         )
         self.answered(payload["input"])
         completion = self.complete(chat["messages"], chat.get("tools") or [])
         self.said(completion)
         model = payload.get("model", "")
         response = bridge.transform_chat_completion_response_to_responses_api_response(
-            payload["input"], params, model_response(completion, model)
+            payload["input"],
+            params,  # type: ignore[arg-type]  # as above
+            model_response(completion, model),
         ).model_dump(mode="json")
         usage = completion.usage
         response["usage"] = {  # the counts the model reported, in the shape Codex reads

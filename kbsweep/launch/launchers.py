@@ -94,8 +94,9 @@ class Launcher(ABC):
         """The launcher ``conf`` asks for (a kind may pick a variant by its other keys)."""
         return cls(conf)
 
-    def check(self, cells: List[Cell]) -> None:
-        """Refuse cells this launcher cannot run (a one-line KbsweepError); the sweep asks before its preflight."""
+    def check(self, cells: List[Cell]) -> None:  # noqa: B027 - a default, not a duty: most launchers run any cell
+        """Refuse cells this launcher cannot run (a one-line KbsweepError); the sweep asks before its preflight. By
+        default every cell is accepted."""
 
     @abstractmethod
     def run(self, cells: List[Cell], on_start: OnStart, on_done: OnDone) -> None: ...
@@ -395,7 +396,9 @@ class WarmLocalLauncher(LocalLauncher):
         one no running cell has. Workers then keep to problems of their own: a worker that changes problem
         starts two more zygotes, seconds of CPU each."""
         if self.idle:
-            warm = grading_of(self.idle[-1].cell)
+            last = self.idle[-1].cell
+            assert last is not None  # a worker is idle once it has answered a cell
+            warm = grading_of(last)
             return lambda cell: grading_of(cell) == warm
         taken = {grading_of(cell) for cell in running}
         return lambda cell: grading_of(cell) not in taken
@@ -422,7 +425,7 @@ class WarmLocalLauncher(LocalLauncher):
             super().run(cells, on_start, on_done)
         finally:
             for worker in self.idle:
-                worker.proc.stdin.close()
+                worker.stdin.close()
             for worker in self.idle:
                 worker.close()
             self.idle.clear()

@@ -206,7 +206,8 @@ class Attempt:
     them."""
 
     def __init__(self, uri: str):
-        self.uri, self.down = uri, None
+        self.uri = uri
+        self.down: Optional[str] = None  # why the server stopped answering
 
     def __call__(self, action, *args) -> Any:
         if self.down:
@@ -301,7 +302,9 @@ def orchestrate(
             finished[cell.key] = logged
 
     for cell in salvage:
-        log(cell, None, CellResult.from_json(journal(cell)))
+        stored = journal(cell)
+        assert stored is not None  # plan salvages a cell for its journal, which the sweep's lock keeps
+        log(cell, None, CellResult.from_json(stored))
     todo = [c for c in todo if c.key not in unlogged]  # an unlogged journal is neither cleared nor redone
     for cell in todo:
         clear_for_rerun(

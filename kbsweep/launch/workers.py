@@ -78,6 +78,8 @@ class Worker:
                 stderr=err,
                 start_new_session=True,
             )
+        assert self.proc.stdin is not None and self.proc.stdout is not None  # both PIPEs
+        self.stdin, self.stdout = self.proc.stdin, self.proc.stdout
         self.job_id = str(self.proc.pid)
         self.result: Optional[Dict[str, Any]] = None
         self.cell: Optional[Cell] = None  # the last one it was given
@@ -87,11 +89,11 @@ class Worker:
     def start(self, job: Job, cell: Cell, visible: Optional[str]) -> None:
         self.result, self.cell = None, cell
         self.finished.clear()
-        send_frame(self.proc.stdin, self.pickle.dumps((job, cell, visible)))
+        send_frame(self.stdin, self.pickle.dumps((job, cell, visible)))
         threading.Thread(target=self.receive, daemon=True).start()
 
     def receive(self) -> None:
-        payload = read_frame(self.proc.stdout)
+        payload = read_frame(self.stdout)
         self.result = self.pickle.loads(payload) if payload is not None else None
         self.finished.set()
         self.answered.set()
@@ -106,8 +108,8 @@ class Worker:
     def close(self) -> None:
         """Let an idle worker exit on its own (its zygotes are closed at its exit; the stdin of each worker is
         closed first, so they wind down together)."""
-        if not self.proc.stdin.closed:
-            self.proc.stdin.close()
+        if not self.stdin.closed:
+            self.stdin.close()
         try:
             self.proc.wait(timeout=30)
         except subprocess.TimeoutExpired:

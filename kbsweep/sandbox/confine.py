@@ -5,9 +5,10 @@ system folders and Python (read-only), the paths it is given (read-only or writa
 and /dev/shm, and with a GPU its device nodes and /sys. It never sees other runs, ``outputs/``, the tracking
 store or the orchestrator's processes, and it starts from an explicit minimal environment. It runs without
 privileges (as root, kbsweep hands it an unused uid: the kernel's process limit does not bind root), under
-rlimits for processes, CPU seconds, file size and (without a GPU) address space. Its supervisor (:class:`~kbsweep.sandbox.watch.Watch`)
-stops it past its wall time, its memory (proportional set sizes of the whole tree: shared pages counted once) or
-its disk quota (the writable folders and the files its output goes to). Network is off; ``network_allow`` hosts are reached through a filtering proxy (:class:`kbsweep.sandbox.net.AllowProxy`).
+rlimits for processes, CPU seconds, file size and (without a GPU) address space. Its supervisor
+(:class:`~kbsweep.sandbox.watch.Watch`) stops it past its wall time, its memory (proportional set sizes of the whole
+tree: shared pages counted once) or its disk quota (the writable folders and the files its output goes to). Network
+is off; ``network_allow`` hosts are reached through a filtering proxy (:class:`kbsweep.sandbox.net.AllowProxy`).
 
 ``mode: unsafe`` runs the same commands with the same environment and limits but no namespaces; it is never
 chosen silently: where bubblewrap cannot run, :func:`require` refuses.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Any, Callable, Dict
 
@@ -96,8 +97,9 @@ def calibrate(gpu: Dict[str, Any]) -> Dict[str, Any]:
     src = torch.empty(nbytes // 4, dtype=torch.float32, device=device).uniform_()
     dst = torch.empty_like(src)
     result: Dict[str, Any] = {
-        "copy_gbps": 2 * nbytes / timed(lambda: dst.copy_(src), device) / 1e9,
-        "read_gbps": nbytes / timed(lambda: src.sum(), device) / 1e9,
+        # bound methods rather than closures over the names the del below unbinds
+        "copy_gbps": 2 * nbytes / timed(functools.partial(dst.copy_, src), device) / 1e9,
+        "read_gbps": nbytes / timed(src.sum, device) / 1e9,
         "peaks_tflops": {},
         "measured_on": time.strftime("%Y-%m-%d"),
         "software": {"torch": str(torch.__version__), "cuda": torch.version.cuda},

@@ -18,9 +18,7 @@ def test_torch_cuda_skips_a_bare_annotation_of_cuda(tmp_path, monkeypatch):
 
     (tmp_path / "__init__.py").write_text("")
     (tmp_path / "version.py").write_text("from typing import Optional\ncuda: Optional[str]\ncuda = '12.4'\n")
-    monkeypatch.setattr(
-        importlib.util, "find_spec", lambda name: SimpleNamespace(origin=str(tmp_path / "__init__.py"))
-    )
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: SimpleNamespace(origin=str(tmp_path / "__init__.py")))
     monkeypatch.setitem(sys.modules, "torch", SimpleNamespace(version=SimpleNamespace(cuda="imported")))
     assert grading.torch_cuda() == "12.4"
 

@@ -16,7 +16,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
-TIMER_VERSION = "9"  # the method of kbsweep/grader/shared/timing.py (3: the referee's batches; 4: baselines profiled as the candidate; 5: graph replays scored; 6: the referee's clock scored, a captured replay always; 7: GPU baselines timed on a quiet host, its load recorded; 8: ci95_ms the median's interval, not the mean's; 9: GPU baselines stop once their median's interval is within grade.timing.ci_rel); a new one re-times baselines
+# The method of kbsweep/grader/shared/timing.py; a new one re-times baselines. 3: the referee's batches; 4: baselines
+# profiled as the candidate; 5: graph replays scored; 6: the referee's clock scored, a captured replay always; 7: GPU
+# baselines timed on a quiet host, its load recorded; 8: ci95_ms the median's interval, not the mean's; 9: GPU
+# baselines stop once their median's interval is within grade.timing.ci_rel.
+TIMER_VERSION = "9"
 SEED_FORMAT = "kbsweep-baseline-seed/1"
 # what a record's conditions hold: the card, the software and the timer; a seed record lacking one is refused
 CONDITIONS = ("card", "torch", "triton", "cuda", "driver", "runtime", "timer")
@@ -116,7 +120,8 @@ def seed_fault(record: Any, gpu: str) -> Optional[str]:
     """Why a seed record cannot be served, or None."""
     if not isinstance(record, dict):
         return "not an object"
-    conds = record.get("conditions") if isinstance(record.get("conditions"), dict) else {}
+    conditions = record.get("conditions")
+    conds = conditions if isinstance(conditions, dict) else {}
     missing = [k for k in ("problem", "deck", "baseline") if not isinstance(record.get(k), str) or not record[k]]
     missing += [f"conditions.{k}" for k in CONDITIONS if conds.get(k) in (None, "", "None")]
     if missing or not isinstance(record.get("shape"), dict) or not record["shape"]:

@@ -14,7 +14,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from kbsweep.config.problems import Problem
 from kbsweep.grader import zygotes
@@ -55,6 +55,9 @@ def supervise(request: RefereeRequest, how: Supervision, warm: Optional[zygotes.
     read_fd, write_fd = os.pipe()
     referee_end, runner_end = socket.socketpair()
     proc_fd = os.open("/proc", os.O_RDONLY | os.O_DIRECTORY)  # the host's: the referee reads the runner's threads there
+    request_in, request_out = os.pipe()  # the referee's stdin: its request
+    runner: Union[zygotes.Forked, subprocess.Popen[bytes]]
+    referee: Union[zygotes.Forked, subprocess.Popen[bytes]]
     with (
         open(log_dir / "grade_stdout.log", "wb") as out,
         open(log_dir / "grade_stderr.log", "wb") as err,
@@ -73,7 +76,6 @@ def supervise(request: RefereeRequest, how: Supervision, warm: Optional[zygotes.
                     "channel": runner_end.fileno(),
                 },
             )
-            request_in, request_out = os.pipe()
             referee = judge.fork(
                 judge.home,
                 ["fd:result", "fd:channel", "fd:proc", str(runner.pid)],
@@ -86,8 +88,6 @@ def supervise(request: RefereeRequest, how: Supervision, warm: Optional[zygotes.
                     "proc": proc_fd,
                 },
             )
-            os.close(request_in)
-            stdin = os.fdopen(request_out, "wb")
         else:
             runner = sandbox.popen(
                 [sys.executable, "-I", "-B", "-c", RUNNER_BOOT.format(root=str(REPO_ROOT)), str(runner_end.fileno())],
@@ -116,19 +116,19 @@ def supervise(request: RefereeRequest, how: Supervision, warm: Optional[zygotes.
                 env=env,
                 writable=[(referee_dir, str(referee_dir))],
                 readonly=readonly,
-                stdin=subprocess.PIPE,
+                stdin=request_in,
                 stdout=referee_log,
                 stderr=subprocess.STDOUT,
                 pass_fds=(write_fd, referee_end.fileno(), proc_fd),
             )
-            stdin = referee.stdin
+        os.close(request_in)
         runner_end.close()
         os.close(write_fd)
         os.close(proc_fd)
         referee_end.close()
         try:
-            stdin.write(json.dumps(request.to_json()).encode())
-            stdin.close()
+            with os.fdopen(request_out, "wb") as stdin:
+                stdin.write(json.dumps(request.to_json()).encode())
         except BrokenPipeError:  # the referee died at once: its log says why
             pass
         breach = watch_both(referee, runner, how.timeout_s, how.memory_mib, sandbox.policy.disk_mib, [workdir, log_dir])
@@ -151,9 +151,8 @@ def supervise(request: RefereeRequest, how: Supervision, warm: Optional[zygotes.
         detail = tail[0][:300] if tail else f"exit code {referee.returncode}"
         return {"ok": False, "outcome": Outcome.HARNESS_ERROR, "message": f"the referee died ({detail})"}
     message = json.loads(lines[0])
-    signum = (
-        -runner.returncode if (runner.returncode or 0) < 0 else (runner.returncode or 0) - 128
-    )  # bwrap: 128 + signal
+    runner_code = runner.returncode or 0
+    signum = -runner_code if runner_code < 0 else runner_code - 128  # bwrap: 128 + signal
     if not message.get("ok") and signum > 0 and "died" in message.get("message", ""):
         cause = died_of(signum)
         if message["outcome"] == Outcome.HARNESS_ERROR:  # died before the candidate was imported: never the model's
@@ -229,7 +228,9 @@ def warm_runner(sandbox: Sandbox, env: Dict[str, str], view: Sequence[Path], par
     return warm
 
 
-def zygote_view(problem: Problem, device: str, world_size: int, hide_env: Sequence[str], policy: SandboxPolicy):
+def zygote_view(
+    problem: Problem, device: str, world_size: int, hide_env: Sequence[str], policy: SandboxPolicy
+) -> Optional[Tuple[Sandbox, Dict[str, str], List[Path]]]:
     """(sandbox, the referee's environment, its read-only view) of ``problem``'s grades, the key of the zygotes they
     fork from; None where grades spawn cold (multi-rank, unconfined)."""
     sandbox = Sandbox(policy, gpu=device == "cuda")

@@ -105,12 +105,26 @@ def spawn_torchrun(
     env = dict(os.environ if env is None else env)
     env.setdefault("OMP_NUM_THREADS", "1")
     with open(log_dir / f"{name}_stdout.log", "wb") as out, open(log_dir / f"{name}_stderr.log", "wb") as err:
-        streams = dict(stdout=out, stderr=err, stdin=subprocess.DEVNULL)
         if sandbox is None:
-            return subprocess.Popen(list(command), cwd=cwd, env=env, start_new_session=True, **streams)
+            return subprocess.Popen(
+                list(command),
+                cwd=cwd,
+                env=env,
+                start_new_session=True,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=err,
+            )
         binds = [(Path(p), str(p)) for p in writable]
         return sandbox.popen(
-            list(command), cwd=str(cwd or writable[0]), env=env, writable=binds, readonly=readonly, **streams
+            list(command),
+            cwd=str(cwd or writable[0]),
+            env=env,
+            writable=binds,
+            readonly=readonly,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=err,
         )
 
 

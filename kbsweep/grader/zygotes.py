@@ -17,7 +17,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple, overload
 
 from kbsweep.grader.shared.zygote import BOOT
 from kbsweep.paths import REPO_ROOT
@@ -44,7 +44,8 @@ class Forked:
     """A zygote's child, as much of ``subprocess.Popen`` as the grade's watch uses (pid, poll, wait)."""
 
     def __init__(self, zygote: "Zygote", pid: int):
-        self.zygote, self.pid, self.returncode = zygote, pid, None
+        self.zygote, self.pid = zygote, pid
+        self.returncode: Optional[int] = None
 
     def poll(self) -> Optional[int]:
         if self.returncode is None:
@@ -95,8 +96,14 @@ class Zygote:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
+    @overload
+    def message(self, timeout: None) -> Dict[str, Any]: ...
+    @overload
+    def message(self, timeout: Optional[float]) -> Optional[Dict[str, Any]]: ...
+
     def message(self, timeout: Optional[float]) -> Optional[Dict[str, Any]]:
-        """The zygote's next message, None when none came within ``timeout`` (raises once it is gone)."""
+        """The zygote's next message, None when none came within ``timeout`` (waits for one without a timeout;
+        raises once it is gone)."""
         if not select.select([self.control], [], [], timeout)[0]:
             return None
         data = self.control.recv(1 << 16)

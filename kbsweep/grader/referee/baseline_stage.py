@@ -24,6 +24,12 @@ from kbsweep.outcomes import Outcome
 class BaselineStage(CandidateContext):
     """The baselines timed here, on the timer the candidate's batches run on."""
 
+    def timing_mode(self) -> str:
+        """How batches are timed, the baselines' and the candidate's alike (:func:`kbsweep.grader.shared.timing.run_batch`)."""
+        if self.device.type != "cuda":
+            return "host"
+        return "isolated" if self.spec.get("regime") == "latency" else "back_to_back"
+
     def replays(self, mode: str, kernelbench: bool = False) -> bool:
         """Whether back-to-back batches alternate with graph replays (never for KernelBench's metrics: eager)."""
         return mode == "back_to_back" and self.cfg.replay and not kernelbench
@@ -75,7 +81,7 @@ class BaselineStage(CandidateContext):
         )
         warm, per_batch = int(shape_.get("warm_calls", 0)), int(shape_["per_batch"])  # as the candidate's batches open
         replays, refused = None, None
-        if self.replays(mode):
+        if flush is not None and self.replays(mode):  # replays are back to back, on a GPU
             try:
                 replays = (
                     timing.Replay(steps(per_batch), flush),
@@ -128,7 +134,8 @@ def time_baselines(
     ``spent()`` says the grade's baseline budget is gone (a slow compile must not cost the candidate its grade) is
     left for a later grade. Each but eager is first compared with the reference: one outside the tolerance is timed all the
     same (a library's own precision) and carries ``outside_tolerance``."""
-    spec, out = request.spec, {}
+    spec = request.spec
+    out: Dict[str, Optional[Dict[str, Any]]] = {}
     expected = None  # the reference's output on the first timing inputs, once for every baseline checked against it
     for name in request.baselines:
         if name in spec.get("skip_baselines", {}):
@@ -150,13 +157,11 @@ def time_baselines(
                 except checks.CheckFailure as exc:
                     differs = str(exc)
             checked = time.perf_counter()  # a compile baseline compiled in its check's first call
-            out[name] = timer(name, fn, sets)
-            out[name]["cost_s"] = {
-                "check": round(checked - began, 3),
-                "timing": round(time.perf_counter() - checked, 3),
-            }
+            timed = timer(name, fn, sets)
+            timed["cost_s"] = {"check": round(checked - began, 3), "timing": round(time.perf_counter() - checked, 3)}
             if differs:
-                out[name]["outside_tolerance"] = differs
+                timed["outside_tolerance"] = differs
+            out[name] = timed
         except GradeFailure:  # the host's, not the baseline's: the grade ends
             raise
         except Exception as exc:  # a baseline failing is recorded, never the candidate's fault

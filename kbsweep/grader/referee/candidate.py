@@ -15,6 +15,7 @@ import random
 import secrets
 import time
 from dataclasses import replace
+from types import ModuleType
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch
@@ -42,8 +43,15 @@ class CandidateContext:
     """What every stage of a grade works with: the request, the runner, the arena, the reference's models and
     inputs, findings and evidence, and the clock of each stage."""
 
+    ref: ModuleType  # the reference, loaded by the referee's run
+    shape: Dict[str, Any]  # the shape the current stage calls on, set by the stage
+    _stage: str
+    _since: float
+
     def __init__(self, request: RefereeRequest, runner: Channel):
-        self.secret_seed = request.secret_seed
+        if request.secret_seed is None:  # the grade's hidden inputs and picks are drawn from it
+            raise ValueError("the referee's request holds no secret seed")
+        self.secret_seed: int = request.secret_seed
         self.req, self.runner = replace(request, secret_seed=None), runner  # the seed is held here only, never echoed
         self.spec = request.spec
         self.device = torch.device(request.device)
@@ -60,7 +68,7 @@ class CandidateContext:
         ] = {}  # each command's id: (stage, tag, shape, model) it served (the runner sees the id only)
         self.model_in_use: Optional[int] = None
         self.model_ids = itertools.count()
-        self.arena: Optional[Arena] = None
+        self.current_arena: Optional[Arena] = None  # the shape's, from ``open_arena``
         self.work = {"calls": 0, "flops": 0.0, "bytes": 0.0}  # what the candidate's calls should cost, summed
         self.barrier: Optional[Callable[[], None]] = (
             None  # ranks: across the referee ranks, as the runner ranks have theirs
@@ -73,6 +81,12 @@ class CandidateContext:
         self.firsts: Dict[str, tuple] = {}
         self.kernelbench_verdict: Optional[Dict[str, Any]] = None
         self.profile: Optional[Dict[str, Any]] = None  # a profile grade's view of its timed calls (profile_view)
+
+    @property
+    def arena(self) -> Arena:
+        if self.current_arena is None:
+            raise RuntimeError("no arena: a stage opens its shape's before it sends tensors")
+        return self.current_arena
 
     @property
     def stage(self) -> str:
@@ -148,10 +162,10 @@ class CandidateContext:
         """The next shape's arena. The runner first lets go of the last one and of every model built from it (no
         model is called across arenas), so a grade holds one shape's memory at a time, and the GPU memory the
         runner's allocator kept is back with the driver before the new arena is taken from it."""
-        if self.arena is not None:
+        if self.current_arena is not None:
             self.ask("release")
-            self.arena.close()
-        self.arena = Arena.create(size, self.device)
+            self.current_arena.close()
+        self.current_arena = Arena.create(size, self.device)
         self.ask("arena", fds=[self.arena.fd], size=self.arena.size)
 
     def arena_size(self, shape: Dict[str, Any]) -> int:

@@ -83,7 +83,7 @@ def run(referee: "CandidateContext", sem: Semantics) -> Dict[str, Any]:
     try:
         ref_model = referee.build(shape, sem.seed)  # seeded after its init inputs, as KernelBench does
         model = referee.send_model(ref_model, shape, sem.seed)
-        for trial, seed in enumerate(trial_seeds(sem.seed, sem.trials)):
+        for seed in trial_seeds(sem.seed, sem.trials):
             mark = referee.arena.used
             torch.manual_seed(seed)
             inputs = cast(list(referee.ref.get_inputs(dict(shape), referee.device)), sem)

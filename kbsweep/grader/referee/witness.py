@@ -66,16 +66,9 @@ def call_work(
     basis, chosen = counted_groups(by_group)
     flops_seen = range_flops if isinstance(range_flops, dict) else {}
     bytes_seen = range_bytes if isinstance(range_bytes, dict) else {}
-    work = {
-        "basis": basis,
-        "calls": 0,
-        "flop_share": 0.0,
-        "byte_share": 0.0,
-        "host_bytes": 0.0,
-        "own_launches": 0,
-        "idle_groups": [],
-        "idle_calls": 0,
-    }
+    calls = own_launches = idle_calls = 0
+    flop_share = byte_share = host_bytes = 0.0
+    idle_groups: List[str] = []
     for group in chosen:
         rows = by_group[group]
         problem_flops, problem_bytes = problem(group)
@@ -84,21 +77,26 @@ def call_work(
             rows, aligned(flops_seen.get(group), len(rows)), aligned(bytes_seen.get(group), len(rows))
         ):
             if instance in seen:
-                work["flop_share"] = max(
-                    work["flop_share"], max(row[FLOPS], flops) / problem_flops if problem_flops else 0.0
-                )
-                work["byte_share"] = max(
-                    work["byte_share"], max(row[BYTES], moved) / problem_bytes if problem_bytes else 0.0
-                )
+                flop_share = max(flop_share, max(row[FLOPS], flops) / problem_flops if problem_flops else 0.0)
+                byte_share = max(byte_share, max(row[BYTES], moved) / problem_bytes if problem_bytes else 0.0)
             seen.add(instance)
-        work["calls"] += len(rows)
-        work["host_bytes"] = max([work["host_bytes"]] + [row[HOST] for _, row in rows])
-        work["own_launches"] += int(sum(row[LAUNCHES] for _, row in rows))
+        calls += len(rows)
+        host_bytes = max([host_bytes] + [row[HOST] for _, row in rows])
+        own_launches += int(sum(row[LAUNCHES] for _, row in rows))
         idle = sum(1 for _, row in rows if row[LAUNCHES] <= 0)
         if idle:
-            work["idle_groups"].append(group)
-            work["idle_calls"] += idle
-    return work
+            idle_groups.append(group)
+            idle_calls += idle
+    return {
+        "basis": basis,
+        "calls": calls,
+        "flop_share": flop_share,
+        "byte_share": byte_share,
+        "host_bytes": host_bytes,
+        "own_launches": own_launches,
+        "idle_groups": idle_groups,
+        "idle_calls": idle_calls,
+    }
 
 
 def aligned(values: Any, count: int) -> List[float]:
@@ -121,7 +119,8 @@ def mismatches(
     if short:
         out.append(f"calls recorded by the runner fewer than made in {', '.join(short)}")
     if profiled:
-        ranges = profiled.get("ranges") if isinstance(profiled.get("ranges"), dict) else {}
+        ranges = profiled.get("ranges")
+        ranges = ranges if isinstance(ranges, dict) else {}
         unranged = sorted(group for group, n in counted.items() if n and int(ranges.get(group) or 0) < n)
         if unranged:
             out.append(f"call ranges fewer than calls made in {', '.join(unranged)}")

@@ -65,6 +65,6 @@ def install() -> bool:
             elif current is not wrapper and is_builtin(current):  # another builtin put there: wrapped afresh
                 interpreter._patch_attr(pkg, name, current, builder, scope)
 
-    patch_builtin.listed = listed
+    patch_builtin.__dict__["listed"] = listed  # the mark that it is installed (checked above)
     interpreter._patch_builtin = patch_builtin
     return True

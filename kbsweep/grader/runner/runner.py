@@ -22,7 +22,7 @@ import importlib
 import os
 import sys
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, ContextManager, Dict, List, Optional, Tuple
 
 import torch
 import torch.profiler
@@ -56,7 +56,7 @@ class Runner:
         self.device = torch.device(request["device"])
         self.folder = Path(request["workdir"])
         self.models: Dict[int, Any] = {}
-        self.arena: Optional[Arena] = None
+        self.attached: Optional[Arena] = None  # the referee's arena (``arena``), until ``release``
         self.cand: Any = None
         self.monitor: Optional[runtime.Monitor] = None  # installed by ``instrument``, before the candidate's import
         self.evidence: Dict[str, Any] = {}
@@ -69,6 +69,25 @@ class Runner:
         self.calls: Dict[str, List[List[int]]] = {}  # per command id, each call's work (Runner.work)
         self.replay: Optional[timing.Replay] = None  # the last batch's captured calls
         self.paused: Any = None  # the profiler's kernel records, paused from a replay's arm to the next command
+        # the armed batch: (warm steps, timed steps, mode, spin_us, its replay), None after a failed capture
+        self.armed: Optional[Tuple[List[tuple], List[tuple], str, float, Optional[timing.Replay]]] = None
+
+    @property
+    def arena(self) -> Arena:
+        if self.attached is None:
+            raise RuntimeError("no arena: the referee attaches one before any command that passes tensors")
+        return self.attached
+
+    def watched(self) -> ContextManager[None]:
+        """The monitor's watch over a call into the candidate's code."""
+        if self.monitor is None:
+            raise RuntimeError("no monitor: the referee instruments the runner before it imports the candidate")
+        return self.monitor.watch(self.stage)
+
+    def armed_batch(self) -> Tuple[List[tuple], List[tuple], str, float, Optional[timing.Replay]]:
+        if self.armed is None:
+            raise RuntimeError("no batch armed: its capture failed")
+        return self.armed
 
     def serve(self) -> None:
         while True:
@@ -92,16 +111,16 @@ class Runner:
 
     # -- setup ----------------------------------------------------------------------
     def op_arena(self, message, fds) -> None:
-        self.arena = Arena.attach(fds[0], int(message["size"]), self.device)
+        self.attached = Arena.attach(fds[0], int(message["size"]), self.device)
 
     def op_release(self, message, fds) -> None:
         """Drop the models built so far and the arena they came from, returning their GPU memory to the driver (a
         grade that kept every shape's and seed's models and arenas ran an 80 GB GPU out of memory)."""
         self.models.clear()
         self.replay = None
-        if self.arena is not None:
-            self.arena.close()
-            self.arena = None
+        if self.attached is not None:
+            self.attached.close()
+            self.attached = None
         gc.collect()
         if self.device.type == "cuda":
             torch.cuda.synchronize()
@@ -123,7 +142,7 @@ class Runner:
         sys.meta_path.append(CandidateFinder(self.folder))
         unlist_harness()
         try:
-            with self.monitor.watch(self.stage):
+            with self.watched():
                 self.cand = importlib.import_module(f"{PACKAGE}.solution")
         except BaseException as exc:  # noqa: BLE001 - any import failure is the candidate's
             outcome = Outcome.GRADE_OOM if classify(exc) == Outcome.GRADE_OOM else Outcome.COMPILE_ERROR
@@ -133,7 +152,7 @@ class Runner:
 
     def op_build(self, message, fds) -> None:
         seed_rng(int(message["seed"]), self.device)
-        with torch.no_grad(), self.monitor.watch(self.stage):
+        with torch.no_grad(), self.watched():
             model = (
                 self.cand.ModelNew(*decode(message["init"], self.arena))
                 .to(self.device)
@@ -155,7 +174,7 @@ class Runner:
         returned is made plain inside the call's range (:func:`plain`) and let go there, so none of its code runs
         once the range has closed (a list whose ``__iter__`` computes, a ``__del__``: the call's work either way)."""
         with (
-            self.monitor.watch(self.stage),
+            self.watched(),
             torch.profiler.record_function(profiling.CALL_RANGE + self.tag),
             self.recorded(),
         ):
@@ -270,6 +289,9 @@ class Runner:
         timed = calls[warm:]
         replay = None
         if message.get("replay"):
+            if self.flush is None:  # CPU: no graph to capture (the referee asks for replays on GPUs only)
+                self.armed = None
+                return {"replay_error": f"{self.stage}: capture failed: no GPU"}
             key = (message["model"], repr([(c["inputs"], c["outputs"]) for c in timed]))
             if self.replay is None or self.replay.key != key:
                 self.replay = None  # the last capture's memory pool goes before the next is taken
@@ -292,23 +314,26 @@ class Runner:
             float(message.get("spin_us") or 0),
             replay,
         )
+        return None
 
     def op_warm(self, message, fds) -> None:
         """The armed batch's warm calls, to their end: the chip at the clock it sustains when the go comes."""
-        warm, _, mode, _, _ = self.armed
+        warm, _, mode, _, _ = self.armed_batch()
         with torch.no_grad():
             timing.run_batch(warm, mode)
 
     def op_batch(self, message, fds) -> Dict[str, Any]:
         """The armed batch's timed calls (:func:`kbsweep.grader.shared.timing.run_batch`), each output copied to its slot
         outside its timed interval, or their replay; the referee's clock runs around this command."""
-        _, steps, mode, spin_us, replay = self.armed
+        _, steps, mode, spin_us, replay = self.armed_batch()
         with torch.no_grad():
             return timing.run_batch(steps, mode, spin_us, self.flush, replay)
 
     def op_evidence(self, message, fds) -> Dict[str, Any]:
         """Everything recorded: runtime events, the recorder's ops, and from the profiler session the ops of
         every call (those run with torch dispatch disabled too) and, per tag, the kernels of its calls."""
+        if self.monitor is None:
+            raise RuntimeError("no monitor: the referee instruments the runner before it asks for evidence")
         self.monitor.close()
         session = getattr(self, "session", None)
         profiled = {}

@@ -106,7 +106,9 @@ class Monitor:
                 self.answer(frame, args[0] if args else None)
                 return
             detail = self.describe(event, args)
-            where = self.culprit(frame, kind in self.machinery) if detail is not None else None
+            if detail is None:
+                return
+            where = self.culprit(frame, kind in self.machinery)
             if where is not None:
                 self.record(kind if not (event == "open" and self.writes(args)) else "file_write", event, detail, where)
         finally:
@@ -134,8 +136,8 @@ class Monitor:
         elif box[0] in ("capture_begin", "capture_end") and self.gate is not None:
             self.gate.captured(box[1], box[0] == "capture_end")
         elif box[0] == "thread":
-            where = self.culprit(frame.f_back) if self.active else None
-            box[1] = box[1] if where is None else self.thread_body(box[1], where)
+            starter = self.culprit(frame.f_back) if self.active else None
+            box[1] = box[1] if starter is None else self.thread_body(box[1], starter)
         elif box[0] == "export" and self.gate is not None and self.culprit(frame.f_back):
             self.gate.exported += int(box[1])
 
@@ -148,9 +150,8 @@ class Monitor:
         if event in ("object.__setattr__", "object.__delattr__"):
             target = args[0]
             module = getattr(target, "__module__", "") or ""
-            if getattr(sys.modules.get(module), "__file__", "") and sys.modules[module].__file__.startswith(
-                self.candidate_dir
-            ):
+            module_file = getattr(sys.modules.get(module), "__file__", None)
+            if isinstance(module_file, str) and module_file.startswith(self.candidate_dir):
                 return None  # the candidate's own classes
             return f"{module}.{getattr(target, '__qualname__', type(target).__name__)}.{args[1]}"
         if event == "object.__getattr__":

@@ -205,7 +205,8 @@ class Arena:
         return self.views[key]
 
     def make_view(self, slot: Slot) -> torch.Tensor:
-        dtype = DTYPES.get(slot.get("dtype"))
+        name = slot.get("dtype")
+        dtype = DTYPES.get(name) if isinstance(name, str) else None
         shape = [int(n) for n in slot.get("shape", ())]
         offset = int(slot.get("offset", -1))
         if dtype is None or any(n < 0 for n in shape):

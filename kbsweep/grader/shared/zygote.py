@@ -9,11 +9,12 @@ the grade's contents; the child closes the control socket before anything of the
 referee's secrets reach the referee's child alone and the candidate never holds a line to its zygote.
 
 The runner's zygote shares its sandbox with the candidates it forks, so between grades it ends every other
-process of that sandbox (the referee's zygote does the same: nothing a referee started outlives its grade) (``kill(-1)`` in its own pid namespace), empties ``/tmp``, ``/dev/shm`` and the
-sandbox's System V IPC, and the orchestrator re-stages the candidate folder: a candidate leaves nothing behind
-for the next. It is not dumpable (a candidate of the same uid cannot ptrace it or write its memory) and reaps
-orphans (a subreaper). A grade that breaches a limit or ends oddly discards both zygotes. Zygotes run only under
-bubblewrap: unconfined (``sandbox.mode=unsafe``) there is no namespace to sweep, and grades are spawned cold.
+process of that sandbox (``kill(-1)`` in its own pid namespace; the referee's zygote does the same: nothing a
+referee started outlives its grade), empties ``/tmp``, ``/dev/shm`` and the sandbox's System V IPC, and the
+orchestrator re-stages the candidate folder: a candidate leaves nothing behind for the next. It is not dumpable (a
+candidate of the same uid cannot ptrace it or write its memory) and reaps orphans (a subreaper). A grade that
+breaches a limit or ends oddly discards both zygotes. Zygotes run only under bubblewrap: unconfined
+(``sandbox.mode=unsafe``) there is no namespace to sweep, and grades are spawned cold.
 """
 
 from __future__ import annotations

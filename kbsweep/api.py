@@ -61,7 +61,7 @@ class Grade:
     verdict: Optional[str] = None
 
 
-def compose(overrides: Sequence[str], verb: str, config_dir: Optional[str] = None) -> List[DictConfig]:
+def compose(overrides: Sequence[str], verb: str, config_dir: Optional[str] = None) -> Sequence[DictConfig]:
     """Every config of the sweep the overrides describe, checked and prepared as the CLI's are."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
@@ -77,8 +77,8 @@ def compose(overrides: Sequence[str], verb: str, config_dir: Optional[str] = Non
     argv = check_overrides([*overrides, *(["-cd", str(config_dir)] if config_dir else [])])
     argv = [a for a in argv if a not in ("-cd", str(config_dir))]
     axes = [
-        [f"{o.get_key_element()}={v}" for v in o.sweep_string_iterator()] if o.is_sweep_override() else [o.input_line]
-        for o in OverridesParser.create().parse_overrides(argv)
+        [f"{o.get_key_element()}={v}" for v in o.sweep_string_iterator()] if o.is_sweep_override() else [line]
+        for line, o in zip(argv, OverridesParser.create().parse_overrides(argv))  # an override per line, in order
     ]
     extra = [f"verb={verb}"] + ([f"hydra.searchpath=[file://{Path(config_dir).resolve()}]"] if config_dir else [])
     GlobalHydra.instance().clear()

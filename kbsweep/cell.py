@@ -146,6 +146,7 @@ def configured_grader(
     and baseline cache (:meth:`GradeRequest.from_config`), the same for a sweep's cells and a one-file
     ``kbsweep grade``; its result as stored (JSON)."""
     configured = GradeRequest.from_config(problem, roofline, gpu, track, grade_conf, paths, deck_version, hidden)
+    assert configured.sandbox is not None and configured.zygote_home is not None  # from_config sets both
     prewarm(problem, configured.gpu.device, configured.world_size, hidden, configured.sandbox, configured.zygote_home)
 
     def run(mode: str, solution: Path, log_name: str) -> Dict[str, Any]:
@@ -371,13 +372,13 @@ def work_cell(cell: Cell, folder: Path, redactor: Redactor) -> CellResult:
     if audited:
         (folder / "audit.json").write_text(json.dumps(audited, indent=1, default=str))
     graded = graded or {}
+    passed = outcome == Outcome.PASS
     return CellResult(
         outcome,
         message=cell_message(agent.fault, graded),
-        **{
-            key: graded.get(key) if outcome == Outcome.PASS else None
-            for key in ("score", "score_public", "score_held_out")
-        },
+        score=graded.get("score") if passed else None,
+        score_public=graded.get("score_public") if passed else None,
+        score_held_out=graded.get("score_held_out") if passed else None,
         basis=graded.get("basis"),
         speedup=graded.get("speedup", {}),
         shapes=[ShapeScore.from_json(shape) for shape in graded.get("shapes", [])],

@@ -11,12 +11,13 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, List
+from typing import Any, Callable, Dict, List, NoReturn, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
 from kbsweep.compose import prepare
 from kbsweep.config.overrides import check_overrides, check_yaml, hydra_error, split_options
+from kbsweep.config.schema import as_dict
 from kbsweep.errors import ExitCode, InfraError, KbsweepError
 from kbsweep.paths import REPO_ROOT
 from kbsweep.reporting.verify import take_source  # `kbsweep verify SOURCE`: its verb and its argument
@@ -43,7 +44,7 @@ def verb(name: str):
     return register
 
 
-def fail(code: ExitCode, error: object) -> None:
+def fail(code: ExitCode, error: object) -> NoReturn:
     """Print ``error`` as kbsweep's one line (one per line of it) and exit with ``code``."""
     for line in str(error).splitlines():
         print(f"kbsweep: error: {line}", file=sys.stderr)
@@ -68,7 +69,7 @@ def dispatch(cfgs: List[DictConfig]) -> None:
     sys.exit(code)
 
 
-def sweep_cells(cfgs: List[DictConfig]) -> tuple:
+def sweep_cells(cfgs: Sequence[DictConfig]) -> tuple:
     """Run (resume) the sweep of ``cfgs`` after its preflight; returns (its cells, those left unfinished, those its
     budget did not start)."""
     from kbsweep.launch.budget import Budget, Ledger
@@ -84,8 +85,8 @@ def sweep_cells(cfgs: List[DictConfig]) -> tuple:
     budget = Ledger(limits) if limits else Budget()
     left = run_sweep(
         cells,
-        OmegaConf.to_container(cfg.tracking, resolve=True),
-        OmegaConf.to_container(cfg.launcher, resolve=True),
+        as_dict(cfg.tracking),
+        as_dict(cfg.launcher),
         bool(cfg.sweep.force),
         lambda todo: refuse_on_failure(todo, mode),
         budget,
@@ -210,7 +211,7 @@ def grade_file(cfg: DictConfig, audit: bool = True) -> tuple:
     solution = Path(cfg.solution)
     if not solution.is_file():
         raise KbsweepError(f"solution file {solution} does not exist")
-    conf = OmegaConf.to_container(cfg, resolve=True)
+    conf = as_dict(cfg)
     gpu = GpuSpec(**conf["gpu"])
     require_card(gpu)
     folder, fmt = (cfg.track.problems_dir, cfg.track.format) if track == cfg.track.name else (track, "kbsweep")
@@ -265,7 +266,7 @@ def regrade_verb(cfgs: List[DictConfig]) -> int:
     from kbsweep.launch.regrade import regrade_sweep
 
     cfg = cfgs[0]
-    done = regrade_sweep(OmegaConf.to_container(cfg, resolve=True), bool(cfg.sweep.force))
+    done = regrade_sweep(as_dict(cfg), bool(cfg.sweep.force))
     print(f"[kbsweep] {len(done)} solutions of sweep '{cfg.sweep.name}' regraded on {cfg.gpu.name}", file=sys.stderr)
     report_verb(cfgs)
     return 0
@@ -312,7 +313,7 @@ def calibrate_verb(cfgs: List[DictConfig]) -> int:
     from kbsweep.score.roofline import find_roofline
 
     cfg = cfgs[0]
-    measured = calibrate(OmegaConf.to_container(cfg.gpu, resolve=True))
+    measured = calibrate(as_dict(cfg.gpu))
     out = Path(cfg.paths.outputs) / "calibration" / f"{cfg.gpu.name}.yaml"
     out.parent.mkdir(parents=True, exist_ok=True)
     OmegaConf.save(OmegaConf.create(measured), out)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from kbsweep.config.schema import group_source, validate
+from kbsweep.config.schema import as_dict, group_source, validate
 from kbsweep.errors import KbsweepError
 from kbsweep.paths import REPO_ROOT
 
@@ -32,7 +32,9 @@ def resolve_gpu(cfg: DictConfig, hydra_cfg) -> None:
             if source.schema != "file" or not folder.is_dir():
                 continue
             for path in sorted(folder.glob("*.yaml")):
-                if pool[0]["name"] in (OmegaConf.load(path).get("nvml_names") or []):
+                spec = OmegaConf.load(path)
+                assert isinstance(spec, DictConfig), f"{path}: a gpu config is a mapping"
+                if pool[0]["name"] in (spec.get("nvml_names") or []):
                     name = path.stem
         if name == "cpu":
             raise KbsweepError(f"gpu=auto: no gpu/*.yaml lists '{pool[0]['name']}' in nvml_names; add one")
@@ -80,5 +82,5 @@ def prepare(cfg: DictConfig, hydra_cfg) -> DictConfig:
     from kbsweep.sandbox.confine import SandboxPolicy, require
 
     validate(cfg, sources, (MODEL_KINDS, RUNNERS, LAUNCHERS))
-    require(SandboxPolicy.of(OmegaConf.to_container(cfg.track, resolve=True)), probe=cfg.get("verb") in SANDBOXED_VERBS)
+    require(SandboxPolicy.of(as_dict(cfg.track)), probe=cfg.get("verb") in SANDBOXED_VERBS)
     return cfg

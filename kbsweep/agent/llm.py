@@ -221,14 +221,16 @@ class LiteLLMModel:
         except Exception as exc:  # noqa: BLE001 - fall back to our own arithmetic, never lose a turn over cost
             log.warning("litellm.completion_cost failed for %s (%s); using the model YAML prices", self.route, exc)
             p = self.prices
-            cache_read = p["cache_read"] if p["cache_read"] is not None else p["input"]
-            cache_write = p["cache_write"] if p["cache_write"] is not None else p["input"]
+            input_price, output_price = p["input"], p["output"]
+            assert input_price is not None and output_price is not None  # prices_known
+            cache_read = p["cache_read"] if p["cache_read"] is not None else input_price
+            cache_write = p["cache_write"] if p["cache_write"] is not None else input_price
             fresh = max(0, usage.input_tokens - usage.cached_tokens - usage.cache_write_tokens)
             return (
-                fresh * p["input"]
+                fresh * input_price
                 + usage.cached_tokens * cache_read
                 + usage.cache_write_tokens * cache_write
-                + usage.output_tokens * p["output"]
+                + usage.output_tokens * output_price
             ) / 1e6
 
     # ------------------------------------------------------------------------------------------------ call
@@ -301,7 +303,7 @@ class LiteLLMModel:
                 outcome, retryable, overflow = classify_exception(exc)
                 gone = unreachable(exc)  # no provider answered: no status, no litellm text, one quick retry
                 message = f"{self.name}: {gone or one_line(exc)}"
-                details = {
+                details: dict[str, Any] = {  # ProviderFault's keyword arguments
                     "status": None if gone else status_of(exc),
                     "answer": gone or provider_answer(one_line(exc)),
                     "attempts": attempt,

@@ -158,7 +158,9 @@ class TraceWriter:
                     k: event.get(k) for k in ("reason", "turns", "usage", "cost_usd", "wall_s", "harness") if k in event
                 }
             elif kind in ("retry", "compaction", "error"):
-                root.add_event(SpanEvent(kind, timestamp=ns(event["ts"]), attributes={"message": system_line(event)}))
+                # a concrete dataclass, though mlflow's stubs inherit an abstract from_proto
+                event_span = SpanEvent(kind, timestamp=ns(event["ts"]), attributes={"message": system_line(event)})  # type: ignore[abstract]
+                root.add_event(event_span)
             previous_ts = event["ts"]
         root.end(outputs=outputs, end_time_ns=ns(events[-1]["ts"]))  # the exporter stores the trace here
         error, self.exporter.error = self.exporter.error, None
@@ -185,12 +187,14 @@ class TraceWriter:
             otel = self.tracer.start_span(
                 name, start_time=start_ns, attributes={SpanAttributeKey.EXPERIMENT_ID: json.dumps(experiment_id)}
             )
-            trace_id = InMemoryTraceManager.get_instance().get_mlflow_trace_id_from_otel_id(otel.context.trace_id)
+            trace_id = InMemoryTraceManager.get_instance().get_mlflow_trace_id_from_otel_id(
+                otel.get_span_context().trace_id
+            )
         else:
             otel = self.tracer.start_span(name, context=trace.set_span_in_context(parent._span), start_time=start_ns)
             trace_id = parent.trace_id
         span = InMemoryTraceManager.get_instance().get_span_from_id(
-            trace_id, encode_span_id(otel.context.span_id)
+            trace_id, encode_span_id(otel.get_span_context().span_id)
         )  # the processor made it
         span.set_span_type(span_type)
         span.set_inputs(inputs)

@@ -129,7 +129,7 @@ class ScriptedModel:
         self, messages: List[Dict[str, Any]], tools: List[Dict[str, Any]], deadline: float | None = None
     ) -> Completion:
         if self.position >= len(self.steps):
-            reply = {"role": "assistant", "content": "Done.", "tool_calls": []}
+            reply: Dict[str, Any] = {"role": "assistant", "content": "Done.", "tool_calls": []}
             return Completion(message=reply, usage=synthetic_usage(messages, reply))
         step = dict(self.steps[self.position])
         self.position += 1
@@ -159,7 +159,7 @@ class ReplayModel:
         self, messages: List[Dict[str, Any]], tools: List[Dict[str, Any]], deadline: float | None = None
     ) -> Completion:
         if self.position >= len(self.turns):
-            reply = {"role": "assistant", "content": "End of recorded transcript.", "tool_calls": []}
+            reply: Dict[str, Any] = {"role": "assistant", "content": "End of recorded transcript.", "tool_calls": []}
             return Completion(message=reply)
         event = self.turns[self.position]
         self.position += 1

@@ -156,9 +156,10 @@ _REFUSED_RE = re.compile(r"Connection refused|Errno 111\b|ECONNREFUSED", re.I)
 def causes(exc: BaseException) -> list[BaseException]:
     """``exc`` and the exceptions it was raised from, outermost first."""
     chain: list[BaseException] = []
-    while exc is not None and all(exc is not seen for seen in chain):
-        chain.append(exc)
-        exc = exc.__cause__ or exc.__context__
+    link: BaseException | None = exc
+    while link is not None and all(link is not seen for seen in chain):
+        chain.append(link)
+        link = link.__cause__ or link.__context__
     return chain
 
 

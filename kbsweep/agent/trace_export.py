@@ -36,7 +36,7 @@ def iso(ts: float) -> str:
     return datetime.fromtimestamp(ts, tz=timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-def tool_input(arguments: str) -> Dict[str, Any]:
+def tool_input(arguments: Optional[str]) -> Dict[str, Any]:
     try:
         parsed = json.loads(arguments or "{}")
     except ValueError:
@@ -61,6 +61,7 @@ def assistant_message(event: Dict[str, Any], model: str, index: int) -> Dict[str
             }
         )
     usage = event.get("usage") or {}
+    reason = event.get("finish_reason")
     cached, written = usage.get("cached_tokens", 0), usage.get("cache_write_tokens", 0)
     return {
         "id": f"msg_{index:04d}",
@@ -68,7 +69,7 @@ def assistant_message(event: Dict[str, Any], model: str, index: int) -> Dict[str
         "role": "assistant",
         "model": model,
         "content": content,
-        "stop_reason": STOP_REASONS.get(event.get("finish_reason"), event.get("finish_reason")),
+        "stop_reason": STOP_REASONS.get(reason, reason) if reason else reason,
         "usage": {
             "input_tokens": max(0, usage.get("input_tokens", 0) - cached - written),
             "output_tokens": usage.get("output_tokens", 0),

@@ -71,18 +71,18 @@ def assign(cells: List[Cell], automatic: set) -> None:
 def estimate(cells: Sequence[Cell]) -> Optional[Dict[str, Any]]:
     """The judge's share of a plan: its models (cells each), the dollars of one call per judged cell (None where a
     judge has no prices) and the tokens assumed; None when no cell is judged."""
-    judged = [cell for cell in cells if cell.judge]
-    if not judged:
+    judges = [cell.judge for cell in cells if cell.judge]
+    if not judges:
         return None
     models: Dict[str, int] = {}
-    for cell in judged:
-        models[str(cell.judge.get("name"))] = models.get(str(cell.judge.get("name")), 0) + 1
-    costs = [call_usd(cell.judge) for cell in judged]
-    usd = None if any(c is None for c in costs) else sum(costs)
+    for judge in judges:
+        models[str(judge.get("name"))] = models.get(str(judge.get("name")), 0) + 1
+    costs = [call_usd(judge) for judge in judges]
+    priced = [c for c in costs if c is not None]
     return {
         "models": models,
-        "cells": len(judged),
-        "usd": usd,
+        "cells": len(judges),
+        "usd": sum(priced) if len(priced) == len(costs) else None,
         "expected_tokens": dict(JUDGE_TOKENS),
-        "unpriced": sorted({str(c.judge.get("name")) for c in judged if call_usd(c.judge) is None}),
+        "unpriced": sorted({str(judge.get("name")) for judge, cost in zip(judges, costs) if cost is None}),
     }

@@ -19,6 +19,7 @@ from kbsweep.harness import runner_for
 from kbsweep.planner import judging
 
 VOLATILE_MODEL_KEYS = ("concurrency", "timeout_s", "retry", "api_base", "expected_tokens", "prices", "prompt_caching")
+BUILTIN_HARNESS: Dict[str, str] = {"name": "builtin", "runner": "builtin"}
 
 
 @dataclass
@@ -49,9 +50,6 @@ class Cell:
             else f"{self.model['name']}@{self.harness['name']}"
         )
         return f"{who} · {self.problem} · {self.gpu.name} · r{self.repeat}"
-
-
-BUILTIN_HARNESS = {"name": "builtin", "runner": "builtin"}
 
 
 def cell_key(
@@ -95,6 +93,7 @@ def cells_of(cfg: DictConfig, repeats: Optional[Sequence[int]] = None) -> List[C
     (``repeats``: those of the jobs that differ from ``cfg`` only in their repeat, :class:`kbsweep.config.jobs.Jobs`;
     None: cfg's own)."""
     container = OmegaConf.to_container(cfg, resolve=True)
+    assert isinstance(container, dict)  # a DictConfig's container is a dict
     Budgets.of_cell(
         container["model"], container["track"]
     )  # refuses budgets it could not enforce, before anything runs
@@ -149,7 +148,9 @@ def build_matrix(cfgs: Sequence[DictConfig]) -> List[Cell]:
     jobs = as_jobs(cfgs)
     built = [cells_of(cfg, repeats) for cfg, repeats in jobs.units]
     seen: Dict[str, Cell] = {}
-    for unit, place in jobs.where:  # the jobs' order
+    for where in jobs.where:  # the jobs' order
+        assert where is not None  # as_jobs places every job in a unit
+        unit, place = where
         per = len(built[unit]) // len(jobs.units[unit][1])
         for cell in built[unit][place * per : (place + 1) * per]:
             seen.setdefault(cell.key, cell)
@@ -163,7 +164,7 @@ def build_matrix(cfgs: Sequence[DictConfig]) -> List[Cell]:
 def estimate(cells: List[Cell]) -> Dict[str, Any]:
     """Plan estimates: model dollars from prices × expected tokens (the agents' and the judge's); GPU-hours and rent
     from time caps."""
-    usd: Optional[float] = 0.0
+    usd = 0.0
     unpriced = set()
     gpu_hours = 0.0
     rent = 0.0

@@ -219,6 +219,8 @@ def probe(reference: str, shape: Dict[str, Any], forward: bool) -> Optional[str]
 
     try:
         spec = importlib.util.spec_from_file_location("kbsweep_probed_reference", reference)
+        if spec is None or spec.loader is None:  # a path whose suffix no loader reads
+            raise ImportError(f"no module loader for {reference}")
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
     except BaseException as exc:  # noqa: BLE001 - a SyntaxError, an ImportError, a sys.exit in deck code

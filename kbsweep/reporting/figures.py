@@ -83,8 +83,8 @@ def roofline_figure(title: str, series: Dict[str, List[Dict[str, Any]]], rooflin
     ax.set_ylabel("achieved TFLOP/s")
     outside_legend(ax)
     # a shape's label once, at the geometric middle of its points (repeats and models land on nearly the same one)
-    middle = lambda pts: tuple(math.exp(sum(math.log(v[i]) for v in pts) / len(pts)) for i in (0, 1))  # noqa: E731
-    place_labels(figure, ax, [(*middle(pts), shape) for shape, pts in at.items()], fontsize=6)
+    mean = lambda pts, i: math.exp(sum(math.log(v[i]) for v in pts) / len(pts))  # noqa: E731 - of coordinate i
+    place_labels(figure, ax, [(mean(pts, 0), mean(pts, 1), shape) for shape, pts in at.items()], fontsize=6)
     return figure
 
 

@@ -395,8 +395,8 @@ def render_html(boards: List[Dict[str, Any]], plots: Dict[str, Dict[str, bytes]]
                 parts.append(f"<h3>Per problem (model × problem)</h3>{heatmap_html(board)}")
         for name, image in plots.get(board_key(board), {}).items():
             data = base64.b64encode(image).decode()
-            image = f'<img alt="{html.escape(name)}" src="data:image/png;base64,{data}">'
-            parts.append(f"<figure>{image}<figcaption>{html.escape(name)}</figcaption></figure>")
+            img = f'<img alt="{html.escape(name)}" src="data:image/png;base64,{data}">'
+            parts.append(f"<figure>{img}<figcaption>{html.escape(name)}</figcaption></figure>")
     style = "body{font-family:sans-serif;margin:2em}table{border-collapse:collapse;margin:1em 0}"
     style += "td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}figure{display:inline-block;margin:1em}"
     style += ".heatmap td.hm{width:12px;height:16px;padding:0}.heatmap th{font-size:9px;padding:1px 2px}"

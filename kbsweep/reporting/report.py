@@ -16,7 +16,7 @@ import math
 import re
 from collections import Counter, defaultdict
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Set, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Set, Tuple
 
 from kbsweep.outcomes import INFRA_OUTCOMES, Outcome
 from kbsweep.reporting.figures import roofline_of
@@ -26,6 +26,7 @@ FAST_P = (0.0, 1.0, 1.5, 2.0)  # KernelBench's fast_p thresholds
 LEVEL_FAST_P = (1.0, 2.0)  # the board's per-level columns
 BUILTIN = "builtin"  # the harness column's name for kbsweep's own loop
 INFRA = {outcome.value for outcome in INFRA_OUTCOMES}
+Tag = Optional[str]  # a run's tag (problem, track, GPU, model): None where the run lacks it
 
 
 def is_valid_pass(row: Dict[str, Any]) -> bool:
@@ -76,14 +77,14 @@ def shape_points(metrics: Dict[str, Any], params: Dict[str, str]) -> List[Dict[s
     return points
 
 
-def model_entry(name: str, rows: List[Dict[str, Any]], deck: List[str], k: int) -> Dict[str, Any]:
+def model_entry(name: Tag, rows: List[Dict[str, Any]], deck: List[Tag], k: int) -> Dict[str, Any]:
     """One entrant's line on a board (``name``: its :func:`entrant` label); ``k`` for pass@k is the board's
     largest number of tries of one problem."""
-    best: Dict[str, float] = {}
-    best_run: Dict[str, str] = {}
-    flagged: Dict[str, Dict[str, Any]] = {}
-    per_repeat: Dict[str, Dict[str, float]] = defaultdict(dict)
-    tries: Dict[str, List[bool]] = defaultdict(list)
+    best: Dict[Tag, float] = {}
+    best_run: Dict[Tag, str] = {}
+    flagged: Dict[Tag, Dict[str, Any]] = {}
+    per_repeat: Dict[Tag, Dict[Tag, float]] = defaultdict(dict)  # by repeat
+    tries: Dict[Tag, List[bool]] = defaultdict(list)
     for row in rows:
         problem, score = row.get("problem"), row.get("score") or 0.0
         valid = is_valid_pass(row)
@@ -138,7 +139,7 @@ def held_out_gap(rows: List[Dict[str, Any]]) -> Dict[str, Any]:
     return {
         "public_mean": public,
         "held_out_mean": held_out,
-        "held_out_gap": public - held_out if both else None,
+        "held_out_gap": public - held_out if public is not None and held_out is not None else None,
         "held_out_cells": len(both),
     }
 
@@ -148,7 +149,7 @@ def harness_of(row: Dict[str, Any]) -> str:
     return row.get("harness") or BUILTIN
 
 
-def entrant(row: Dict[str, Any]) -> str:
+def entrant(row: Dict[str, Any]) -> Tag:
     """Who a board ranks, as one label (plots, trace titles): the model, ``model@harness`` for another harness than
     the built-in loop (the cells' own labels). Tables show the model and its harness in columns of their own."""
     harness = harness_of(row)
@@ -178,8 +179,8 @@ def build_boards(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     sweeps: Dict[str, List[Dict[str, Any]]] = defaultdict(list)
     for row in rows:
         sweeps[row["experiment"]].append(row)
-    grouped: Dict[Tuple[str, str, str], List[Dict[str, Any]]] = defaultdict(list)
-    infra: Dict[Tuple[str, str, str], List[Dict[str, Any]]] = defaultdict(list)
+    grouped: Dict[Tuple[str, Tag, Tag], List[Dict[str, Any]]] = defaultdict(list)
+    infra: Dict[Tuple[str, Tag, Tag], List[Dict[str, Any]]] = defaultdict(list)
     for sweep, sweep_rows in sweeps.items():  # the latest record of a cell within its sweep: each sweep its board
         scored = latest_per_cell(sweep_rows)
         for row in scored:
@@ -228,7 +229,7 @@ def setup_differences(rows: List[Dict[str, Any]]) -> List[Dict[str, str]]:
         if harness == BUILTIN:
             continue
         allow_shell = setup.get("shell") != "none"
-        builtin = setups.get(BUILTIN) or {
+        builtin: Mapping[str, Optional[str]] = setups.get(BUILTIN) or {
             **runner_for({"name": BUILTIN, "runner": BUILTIN}).setup(allow_shell),
             "budgets": setup.get("budgets"),
         }
@@ -240,7 +241,7 @@ def setup_differences(rows: List[Dict[str, Any]]) -> List[Dict[str, str]]:
     return out
 
 
-def scored_board(where: Tuple[str, str, str], board_rows: List[Dict[str, Any]]) -> Dict[str, Any]:
+def scored_board(where: Tuple[str, Tag, Tag], board_rows: List[Dict[str, Any]]) -> Dict[str, Any]:
     """The board of ``where`` (sweep, track, GPU) over its scored rows (none: nothing ranked)."""
     sweep, track, gpu = where
     levels = {row.get("problem"): level_of(row) for row in board_rows}
@@ -253,7 +254,7 @@ def scored_board(where: Tuple[str, str, str], board_rows: List[Dict[str, Any]]) 
     )
     for rank, entry in enumerate(models, 1):
         entry["rank"] = rank
-    shapes: Dict[str, Dict[str, List[Dict[str, Any]]]] = {problem: defaultdict(list) for problem in deck}
+    shapes: Dict[Tag, Dict[Tag, List[Dict[str, Any]]]] = {problem: defaultdict(list) for problem in deck}
     for row in board_rows:  # every valid run's shapes: each repeat's points
         if is_valid_pass(row):
             shapes[row.get("problem")][entrant(row)] += shape_points(row, row["params"])
@@ -281,7 +282,7 @@ def scored_board(where: Tuple[str, str, str], board_rows: List[Dict[str, Any]]) 
         }
         for row in sorted(board_rows, key=lambda r: (str(entrant(r)), str(r.get("problem")), str(r.get("repeat"))))
     ]
-    board = {
+    board: Dict[str, Any] = {
         "sweep": sweep,
         "track": track,
         "gpu": gpu,
@@ -339,7 +340,7 @@ def kernelbench_metrics(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     timed for these metrics alone (``kernelbench_speedup_*``; kbsweep's score stays failed)."""
     from kbsweep.score.roofline import geomean
 
-    groups: Dict[Tuple[str, str], List[Dict[str, Any]]] = defaultdict(list)
+    groups: Dict[Tuple[Tag, str], List[Dict[str, Any]]] = defaultdict(list)
     for row in rows:
         if row.get("verdict.kernelbench") is not None:
             groups[(entrant(row), level_of(row))].append(row)
@@ -360,7 +361,7 @@ def kernelbench_metrics(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
                 1 for r in correct if p == 0.0 or (kernelbench_speedup(r, "eager") or 0.0) > p
             ) / len(cells)
         for name in ("eager", "compile"):
-            speedups = [kernelbench_speedup(r, name) for r in correct if kernelbench_speedup(r, name)]
+            speedups = [s for s in (kernelbench_speedup(r, name) for r in correct) if s]
             entry[f"geomean_{name}"] = geomean(speedups) if speedups else None
         table.append(entry)
     return table
@@ -374,7 +375,7 @@ def kernelbench_speedup(row: Dict[str, Any], name: str) -> Optional[float]:
 def attach_regrades(boards: List[Dict[str, Any]], regrades: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     """Each board's ``regrades``: per run of the board and GPU, the latest finished ``kbsweep regrade`` of its
     solution (``mlflow_store.runs_frame(kind="regrade")`` rows), beside the run's own outcome and score."""
-    latest: Dict[Tuple[str, str], Dict[str, Any]] = {}
+    latest: Dict[Tuple[Tag, Tag], Dict[str, Any]] = {}
     for row in regrades:
         key = (row.get("kbsweep.regrade_of"), row.get("gpu"))
         if row.get("status") == "FINISHED" and (key not in latest or row["start_time"] > latest[key]["start_time"]):

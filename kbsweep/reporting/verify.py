@@ -308,6 +308,7 @@ def verify_cell(cell: PublishedCell, conf: Dict[str, Any], work: Path, gpu, roof
     folder = work / cell.run_id
     folder.mkdir(parents=True, exist_ok=True)
     solution = folder / "solution.py"
+    assert cell.solution is not None  # chosen() keeps the cells with a published solution
     solution.write_text(cell.solution.read_text())
     grade = grade_file(conf, cell.problem, solution, folder, gpu, roofline)
     if Outcome(grade["outcome"]).is_infra:
@@ -439,13 +440,13 @@ def exit_code(report: Dict[str, Any]) -> int:
 
 def verify_verb(cfgs: List[Any]) -> int:
     """Re-derive a published board: kbsweep verify EXPORT_FOLDER|HF_DATASET|TRACKING_URI gpu=... (docs/launch.md)."""
-    from omegaconf import OmegaConf
+    from kbsweep.config.schema import as_dict
 
     if not SOURCE:
         raise KbsweepError(
             "verify needs a SOURCE: kbsweep verify EXPORT_FOLDER|HF_DATASET_ID|TRACKING_URI gpu=... [sweep.name=...]"
         )
-    report = verify(SOURCE[0], OmegaConf.to_container(cfgs[0], resolve=True))
+    report = verify(SOURCE[0], as_dict(cfgs[0]))
     print(markdown(report, [CellCheck(**c) for c in report["cells"]]))
     print(f"[kbsweep] verify: {report['out']}/verify.json, verify.md; MLflow run {report['run_id']}", file=sys.stderr)
     return exit_code(report)

@@ -13,7 +13,7 @@ import sys
 import tempfile
 import threading
 from pathlib import Path
-from typing import Sequence, Tuple
+from typing import List, Sequence, Tuple
 from urllib.parse import urlsplit
 
 BASH = "/bin/bash"
@@ -117,7 +117,8 @@ class AllowProxy(UnixSocketServer):
     (``host`` or ``host:port``) and records the others in ``refused``."""
 
     def __init__(self, allow: Sequence[str]):
-        self.allow, self.refused = set(allow), []
+        self.allow = set(allow)
+        self.refused: List[str] = []  # host:port
         super().__init__()
 
     def serve(self, client) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence, cast
 
 from omegaconf import OmegaConf
 
@@ -57,7 +57,7 @@ def parse_roofline(path: Path) -> Dict[str, Any]:
     for key in ("l2_mib", "nvlink_gbps", "sm_count"):
         if spec.get(key) is not None and not positive(spec[key]):
             raise KbsweepError(f"{path}: key '{key}': must be a number > 0 or null, got {spec[key]!r}")
-    return spec
+    return cast(Dict[str, Any], spec)  # a YAML mapping's keys, named above
 
 
 def shape_speedups(entry: Dict[str, Any]) -> Dict[str, float]:
@@ -70,11 +70,12 @@ def shape_speedups(entry: Dict[str, Any]) -> Dict[str, float]:
     }
 
 
-def geomean(values: List[float]) -> Optional[float]:
-    values = [v for v in values if v is not None]
-    if not values:
+def geomean(values: Sequence[Optional[float]]) -> Optional[float]:
+    """The geometric mean of the values present (None: none is)."""
+    present = [v for v in values if v is not None]
+    if not present:
         return None
-    return math.exp(sum(math.log(max(v, FRACTION_FLOOR)) for v in values) / len(values))
+    return math.exp(sum(math.log(max(v, FRACTION_FLOOR)) for v in present) / len(present))
 
 
 @dataclass
@@ -111,8 +112,9 @@ class ShapeScore:
     @classmethod
     def from_json(cls, data: Dict[str, Any]) -> "ShapeScore":
         """A stored entry; a rate it lacks reads as None."""
+        values: Dict[str, Any] = {key: data.get(key) for key in ALWAYS_STORED}  # stored JSON
         optional = {f.name: data[f.name] for f in fields(cls) if f.name not in ALWAYS_STORED and f.name in data}
-        return cls(**{key: data.get(key) for key in ALWAYS_STORED}, **{**optional, "collective": "busbw_gbps" in data})
+        return cls(**values, **{**optional, "collective": "busbw_gbps" in data})
 
 
 ALWAYS_STORED = ("shape", "ms", "tflops", "gbps", "compute_fraction", "memory_fraction", "fraction", "speedup")

@@ -5,12 +5,21 @@ keys it writes; a stored record's keys this version does not know ride along in 
 from __future__ import annotations
 
 from dataclasses import fields
-from typing import Any, Dict, Sequence, Type, TypeVar
+from typing import TYPE_CHECKING, Any, Dict, Protocol, Sequence, Type, TypeVar
 
 from kbsweep.outcomes import Outcome
 from kbsweep.score.roofline import ShapeScore
 
-R = TypeVar("R")
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+    class StoredRecord(DataclassInstance, Protocol):
+        """A record dataclass with ``outcome``, ``shapes`` and ``extra`` among its fields."""
+
+        def __init__(self, **values: Any) -> None: ...
+
+
+R = TypeVar("R", bound="StoredRecord")
 
 
 def to_stored(record: Any, keys: Sequence[str]) -> Dict[str, Any]:

@@ -214,8 +214,9 @@ def cell_metrics(result: Dict[str, Any]) -> Dict[str, float]:
         for name, value in (shape.get("speedup") or {}).items():
             metrics[f"shape{i}.speedup_{name}"] = value
     fractions = [s.get("fraction") for s in shapes]
-    if fractions and None not in fractions:
-        metrics["fraction_geomean"] = geomean(fractions)
+    fraction_geomean = geomean(fractions) if fractions and None not in fractions else None
+    if fraction_geomean is not None:
+        metrics["fraction_geomean"] = fraction_geomean
     for name, value in (result.get("speedup") or {}).items():
         if value is not None:
             metrics[f"speedup_{name}"] = value
@@ -338,7 +339,7 @@ class Tracker:
         from mlflow.entities import Metric, Param, RunTag
 
         now = int(time.time() * 1000)
-        entities = {
+        entities: Dict[str, list] = {
             "params": [Param(k, v) for k, v in sorted((params or {}).items())],
             "tags": [RunTag(k, v[:8000]) for k, v in sorted((tags or {}).items())],
             "metrics": [Metric(k, float(v), now, int(s)) for k, v, s in metrics],

@@ -53,7 +53,9 @@ class TimingStage(BaselineStage):
         if self.runner_cpu is not None:
             self.runner_cpu.pin()
         self.ask("instrument")
-        mode, empty, held = self.timing_mode(), [], []
+        mode = self.timing_mode()
+        empty: List[tuple] = []
+        held: List[tuple] = []
         for spin_us in [0.0] * ROUND_TRIPS + [ROUND_TRIP_HOLD_US] * ROUND_TRIPS:
             self.ask("arm", calls=[], mode=mode, spin_us=spin_us)
             if spin_us:
@@ -66,11 +68,6 @@ class TimingStage(BaselineStage):
             (held if spin_us else empty).append((wall_ms, split_ms(t0, reply.get("stamps"), answered)))
         self.round_trip_empty_ms = min(empty)[0]
         self.round_trip_ms, self.round_trip_split_ms = min(held, key=lambda wall: wall[0])
-
-    def timing_mode(self) -> str:
-        if self.device.type != "cuda":
-            return "host"
-        return "isolated" if self.spec.get("regime") == "latency" else "back_to_back"
 
     def kernelbench_timing(self, baselines: List[Dict[str, Any]]) -> Dict[str, Any]:
         """A candidate KernelBench's eval calls correct and kbsweep's checks failed, timed for KernelBench's metrics
@@ -192,9 +189,11 @@ class TimingStage(BaselineStage):
                     )
                 )
         events = timing.summarize(figures["events"]) if figures["events"] else None
-        replay = timing.summarize(figures["replay"]) if figures["replay"] else ({"error": refused} if refused else None)
+        replays = (
+            timing.summarize(figures["replay"]) if figures["replay"] else ({"error": refused} if refused else None)
+        )
         timed = {
-            **(timing.scored(events, replay) if mode == "back_to_back" else events),
+            **(timing.scored(events, replays) if mode == "back_to_back" else events or {}),
             "clock": "referee",
             "mode": mode,
             "per_batch": per_batch,
@@ -323,9 +322,10 @@ class TimingStage(BaselineStage):
         picks = self.secret_elements(timed)
         if warm:
             self.ask("warm")
-        before = self.runner_cpu.read() if self.runner_cpu else None
+        reader = self.runner_cpu
+        before = reader.read() if reader else None
         wall_ms, copy_ms, reply = self.timed_go(targets, staged)
-        cpu = self.runner_cpu.others_ms(before, self.runner_cpu.read()) if self.runner_cpu else None
+        cpu = reader.others_ms(before, reader.read()) if reader and before else None
         answered = self.read_elements(picks)
         ms = reply.get("ms")
         replay_ms = reply.get("replay_ms") if replay else 1.0

@@ -25,7 +25,7 @@ import statistics
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -242,7 +242,8 @@ class ClockSampler:
     }
 
     def __init__(self, device: Any, interval_s: float = 0.005):
-        self.interval_s, self.samples, self.handle = interval_s, [], None
+        self.interval_s, self.handle = interval_s, None
+        self.samples: List[Tuple[int, float, int]] = []  # (SM clock MHz, power W, throttle reasons)
         self.stopped = threading.Event()
         if getattr(device, "type", device) == "cuda":
             try:
@@ -416,7 +417,8 @@ def scored(events: Optional[Dict[str, Any]], replay: Optional[Dict[str, Any]]) -
     launch, so the figure is the calls' GPU time, graph-amortized), else the event-timed batches'. Returns the chosen
     summary with ``timer`` ("replay" or "events") and both summaries beside it."""
     captured = replay is not None and "median_ms" in replay
-    figure = {**(replay if captured else events), "timer": "replay" if captured else "events", "events": events}
+    chosen = replay if captured else events
+    figure = {**(chosen or {}), "timer": "replay" if captured else "events", "events": events}
     if replay is not None:
         figure["replay"] = replay
     if replay is not None and not captured:
@@ -455,7 +457,7 @@ def warm_calls_for(gpu_us: float) -> int:
     return min(MAX_WARM_CALLS, math.ceil(WARM_US / gpu_us)) if gpu_us >= WARM_FROM_US else 0
 
 
-def batch_shape(warm: Dict[str, List[float]], latency: bool) -> Dict[str, float]:
+def batch_shape(warm: Dict[str, List[float]], latency: bool) -> Dict[str, Any]:
     """Calls per back-to-back batch and the spin in front of them, from a warm-up batch's host enqueue time and
     GPU time per call. The spin covers only what the host would fall behind by (enqueue beyond GPU time, with
     margin, plus 1 ms): a GPU-bound batch then runs without idle gaps, at the clocks a loaded chip sustains,

@@ -19,7 +19,7 @@ from kbsweep.compose import prepare
 from kbsweep.config.overrides import check_overrides, check_yaml, hydra_error, split_options
 from kbsweep.config.schema import as_dict
 from kbsweep.errors import ExitCode, InfraError, KbsweepError
-from kbsweep.paths import REPO_ROOT
+from kbsweep.paths import REPO_ROOT, remove_orphans
 from kbsweep.reporting.verify import take_source  # `kbsweep verify SOURCE`: its verb and its argument
 from kbsweep.tracking.mlflow_store import mlflow_defaults
 
@@ -388,6 +388,7 @@ def judge_model(name: str):
 
 
 def main() -> None:
+    remove_orphans()  # what a kbsweep process killed by SIGKILL left in the system's temporary folder
     argv = sys.argv[1:]
     name = argv.pop(0) if argv and not argv[0].startswith("-") and "=" not in argv[0] else "run"
     argv = take_source(name, argv, VERBS)

@@ -54,3 +54,36 @@ def test_a_held_cell_lock_keeps_the_cell_out_of_the_plan(outputs):
         holder.wait()
     assert not cell_busy(cell)
     assert plan([cell], {}, set(), force=False)[0] == [cell]
+
+
+def test_folders_a_killed_process_left_in_the_temporary_folder_go_at_the_next_start(tmp_path):
+    """A process that made kbsweep's private temporary folders is killed with SIGKILL (no cleanup of its own runs):
+    they outlive it until the next kbsweep command starts, which removes them and leaves a live process's alone."""
+    import signal
+
+    from kbsweep.paths import owned_tempdir, remove_orphans
+
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from kbsweep.paths import owned_tempdir as t; "
+            "print(*(t(k) for k in ('referee', 'ranks', 'proxy')), flush=True); time.sleep(600)",
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    left = [Path(p) for p in holder.stdout.readline().split()]
+    mine = owned_tempdir("ranks")
+    try:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait(timeout=30)
+        assert len(left) == 3 and all(p.is_dir() for p in left)
+        cli = subprocess.run([sys.executable, "-m", "kbsweep.cli", "-h"], cwd=REPO, capture_output=True, timeout=120)
+        assert cli.returncode == 0, cli.stderr
+        assert not any(p.exists() for p in left), left
+        assert mine.is_dir() and mine not in remove_orphans()
+    finally:
+        holder.kill()
+        mine.rmdir()

@@ -37,7 +37,6 @@ import secrets
 import shutil
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -53,7 +52,7 @@ from kbsweep.grader.referee.request import RefereeRequest
 from kbsweep.grader.shared.channel import Channel, ChannelError, accept_rank, listen
 from kbsweep.grader.shared.failures import COMM_FINDINGS, GradeFailure  # noqa: F401 - COMM_FINDINGS: this module's findings
 from kbsweep.outcomes import Outcome
-from kbsweep.paths import REPO_ROOT
+from kbsweep.paths import REPO_ROOT, owned_tempdir
 from kbsweep.sandbox.watch import POLL_S, Watch
 
 RANK_SEED_STRIDE = 1_000_003
@@ -211,8 +210,8 @@ def supervise_ranks(request: RefereeRequest, how: Supervision) -> Dict[str, Any]
 
     log_dir, env, sandbox = how.log_dir, how.env, how.sandbox
     world, workdir = request.world_size, Path(request.workdir)
-    private = Path(tempfile.mkdtemp(prefix="kbsweep-referee-"))  # mode 0700: the request (secret seed) and the results
-    rendezvous = Path(tempfile.mkdtemp(prefix="kbsweep-ranks-"))  # only the referee ranks' sockets
+    private = owned_tempdir("referee")  # mode 0700: the request (secret seed) and the results
+    rendezvous = owned_tempdir("ranks")  # only the referee ranks' sockets
     token = secrets.token_hex(
         16
     )  # a process that can reach the sockets but was not started by this grade cannot pose as a rank

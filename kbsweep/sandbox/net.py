@@ -10,11 +10,11 @@ import shutil
 import socket
 import socketserver
 import sys
-import tempfile
 import threading
-from pathlib import Path
 from typing import List, Sequence, Tuple
 from urllib.parse import urlsplit
+
+from kbsweep.paths import owned_tempdir
 
 BASH = "/bin/bash"
 
@@ -76,7 +76,7 @@ class UnixSocketServer:
     :data:`FORWARDER` reaches it); :meth:`serve` handles one connection."""
 
     def __init__(self):
-        self.folder = Path(tempfile.mkdtemp(prefix="kbsweep-proxy-"))
+        self.folder = owned_tempdir("proxy")
         self.path = self.folder / "proxy.sock"
         owner = self
 

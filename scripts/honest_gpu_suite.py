@@ -76,6 +76,7 @@ def shapes(result: dict) -> list:
                 "null_loop_ms": corroboration.get("null_loop_ms"),
                 "round_trip_ms": corroboration.get("round_trip_ms"),
                 "round_trip_split_ms": corroboration.get("round_trip_split_ms"),
+                "round_trip_empty_ms": corroboration.get("round_trip_empty_ms"),
                 "batches": corroboration.get("batches"),
                 "per_batch": candidate.get("per_batch"),
                 "baselines_others_cpus": {

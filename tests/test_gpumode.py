@@ -9,6 +9,7 @@ shapes: their own submission passes kbsweep's grade and a wrong one fails it, an
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from pathlib import Path
 
@@ -172,3 +173,31 @@ def test_data_that_is_one_tensor_is_the_one_input(roofline, tmp_path, monkeypatc
             log_dir=tmp_path / solution,
         )
         assert result["outcome"] == expected, result.get("message")
+
+
+def test_a_scored_grade_carries_their_leaderboard_figure(roofline, tmp_path):
+    """A full grade of their vectoradd Triton submission: beside kbsweep's score (none on CPU, where no baseline is timed
+    for its speedup), the geometric mean (their default ``ranking_by``) of the benchmark shapes' times (held-out
+    shapes, which their leaderboard never times, are left out: :func:`test_their_ranking_criteria`)."""
+    problem = load_problem(gpumode.materialize_all(SAMPLE, ["vectoradd_py"])[0], "gpumode")
+    result = graded(
+        problem, problem.solutions()["correct_submission_triton"], CPU, roofline, timeout_s=600, log_dir=tmp_path
+    )
+    assert result["outcome"] == "pass", result.get("message")
+    benchmarks = [s["ms"] for s in result["shapes"] if not s.get("held_out")]
+    assert len(benchmarks) >= 2
+    figure = result["gpumode"]
+    assert figure["ranking_by"] == "geom" and figure["benchmarks"] == len(benchmarks)
+    assert figure["ms"] == pytest.approx(math.prod(benchmarks) ** (1 / len(benchmarks)))
+
+
+def test_their_ranking_criteria():
+    from kbsweep.score.roofline import ShapeScore, gpumode_ranking
+
+    shapes = [ShapeScore({"n": n}, ms, None, None, None, None, None) for n, ms in ((1, 2.0), (2, 8.0), (3, 1.0))]
+    shapes[2].held_out = True
+    assert gpumode_ranking(shapes, None)["ms"] == pytest.approx(4.0)
+    assert gpumode_ranking(shapes, "mean")["ms"] == pytest.approx(5.0)
+    assert gpumode_ranking(shapes, "LAST")["ms"] == pytest.approx(8.0)
+    unknown = gpumode_ranking(shapes, "median")
+    assert unknown["ms"] is None and "'median'" in unknown["note"]

@@ -32,7 +32,7 @@ from kbsweep.grader.shared.failures import COMM_FINDINGS
 from kbsweep.grader.staging import stage_candidate
 from kbsweep.outcomes import Outcome
 from kbsweep.sandbox.confine import Sandbox, SandboxPolicy, give, grading_view, is_root, sandbox_uid
-from kbsweep.score.roofline import score_grade, shape_speedups
+from kbsweep.score.roofline import gpumode_ranking, score_grade, shape_speedups
 
 BASELINE_SHARE = 0.4  # of the grade's time limit, for timing the baselines before the candidate is imported
 # the figures themselves are not believed, or they are not the candidate's own kernels' work
@@ -247,7 +247,8 @@ def grade(request: GradeRequest) -> GradeResult:
     result.shapes, result.speedup = scored.get("shapes", []), scored.get("speedup", {})
     for shape, entry in zip(result.shapes, worker["timings"]):
         shape.held_out = entry.get("held_out", False)
-    if any(f["kind"] in UNSCORED_FINDINGS + COMM_FINDINGS for f in result.findings):
+    voided = any(f["kind"] in UNSCORED_FINDINGS + COMM_FINDINGS for f in result.findings)
+    if voided:
         result.score = None
     if request.mode == "profile":  # a look for the agent, never a score
         result.score = None
@@ -267,6 +268,9 @@ def grade(request: GradeRequest) -> GradeResult:
             )["score"]
             for part in (False, True)
         )
+    if problem.spec.gpumode and result.shapes and not voided and request.mode != "profile":
+        # their leaderboard's figure from kbsweep's timings, beside kbsweep's score (which a CPU grade may lack)
+        result.gpumode = gpumode_ranking(result.shapes, problem.spec.gpumode.get("ranking_by"))
     kernelbench = worker.get("kernelbench")
     if kernelbench is not None and result.score is not None:  # KernelBench's speedup of a pass is kbsweep's
         kernelbench["speedup"] = result.speedup

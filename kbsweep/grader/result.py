@@ -33,6 +33,7 @@ SCORED = ("basis", "shapes", "speedup")
 HELD_OUT = ("score_public", "score_held_out")  # a grade that graded held-out shapes: the score of each part
 VERDICTS = ("kernelbench", "verdicts")
 PROFILED = ("profile",)  # a passed profile grade's summary for the agent
+GPUMODE = ("gpumode",)  # a scored GPU MODE problem's leaderboard figure
 
 
 @dataclass
@@ -64,6 +65,7 @@ class GradeResult:
     shapes: List[ShapeScore] = field(default_factory=list)
     speedup: Dict[str, Any] = field(default_factory=dict)
     kernelbench: Optional[Dict[str, Any]] = None  # KernelBench's own verdict, with ``verdicts`` beside kbsweep's
+    gpumode: Optional[Dict[str, Any]] = None  # a GPU MODE problem's leaderboard figure (score.roofline.gpumode_ranking)
     verdicts: Optional[Dict[str, str]] = None
     profile: Optional[Dict[str, Any]] = (
         None  # mode profile: {"summary": text, "ncu": ...} (kbsweep.grader.profile_summary)
@@ -82,7 +84,10 @@ class GradeResult:
         keys += HELD_OUT if any(shape.held_out for shape in self.shapes) else ()
         return to_stored(
             self,
-            keys + (VERDICTS if self.verdicts is not None else ()) + (PROFILED if self.profile is not None else ()),
+            keys
+            + (VERDICTS if self.verdicts is not None else ())
+            + (PROFILED if self.profile is not None else ())
+            + (GPUMODE if self.gpumode is not None else ()),
         )
 
     @classmethod

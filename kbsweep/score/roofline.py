@@ -78,6 +78,25 @@ def geomean(values: Sequence[Optional[float]]) -> Optional[float]:
     return math.exp(sum(math.log(max(v, FRACTION_FLOOR)) for v in present) / len(present))
 
 
+# GPU MODE's leaderboard criteria (a task.yml's ``ranking_by``; geometric mean where it names none)
+RANKINGS = {
+    "geom": geomean,
+    "mean": lambda ms: sum(ms) / len(ms),
+    "last": lambda ms: ms[-1],
+}
+
+
+def gpumode_ranking(shapes: Sequence["ShapeScore"], ranking_by: Optional[str]) -> Dict[str, Any]:
+    """A GPU MODE problem's leaderboard figure from kbsweep's timings: ``ranking_by`` over the benchmark shapes'
+    times (held-out ones left out, as their leaderboard never times them), in ms, lower is better. A criterion
+    kbsweep does not know is named and left uncomputed."""
+    by = (ranking_by or "geom").lower()
+    ms = [s.ms for s in shapes if not s.held_out]
+    if by not in RANKINGS:
+        return {"ranking_by": by, "ms": None, "note": f"ranking_by {by!r} is not one of {', '.join(RANKINGS)}"}
+    return {"ranking_by": by, "ms": RANKINGS[by](ms) if ms else None, "benchmarks": len(ms)}
+
+
 @dataclass
 class ShapeScore:
     """One timed shape's score (an entry of a grade's ``shapes``): achieved rates, the fractions of the datasheet

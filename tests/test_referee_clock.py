@@ -59,3 +59,19 @@ def test_the_honest_twin_keeps_its_score(problem, roofline, tmp_path):
 def test_the_answer_before_the_work_fails(problem, roofline, tmp_path):
     early = grade_case(problem, roofline, tmp_path, "answer_early")
     assert early["outcome"] == "incorrect", early.get("message")
+
+
+def test_a_batch_never_has_more_taken_off_than_it_spent_outside_the_runners_loop():
+    """The trusted round trip is subtracted only up to what the batch's own wall held outside the runner's loop:
+    a runner that reports a longer loop (or none) only has less taken off, never more."""
+    from types import SimpleNamespace
+
+    from kbsweep.grader.referee.timing_stage import TimingStage
+
+    stage = SimpleNamespace(round_trip_ms=0.5)
+    null = lambda **batch: TimingStage.batch_null(stage, 2.0, {"wall_ms": 10.0, "copy_ms": 1.0, **batch})  # noqa: E731
+    assert null(loop_ms=8.7) == pytest.approx(1.8)  # 0.3 ms outside the loop: that much of the round trip
+    assert null(loop_ms=8.0) == pytest.approx(2.0)  # 1 ms outside: the whole round trip
+    assert null(loop_ms=12.0) == pytest.approx(1.5)  # a loop longer than the wall: none of it
+    assert null(loop_ms=None) == pytest.approx(2.0)
+    assert all(null(loop_ms=loop) <= 2.0 for loop in (0.0, 5.0, 8.7, 9.5, 100.0))

@@ -153,7 +153,7 @@ class TimingStage(BaselineStage):
                     tag, self.tag, captured = self.tag, self.tag + profiling.CAPTURE_TAG, True
                     self.count_work(shape, per_batch)
                     self.tag = tag
-                sample = timing.referee_sample(batch["wall_ms"], null[kind], per_batch)
+                sample = timing.referee_sample(batch["wall_ms"], self.batch_null(null[kind], batch), per_batch)
                 (sample,), elapsed = self.slowest([sample], time.perf_counter() - began, batch["ms"])
                 if mode == "back_to_back" and not warm and timing.warm_calls_for(sample * 1e3):
                     # the runner's own figures shaped the batch; this clock's says its calls need warm calls: batches
@@ -267,6 +267,15 @@ class TimingStage(BaselineStage):
                 walls.append((time.perf_counter() - t0) * 1e3)
         self.null_copies_ms = min(copies)  # evidence beside each batch's own copies (the corroboration's record)
         return min(walls) + self.round_trip_ms, min(loops)
+
+    def batch_null(self, null: float, batch: Dict[str, Any]) -> float:
+        """``null`` for this batch: its trusted round trip no longer than what this batch's own wall held outside
+        the runner's loop (by that loop's own figure: a runner reporting a longer loop only takes less off), so the
+        subtraction never exceeds what the batch spent there, and errs against the candidate either way."""
+        loop, outside = batch.get("loop_ms"), self.round_trip_ms
+        if isinstance(loop, float):
+            outside = max(batch["wall_ms"] - batch["copy_ms"] - loop, 0.0)
+        return null - self.round_trip_ms + min(self.round_trip_ms, outside)
 
     def sync(self) -> None:
         torch.cuda.synchronize() if self.device.type == "cuda" else None

@@ -432,3 +432,23 @@ def test_a_read_only_path_inside_a_system_folder_through_a_symlink(tree):
     )
     output, _ = proc.communicate(timeout=30)
     assert proc.returncode == 0, output
+
+
+def test_a_self_test_that_hangs_is_tried_again_and_a_failure_is_final(monkeypatch):
+    """A bubblewrap probe that times out (a loaded host) is probed again rather than taken as bubblewrap not working
+    (which once let a CLI's version check run unconfined); a probe that fails is the answer at once."""
+    from kbsweep.sandbox import confine
+
+    answers = iter([(True, "timed out"), (True, "timed out"), (False, None)])
+    monkeypatch.setattr(confine, "probe", lambda timeout_s: next(answers))
+    confine.self_test.cache_clear()
+    try:
+        assert confine.self_test() is None
+        answers = iter([(False, "no user namespaces"), (False, None)])
+        confine.self_test.cache_clear()
+        assert confine.self_test() == "no user namespaces"
+        answers = iter([(True, "timed out")] * confine.SELF_TEST_TRIES)
+        confine.self_test.cache_clear()
+        assert confine.self_test() == "timed out"
+    finally:
+        confine.self_test.cache_clear()

@@ -226,6 +226,9 @@ def confined_popen(
         os.close(fd)
 
 
+SELF_TEST_TRIES, SELF_TEST_TIMEOUT_S = 3, 30  # a probe that hangs (a loaded host) is tried again; a failure is final
+
+
 @functools.lru_cache(maxsize=None)
 def self_test() -> Optional[str]:
     """None when bubblewrap confines a command here, else why not (cached per process)."""
@@ -233,7 +236,16 @@ def self_test() -> Optional[str]:
         return "bwrap is not installed"
     if is_root() and shutil.which("setpriv") is None:
         return "setpriv (util-linux) is not installed"
-    try:  # confined and unprivileged
+    for _ in range(SELF_TEST_TRIES - 1):
+        timed_out, reason = probe(SELF_TEST_TIMEOUT_S)
+        if not timed_out:
+            return reason
+    return probe(SELF_TEST_TIMEOUT_S)[1]
+
+
+def probe(timeout_s: float) -> Tuple[bool, Optional[str]]:
+    """(whether it timed out, why bubblewrap cannot confine or None) of one confined, unprivileged command."""
+    try:
         proc = confined_popen(
             ["sh", "-c", 'test "$(id -u)" != 0'],
             SandboxPolicy(),
@@ -245,16 +257,16 @@ def self_test() -> Optional[str]:
             text=True,
         )
     except OSError as exc:
-        return str(exc)
+        return False, str(exc)
     try:
-        _, stderr = proc.communicate(timeout=60)
+        _, stderr = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired as exc:
         proc.kill()
         proc.wait()
-        return str(exc)
+        return True, str(exc)
     if proc.returncode != 0:
-        return (stderr.strip().splitlines() or [f"exit code {proc.returncode}"])[-1]
-    return None
+        return False, (stderr.strip().splitlines() or [f"exit code {proc.returncode}"])[-1]
+    return False, None
 
 
 def require(policy: SandboxPolicy, probe: bool = True) -> None:

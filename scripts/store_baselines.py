@@ -25,7 +25,7 @@ from typing import Any, Dict, Iterator, List
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from kbsweep.grader.baselines import SEED_FORMAT, key_of, load_seed  # noqa: E402
+from kbsweep.grader.baselines import SEED_FORMAT, load_seed, record_key  # noqa: E402
 
 
 def timings_in(data: Any) -> Iterator[Dict[str, Any]]:
@@ -62,17 +62,7 @@ def seed_records(gpu: str, sources: List[Path]) -> Dict[str, Dict[str, Any]]:
                 and isinstance(timed.get("median_ms"), (int, float))
             ):
                 record = record_of(timed)
-                found[
-                    key_of(
-                        record["problem"],
-                        record["deck"],
-                        gpu,
-                        record["conditions"],
-                        record["shape"],
-                        record["baseline"],
-                        record["compile_mode"],
-                    )
-                ] = record
+                found[record_key(record, gpu)] = record
     return found
 
 
@@ -94,17 +84,7 @@ def main(argv: List[str]) -> None:
     if out.exists():
         old = json.loads(out.read_text())
         for record in old.get("records") or []:
-            records[
-                key_of(
-                    record["problem"],
-                    record["deck"],
-                    gpu,
-                    record["conditions"],
-                    record["shape"],
-                    record["baseline"],
-                    record.get("compile_mode"),
-                )
-            ] = record
+            records[record_key(record, gpu)] = record
     new = seed_records(gpu, sources)
     records.update(new)
     out.parent.mkdir(parents=True, exist_ok=True)

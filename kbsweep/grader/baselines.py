@@ -67,6 +67,19 @@ def key_of(
     return f"{problem}|{deck}|{gpu}|{software}|{shape_text}|{name}{mode}"
 
 
+def record_key(record: Dict[str, Any], gpu: str) -> str:
+    """:func:`key_of` of a seed record (:func:`load_seed`'s format) for GPU config ``gpu``."""
+    return key_of(
+        record["problem"],
+        record["deck"],
+        gpu,
+        record["conditions"],
+        record["shape"],
+        record["baseline"],
+        record.get("compile_mode"),
+    )
+
+
 def entry_key(
     problem: str,
     deck: str,
@@ -103,15 +116,7 @@ def load_seed(path: Path, gpu: str) -> Tuple[Dict[str, Dict[str, Any]], List[str
         if why:
             refused.append(f"{path}: record {index}: {why}")
             continue
-        key = key_of(
-            record["problem"],
-            record["deck"],
-            gpu,
-            record["conditions"],
-            record["shape"],
-            record["baseline"],
-            record.get("compile_mode"),
-        )
+        key = record_key(record, gpu)
         entries[key] = {**record["timing"], "conditions": dict(record["conditions"]), "of": of(record, gpu)}
     return entries, refused
 
